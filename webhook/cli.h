@@ -1,0 +1,14 @@
+/*
+ * cli.h - the subcommands of the gpuguard binary.  Each takes the arguments
+ * after its own name (argv[0] is the subcommand) and returns the exit code.
+ */
+#ifndef GG_CLI_H
+#define GG_CLI_H
+
+int cli_serve(int argc, char **argv);
+int cli_certs(int argc, char **argv);
+
+/* True when s is "-h" or "--help". */
+int cli_is_help(const char *s);
+
+#endif

@@ -1,0 +1,44 @@
+/*
+ * gpuguard.h - project-wide definitions: version, the error enum, the
+ * caller-owned error message buffer.
+ *
+ * Every module reports failure as an enum gg_status plus, when the caller
+ * passes one, a human message in a struct gg_err.  Filling a gg_err never
+ * allocates, so it is safe on every error path.
+ */
+#ifndef GPUGUARD_H
+#define GPUGUARD_H
+
+#include <stddef.h>
+
+#define GG_VERSION "0.1.0"
+
+enum gg_status {
+    GG_OK = 0,
+    GG_ERR_NOMEM,   /* an allocation failed */
+    GG_ERR_TOOBIG,  /* input over a configured bound */
+    GG_ERR_PARSE,   /* malformed input (JSON, YAML, quantity, ...) */
+    GG_ERR_INVALID, /* well-formed but not what was expected */
+    GG_ERR_IO,      /* a file or socket operation failed */
+    GG_ERR_TLS,     /* certificate or key problem */
+    GG_ERR_POLICY,  /* a policy raised or broke its budget */
+    GG_ERR_TIMEOUT, /* a deadline passed */
+    GG_ERR_EXISTS,  /* refused to overwrite */
+};
+
+/* Human-readable message for a failure; caller owns the storage. */
+struct gg_err {
+    char msg[256];
+};
+
+const char *gg_strerror(enum gg_status status);
+
+/*
+ * Set err->msg with printf formatting (truncated to fit) and return status,
+ * so call sites can write `return gg_fail(err, GG_ERR_PARSE, "...")`.
+ * A NULL err is allowed.
+ */
+enum gg_status gg_fail(struct gg_err *err, enum gg_status status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+#endif
