@@ -33,6 +33,9 @@ BIN       := $(BUILD)/gpuguard
 
 UNIT_SRC  := $(wildcard tests/unit/test_*.c)
 UNIT_BIN  := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
+# Small programs over the core library that the Python tests drive.
+TOOL_SRC  := $(wildcard tests/tools/*.c)
+TOOL_BIN  := $(TOOL_SRC:tests/tools/%.c=$(BUILD)/tests/tools/%)
 
 DEV_CERTS := certs/dev
 PYTHON    := /usr/bin/python3
@@ -70,6 +73,10 @@ $(BUILD)/tests/test_%: tests/unit/test_%.c $(CORE_LIB)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(CORE_LIB) $(LDLIBS) -lcmocka
 
+$(BUILD)/tests/tools/%: tests/tools/%.c $(CORE_LIB)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(CORE_LIB) $(LDLIBS)
+
 $(DEV_CERTS)/tls.crt: | $(BIN)
 	$(BIN) certs --service gpuguard --namespace gpuguard-system --out $(DEV_CERTS) --dev
 
@@ -85,8 +92,10 @@ test: deps
 unit: $(UNIT_BIN)
 	@set -e; for t in $(UNIT_BIN); do echo "== $$t"; $$t; done
 
-integration: $(BIN)
-	GPUGUARD_BIN=$(abspath $(BIN)) $(PYTHON) -m pytest -q -p no:cacheprovider tests/integration
+# Python tests (pytest) under tests/: integration, policies, patch checks.
+integration: $(BIN) $(TOOL_BIN)
+	GPUGUARD_BIN=$(abspath $(BIN)) GPUGUARD_TOOLS=$(abspath $(BUILD)/tests/tools) \
+	    $(PYTHON) -m pytest -q -p no:cacheprovider tests
 
 asan:
 	$(MAKE) BUILD=build/asan CC=clang CFLAGS="-O1 -g -fno-omit-frame-pointer" \
