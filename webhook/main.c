@@ -28,8 +28,9 @@ int cli_is_help(const char *s)
 
 static void usage(FILE *out)
 {
-    fprintf(out, "gpuguard %s - admission webhook policy engine for GPU guardrails\n\n"
-                 "usage: gpuguard <command> [flags]\n\ncommands:\n",
+    fprintf(out,
+            "gpuguard %s - admission webhook policy engine for GPU guardrails\n\n"
+            "usage: gpuguard <command> [flags]\n\ncommands:\n",
             GG_VERSION);
     for (size_t i = 0; i < N_COMMANDS; i++)
         fprintf(out, "  %-9s %s\n", commands[i].name, commands[i].summary);

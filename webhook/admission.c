@@ -1,0 +1,293 @@
+/*
+ * admission.c - AdmissionReview decode and encode.
+ *
+ * The API server decodes our answer case-sensitively and checks, for v1,
+ * that apiVersion, kind and uid are echoed exactly and that a validating
+ * answer carries neither patch nor patchType; v1beta1 checks less but gets
+ * the same shape.  Decoding accepts what current API servers send: null
+ * object/oldObject/options, every operation, empty names, sub-resources.
+ */
+#include "admission.h"
+
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const operation_names[] = {"CREATE", "UPDATE", "DELETE", "CONNECT"};
+
+const char *adm_operation_name(enum adm_operation op)
+{
+    return operation_names[op];
+}
+
+void adm_request_clear(struct adm_request *req)
+{
+    if (!req)
+        return;
+    json_decref(req->root);
+    memset(req, 0, sizeof(*req));
+}
+
+/* An optional string member: "" when absent or null, error when another type. */
+static enum gg_status opt_string(json_t *obj, const char *key, const char *where, const char **out,
+                                 struct gg_err *err)
+{
+    json_t *v = json_object_get(obj, key);
+    if (!v || json_is_null(v)) {
+        *out = "";
+        return GG_OK;
+    }
+    if (!json_is_string(v))
+        return gg_fail(err, GG_ERR_INVALID, "%s.%s must be a string", where, key);
+    *out = json_string_value(v);
+    return GG_OK;
+}
+
+/* An embedded object that the API server may send as null. */
+static enum gg_status opt_object(json_t *obj, const char *key, json_t **out, struct gg_err *err)
+{
+    json_t *v = json_object_get(obj, key);
+    if (!v || json_is_null(v)) {
+        *out = NULL;
+        return GG_OK;
+    }
+    if (!json_is_object(v))
+        return gg_fail(err, GG_ERR_INVALID, "request.%s must be an object or null", key);
+    *out = v;
+    return GG_OK;
+}
+
+static enum gg_status decode_envelope(json_t *root, struct adm_request *req, struct gg_err *err)
+{
+    if (!json_is_object(root))
+        return gg_fail(err, GG_ERR_INVALID,
+                       "not an AdmissionReview: the body is not a JSON object");
+    const char *api_version = json_string_value(json_object_get(root, "apiVersion"));
+    if (!api_version)
+        return gg_fail(err, GG_ERR_INVALID, "not an AdmissionReview: apiVersion is missing");
+    if (strcmp(api_version, "admission.k8s.io/v1") == 0)
+        req->version = ADM_V1;
+    else if (strcmp(api_version, "admission.k8s.io/v1beta1") == 0)
+        req->version = ADM_V1BETA1;
+    else
+        return gg_fail(err, GG_ERR_INVALID,
+                       "unsupported apiVersion \"%.64s\": want admission.k8s.io/v1 or "
+                       "admission.k8s.io/v1beta1",
+                       api_version);
+    req->api_version = api_version;
+    const char *kind = json_string_value(json_object_get(root, "kind"));
+    if (!kind || strcmp(kind, "AdmissionReview") != 0)
+        return gg_fail(err, GG_ERR_INVALID, "not an AdmissionReview: kind is \"%.64s\"",
+                       kind ? kind : "");
+    return GG_OK;
+}
+
+static enum gg_status decode_operation(json_t *request, struct adm_request *req, struct gg_err *err)
+{
+    const char *op = json_string_value(json_object_get(request, "operation"));
+    for (int i = 0; op && i < 4; i++) {
+        if (strcmp(op, operation_names[i]) == 0) {
+            req->operation = (enum adm_operation)i;
+            return GG_OK;
+        }
+    }
+    return gg_fail(err, GG_ERR_INVALID,
+                   "request.operation must be CREATE, UPDATE, DELETE or CONNECT, got \"%.32s\"",
+                   op ? op : "");
+}
+
+static enum gg_status decode_request(json_t *request, struct adm_request *req, struct gg_err *err)
+{
+    enum gg_status st;
+    req->uid = json_string_value(json_object_get(request, "uid"));
+    if (!req->uid || !*req->uid)
+        return gg_fail(err, GG_ERR_INVALID, "request.uid must be a non-empty string");
+    if ((st = decode_operation(request, req, err)) != GG_OK)
+        return st;
+    json_t *gvk = json_object_get(request, "kind");
+    if (gvk && !json_is_object(gvk))
+        return gg_fail(err, GG_ERR_INVALID, "request.kind must be an object");
+    if ((st = opt_string(gvk, "kind", "request.kind", &req->kind, err)) != GG_OK ||
+        (st = opt_string(gvk, "group", "request.kind", &req->group, err)) != GG_OK ||
+        (st = opt_string(request, "namespace", "request", &req->namespace, err)) != GG_OK ||
+        (st = opt_string(request, "name", "request", &req->name, err)) != GG_OK ||
+        (st = opt_string(request, "subResource", "request", &req->sub_resource, err)) != GG_OK)
+        return st;
+    json_t *dry_run = json_object_get(request, "dryRun");
+    if (dry_run && !json_is_boolean(dry_run) && !json_is_null(dry_run))
+        return gg_fail(err, GG_ERR_INVALID, "request.dryRun must be a boolean");
+    req->dry_run = json_is_true(dry_run);
+    if ((st = opt_object(request, "object", &req->object, err)) != GG_OK ||
+        (st = opt_object(request, "oldObject", &req->old_object, err)) != GG_OK ||
+        (st = opt_object(request, "options", &req->options, err)) != GG_OK)
+        return st;
+    json_t *user = json_object_get(request, "userInfo");
+    req->user_info = json_is_object(user) ? user : NULL;
+    return GG_OK;
+}
+
+enum gg_status adm_decode(const char *body, size_t len, struct adm_request *req, struct gg_err *err)
+{
+    memset(req, 0, sizeof(*req));
+    json_error_t jerr;
+    json_t *root = json_loadb(body, len, 0, &jerr);
+    if (!root)
+        return gg_fail(err, GG_ERR_PARSE, "malformed JSON at line %d column %d: %s", jerr.line,
+                       jerr.column, jerr.text);
+    enum gg_status st = decode_envelope(root, req, err);
+    if (st == GG_OK) {
+        json_t *request = json_object_get(root, "request");
+        if (!json_is_object(request))
+            st = gg_fail(err, GG_ERR_INVALID, "not an AdmissionReview request: request is %s",
+                         request ? "not an object" : "missing");
+        else
+            st = decode_request(request, req, err);
+    }
+    if (st != GG_OK) {
+        json_decref(root);
+        memset(req, 0, sizeof(*req));
+        return st;
+    }
+    req->root = root;
+    return GG_OK;
+}
+
+enum gg_status adm_base64(const unsigned char *data, size_t len, char **out)
+{
+    static const char alphabet[] =
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    if (len > (SIZE_MAX - 1) / 4 * 3 - 3)
+        return GG_ERR_TOOBIG;
+    char *text = malloc((len + 2) / 3 * 4 + 1);
+    if (!text)
+        return GG_ERR_NOMEM;
+    char *p = text;
+    size_t i = 0;
+    for (; i + 2 < len; i += 3) {
+        unsigned v = (unsigned)data[i] << 16 | (unsigned)data[i + 1] << 8 | data[i + 2];
+        *p++ = alphabet[v >> 18];
+        *p++ = alphabet[(v >> 12) & 63];
+        *p++ = alphabet[(v >> 6) & 63];
+        *p++ = alphabet[v & 63];
+    }
+    if (i < len) {
+        unsigned v = (unsigned)data[i] << 16 | (i + 1 < len ? (unsigned)data[i + 1] << 8 : 0);
+        *p++ = alphabet[v >> 18];
+        *p++ = alphabet[(v >> 12) & 63];
+        *p++ = i + 1 < len ? alphabet[(v >> 6) & 63] : '=';
+        *p++ = '=';
+    }
+    *p = '\0';
+    *out = text;
+    return GG_OK;
+}
+
+static enum gg_status encode_patch(json_t *response, json_t *patch, struct gg_err *err)
+{
+    char *text = json_dumps(patch, JSON_COMPACT);
+    if (!text)
+        return gg_fail(err, GG_ERR_NOMEM, "cannot serialize the patch");
+    char *b64 = NULL;
+    enum gg_status st = adm_base64((const unsigned char *)text, strlen(text), &b64);
+    free(text);
+    if (st != GG_OK)
+        return gg_fail(err, st, "cannot encode the patch: %s", gg_strerror(st));
+    json_object_set_new(response, "patch", json_string(b64));
+    json_object_set_new(response, "patchType", json_string("JSONPatch"));
+    free(b64);
+    return GG_OK;
+}
+
+static json_t *deny_status(const struct adm_verdict *v)
+{
+    json_t *status = json_object();
+    /* The API server forces codes below 400 to 400; say what we mean. */
+    json_object_set_new(status, "code", json_integer(v->code >= 400 ? v->code : 403));
+    json_object_set_new(status, "message", json_string(v->message ? v->message : "denied"));
+    json_object_set_new(status, "reason", json_string(v->reason ? v->reason : "Forbidden"));
+    json_object_set_new(status, "status", json_string("Failure"));
+    return status;
+}
+
+enum gg_status adm_encode(const struct adm_request *req, const struct adm_verdict *verdict,
+                          enum adm_endpoint endpoint, char **out, size_t *out_len,
+                          struct gg_err *err)
+{
+    enum gg_status st = GG_OK;
+    json_t *response = json_object();
+    json_object_set_new(response, "uid", json_string(req->uid));
+    json_object_set_new(response, "allowed", json_boolean(verdict->allowed));
+    if (!verdict->allowed)
+        json_object_set_new(response, "status", deny_status(verdict));
+    if (endpoint == ADM_MUTATING && verdict->allowed && json_array_size(verdict->patch) > 0)
+        st = encode_patch(response, verdict->patch, err);
+    if (json_array_size(verdict->warnings) > 0)
+        json_object_set(response, "warnings", verdict->warnings);
+    if (json_object_size(verdict->audit) > 0)
+        json_object_set(response, "auditAnnotations", verdict->audit);
+    json_t *review = json_object();
+    json_object_set_new(review, "apiVersion", json_string(req->api_version));
+    json_object_set_new(review, "kind", json_string("AdmissionReview"));
+    json_object_set_new(review, "response", response);
+    if (st == GG_OK) {
+        char *text = json_dumps(review, JSON_COMPACT);
+        if (!text)
+            st = gg_fail(err, GG_ERR_NOMEM, "cannot serialize the response");
+        else {
+            *out = text;
+            *out_len = strlen(text);
+        }
+    }
+    json_decref(review);
+    return st;
+}
+
+/* One "<number><unit>" group of a Go duration, in milliseconds. */
+static int unit_ms(const char **p, double *scale)
+{
+    static const struct {
+        const char *name;
+        double ms;
+    } units[] = {{"ns", 1e-6}, {"us", 1e-3}, {"\xc2\xb5s", 1e-3}, {"ms", 1},
+                 {"s", 1000},  {"m", 60000}, {"h", 3600000}};
+    /* Longest match first matters only for "ms" against "m": try it before "m". */
+    for (size_t i = 0; i < sizeof(units) / sizeof(units[0]); i++) {
+        size_t n = strlen(units[i].name);
+        if (strncmp(*p, units[i].name, n) == 0 &&
+            !(units[i].name[0] == 'm' && n == 1 && (*p)[1] == 's')) {
+            *p += n;
+            *scale = units[i].ms;
+            return 1;
+        }
+    }
+    return 0;
+}
+
+enum gg_status adm_parse_timeout(const char *text, int64_t *ms)
+{
+    const char *p = text;
+    double total = 0;
+    if (!p || !*p)
+        return GG_ERR_PARSE;
+    if (strcmp(p, "0") == 0) {
+        *ms = 0;
+        return GG_OK;
+    }
+    while (*p) {
+        char *end;
+        if (!((*p >= '0' && *p <= '9') || *p == '.'))
+            return GG_ERR_PARSE;
+        double value = strtod(p, &end);
+        double scale;
+        if (end == p)
+            return GG_ERR_PARSE;
+        p = end;
+        if (!unit_ms(&p, &scale))
+            return GG_ERR_PARSE;
+        total += value * scale;
+        if (total > 1e12)
+            return GG_ERR_PARSE;
+    }
+    *ms = (int64_t)(total + 0.5);
+    return GG_OK;
+}

@@ -1,0 +1,281 @@
+/*
+ * cli_serve.c - `gpuguard serve`: flags, certificates, the server's life
+ * cycle and signals.
+ *
+ * SIGTERM and SIGINT are blocked in every thread and taken by sigwait in
+ * the main thread, which then drains the server: stop accepting, let the
+ * requests in flight finish, exit 0.
+ */
+#include "certs.h"
+#include "cli.h"
+#include "log.h"
+#include "server.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+struct serve_opts {
+    const char *listen;
+    const char *ops_listen;
+    const char *tls_cert;
+    const char *tls_key;
+    const char *config;
+    const char *policies;
+    const char *lua;
+    unsigned threads;
+    size_t max_body;
+    unsigned max_connections;
+    unsigned shutdown_grace_s;
+};
+
+static void serve_usage(FILE *out)
+{
+    fprintf(out, "usage: gpuguard serve --tls-cert FILE --tls-key FILE [flags]\n"
+                 "\n"
+                 "Serve the admission webhook over HTTPS (POST /mutate, POST /validate) and the\n"
+                 "ops endpoints over plain HTTP (GET /healthz, /readyz, /metrics).\n"
+                 "\n"
+                 "flags:\n"
+                 "  --listen ADDR:PORT        webhook address, HTTPS only [0.0.0.0:8443]\n"
+                 "  --ops-listen ADDR:PORT    ops address, plain HTTP [0.0.0.0:9090]\n"
+                 "  --tls-cert FILE           serving certificate (PEM, leaf first) [required]\n"
+                 "  --tls-key FILE            its private key (PEM) [required]\n"
+                 "  --config FILE             gpuguard configuration (YAML)\n"
+                 "  --policies DIR            policy directory [./policies]\n"
+                 "  --lua DIR                 Lua library directory [./lua]\n"
+                 "  --threads N               webhook worker threads [number of CPUs]\n"
+                 "  --max-body BYTES          larger request bodies get 413 [16777216]\n"
+                 "  --max-connections N       open connections on the webhook port [4096]\n"
+                 "  --shutdown-grace SECONDS  on SIGTERM, time for requests in flight [30]\n"
+                 "  --log-level LEVEL         debug, info, warn or error [info]\n"
+                 "  -h, --help                this help\n"
+                 "\n"
+                 "Port 0 picks a free port; the ports in use are logged at start.\n");
+}
+
+/* Parse a positive integer flag value within [min, max]. */
+static int parse_uint(const char *flag, const char *text, unsigned long long min,
+                      unsigned long long max, unsigned long long *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(text, &end, 10);
+    if (errno || end == text || *end || text[0] == '-' || v < min || v > max) {
+        fprintf(stderr, "gpuguard serve: %s must be a whole number from %llu to %llu, got \"%s\"\n",
+                flag, min, max, text);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+enum {
+    OPT_LISTEN = 256,
+    OPT_OPS_LISTEN,
+    OPT_TLS_CERT,
+    OPT_TLS_KEY,
+    OPT_CONFIG,
+    OPT_POLICIES,
+    OPT_LUA,
+    OPT_THREADS,
+    OPT_MAX_BODY,
+    OPT_MAX_CONN,
+    OPT_GRACE,
+    OPT_LOG_LEVEL,
+};
+
+static const struct option long_options[] = {
+    {"listen", required_argument, NULL, OPT_LISTEN},
+    {"ops-listen", required_argument, NULL, OPT_OPS_LISTEN},
+    {"tls-cert", required_argument, NULL, OPT_TLS_CERT},
+    {"tls-key", required_argument, NULL, OPT_TLS_KEY},
+    {"config", required_argument, NULL, OPT_CONFIG},
+    {"policies", required_argument, NULL, OPT_POLICIES},
+    {"lua", required_argument, NULL, OPT_LUA},
+    {"threads", required_argument, NULL, OPT_THREADS},
+    {"max-body", required_argument, NULL, OPT_MAX_BODY},
+    {"max-connections", required_argument, NULL, OPT_MAX_CONN},
+    {"shutdown-grace", required_argument, NULL, OPT_GRACE},
+    {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0},
+};
+
+static int parse_number_flag(int opt, const char *arg, struct serve_opts *o)
+{
+    unsigned long long v;
+    switch (opt) {
+    case OPT_THREADS:
+        if (parse_uint("--threads", arg, 1, 256, &v))
+            return -1;
+        o->threads = (unsigned)v;
+        return 0;
+    case OPT_MAX_BODY:
+        if (parse_uint("--max-body", arg, 1024, 1ULL << 30, &v))
+            return -1;
+        o->max_body = (size_t)v;
+        return 0;
+    case OPT_MAX_CONN:
+        if (parse_uint("--max-connections", arg, 1, 1000000, &v))
+            return -1;
+        o->max_connections = (unsigned)v;
+        return 0;
+    default: /* OPT_GRACE */
+        if (parse_uint("--shutdown-grace", arg, 0, 3600, &v))
+            return -1;
+        o->shutdown_grace_s = (unsigned)v;
+        return 0;
+    }
+}
+
+/* 0 to serve, 1 after --help, -1 on a usage error. */
+static int parse_flags(int argc, char **argv, struct serve_opts *o)
+{
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    *o = (struct serve_opts){.listen = "0.0.0.0:8443",
+                             .ops_listen = "0.0.0.0:9090",
+                             .policies = "./policies",
+                             .lua = "./lua",
+                             .threads = cpus > 0 ? (unsigned)cpus : 1,
+                             .max_body = 16 << 20,
+                             .max_connections = 4096,
+                             .shutdown_grace_s = 30};
+    int opt, level;
+    opterr = 0;
+    optind = 1;
+    while ((opt = getopt_long(argc, argv, "h", long_options, NULL)) != -1) {
+        switch (opt) {
+        case 'h':
+            serve_usage(stdout);
+            return 1;
+        case OPT_LISTEN:
+            o->listen = optarg;
+            break;
+        case OPT_OPS_LISTEN:
+            o->ops_listen = optarg;
+            break;
+        case OPT_TLS_CERT:
+            o->tls_cert = optarg;
+            break;
+        case OPT_TLS_KEY:
+            o->tls_key = optarg;
+            break;
+        case OPT_CONFIG:
+            o->config = optarg;
+            break;
+        case OPT_POLICIES:
+            o->policies = optarg;
+            break;
+        case OPT_LUA:
+            o->lua = optarg;
+            break;
+        case OPT_LOG_LEVEL:
+            if ((level = log_level_parse(optarg)) < 0) {
+                fprintf(stderr, "gpuguard serve: --log-level must be debug, info, warn or error\n");
+                return -1;
+            }
+            log_set_level((enum log_level)level);
+            break;
+        case '?':
+            fprintf(stderr, "gpuguard serve: unknown flag or missing value: %s\n",
+                    argv[optind - 1]);
+            return -1;
+        default:
+            if (parse_number_flag(opt, optarg, o))
+                return -1;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "gpuguard serve: unexpected argument \"%s\"\n", argv[optind]);
+        return -1;
+    }
+    if (!o->tls_cert || !o->tls_key) {
+        fprintf(stderr, "gpuguard serve: --tls-cert and --tls-key are required\n");
+        return -1;
+    }
+    return 0;
+}
+
+/* Every connection is a file descriptor: lift the soft limit to fit them. */
+static void raise_fd_limit(unsigned connections)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return;
+    rlim_t want = (rlim_t)connections + 64;
+    if (rl.rlim_cur < want) {
+        rl.rlim_cur = rl.rlim_max < want ? rl.rlim_max : want;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+    if (rl.rlim_cur < want)
+        log_msg(LOG_WARN, "open file limit %llu is below --max-connections %u plus headroom",
+                (unsigned long long)rl.rlim_cur, connections);
+}
+
+static int wait_for_signal(void)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    int sig = 0;
+    sigwait(&set, &sig);
+    return sig;
+}
+
+int cli_serve(int argc, char **argv)
+{
+    struct serve_opts o;
+    int r = parse_flags(argc, argv, &o);
+    if (r != 0) {
+        if (r < 0)
+            fprintf(stderr, "run 'gpuguard serve --help' for the flags\n");
+        return r > 0 ? 0 : 2;
+    }
+    struct gg_err err = {{0}};
+    struct certs_pair pair = {0};
+    if (certs_load_pair(o.tls_cert, o.tls_key, &pair, &err) != GG_OK) {
+        log_msg(LOG_ERROR, "%s", err.msg);
+        return 1;
+    }
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    raise_fd_limit(o.max_connections);
+
+    struct srv_config cfg = {.listen = o.listen,
+                             .ops_listen = o.ops_listen,
+                             .cert_pem = pair.cert_pem,
+                             .key_pem = pair.key_pem,
+                             .threads = o.threads,
+                             .max_body = o.max_body,
+                             .max_connections = o.max_connections,
+                             .idle_timeout_s = 120};
+    struct srv *server = NULL;
+    enum gg_status st = srv_start(&cfg, &server, &err);
+    certs_pair_clear(&pair);
+    if (st != GG_OK) {
+        log_msg(LOG_ERROR, "%s", err.msg);
+        return 1;
+    }
+    srv_set_ready(server, true, NULL);
+    log_fields(LOG_INFO, "serving",
+               json_pack("{s:s,s:i,s:i,s:i,s:s}", "version", GG_VERSION, "port", srv_port(server),
+                         "ops_port", srv_ops_port(server), "threads", (int)o.threads, "policies",
+                         o.policies));
+    int sig = wait_for_signal();
+    log_msg(LOG_INFO, "%s received: draining requests in flight", strsignal(sig));
+    srv_stop(server, (int64_t)o.shutdown_grace_s * 1000);
+    log_msg(LOG_INFO, "stopped");
+    return 0;
+}

@@ -1,0 +1,154 @@
+/*
+ * metrics.c - the metric tables and their Prometheus text exposition.
+ */
+#include "metrics.h"
+
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+
+static const char *const endpoint_names[MET_ENDPOINTS] = {"mutate", "validate"};
+static const char *const verdict_names[MET_VERDICTS] = {"allowed", "patched", "denied", "error"};
+
+/* Upper bounds in seconds, 50 us to 5 s. */
+static const double buckets[] = {0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+                                 0.025,   0.05,   0.1,     0.25,   0.5,   1,      2.5,   5};
+#define N_BUCKETS (sizeof(buckets) / sizeof(buckets[0]))
+
+struct histogram {
+    atomic_uint_fast64_t count[N_BUCKETS + 1]; /* last slot: above the largest bound */
+    atomic_uint_fast64_t sum_ns;
+};
+
+static struct histogram durations[MET_ENDPOINTS][MET_VERDICTS];
+
+/* HTTP error statuses we answer, 400..599, one counter each. */
+static atomic_uint_fast64_t http_errors[200];
+static atomic_long inflight;
+static atomic_long connections;
+
+void metrics_observe_admission(enum metrics_endpoint ep, enum metrics_verdict verdict,
+                               double seconds)
+{
+    struct histogram *h = &durations[ep][verdict];
+    size_t i = 0;
+    while (i < N_BUCKETS && seconds > buckets[i])
+        i++;
+    atomic_fetch_add_explicit(&h->count[i], 1, memory_order_relaxed);
+    atomic_fetch_add_explicit(&h->sum_ns, (uint64_t)(seconds * 1e9), memory_order_relaxed);
+}
+
+void metrics_http_error(int status)
+{
+    if (status >= 400 && status < 600)
+        atomic_fetch_add_explicit(&http_errors[status - 400], 1, memory_order_relaxed);
+}
+
+void metrics_inflight_add(int delta)
+{
+    atomic_fetch_add(&inflight, delta);
+}
+
+void metrics_connections_add(int delta)
+{
+    atomic_fetch_add(&connections, delta);
+}
+
+long metrics_inflight(void)
+{
+    return atomic_load(&inflight);
+}
+
+static uint64_t load(atomic_uint_fast64_t *v)
+{
+    return atomic_load_explicit(v, memory_order_relaxed);
+}
+
+static enum gg_status render_admissions(struct buf *out)
+{
+    enum gg_status st =
+        buf_appendf(out, "# HELP gpuguard_admission_requests_total Admission reviews answered.\n"
+                         "# TYPE gpuguard_admission_requests_total counter\n");
+    for (int e = 0; e < MET_ENDPOINTS && st == GG_OK; e++) {
+        for (int v = 0; v < MET_VERDICTS && st == GG_OK; v++) {
+            uint64_t total = 0;
+            for (size_t i = 0; i <= N_BUCKETS; i++)
+                total += load(&durations[e][v].count[i]);
+            st = buf_appendf(out,
+                             "gpuguard_admission_requests_total{endpoint=\"%s\",verdict=\"%s\"} "
+                             "%llu\n",
+                             endpoint_names[e], verdict_names[v], (unsigned long long)total);
+        }
+    }
+    return st;
+}
+
+static enum gg_status render_histogram(struct buf *out, int e, int v)
+{
+    struct histogram *h = &durations[e][v];
+    const char *name = "gpuguard_admission_request_duration_seconds";
+    uint64_t cumulative = 0;
+    enum gg_status st = GG_OK;
+    for (size_t i = 0; i <= N_BUCKETS && st == GG_OK; i++) {
+        cumulative += load(&h->count[i]);
+        char le[32];
+        if (i < N_BUCKETS)
+            snprintf(le, sizeof(le), "%g", buckets[i]);
+        else
+            snprintf(le, sizeof(le), "+Inf");
+        st = buf_appendf(out, "%s_bucket{endpoint=\"%s\",verdict=\"%s\",le=\"%s\"} %llu\n", name,
+                         endpoint_names[e], verdict_names[v], le, (unsigned long long)cumulative);
+    }
+    if (st == GG_OK)
+        st = buf_appendf(out,
+                         "%s_sum{endpoint=\"%s\",verdict=\"%s\"} %.9f\n"
+                         "%s_count{endpoint=\"%s\",verdict=\"%s\"} %llu\n",
+                         name, endpoint_names[e], verdict_names[v], load(&h->sum_ns) / 1e9, name,
+                         endpoint_names[e], verdict_names[v], (unsigned long long)cumulative);
+    return st;
+}
+
+static enum gg_status render_durations(struct buf *out)
+{
+    enum gg_status st =
+        buf_appendf(out, "# HELP gpuguard_admission_request_duration_seconds Time from the "
+                         "request's first byte to its answer.\n"
+                         "# TYPE gpuguard_admission_request_duration_seconds histogram\n");
+    for (int e = 0; e < MET_ENDPOINTS && st == GG_OK; e++)
+        for (int v = 0; v < MET_VERDICTS && st == GG_OK; v++)
+            st = render_histogram(out, e, v);
+    return st;
+}
+
+static enum gg_status render_http(struct buf *out)
+{
+    enum gg_status st = buf_appendf(
+        out, "# HELP gpuguard_http_errors_total Requests refused with an HTTP error status.\n"
+             "# TYPE gpuguard_http_errors_total counter\n");
+    for (int i = 0; i < 200 && st == GG_OK; i++) {
+        uint64_t n = load(&http_errors[i]);
+        if (n)
+            st = buf_appendf(out, "gpuguard_http_errors_total{code=\"%d\"} %llu\n", 400 + i,
+                             (unsigned long long)n);
+    }
+    if (st == GG_OK)
+        st = buf_appendf(out,
+                         "# HELP gpuguard_inflight_requests Admission requests being handled.\n"
+                         "# TYPE gpuguard_inflight_requests gauge\n"
+                         "gpuguard_inflight_requests %ld\n"
+                         "# HELP gpuguard_open_connections Connections open on the webhook port.\n"
+                         "# TYPE gpuguard_open_connections gauge\n"
+                         "gpuguard_open_connections %ld\n",
+                         metrics_inflight(), atomic_load(&connections));
+    return st;
+}
+
+enum gg_status metrics_render(struct buf *out)
+{
+    enum gg_status st = render_admissions(out);
+    if (st == GG_OK)
+        st = render_durations(out);
+    if (st == GG_OK)
+        st = render_http(out);
+    return st;
+}

@@ -1,0 +1,432 @@
+/*
+ * server.c - libmicrohttpd front end: TLS webhook port and plain ops port.
+ *
+ * The only file that includes microhttpd.h.  The webhook daemon runs a pool
+ * of poll() worker threads (not epoll: in libmicrohttpd 0.9.75,
+ * MHD_quiesce_daemon on an epoll daemon with internal threads races its
+ * workers for the listen socket and can abort the process, which would turn
+ * every SIGTERM into a crash); each request is handled to the end on the worker
+ * that read it (policies are bounded by their own budgets and the request
+ * deadline), so there is no hand-off between threads.  Refusals that need
+ * no body (404, 405, 415, 413 by Content-Length) are answered from the
+ * headers, before a byte of the body is buffered.
+ */
+#include "server.h"
+
+#include "buf.h"
+#include "log.h"
+#include "metrics.h"
+#include "review.h"
+
+#include <arpa/inet.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+/* The API server's default webhook timeout, used when ?timeout= is absent. */
+#define DEFAULT_TIMEOUT_MS 10000
+/* TLS 1.2 and 1.3 only, GnuTLS's default ciphers otherwise. */
+#define TLS_PRIORITIES "NORMAL:-VERS-ALL:+VERS-TLS1.3:+VERS-TLS1.2"
+
+struct srv {
+    struct MHD_Daemon *webhook;
+    struct MHD_Daemon *ops;
+    size_t max_body;
+    atomic_bool ready;
+    pthread_mutex_t reason_lock;
+    char not_ready_reason[256];
+};
+
+/* Per-request state, created on the first call for a request. */
+struct request {
+    int64_t start_us;
+    int64_t deadline_us;
+    enum adm_endpoint endpoint;
+    bool too_big;
+    bool answered;
+    struct buf body;
+};
+
+static enum MHD_Result send_text(struct MHD_Connection *c, unsigned status, const char *text)
+{
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(strlen(text), (void *)text, MHD_RESPMEM_MUST_COPY);
+    if (!r)
+        return MHD_NO;
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; charset=utf-8");
+    if (status == MHD_HTTP_METHOD_NOT_ALLOWED)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "POST");
+    enum MHD_Result ret = MHD_queue_response(c, status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+/* Refuse a request with a one-line reason, counted and logged. */
+static enum MHD_Result refuse(struct MHD_Connection *c, struct request *rq, unsigned status,
+                              const char *url, const char *reason)
+{
+    char line[384];
+    snprintf(line, sizeof(line), "%s\n", reason);
+    rq->answered = true;
+    metrics_http_error((int)status);
+    json_t *fields = json_pack("{s:i,s:s}", "status", (int)status, "path", url);
+    log_fields(LOG_WARN, reason, fields);
+    return send_text(c, status, line);
+}
+
+/* Content-Type must be application/json, parameters (charset) allowed. */
+static bool is_json_type(const char *value)
+{
+    static const char want[] = "application/json";
+    if (!value)
+        return false;
+    while (*value == ' ' || *value == '\t')
+        value++;
+    size_t n = sizeof(want) - 1;
+    if (strncasecmp(value, want, n) != 0)
+        return false;
+    value += n;
+    while (*value == ' ' || *value == '\t')
+        value++;
+    return *value == '\0' || *value == ';';
+}
+
+static int64_t request_timeout_ms(struct MHD_Connection *c)
+{
+    const char *text = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "timeout");
+    int64_t ms;
+    if (text && adm_parse_timeout(text, &ms) == GG_OK && ms > 0)
+        return ms;
+    return DEFAULT_TIMEOUT_MS;
+}
+
+/* First call for a request: route and check the headers. */
+static enum MHD_Result begin_request(struct srv *s, struct MHD_Connection *c, const char *url,
+                                     const char *method, struct request *rq)
+{
+    char reason[256];
+    if (strcmp(url, "/mutate") == 0)
+        rq->endpoint = ADM_MUTATING;
+    else if (strcmp(url, "/validate") == 0)
+        rq->endpoint = ADM_VALIDATING;
+    else {
+        snprintf(reason, sizeof(reason), "no such path %.128s: use /mutate or /validate", url);
+        return refuse(c, rq, MHD_HTTP_NOT_FOUND, url, reason);
+    }
+    if (strcmp(method, MHD_HTTP_METHOD_POST) != 0) {
+        snprintf(reason, sizeof(reason), "method %.32s not allowed on %s: use POST", method, url);
+        return refuse(c, rq, MHD_HTTP_METHOD_NOT_ALLOWED, url, reason);
+    }
+    const char *type = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type");
+    if (!is_json_type(type)) {
+        snprintf(reason, sizeof(reason), "Content-Type must be application/json, got %.64s",
+                 type ? type : "none");
+        return refuse(c, rq, MHD_HTTP_UNSUPPORTED_MEDIA_TYPE, url, reason);
+    }
+    const char *length = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+    if (length && strtoull(length, NULL, 10) > s->max_body) {
+        snprintf(reason, sizeof(reason), "body of %.20s bytes is over the limit of %zu bytes",
+                 length, s->max_body);
+        return refuse(c, rq, MHD_HTTP_CONTENT_TOO_LARGE, url, reason);
+    }
+    rq->deadline_us = rq->start_us + request_timeout_ms(c) * 1000;
+    buf_init(&rq->body, s->max_body);
+    return MHD_YES;
+}
+
+static enum MHD_Result answer_review(struct MHD_Connection *c, struct request *rq, const char *url)
+{
+    struct review_result result = {0};
+    struct gg_err err = {{0}};
+    enum gg_status st = review_handle(rq->body.data ? rq->body.data : "", rq->body.len,
+                                      rq->endpoint, rq->deadline_us, &result, &err);
+    enum metrics_endpoint ep = rq->endpoint == ADM_MUTATING ? MET_MUTATE : MET_VALIDATE;
+    double seconds = (review_now_us() - rq->start_us) / 1e6;
+    if (st == GG_ERR_PARSE || st == GG_ERR_INVALID) {
+        metrics_observe_admission(ep, MET_ERROR, seconds);
+        return refuse(c, rq, MHD_HTTP_BAD_REQUEST, url, err.msg);
+    }
+    if (st != GG_OK) {
+        metrics_observe_admission(ep, MET_ERROR, seconds);
+        return refuse(c, rq, MHD_HTTP_INTERNAL_SERVER_ERROR, url, err.msg);
+    }
+    rq->answered = true;
+    metrics_observe_admission(ep, result.verdict, seconds);
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(result.len, result.body, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        review_result_clear(&result);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+    enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static enum MHD_Result on_webhook(void *cls, struct MHD_Connection *c, const char *url,
+                                  const char *method, const char *version, const char *upload_data,
+                                  size_t *upload_data_size, void **con_cls)
+{
+    (void)version;
+    struct srv *s = cls;
+    struct request *rq = *con_cls;
+    if (!rq) {
+        rq = calloc(1, sizeof(*rq));
+        if (!rq)
+            return MHD_NO;
+        rq->start_us = review_now_us();
+        *con_cls = rq;
+        metrics_inflight_add(1);
+        return begin_request(s, c, url, method, rq);
+    }
+    if (*upload_data_size) {
+        /* Past the limit: keep reading (and dropping) so we can answer 413. */
+        if (!rq->too_big && !rq->answered &&
+            buf_append(&rq->body, upload_data, *upload_data_size) != GG_OK) {
+            rq->too_big = true;
+            buf_clear(&rq->body);
+        }
+        *upload_data_size = 0;
+        return MHD_YES;
+    }
+    if (rq->answered)
+        return MHD_YES;
+    if (rq->too_big) {
+        char reason[128];
+        snprintf(reason, sizeof(reason), "body is over the limit of %zu bytes", s->max_body);
+        return refuse(c, rq, MHD_HTTP_CONTENT_TOO_LARGE, url, reason);
+    }
+    return answer_review(c, rq, url);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    (void)cls;
+    (void)c;
+    (void)toe;
+    struct request *rq = *con_cls;
+    if (!rq)
+        return;
+    buf_clear(&rq->body);
+    free(rq);
+    *con_cls = NULL;
+    metrics_inflight_add(-1);
+}
+
+static enum MHD_Result on_ops(void *cls, struct MHD_Connection *c, const char *url,
+                              const char *method, const char *version, const char *upload_data,
+                              size_t *upload_data_size, void **con_cls)
+{
+    (void)version;
+    (void)upload_data;
+    struct srv *s = cls;
+    if (*con_cls == NULL) { /* headers only; ops requests carry no body */
+        *con_cls = s;
+        return MHD_YES;
+    }
+    *upload_data_size = 0;
+    if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0)
+        return send_text(c, MHD_HTTP_METHOD_NOT_ALLOWED, "use GET\n");
+    if (strcmp(url, "/healthz") == 0)
+        return send_text(c, MHD_HTTP_OK, "ok\n");
+    if (strcmp(url, "/readyz") == 0) {
+        if (atomic_load(&s->ready))
+            return send_text(c, MHD_HTTP_OK, "ready\n");
+        char line[300];
+        pthread_mutex_lock(&s->reason_lock);
+        snprintf(line, sizeof(line), "not ready: %s\n", s->not_ready_reason);
+        pthread_mutex_unlock(&s->reason_lock);
+        return send_text(c, MHD_HTTP_SERVICE_UNAVAILABLE, line);
+    }
+    if (strcmp(url, "/metrics") == 0) {
+        struct buf out;
+        buf_init(&out, 16 << 20);
+        if (metrics_render(&out) != GG_OK) {
+            buf_clear(&out);
+            return send_text(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "metrics unavailable\n");
+        }
+        size_t len;
+        char *text = buf_steal(&out, &len);
+        struct MHD_Response *r = MHD_create_response_from_buffer(len, text, MHD_RESPMEM_MUST_FREE);
+        if (!r) {
+            free(text);
+            return MHD_NO;
+        }
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE,
+                                "text/plain; version=0.0.4; charset=utf-8");
+        enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, r);
+        MHD_destroy_response(r);
+        return ret;
+    }
+    return send_text(c, MHD_HTTP_NOT_FOUND, "no such path: use /healthz, /readyz or /metrics\n");
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    (void)cls;
+    char msg[512];
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    size_t n = strlen(msg);
+    while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r'))
+        msg[--n] = '\0';
+    /* 0.9.75 says this at every start even with the logger passed first. */
+    if (strstr(msg, "MHD_OPTION_EXTERNAL_LOGGER is not the first option"))
+        return;
+    log_fields(LOG_WARN, msg, json_pack("{s:s}", "source", "libmicrohttpd"));
+}
+
+static enum gg_status parse_addr(const char *text, struct sockaddr_storage *ss, struct gg_err *err)
+{
+    char host[128];
+    const char *colon = strrchr(text, ':');
+    if (!colon || (size_t)(colon - text) >= sizeof(host))
+        return gg_fail(err, GG_ERR_INVALID, "address \"%s\" is not ADDR:PORT", text);
+    char *end;
+    long port = strtol(colon + 1, &end, 10);
+    if (colon[1] == '\0' || *end || port < 0 || port > 65535)
+        return gg_fail(err, GG_ERR_INVALID, "address \"%s\": port must be 0..65535", text);
+    memcpy(host, text, (size_t)(colon - text));
+    host[colon - text] = '\0';
+    memset(ss, 0, sizeof(*ss));
+    size_t hl = strlen(host);
+    if (hl >= 2 && host[0] == '[' && host[hl - 1] == ']') {
+        struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)ss;
+        host[hl - 1] = '\0';
+        a6->sin6_family = AF_INET6;
+        a6->sin6_port = htons((uint16_t)port);
+        if (inet_pton(AF_INET6, host + 1, &a6->sin6_addr) == 1)
+            return GG_OK;
+    } else {
+        struct sockaddr_in *a4 = (struct sockaddr_in *)ss;
+        a4->sin_family = AF_INET;
+        a4->sin_port = htons((uint16_t)port);
+        if (inet_pton(AF_INET, host, &a4->sin_addr) == 1)
+            return GG_OK;
+    }
+    return gg_fail(err, GG_ERR_INVALID, "address \"%s\": \"%s\" is not an IP address", text, host);
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    (void)cls;
+    (void)c;
+    (void)socket_context;
+    metrics_connections_add(toe == MHD_CONNECTION_NOTIFY_STARTED ? 1 : -1);
+}
+
+static struct MHD_Daemon *start_webhook(struct srv *s, const struct srv_config *cfg,
+                                        struct sockaddr_storage *addr)
+{
+    unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_USE_TLS | MHD_USE_ERROR_LOG | MHD_USE_ITC;
+    if (addr->ss_family == AF_INET6)
+        flags |= MHD_USE_IPv6;
+    return MHD_start_daemon(
+        flags, 0, NULL, NULL, on_webhook, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
+        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)addr, MHD_OPTION_THREAD_POOL_SIZE,
+        cfg->threads > 1 ? cfg->threads : 0, MHD_OPTION_CONNECTION_LIMIT, cfg->max_connections,
+        MHD_OPTION_CONNECTION_TIMEOUT, cfg->idle_timeout_s, MHD_OPTION_HTTPS_MEM_CERT,
+        cfg->cert_pem, MHD_OPTION_HTTPS_MEM_KEY, cfg->key_pem, MHD_OPTION_HTTPS_PRIORITIES,
+        TLS_PRIORITIES, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION,
+        on_connection, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s, MHD_OPTION_END);
+}
+
+static struct MHD_Daemon *start_ops(struct srv *s, struct sockaddr_storage *addr)
+{
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG;
+    if (addr->ss_family == AF_INET6)
+        flags |= MHD_USE_IPv6;
+    return MHD_start_daemon(flags, 0, NULL, NULL, on_ops, s, MHD_OPTION_SOCK_ADDR,
+                            (struct sockaddr *)addr, MHD_OPTION_CONNECTION_LIMIT, 64,
+                            MHD_OPTION_CONNECTION_TIMEOUT, 30, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
+                            s, MHD_OPTION_END);
+}
+
+enum gg_status srv_start(const struct srv_config *cfg, struct srv **out, struct gg_err *err)
+{
+    struct sockaddr_storage hook_addr, ops_addr;
+    enum gg_status st;
+    if ((st = parse_addr(cfg->listen, &hook_addr, err)) != GG_OK ||
+        (st = parse_addr(cfg->ops_listen, &ops_addr, err)) != GG_OK)
+        return st;
+    struct srv *s = calloc(1, sizeof(*s));
+    if (!s)
+        return gg_fail(err, GG_ERR_NOMEM, "out of memory");
+    s->max_body = cfg->max_body;
+    pthread_mutex_init(&s->reason_lock, NULL);
+    snprintf(s->not_ready_reason, sizeof(s->not_ready_reason), "starting");
+    s->webhook = start_webhook(s, cfg, &hook_addr);
+    if (!s->webhook) {
+        st = gg_fail(err, GG_ERR_IO,
+                     "cannot serve HTTPS on %s (address in use, or certificate/key rejected)",
+                     cfg->listen);
+        goto fail;
+    }
+    s->ops = start_ops(s, &ops_addr);
+    if (!s->ops) {
+        st = gg_fail(err, GG_ERR_IO, "cannot serve the ops port on %s (address in use?)",
+                     cfg->ops_listen);
+        goto fail;
+    }
+    *out = s;
+    return GG_OK;
+fail:
+    if (s->webhook)
+        MHD_stop_daemon(s->webhook);
+    pthread_mutex_destroy(&s->reason_lock);
+    free(s);
+    return st;
+}
+
+static uint16_t bound_port(struct MHD_Daemon *d)
+{
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+    return info ? info->port : 0;
+}
+
+uint16_t srv_port(const struct srv *s)
+{
+    return bound_port(s->webhook);
+}
+
+uint16_t srv_ops_port(const struct srv *s)
+{
+    return bound_port(s->ops);
+}
+
+void srv_set_ready(struct srv *s, bool ready, const char *reason)
+{
+    pthread_mutex_lock(&s->reason_lock);
+    snprintf(s->not_ready_reason, sizeof(s->not_ready_reason), "%s", reason ? reason : "");
+    pthread_mutex_unlock(&s->reason_lock);
+    atomic_store(&s->ready, ready);
+}
+
+void srv_stop(struct srv *s, int64_t grace_ms)
+{
+    if (!s)
+        return;
+    srv_set_ready(s, false, "shutting down");
+    MHD_socket listener = MHD_quiesce_daemon(s->webhook);
+    if (listener != MHD_INVALID_SOCKET)
+        close(listener);
+    int64_t until = review_now_us() + grace_ms * 1000;
+    while (metrics_inflight() > 0 && review_now_us() < until)
+        usleep(10 * 1000);
+    if (metrics_inflight() > 0)
+        log_msg(LOG_WARN, "shutdown: %ld requests still in flight after %lld ms",
+                metrics_inflight(), (long long)grace_ms);
+    MHD_stop_daemon(s->webhook);
+    MHD_stop_daemon(s->ops);
+    pthread_mutex_destroy(&s->reason_lock);
+    free(s);
+}
