@@ -89,8 +89,10 @@ run: deps
 test: deps
 	@$(MAKE) --no-print-directory unit integration
 
-unit: $(UNIT_BIN)
+unit: $(UNIT_BIN) $(TOOL_BIN)
 	@set -e; for t in $(UNIT_BIN); do echo "== $$t"; $$t; done
+	@echo "== Lua library tests (in the policy sandbox)"
+	$(BUILD)/tests/tools/lua_tests --lua lua tests/lua/test_*.lua
 
 # Python tests (pytest) under tests/: integration, policies, patch checks.
 integration: $(BIN) $(TOOL_BIN)

@@ -120,7 +120,13 @@ def start_server(binary, certs, tmp_path, *extra, env=None, ready_timeout=10):
     logf = open(log_path, "wb")
     cmd = [binary, "serve", "--listen", "127.0.0.1:0", "--ops-listen", "127.0.0.1:0",
            "--tls-cert", str(certs / "tls.crt"), "--tls-key", str(certs / "tls.key"),
-           "--threads", "2", *extra]
+           "--threads", "2"]
+    if "--policies" not in extra:
+        # The wire contract is tested with no policies: every review is allowed as is.
+        empty = tmp_path / "no-policies"
+        empty.mkdir(exist_ok=True)
+        cmd += ["--policies", str(empty), "--lua", str(REPO / "lua")]
+    cmd += list(extra)
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=logf, cwd=REPO,
                             env=env)
     logf.close()

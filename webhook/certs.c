@@ -560,70 +560,15 @@ enum gg_status certs_ca_bundle(const struct certs_bundle *bundle, char **out, st
     return GG_OK;
 }
 
-/*
- * Read a whole regular file of 1..CERTS_MAX_PEM_SIZE bytes into a
- * NUL-terminated heap buffer.  Files are not opened with O_NOFOLLOW: mounted
- * Kubernetes Secrets are symlinks.
- */
+/* A whole PEM file of 1..CERTS_MAX_PEM_SIZE bytes, NUL-terminated. */
 static enum gg_status read_file(const char *path, char **data, size_t *len, struct gg_err *err)
 {
-    enum gg_status st = GG_OK;
-    char *buf = NULL;
-    size_t cap = 0, n = 0;
-    struct stat sb;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-
-    if (fd < 0) {
-        st = gg_fail(err, GG_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-        goto out;
-    }
-    if (fstat(fd, &sb) != 0) {
-        st = gg_fail(err, GG_ERR_IO, "%s: %s", path, strerror(errno));
-        goto out;
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        st = gg_fail(err, GG_ERR_IO, "%s: not a regular file", path);
-        goto out;
-    }
-    if (sb.st_size > CERTS_MAX_PEM_SIZE) {
-        st = gg_fail(err, GG_ERR_TOOBIG, "%s: larger than %d bytes", path, CERTS_MAX_PEM_SIZE);
-        goto out;
-    }
-    /* One byte spare: filling it means the file grew while being read. */
-    cap = (size_t)sb.st_size + 1;
-    buf = malloc(cap + 1);
-    if (!buf) {
-        st = gg_fail(err, GG_ERR_NOMEM, "%s: out of memory", path);
-        goto out;
-    }
-    while (n < cap) {
-        ssize_t r = read(fd, buf + n, cap - n);
-        if (r < 0 && errno == EINTR)
-            continue;
-        if (r < 0) {
-            st = gg_fail(err, GG_ERR_IO, "%s: read: %s", path, strerror(errno));
-            goto out;
-        }
-        if (r == 0)
-            break;
-        n += (size_t)r;
-    }
-    if (n == cap) {
-        st = gg_fail(err, GG_ERR_IO, "%s: changed while being read", path);
-        goto out;
-    }
-    if (n == 0) {
+    enum gg_status st = gg_read_file(path, CERTS_MAX_PEM_SIZE, data, len, err);
+    if (st == GG_OK && *len == 0) {
+        free(*data);
+        *data = NULL;
         st = gg_fail(err, GG_ERR_PARSE, "%s: file is empty", path);
-        goto out;
     }
-    buf[n] = '\0';
-    *data = buf;
-    *len = n;
-    buf = NULL;
-out:
-    free_secret(buf, cap + 1);
-    if (fd >= 0)
-        close(fd);
     return st;
 }
 

@@ -9,6 +9,8 @@
 #include "certs.h"
 #include "cli.h"
 #include "log.h"
+#include "policy.h"
+#include "reload.h"
 #include "server.h"
 
 #include <errno.h>
@@ -245,6 +247,16 @@ int cli_serve(int argc, char **argv)
         log_msg(LOG_ERROR, "%s", err.msg);
         return 1;
     }
+    struct policy_paths paths = {.policies = o.policies, .lua = o.lua, .config = o.config};
+    struct engine *engine = NULL;
+    struct reloader *reloader = NULL;
+    if (engine_new(&paths, &engine, &err) != GG_OK ||
+        reload_start(engine, &reloader, &err) != GG_OK) {
+        log_msg(LOG_ERROR, "%s", err.msg);
+        certs_pair_clear(&pair);
+        engine_free(engine);
+        return 1;
+    }
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);
@@ -260,7 +272,8 @@ int cli_serve(int argc, char **argv)
                              .threads = o.threads,
                              .max_body = o.max_body,
                              .max_connections = o.max_connections,
-                             .idle_timeout_s = 120};
+                             .idle_timeout_s = 120,
+                             .engine = engine};
     struct srv *server = NULL;
     enum gg_status st = srv_start(&cfg, &server, &err);
     certs_pair_clear(&pair);
@@ -276,6 +289,8 @@ int cli_serve(int argc, char **argv)
     int sig = wait_for_signal();
     log_msg(LOG_INFO, "%s received: draining requests in flight", strsignal(sig));
     srv_stop(server, (int64_t)o.shutdown_grace_s * 1000);
+    reload_stop(reloader);
+    engine_free(engine);
     log_msg(LOG_INFO, "stopped");
     return 0;
 }

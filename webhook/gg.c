@@ -1,10 +1,17 @@
 /*
- * gg.c - the project-wide error enum's strings and the gg_err helper.
+ * gg.c - the project-wide error enum's strings, the gg_err helper and the
+ * bounded whole-file reader.
  */
 #include "gpuguard.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 const char *gg_strerror(enum gg_status status)
 {
@@ -42,4 +49,71 @@ enum gg_status gg_fail(struct gg_err *err, enum gg_status status, const char *fm
         va_end(ap);
     }
     return status;
+}
+
+/*
+ * Files are not opened with O_NOFOLLOW: mounted Kubernetes Secrets and
+ * ConfigMaps are symlinks.  The buffer is wiped before it is freed on error,
+ * since it may hold part of a private key.
+ */
+enum gg_status gg_read_file(const char *path, size_t max, char **data, size_t *len,
+                            struct gg_err *err)
+{
+    enum gg_status st = GG_OK;
+    char *buf = NULL;
+    size_t cap = 0, n = 0;
+    struct stat sb;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+
+    if (fd < 0) {
+        st = gg_fail(err, GG_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+        goto out;
+    }
+    if (fstat(fd, &sb) != 0) {
+        st = gg_fail(err, GG_ERR_IO, "%s: %s", path, strerror(errno));
+        goto out;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        st = gg_fail(err, GG_ERR_IO, "%s: not a regular file", path);
+        goto out;
+    }
+    if ((size_t)sb.st_size > max) {
+        st = gg_fail(err, GG_ERR_TOOBIG, "%s: larger than %zu bytes", path, max);
+        goto out;
+    }
+    /* One byte spare: filling it means the file grew while being read. */
+    cap = (size_t)sb.st_size + 1;
+    buf = malloc(cap + 1);
+    if (!buf) {
+        st = gg_fail(err, GG_ERR_NOMEM, "%s: out of memory", path);
+        goto out;
+    }
+    while (n < cap) {
+        ssize_t r = read(fd, buf + n, cap - n);
+        if (r < 0 && errno == EINTR)
+            continue;
+        if (r < 0) {
+            st = gg_fail(err, GG_ERR_IO, "%s: read: %s", path, strerror(errno));
+            goto out;
+        }
+        if (r == 0)
+            break;
+        n += (size_t)r;
+    }
+    if (n == cap) {
+        st = gg_fail(err, GG_ERR_IO, "%s: changed while being read", path);
+        goto out;
+    }
+    buf[n] = '\0';
+    *data = buf;
+    *len = n;
+    buf = NULL;
+out:
+    if (buf) {
+        explicit_bzero(buf, cap + 1);
+        free(buf);
+    }
+    if (fd >= 0)
+        close(fd);
+    return st;
 }

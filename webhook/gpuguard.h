@@ -41,4 +41,11 @@ const char *gg_strerror(enum gg_status status);
 enum gg_status gg_fail(struct gg_err *err, enum gg_status status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/*
+ * Read a whole regular file of at most max bytes into a NUL-terminated heap
+ * buffer (*len excludes the NUL).  Messages name the path.
+ */
+enum gg_status gg_read_file(const char *path, size_t max, char **data, size_t *len,
+                            struct gg_err *err);
+
 #endif

@@ -25,6 +25,9 @@ static struct histogram durations[MET_ENDPOINTS][MET_VERDICTS];
 /* HTTP error statuses we answer, 400..599, one counter each. */
 static atomic_uint_fast64_t http_errors[200];
 static atomic_long inflight;
+static atomic_uint_fast64_t reloads[2]; /* failed, succeeded */
+static atomic_uint_fast64_t generation = 1;
+static atomic_int last_reload_ok = 1;
 static atomic_long connections;
 
 void metrics_observe_admission(enum metrics_endpoint ep, enum metrics_verdict verdict,
@@ -47,6 +50,13 @@ void metrics_http_error(int status)
 void metrics_inflight_add(int delta)
 {
     atomic_fetch_add(&inflight, delta);
+}
+
+void metrics_reload(bool ok, uint64_t live_generation)
+{
+    atomic_fetch_add(&reloads[ok], 1);
+    atomic_store(&generation, live_generation);
+    atomic_store(&last_reload_ok, ok);
 }
 
 void metrics_connections_add(int delta)
@@ -143,9 +153,29 @@ static enum gg_status render_http(struct buf *out)
     return st;
 }
 
+static enum gg_status render_reloads(struct buf *out)
+{
+    return buf_appendf(
+        out,
+        "# HELP gpuguard_policy_reloads_total Policy set reloads by result.\n"
+        "# TYPE gpuguard_policy_reloads_total counter\n"
+        "gpuguard_policy_reloads_total{result=\"ok\"} %llu\n"
+        "gpuguard_policy_reloads_total{result=\"error\"} %llu\n"
+        "# HELP gpuguard_policy_generation Generation of the policy set serving requests.\n"
+        "# TYPE gpuguard_policy_generation gauge\n"
+        "gpuguard_policy_generation %llu\n"
+        "# HELP gpuguard_policy_last_reload_success Whether the last reload was accepted.\n"
+        "# TYPE gpuguard_policy_last_reload_success gauge\n"
+        "gpuguard_policy_last_reload_success %d\n",
+        (unsigned long long)load(&reloads[1]), (unsigned long long)load(&reloads[0]),
+        (unsigned long long)load(&generation), atomic_load(&last_reload_ok));
+}
+
 enum gg_status metrics_render(struct buf *out)
 {
     enum gg_status st = render_admissions(out);
+    if (st == GG_OK)
+        st = render_reloads(out);
     if (st == GG_OK)
         st = render_durations(out);
     if (st == GG_OK)

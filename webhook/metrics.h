@@ -10,6 +10,9 @@
 
 #include "buf.h"
 
+#include <stdbool.h>
+#include <stdint.h>
+
 enum metrics_endpoint { MET_MUTATE, MET_VALIDATE, MET_ENDPOINTS };
 
 enum metrics_verdict { MET_ALLOWED, MET_PATCHED, MET_DENIED, MET_ERROR, MET_VERDICTS };
@@ -24,6 +27,9 @@ void metrics_http_error(int status);
 void metrics_inflight_add(int delta);
 void metrics_connections_add(int delta);
 long metrics_inflight(void);
+
+/* A policy reload and the generation serving after it. */
+void metrics_reload(bool ok, uint64_t generation);
 
 /* Append the whole exposition to out. */
 enum gg_status metrics_render(struct buf *out);

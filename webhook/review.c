@@ -1,5 +1,6 @@
 /*
- * review.c - the request flow: decode the review, decide, encode the answer.
+ * review.c - the request flow: decode the review, evaluate the policies,
+ * encode the answer, log the decision.
  */
 #include "review.h"
 
@@ -24,17 +25,57 @@ void review_result_clear(struct review_result *r)
     r->len = 0;
 }
 
-enum gg_status review_handle(const char *body, size_t len, enum adm_endpoint endpoint,
-                             int64_t deadline_us, struct review_result *out, struct gg_err *err)
+/* The object's name, or its generateName prefix on CREATE. */
+static const char *object_name(const struct adm_request *req)
 {
-    (void)deadline_us;
+    if (*req->name)
+        return req->name;
+    json_t *meta = json_object_get(req->object, "metadata");
+    const char *gen = json_string_value(json_object_get(meta, "generateName"));
+    return gen ? gen : "";
+}
+
+static void log_decision(const struct adm_request *req, enum adm_endpoint endpoint,
+                         const struct policy_verdict *v, enum metrics_verdict verdict,
+                         int64_t start_us)
+{
+    static const char *const names[] = {"allowed", "patched", "denied", "error"};
+    json_t *fields = json_pack(
+        "{s:s,s:s,s:s,s:s,s:s,s:s,s:O,s:i,s:f}", "uid", req->uid, "namespace", req->namespace,
+        "name", object_name(req), "operation", adm_operation_name(req->operation), "endpoint",
+        endpoint == ADM_MUTATING ? "mutate" : "validate", "verdict", names[verdict], "policies",
+        v->fired, "patch_ops", (int)json_array_size(v->patch), "latency_ms",
+        (review_now_us() - start_us) / 1000.0);
+    if (v->message)
+        json_object_set_new(fields, "message", json_string(v->message));
+    log_fields(LOG_INFO, "decision", fields);
+}
+
+enum gg_status review_handle(struct engine *engine, const char *body, size_t len,
+                             enum adm_endpoint endpoint, int64_t deadline_us,
+                             struct review_result *out, struct gg_err *err)
+{
+    int64_t start_us = review_now_us();
     struct adm_request req;
     enum gg_status st = adm_decode(body, len, &req, err);
     if (st != GG_OK)
         return st;
-    struct adm_verdict verdict = {.allowed = true};
-    st = adm_encode(&req, &verdict, endpoint, &out->body, &out->len, err);
-    out->verdict = MET_ALLOWED;
+    struct policy_verdict v;
+    st = engine_evaluate(engine, &req, endpoint == ADM_MUTATING ? PHASE_MUTATE : PHASE_VALIDATE,
+                         deadline_us, &v, err);
+    if (st == GG_OK) {
+        struct adm_verdict answer = {.allowed = v.allowed,
+                                     .message = v.message,
+                                     .patch = v.patch,
+                                     .warnings = v.warnings,
+                                     .audit = v.audit};
+        st = adm_encode(&req, &answer, endpoint, &out->body, &out->len, err);
+        out->verdict = !v.allowed                                             ? MET_DENIED
+                       : endpoint == ADM_MUTATING && json_array_size(v.patch) ? MET_PATCHED
+                                                                              : MET_ALLOWED;
+        log_decision(&req, endpoint, &v, out->verdict, start_us);
+        policy_verdict_clear(&v);
+    }
     adm_request_clear(&req);
     return st;
 }

@@ -8,6 +8,7 @@
 
 #include "admission.h"
 #include "metrics.h"
+#include "policy.h"
 
 #include <stdint.h>
 
@@ -23,8 +24,9 @@ struct review_result {
  * GG_ERR_INVALID mean the body is not a review (err says why); any other
  * failure is ours.
  */
-enum gg_status review_handle(const char *body, size_t len, enum adm_endpoint endpoint,
-                             int64_t deadline_us, struct review_result *out, struct gg_err *err);
+enum gg_status review_handle(struct engine *engine, const char *body, size_t len,
+                             enum adm_endpoint endpoint, int64_t deadline_us,
+                             struct review_result *out, struct gg_err *err);
 
 void review_result_clear(struct review_result *r);
 

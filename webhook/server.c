@@ -39,6 +39,7 @@ struct srv {
     struct MHD_Daemon *webhook;
     struct MHD_Daemon *ops;
     size_t max_body;
+    struct engine *engine;
     atomic_bool ready;
     pthread_mutex_t reason_lock;
     char not_ready_reason[256];
@@ -141,11 +142,12 @@ static enum MHD_Result begin_request(struct srv *s, struct MHD_Connection *c, co
     return MHD_YES;
 }
 
-static enum MHD_Result answer_review(struct MHD_Connection *c, struct request *rq, const char *url)
+static enum MHD_Result answer_review(struct srv *s, struct MHD_Connection *c, struct request *rq,
+                                     const char *url)
 {
     struct review_result result = {0};
     struct gg_err err = {{0}};
-    enum gg_status st = review_handle(rq->body.data ? rq->body.data : "", rq->body.len,
+    enum gg_status st = review_handle(s->engine, rq->body.data ? rq->body.data : "", rq->body.len,
                                       rq->endpoint, rq->deadline_us, &result, &err);
     enum metrics_endpoint ep = rq->endpoint == ADM_MUTATING ? MET_MUTATE : MET_VALIDATE;
     double seconds = (review_now_us() - rq->start_us) / 1e6;
@@ -204,7 +206,7 @@ static enum MHD_Result on_webhook(void *cls, struct MHD_Connection *c, const cha
         snprintf(reason, sizeof(reason), "body is over the limit of %zu bytes", s->max_body);
         return refuse(c, rq, MHD_HTTP_CONTENT_TOO_LARGE, url, reason);
     }
-    return answer_review(c, rq, url);
+    return answer_review(s, c, rq, url);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
@@ -239,9 +241,14 @@ static enum MHD_Result on_ops(void *cls, struct MHD_Connection *c, const char *u
     if (strcmp(url, "/healthz") == 0)
         return send_text(c, MHD_HTTP_OK, "ok\n");
     if (strcmp(url, "/readyz") == 0) {
-        if (atomic_load(&s->ready))
-            return send_text(c, MHD_HTTP_OK, "ready\n");
-        char line[300];
+        char line[400];
+        if (atomic_load(&s->ready)) {
+            char last[256];
+            engine_last_reload(s->engine, last, sizeof(last));
+            snprintf(line, sizeof(line), "ready: policy generation %llu, last reload: %s\n",
+                     (unsigned long long)engine_generation(s->engine), last);
+            return send_text(c, MHD_HTTP_OK, line);
+        }
         pthread_mutex_lock(&s->reason_lock);
         snprintf(line, sizeof(line), "not ready: %s\n", s->not_ready_reason);
         pthread_mutex_unlock(&s->reason_lock);
@@ -362,6 +369,7 @@ enum gg_status srv_start(const struct srv_config *cfg, struct srv **out, struct 
     if (!s)
         return gg_fail(err, GG_ERR_NOMEM, "out of memory");
     s->max_body = cfg->max_body;
+    s->engine = cfg->engine;
     pthread_mutex_init(&s->reason_lock, NULL);
     snprintf(s->not_ready_reason, sizeof(s->not_ready_reason), "starting");
     s->webhook = start_webhook(s, cfg, &hook_addr);

@@ -9,6 +9,7 @@
 #define GG_SERVER_H
 
 #include "gpuguard.h"
+#include "policy.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -23,6 +24,7 @@ struct srv_config {
     size_t max_body;        /* larger bodies get 413 */
     unsigned max_connections;
     unsigned idle_timeout_s; /* keep-alive idle timeout, above the client's 90 s */
+    struct engine *engine;   /* evaluates the reviews; also reported by /readyz */
 };
 
 struct srv;
@@ -33,7 +35,7 @@ enum gg_status srv_start(const struct srv_config *cfg, struct srv **out, struct 
 uint16_t srv_port(const struct srv *s);
 uint16_t srv_ops_port(const struct srv *s);
 
-/* /readyz answers 200 when ready, else 503 with the reason. */
+/* /readyz answers 200 when ready (with the policy generation), else 503 with the reason. */
 void srv_set_ready(struct srv *s, bool ready, const char *reason);
 
 /*

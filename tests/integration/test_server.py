@@ -263,7 +263,7 @@ def test_certificate_matches_the_service_name(server):
 
 def test_ops_endpoints(server):
     assert server.ops("/healthz") == (200, "ok\n")
-    assert server.ops("/readyz") == (200, "ready\n")
+    assert server.ops("/readyz") == (200, "ready: policy generation 1, last reload: ok\n")
     assert server.ops("/nope")[0] == 404
 
 

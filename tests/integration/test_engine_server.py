@@ -1,0 +1,151 @@
+"""The policy engine inside the running server: verdicts over HTTPS, a stuck
+policy that cannot stop the server, and hot reload of policies and config."""
+
+import base64
+import json
+import os
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import start_server
+from test_server import metric, review
+
+LABEL_POLICY = """
+local gg = require "gpuguard"
+return {
+  name = "stamp",
+  match = { kinds = { "Pod" } },
+  mutate = function(req, pod, cfg)
+    if pod.metadata.labels == nil then pod.metadata.labels = gg.object() end
+    pod.metadata.labels.stamp = cfg.stamp or "%s"
+  end,
+  validate = function(req, pod)
+    if (pod.metadata.labels or {}).stuck == "yes" then while true do end end
+  end,
+}
+"""
+
+
+def write_atomically(path, text):
+    tmp = path.with_name("." + path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+@pytest.fixture
+def policy_server(binary, certs, tmp_path):
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    lua = tmp_path / "lua"
+    lua.mkdir()
+    confdir = tmp_path / "config"
+    confdir.mkdir()
+    config = confdir / "gpuguard.yaml"
+    config.write_text("engine:\n  timeout: 1s\n")
+    (policies / "10-stamp.lua").write_text(LABEL_POLICY % "v1")
+    srv = start_server(binary, certs, tmp_path, "--policies", str(policies), "--lua", str(lua),
+                       "--config", str(config))
+    srv.policies, srv.config = policies, config
+    yield srv
+    if srv.proc.poll() is None:
+        assert srv.stop() == 0
+
+
+def stamp_of(srv, conn=None):
+    conn = conn or srv.connect()
+    status, _, got = conn.review(review(), path="/mutate")
+    assert status == 200
+    patch = json.loads(base64.b64decode(got["response"]["patch"]))
+    return patch[0]["value"]["stamp"]
+
+
+def wait_for(predicate, timeout=10):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def test_mutating_answer_carries_the_policy_patch(policy_server):
+    status, _, got = policy_server.connect().review(review(), path="/mutate")
+    resp = got["response"]
+    assert resp["patchType"] == "JSONPatch"
+    assert json.loads(base64.b64decode(resp["patch"])) == [
+        {"op": "add", "path": "/metadata/labels", "value": {"stamp": "v1"}}]
+    status, _, got = policy_server.connect().review(review(), path="/validate")
+    assert "patch" not in got["response"] and got["response"]["allowed"] is True
+
+
+def test_stuck_policy_is_cut_off_and_the_server_keeps_serving(policy_server):
+    conn = policy_server.connect()
+    stuck = review()
+    stuck["request"]["object"]["metadata"]["labels"] = {"stuck": "yes"}
+    start = time.monotonic()
+    status, _, got = conn.review(stuck, path="/validate", timeout="10s")
+    assert time.monotonic() - start < 5
+    assert status == 200
+    assert got["response"]["allowed"] is False
+    assert got["response"]["status"]["message"].startswith("stamp: policy stopped: ")
+    logged = [r for r in policy_server.log_lines() if r.get("msg") == "policy failed"]
+    assert logged and logged[-1]["policy"] == "stamp"
+    for _ in range(5):
+        status, _, got = conn.review(review(), path="/validate")
+        assert status == 200 and got["response"]["allowed"] is True
+
+
+def test_policy_edit_is_served_without_restart(policy_server):
+    assert stamp_of(policy_server) == "v1"
+    write_atomically(policy_server.policies / "10-stamp.lua", LABEL_POLICY % "v2")
+    assert wait_for(lambda: stamp_of(policy_server) == "v2")
+    status, text = policy_server.ops("/readyz")
+    assert status == 200 and text == "ready: policy generation 2, last reload: ok\n"
+    _, m = policy_server.ops("/metrics")
+    assert metric(m, "gpuguard_policy_generation") == 2
+    assert metric(m, "gpuguard_policy_reloads_total", result="ok") >= 1
+
+
+def test_broken_policy_is_refused_and_the_last_good_set_serves(policy_server):
+    write_atomically(policy_server.policies / "10-stamp.lua", "return { name = ")
+    assert wait_for(lambda: any(r.get("msg", "").startswith("reload refused")
+                                for r in policy_server.log_lines()))
+    refused = [r for r in policy_server.log_lines() if r.get("msg", "").startswith("reload")]
+    assert "10-stamp.lua" in refused[-1]["error"]
+    assert stamp_of(policy_server) == "v1"
+    status, text = policy_server.ops("/readyz")
+    assert status == 200
+    assert text.startswith("ready: policy generation 1, last reload: policies/10-stamp.lua:1:")
+    _, m = policy_server.ops("/metrics")
+    assert metric(m, "gpuguard_policy_last_reload_success") == 0
+    assert metric(m, "gpuguard_policy_reloads_total", result="error") >= 1
+    # Fixing the file brings reloads back.
+    write_atomically(policy_server.policies / "10-stamp.lua", LABEL_POLICY % "v3")
+    assert wait_for(lambda: stamp_of(policy_server) == "v3")
+
+
+def test_config_change_is_reloaded(policy_server):
+    write_atomically(policy_server.config, "stamp: from-config\n")
+    assert wait_for(lambda: stamp_of(policy_server) == "from-config")
+
+
+def test_bad_config_is_refused_with_the_key_path(policy_server):
+    write_atomically(policy_server.config, "engine:\n  memory: lots\n")
+    assert wait_for(lambda: "engine.memory" in policy_server.ops("/readyz")[1])
+    assert stamp_of(policy_server) == "v1"
+
+
+def test_server_refuses_to_start_with_a_broken_policy(binary, certs, tmp_path):
+    policies = tmp_path / "p"
+    policies.mkdir()
+    (policies / "10-x.lua").write_text("return 1")
+    import subprocess
+    out = subprocess.run([binary, "serve", "--listen", "127.0.0.1:0", "--ops-listen",
+                          "127.0.0.1:0", "--tls-cert", str(certs / "tls.crt"), "--tls-key",
+                          str(certs / "tls.key"), "--policies", str(policies), "--lua",
+                          str(tmp_path)], capture_output=True, text=True, timeout=20)
+    assert out.returncode == 1
+    assert "10-x.lua: must return a table (got number)" in out.stderr

@@ -1,0 +1,592 @@
+"""The policy engine through engine_tool (the core library, no HTTP): the
+Lua contract, JSON round trips, patches, modes, failures and the sandbox."""
+
+import copy
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import jsonpatch
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent.parent
+CORPUS = REPO.parent / "shared" / "corpus"
+
+
+def tool():
+    tools = os.environ.get("GPUGUARD_TOOLS")
+    if not tools:
+        pytest.skip("GPUGUARD_TOOLS is not set: run through 'make test'")
+    return str(Path(tools) / "engine_tool")
+
+
+def review(obj, operation="CREATE", namespace="default", **request):
+    kind = (obj or {}).get("kind", "Pod")
+    req = {"uid": "u-1", "kind": {"group": "", "version": "v1", "kind": kind},
+           "namespace": namespace, "operation": operation, "object": obj,
+           "oldObject": None, "dryRun": False, "options": None,
+           "userInfo": {"username": "alice", "groups": ["dev"]}}
+    req.update(request)
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": req}
+
+
+def pod(name="p", labels=None, annotations=None, containers=None):
+    meta = {"name": name, "namespace": "default"}
+    if labels is not None:
+        meta["labels"] = labels
+    if annotations is not None:
+        meta["annotations"] = annotations
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+            "spec": {"containers": containers or [{"name": "c", "image": "busybox"}]}}
+
+
+class Engine:
+    """A policy directory under tmp_path and a way to evaluate reviews with it."""
+
+    def __init__(self, tmp_path):
+        self.dir = tmp_path / "policies"
+        self.dir.mkdir()
+        self.lua = tmp_path / "lua"
+        self.lua.mkdir()
+        self.config = None
+        self.tmp = tmp_path
+
+    def policy(self, filename, text):
+        (self.dir / filename).write_text(text)
+        return self
+
+    def module(self, name, text):
+        (self.lua / f"{name}.lua").write_text(text)
+        return self
+
+    def configure(self, text):
+        self.config = self.tmp / "gpuguard.yaml"
+        self.config.write_text(text)
+        return self
+
+    def run(self, rev, phases="both", repeat=1, expect_rc=0):
+        path = self.tmp / "review.json"
+        path.write_text(json.dumps(rev))
+        cmd = [tool(), "--policies", str(self.dir), "--lua", str(self.lua),
+               "--phases", phases, "--repeat", str(repeat), str(path)]
+        if self.config:
+            cmd += ["--config", str(self.config)]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        assert out.returncode == expect_rc, out.stderr
+        self.stderr = out.stderr
+        return json.loads(out.stdout) if expect_rc == 0 else out.stderr
+
+
+@pytest.fixture
+def engine(tmp_path):
+    return Engine(tmp_path)
+
+
+NOOP = """return { name = "noop", mutate = function(req, obj) local _ = obj end }"""
+
+ADD_LABEL = """
+local gg = require "gpuguard"
+return {
+  name = "add-label",
+  match = { kinds = { "Pod" }, operations = { "CREATE" } },
+  mutate = function(req, pod)
+    local meta = pod.metadata
+    if meta.labels == nil then meta.labels = gg.object() end
+    meta.labels["gpuguard.io/checked"] = "yes"
+  end,
+}
+"""
+
+
+def apply(obj, patch):
+    return jsonpatch.apply_patch(obj, patch)
+
+
+# ---- round trips -----------------------------------------------------------
+
+TRICKY = {
+    "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "tricky", "labels": {},
+                                                    "annotations": {"a/b~c": "\u00e9\u4e2d\U0001f600"}},
+    "spec": {"containers": [], "volumes": [{}], "nodeSelector": {},
+             "x": {"int": 1, "float": 1.0, "neg": -0.5, "big": 9223372036854775807,
+                   "small": -9223372036854775808, "exp": 1e300, "tiny": 5e-324,
+                   "null": None, "t": True, "f": False, "empty_str": "",
+                   "nested": [[[]], [{}], [None], [1, 2.5, "s"]],
+                   "esc": "quote\" backslash\\ nl\n tab\t nul-free \u0001"}},
+}
+
+
+def deep(levels):
+    v = {}
+    for _ in range(levels):
+        v = {"d": v}
+    return v
+
+
+def test_untouched_tricky_object_yields_no_patch(engine):
+    engine.policy("10-noop.lua", NOOP)
+    v = engine.run(review(TRICKY))
+    assert v["allowed"] is True
+    assert v["patch"] == []
+    assert v["mutated"] == TRICKY
+
+
+def test_reading_every_field_changes_nothing(engine):
+    engine.policy("10-walk.lua", """
+local function walk(v, n)
+  if type(v) == "table" then for k, x in pairs(v) do n = walk(x, n + 1) end end
+  return n
+end
+return { name = "walk", mutate = function(req, obj) walk(obj, 0) end }
+""")
+    v = engine.run(review(TRICKY))
+    assert v["patch"] == []
+
+
+def corpus_objects():
+    yaml = pytest.importorskip("yaml")
+    if not CORPUS.is_dir():
+        return []
+    objs = []
+    for path in sorted(CORPUS.rglob("*")):
+        if path.suffix in (".yaml", ".yml", ".json"):
+            for doc in yaml.safe_load_all(path.read_text()):
+                if isinstance(doc, dict):
+                    objs.append((path.name, doc))
+    return objs
+
+
+def test_untouched_corpus_manifests_yield_no_patch(engine):
+    objs = corpus_objects()
+    if not objs:
+        pytest.skip("../shared/corpus is not present")
+    engine.policy("10-noop.lua", NOOP)
+    for name, obj in objs:
+        v = engine.run(review(obj))
+        assert v["patch"] == [], name
+
+
+def test_nesting_at_the_cap_converts_and_beyond_fails_cleanly(engine):
+    engine.policy("10-noop.lua", NOOP)
+    ok = pod()
+    ok["spec"]["deep"] = deep(95)
+    assert engine.run(review(ok))["patch"] == []
+    bad = pod()
+    bad["spec"]["deep"] = deep(150)
+    v = engine.run(review(bad))
+    assert v["allowed"] is False
+    assert v["message"] == "gpuguard: the object nests deeper than 100 levels"
+
+
+# ---- mutation and patches ---------------------------------------------------
+
+def test_mutation_patch_is_exact_and_applies(engine):
+    engine.policy("10-add-label.lua", ADD_LABEL)
+    obj = pod()
+    v = engine.run(review(obj), phases="mutate")
+    assert v["patch"] == [{"op": "add", "path": "/metadata/labels",
+                           "value": {"gpuguard.io/checked": "yes"}}]
+    assert apply(obj, v["patch"]) == v["mutated"]
+    obj2 = pod(labels={"app": "x"})
+    v2 = engine.run(review(obj2), phases="mutate")
+    assert v2["patch"] == [{"op": "add", "path": "/metadata/labels/gpuguard.io~1checked",
+                            "value": "yes"}]
+    assert apply(obj2, v2["patch"]) == v2["mutated"]
+
+
+def test_mutation_is_idempotent(engine):
+    engine.policy("10-add-label.lua", ADD_LABEL)
+    obj = pod()
+    v = engine.run(review(obj), phases="mutate")
+    again = engine.run(review(apply(obj, v["patch"])), phases="mutate")
+    assert again["patch"] == []
+
+
+def test_later_policies_see_earlier_edits(engine):
+    engine.policy("10-add-label.lua", ADD_LABEL)
+    engine.policy("20-check.lua", """
+return { name = "check", mutate = function(req, pod)
+  pod.metadata.annotations = require("gpuguard").object({seen = pod.metadata.labels["gpuguard.io/checked"]})
+end }
+""")
+    v = engine.run(review(pod()), phases="mutate")
+    assert v["mutated"]["metadata"]["annotations"] == {"seen": "yes"}
+
+
+def test_new_tables_must_be_unambiguous(engine):
+    engine.policy("10-bad.lua", """
+return { name = "bad", mutate = function(req, pod) pod.spec.tolerations = {} end }
+""")
+    v = engine.run(review(pod()), phases="mutate")
+    assert v["allowed"] is False
+    assert v["message"] == ("the edited object cannot be JSON: an empty table is ambiguous: use "
+                            "gpuguard.array() or gpuguard.object() at /spec/tolerations")
+
+
+def test_plain_tables_infer_arrays_and_objects(engine):
+    engine.policy("10-infer.lua", """
+return { name = "infer", mutate = function(req, pod)
+  pod.spec.tolerations = { { key = "nvidia.com/gpu", operator = "Exists", effect = "NoSchedule" } }
+end }
+""")
+    obj = pod()
+    v = engine.run(review(obj), phases="mutate")
+    assert v["patch"] == [{"op": "add", "path": "/spec/tolerations", "value": [
+        {"effect": "NoSchedule", "key": "nvidia.com/gpu", "operator": "Exists"}]}]
+
+
+# ---- verdicts, modes, failures ---------------------------------------------
+
+DENY_GPU = """
+return {
+  name = "no-gpu",
+  mode = "%s",
+  validate = function(req, pod)
+    req:deny("pod asks for a GPU; remove nvidia.com/gpu")
+    req:warn("a warning")
+    req:audit("reason", "asked for a GPU")
+  end,
+}
+"""
+
+
+@pytest.mark.parametrize("mode", ["enforce", "warn", "audit"])
+def test_modes(engine, mode):
+    engine.policy("10-deny.lua", DENY_GPU % mode)
+    v = engine.run(review(pod()), phases="validate")
+    msg = "no-gpu: pod asks for a GPU; remove nvidia.com/gpu"
+    if mode == "enforce":
+        assert v["allowed"] is False and v["message"] == msg
+        assert v["warnings"] == ["no-gpu: a warning"]
+    elif mode == "warn":
+        assert v["allowed"] is True and "message" not in v
+        assert v["warnings"] == ["no-gpu: pod asks for a GPU; remove nvidia.com/gpu",
+                                 "no-gpu: a warning"]
+    else:
+        assert v["allowed"] is True
+        assert v["audit"] == {"no-gpu.reason": "asked for a GPU",
+                              "no-gpu.would-deny": "pod asks for a GPU; remove nvidia.com/gpu"}
+    assert v["fired"] == ["no-gpu"]
+
+
+def test_config_overrides_modes_globally_and_per_namespace(engine):
+    engine.policy("10-deny.lua", DENY_GPU % "enforce")
+    engine.configure("""
+enforcement:
+  mode: warn
+  namespaces:
+    sandbox: audit
+  policies:
+    no-gpu:
+      namespaces:
+        prod: enforce
+""")
+    assert engine.run(review(pod()), phases="validate")["allowed"] is True
+    assert "no-gpu: pod asks" in engine.run(review(pod()), phases="validate")["warnings"][0]
+    v = engine.run(review(pod(), namespace="sandbox"), phases="validate")
+    assert v["allowed"] is True and "no-gpu.would-deny" in v["audit"]
+    assert engine.run(review(pod(), namespace="prod"), phases="validate")["allowed"] is False
+
+
+def test_match_filters_kinds_operations_namespaces_labels(engine):
+    engine.policy("10-deny.lua", """
+return { name = "picky",
+  match = { kinds = { "Pod" }, operations = { "CREATE" },
+            namespaces = { include = { "team-*" }, exclude = { "team-x" } },
+            labels = { matchLabels = { gpu = "yes" },
+                       matchExpressions = { { key = "tier", operator = "NotIn", values = { "free" } } } } },
+  validate = function(req) req:deny("matched") end }
+""")
+    hit = review(pod(labels={"gpu": "yes"}), namespace="team-a")
+    assert engine.run(hit)["allowed"] is False
+    for miss in (review(pod(labels={"gpu": "yes"}), namespace="default"),
+                 review(pod(labels={"gpu": "yes"}), namespace="team-x"),
+                 review(pod(labels={"gpu": "no"}), namespace="team-a"),
+                 review(pod(labels={"gpu": "yes", "tier": "free"}), namespace="team-a"),
+                 review(pod(labels={"gpu": "yes"}), namespace="team-a", operation="UPDATE",
+                        oldObject=pod())):
+        assert engine.run(miss)["allowed"] is True
+
+
+def test_request_fields_reach_lua(engine):
+    engine.policy("10-req.lua", """
+return { name = "req", validate = function(req, obj)
+  req:warn(table.concat({ req.uid, req.operation, req.namespace, req.kind,
+    tostring(req.dry_run), req.user.username, req.sub_resource, tostring(req.old_object) }, ","))
+end }
+""")
+    v = engine.run(review(pod(), dryRun=True, subResource="status"), phases="validate")
+    assert v["warnings"] == ["req: u-1,CREATE,default,Pod,true,alice,status,nil"]
+
+
+def test_delete_with_null_object_runs(engine):
+    engine.policy("10-del.lua", """
+return { name = "del", validate = function(req, obj)
+  if obj == nil then req:warn("deleting " .. req.old_object.metadata.name) end
+end }
+""")
+    v = engine.run(review(None, operation="DELETE", oldObject=pod(name="gone"),
+                          kind={"group": "", "version": "v1", "kind": "Pod"}))
+    assert v["warnings"] == ["del: deleting gone"]
+
+
+def test_policy_error_denies_by_default_and_allow_is_per_policy(engine):
+    engine.policy("10-boom.lua", """
+return { name = "boom", validate = function() error("kaboom") end }
+""")
+    v = engine.run(review(pod()), phases="validate")
+    assert v["allowed"] is False
+    assert v["message"] == "boom: policy error: policies/10-boom.lua:2: kaboom"
+    assert "stack traceback" in engine.stderr and "10-boom.lua:2" in engine.stderr
+    engine.configure("enforcement:\n  policies:\n    boom:\n      failure: allow\n")
+    v = engine.run(review(pod()), phases="validate")
+    assert v["allowed"] is True
+    assert v["warnings"] == ["boom: policy error: policies/10-boom.lua:2: kaboom (ignored: "
+                             "failure allow)"]
+
+
+def test_failed_mutation_drops_all_edits(engine):
+    engine.policy("10-add-label.lua", ADD_LABEL)
+    engine.policy("20-boom.lua", """
+return { name = "boom", failure = "allow", mutate = function(req, pod)
+  pod.metadata.name = "half-done"; error("kaboom", 0) end }
+""")
+    v = engine.run(review(pod()), phases="mutate")
+    assert v["allowed"] is True and v["patch"] == []
+    assert v["warnings"] == ["boom: policy error: kaboom (ignored: failure allow)"]
+
+
+# ---- the sandbox -----------------------------------------------------------
+
+SANDBOX_ESCAPES = {
+    "infinite loop": ("while true do end", "boom: policy stopped: instruction budget exhausted"),
+    "busy loop inside pcall": ("while true do pcall(function() while true do end end) end",
+                               "boom: policy stopped: instruction budget exhausted"),
+    "pcall swallowing the kill": (
+        "for i = 1, 100 do pcall(function() while true do end end) end; req:deny('escaped')",
+        "boom: policy stopped: instruction budget exhausted"),
+    "string.rep bomb": ("local s = string.rep('x', 1 << 30)",
+                        "boom: policy stopped: memory limit exceeded"),
+    "table bomb": ("local t = {} for i = 1, 1e9 do t[i] = {i} end",
+                   "boom: policy stopped: memory limit exceeded"),
+    "string growth in pcall": (
+        "local s = 'x' while true do pcall(function() s = s .. s end) end",
+        "boom: policy stopped: memory limit exceeded"),
+    "deep recursion": ("local function f(n) return f(n + 1) + 1 end f(1)",
+                       "boom: policy stopped: memory limit exceeded"),
+    "load is gone": ("load('return 1')()",
+                     "boom: policy error: policies/10-boom.lua:1: attempt to call a nil value "
+                     "(global 'load')"),
+    "bytecode through string.dump": ("local f = string.dump(function() end)",
+                                     "boom: policy error: policies/10-boom.lua:1: attempt to "
+                                     "call a nil value (field 'dump')"),
+    "io": ("io.open('/etc/passwd')",
+           "boom: policy error: policies/10-boom.lua:1: attempt to index a nil value "
+           "(global 'io')"),
+    "os": ("os.execute('true')",
+           "boom: policy error: policies/10-boom.lua:1: attempt to index a nil value "
+           "(global 'os')"),
+    "debug": ("debug.sethook()",
+              "boom: policy error: policies/10-boom.lua:1: attempt to index a nil value "
+              "(global 'debug')"),
+    "package": ("package.loadlib('x', 'y')",
+                "boom: policy error: policies/10-boom.lua:1: attempt to index a nil value "
+                "(global 'package')"),
+    "dofile": ("dofile('/etc/passwd')",
+               "boom: policy error: policies/10-boom.lua:1: attempt to call a nil value "
+               "(global 'dofile')"),
+    "collectgarbage": ("collectgarbage('stop')",
+                       "boom: policy error: policies/10-boom.lua:1: attempt to call a nil value "
+                       "(global 'collectgarbage')"),
+    "rawset on a shared table": ("rawset(string, 'upper', nil)",
+                                 "boom: policy error: policies/10-boom.lua:1: attempt to call a "
+                                 "nil value (global 'rawset')"),
+    "writing a shared library": (
+        "string.upper = nil",
+        "boom: policy error: policies/10-boom.lua:1: attempt to modify a read-only table "
+        "(shared configuration or library): copy what you need into a table of your own"),
+    "the string metatable": ("getmetatable('').__index.upper = nil",
+                             "boom: policy error: policies/10-boom.lua:1: attempt to index a "
+                             "nil value (field '__index')"),
+    "a finalizer": ("setmetatable({}, { __gc = function() while true do end end })",
+                    "boom: policy error: policies/10-boom.lua:1: __gc metamethods are not "
+                    "allowed in policies"),
+    "require outside lua/": ("require('os')",
+                             "boom: policy error: policies/10-boom.lua:1: require \"os\": no such "
+                             "module in the Lua library directory"),
+    "require with a path": ("require('../policies/10-boom')",
+                            "boom: policy error: policies/10-boom.lua:1: require "
+                            "\"../policies/10-boom\": no such module in the Lua library "
+                            "directory"),
+    "huge pattern subject": ("string.find(string.rep('a', 70000), '.-b')",
+                             "boom: policy error: policies/10-boom.lua:1: pattern matching on a "
+                             "string of 70000 bytes (the limit is 65536)"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SANDBOX_ESCAPES))
+def test_sandbox_escape_ends_in_a_clean_failure(engine, name):
+    body, message = SANDBOX_ESCAPES[name]
+    engine.policy("10-boom.lua",
+                  "return { name = 'boom', validate = function(req, pod) " + body + " end }")
+    engine.policy("20-fine.lua", """
+return { name = "fine", validate = function(req) req:warn("still running") end }
+""")
+    # Twice on one engine: the second request runs on a rebuilt VM.
+    v = engine.run(review(pod()), phases="validate", repeat=2)
+    assert v["allowed"] is False
+    assert v["message"] == message
+
+
+def test_bytecode_chunks_are_refused(engine, tmp_path):
+    binary = subprocess.run(["luac5.4", "-o", "-", "-"], input=b"return {}",
+                            capture_output=True).stdout
+    (engine.dir / "10-bytecode.lua").write_bytes(binary)
+    path = tmp_path / "r.json"
+    out = engine.run(review(pod()), expect_rc=1)
+    assert "attempt to load a binary chunk (mode is 't')" in out
+
+
+def test_one_policy_cannot_change_another_environment(engine):
+    engine.policy("10-evil.lua", """
+x = "evil"
+_G.shared = "evil"
+return { name = "evil", validate = function(req) y = "evil" end }
+""")
+    engine.policy("20-victim.lua", """
+return { name = "victim", validate = function(req)
+  req:warn(tostring(x) .. "," .. tostring(shared) .. "," .. tostring(y))
+end }
+""")
+    v = engine.run(review(pod()), phases="validate")
+    assert v["warnings"] == ["victim: nil,nil,nil"]
+
+
+def test_config_is_read_only_to_policies(engine):
+    engine.configure("pools:\n  - name: a100\n")
+    engine.policy("10-cfg.lua", """
+return { name = "cfg", validate = function(req, pod, cfg)
+  req:warn(cfg.pools[1].name .. " " .. #cfg.pools)
+  cfg.pools[1].name = "changed"
+end }
+""")
+    v = engine.run(review(pod()), phases="validate")
+    assert v["warnings"] == ["cfg: a100 1"]
+    assert v["message"] == ("cfg: policy error: policies/10-cfg.lua:4: attempt to modify a "
+                            "read-only table (shared configuration or library): copy what you "
+                            "need into a table of your own")
+
+
+def test_modules_are_shared_read_only(engine):
+    engine.module("util", "local M = {} M.n = 1 function M.twice(x) return 2 * x end return M")
+    engine.policy("10-use.lua", """
+local util = require "util"
+return { name = "use", validate = function(req)
+  req:warn(util.twice(21) .. "")
+  util.n = 2
+end }
+""")
+    v = engine.run(review(pod()), phases="validate")
+    assert v["warnings"] == ["use: 42"]
+    assert "attempt to modify a read-only table" in v["message"]
+
+
+def test_config_check_fails_the_load_with_the_key_path(engine):
+    engine.configure("pools:\n  - name: a100\n    model: A200\n")
+    engine.policy("10-check.lua", """
+return { name = "pools", check = function(cfg)
+  for i, p in ipairs(cfg.pools) do
+    if p.model ~= "A100-80GB" then error(("pools[%d].model: unknown GPU model %q"):format(i, p.model), 0) end
+  end
+end, validate = function() end }
+""")
+    out = engine.run(review(pod()), expect_rc=1)
+    assert out.strip() == ('policy pools: configuration check failed: pools[1].model: unknown '
+                           'GPU model "A200"')
+
+
+@pytest.mark.parametrize("text,message", [
+    ("return 42", "10-p.lua: must return a table (got number)"),
+    ("return {}", "10-p.lua: name must be lowercase letters, digits and '-' (at most 63), got \"\""),
+    ("return { name = 'Bad_Name', validate = function() end }",
+     "10-p.lua: name must be lowercase letters, digits and '-' (at most 63), got \"Bad_Name\""),
+    ("return { name = 'p' }", "policy p: has neither mutate nor validate"),
+    ("return { name = 'p', mode = 'loud', validate = function() end }",
+     "policy p: mode must be enforce, warn or audit"),
+    ("return { name = 'p', match = { kind = { 'Pod' } }, validate = function() end }",
+     "policy p: match.kind: unknown key (kinds, operations, namespaces, labels)"),
+    ("syntax error here", "policies/10-p.lua:1: syntax error near 'error'"),
+])
+def test_bad_policy_files_are_refused_with_a_clear_message(engine, text, message):
+    engine.policy("10-p.lua", text)
+    assert engine.run(review(pod()), expect_rc=1).strip() == message
+
+
+@pytest.mark.parametrize("yaml_text,message", [
+    ("engine:\n  memory: lots\n", "engine.memory: must be a size such as 32Mi (at least 1Ki)"),
+    ("engine:\n  timeout: 5\n", "engine.timeout: must be a duration such as 2s or 500ms"),
+    ("engine:\n  speed: 1\n", "engine.speed: unknown key (memory, instructions, timeout)"),
+    ("enforcement:\n  mode: loud\n", "enforcement.mode: must be enforce, warn or audit"),
+    ("enforcement:\n  policies:\n    x:\n      failure: maybe\n",
+     "enforcement.policies.x.failure: must be deny or allow"),
+    ("[1, 2]\n", "the configuration must be a mapping"),
+    ("a: [\n", "did not find expected node content"),
+])
+def test_bad_config_is_refused_with_the_key_path(engine, yaml_text, message):
+    engine.policy("10-noop.lua", NOOP)
+    engine.configure(yaml_text)
+    out = engine.run(review(pod()), expect_rc=1)
+    assert message in out and str(engine.config) in out
+
+
+# ---- messages for the API server --------------------------------------------
+
+def test_warnings_are_sanitized_to_api_server_limits(engine):
+    engine.policy("10-warn.lua", """
+return { name = "w", validate = function(req)
+  req:warn("line one\\nline two\\tand a bell\\a")
+  req:warn(string.rep("x", 300))
+  req:warn("dup") req:warn("dup")
+  for i = 1, 100 do req:warn(("filler %03d "):format(i) .. string.rep("y", 90)) end
+end }
+""")
+    w = engine.run(review(pod()), phases="validate")["warnings"]
+    assert w[0] == "w: line one line two and a bell "
+    assert w[1] == "w: " + "x" * 116 + "\u2026" and len(w[1]) == 120
+    assert w.count("w: dup") == 1
+    assert all(len(x) <= 120 and not any(ord(c) < 32 for c in x) for x in w)
+    assert sum(len(x.encode()) for x in w) < 4096
+    assert w[-1].startswith("gpuguard: ") and w[-1].endswith("more warnings left out (see the logs)")
+
+
+def test_audit_keys_are_valid_qualified_names(engine):
+    engine.policy("10-audit.lua", """
+return { name = "a", validate = function(req)
+  req:audit("sharing mode", "mig")
+  req:audit("_x_", "1")
+  req:audit(string.rep("k", 100), "long")
+end }
+""")
+    audit = engine.run(review(pod()), phases="validate")["audit"]
+    import re
+    for key in audit:
+        assert re.fullmatch(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?", key) and len(key) <= 63
+    assert audit["a.sharing-mode"] == "mig"
+    assert audit["a._x"] == "1"
+
+
+def test_quantity_and_constructors_from_lua(engine):
+    engine.policy("10-q.lua", """
+local gg = require "gpuguard"
+return { name = "q", validate = function(req)
+  local m = gg.quantity("18Gi")
+  local bad, msg = gg.quantity("1.1.M")
+  req:warn(table.concat({ m, gg.format_quantity(1536 * 1024 * 1024 * 1000, "BinarySI"),
+    gg.format_quantity(1500), tostring(bad), msg,
+    tostring(gg.is_array(gg.array())), tostring(gg.is_object(gg.object())) }, " | "))
+end }
+""")
+    v = engine.run(review(pod()), phases="validate")
+    assert v["warnings"] == ['q: 19327352832000 | 1536Mi | 1500m | nil | invalid quantity '
+                             '"1.1.M": unexpected \'.\' at offset 3 | true | true']

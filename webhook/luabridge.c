@@ -1,0 +1,1262 @@
+/*
+ * luabridge.c - sandboxed Lua VMs for policies: allocator with a cap,
+ * instruction and wall-clock budgets, read-only shared tables, restricted
+ * require, JSON <-> Lua conversion and the `gpuguard` C module.
+ *
+ * The only file that includes lua.h.  Budgets follow Redis: a count hook
+ * checks the budget every LB_HOOK_STEP instructions; once a budget is
+ * broken the hook fires on every instruction and raises again, so a policy
+ * that catches the error with pcall is stopped at its next instruction.
+ */
+#include "luabridge.h"
+
+#include "log.h"
+#include "quantity.h"
+
+#include <lauxlib.h>
+#include <lua.h>
+#include <lualib.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define LB_HOOK_STEP 1000
+
+/* Registry keys (addresses of these statics are unique light userdata). */
+static const char key_array_mt, key_object_mt, key_ro_mt, key_ro_target, key_ro_cache;
+static const char key_loaded, key_globals, key_policies, key_module, key_null_marker;
+
+struct lb_vm {
+    lua_State *L;
+    struct lb_limits limits;
+    const struct lb_source *modules; /* borrowed from the policy set */
+    size_t n_modules;
+    size_t mem, mem_peak;
+    int64_t used;        /* instructions counted in the current budget window */
+    int64_t deadline_us; /* 0: none */
+    bool running;        /* inside a policy call: budget kills are armed */
+    enum lb_outcome kill;
+    bool broken;
+    int n_policies;
+    int obj_ref, req_ref;    /* the current request's tables */
+    struct lb_report report; /* the current call's report */
+};
+
+static struct lb_vm *vm_of(lua_State *L)
+{
+    return *(struct lb_vm **)lua_getextraspace(L);
+}
+
+static int64_t now_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+/* ---- budgets ---------------------------------------------------------- */
+
+static const char *kill_message(enum lb_outcome kill)
+{
+    switch (kill) {
+    case LB_OUT_OF_BUDGET:
+        return "instruction budget exhausted";
+    case LB_OUT_OF_MEMORY:
+        return "memory limit exceeded";
+    case LB_OUT_OF_TIME:
+        return "deadline exceeded";
+    default:
+        return "stopped";
+    }
+}
+
+static void budget_hook(lua_State *L, lua_Debug *ar);
+
+/* From now on the hook fires on every instruction and raises. */
+static void arm_kill(struct lb_vm *vm, enum lb_outcome why)
+{
+    if (vm->kill == LB_DONE)
+        vm->kill = why;
+    vm->broken = true;
+    lua_sethook(vm->L, budget_hook, LUA_MASKCOUNT, 1);
+}
+
+static void budget_hook(lua_State *L, lua_Debug *ar)
+{
+    (void)ar;
+    struct lb_vm *vm = vm_of(L);
+    if (vm->kill == LB_DONE) {
+        vm->used += LB_HOOK_STEP;
+        if (vm->used > vm->limits.instructions)
+            arm_kill(vm, LB_OUT_OF_BUDGET);
+        else if (vm->deadline_us && now_us() > vm->deadline_us)
+            arm_kill(vm, LB_OUT_OF_TIME);
+        else
+            return;
+    }
+    luaL_error(L, "%s", kill_message(vm->kill));
+}
+
+/* Arm the hook; the instruction count goes on from vm->used. */
+static void budget_start(struct lb_vm *vm, int64_t deadline_us)
+{
+    vm->deadline_us = deadline_us;
+    vm->kill = LB_DONE;
+    lua_sethook(vm->L, budget_hook, LUA_MASKCOUNT, LB_HOOK_STEP);
+}
+
+static void *lb_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
+{
+    struct lb_vm *vm = ud;
+    size_t old = ptr ? osize : 0;
+    if (nsize == 0) {
+        free(ptr);
+        vm->mem -= old;
+        return NULL;
+    }
+    if (nsize > old && vm->mem + (nsize - old) > vm->limits.memory) {
+        if (vm->running)
+            arm_kill(vm, LB_OUT_OF_MEMORY);
+        return NULL;
+    }
+    void *p = realloc(ptr, nsize);
+    if (!p)
+        return NULL;
+    vm->mem = vm->mem - old + nsize;
+    if (vm->mem > vm->mem_peak)
+        vm->mem_peak = vm->mem;
+    return p;
+}
+
+/* ---- read-only proxies ------------------------------------------------ */
+
+static void push_registry(lua_State *L, const void *key)
+{
+    lua_rawgetp(L, LUA_REGISTRYINDEX, key);
+}
+
+/* If the value at idx is a read-only proxy, replace it with its target. */
+static void unproxy(lua_State *L, int idx)
+{
+    idx = lua_absindex(L, idx);
+    if (!lua_istable(L, idx))
+        return;
+    push_registry(L, &key_ro_target);
+    lua_pushvalue(L, idx);
+    if (lua_rawget(L, -2) == LUA_TTABLE)
+        lua_replace(L, idx);
+    else
+        lua_pop(L, 1);
+    lua_pop(L, 1);
+}
+
+/* Push a read-only view of the table at idx (other values are pushed as is). */
+static void push_readonly(lua_State *L, int idx)
+{
+    idx = lua_absindex(L, idx);
+    if (!lua_istable(L, idx)) {
+        lua_pushvalue(L, idx);
+        return;
+    }
+    push_registry(L, &key_ro_target); /* already a proxy? */
+    lua_pushvalue(L, idx);
+    int is_proxy = lua_rawget(L, -2) == LUA_TTABLE;
+    lua_pop(L, 2);
+    if (is_proxy) {
+        lua_pushvalue(L, idx);
+        return;
+    }
+    push_registry(L, &key_ro_cache);
+    lua_pushvalue(L, idx);
+    if (lua_rawget(L, -2) == LUA_TTABLE) {
+        lua_remove(L, -2);
+        return;
+    }
+    lua_pop(L, 1);
+    lua_newtable(L); /* the proxy */
+    push_registry(L, &key_ro_mt);
+    lua_setmetatable(L, -2);
+    lua_pushvalue(L, idx);
+    lua_pushvalue(L, -2);
+    lua_rawset(L, -4); /* cache[target] = proxy */
+    push_registry(L, &key_ro_target);
+    lua_pushvalue(L, -2);
+    lua_pushvalue(L, idx);
+    lua_rawset(L, -3); /* targets[proxy] = target */
+    lua_pop(L, 1);
+    lua_remove(L, -2);
+}
+
+static int ro_index(lua_State *L)
+{
+    unproxy(L, 1);
+    lua_pushvalue(L, 2);
+    lua_rawget(L, 1);
+    push_readonly(L, -1);
+    return 1;
+}
+
+static int ro_newindex(lua_State *L)
+{
+    return luaL_error(L, "attempt to modify a read-only table (shared configuration or "
+                         "library): copy what you need into a table of your own");
+}
+
+static int ro_len(lua_State *L)
+{
+    unproxy(L, 1);
+    lua_pushinteger(L, (lua_Integer)lua_rawlen(L, 1));
+    return 1;
+}
+
+static int ro_next(lua_State *L)
+{
+    unproxy(L, 1);
+    lua_settop(L, 2);
+    if (!lua_next(L, 1))
+        return 0;
+    push_readonly(L, -1);
+    lua_remove(L, -2);
+    return 2;
+}
+
+static int ro_pairs(lua_State *L)
+{
+    lua_pushcfunction(L, ro_next);
+    lua_pushvalue(L, 1);
+    lua_pushnil(L);
+    return 3;
+}
+
+static void make_ro_metatable(lua_State *L)
+{
+    static const luaL_Reg ro_methods[] = {{"__index", ro_index},
+                                          {"__newindex", ro_newindex},
+                                          {"__len", ro_len},
+                                          {"__pairs", ro_pairs},
+                                          {NULL, NULL}};
+    luaL_newlib(L, ro_methods);
+    lua_pushliteral(L, "read-only");
+    lua_setfield(L, -2, "__metatable");
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &key_ro_mt);
+    const void *weak[] = {&key_ro_target, &key_ro_cache};
+    for (int i = 0; i < 2; i++) {
+        lua_newtable(L);
+        lua_newtable(L);
+        lua_pushliteral(L, "k");
+        lua_setfield(L, -2, "__mode");
+        lua_setmetatable(L, -2);
+        lua_rawsetp(L, LUA_REGISTRYINDEX, weak[i]);
+    }
+}
+
+/* ---- JSON -> Lua ------------------------------------------------------- */
+
+static void mark(lua_State *L, const void *mt_key)
+{
+    push_registry(L, mt_key);
+    lua_setmetatable(L, -2);
+}
+
+static bool is_null(lua_State *L, int idx)
+{
+    return lua_touserdata(L, idx) == (void *)&key_null_marker;
+}
+
+static int push_json(lua_State *L, const json_t *v, int depth)
+{
+    if (depth > LB_MAX_DEPTH)
+        return -1;
+    luaL_checkstack(L, 4, "JSON too deep");
+    size_t i, n;
+    const char *key;
+    json_t *item;
+    switch (json_typeof(v)) {
+    case JSON_OBJECT:
+        lua_createtable(L, 0, (int)json_object_size(v));
+        mark(L, &key_object_mt);
+        json_object_foreach((json_t *)v, key, item)
+        {
+            lua_pushstring(L, key);
+            if (push_json(L, item, depth + 1))
+                return -1;
+            lua_rawset(L, -3);
+        }
+        return 0;
+    case JSON_ARRAY:
+        n = json_array_size(v);
+        lua_createtable(L, (int)n, 0);
+        mark(L, &key_array_mt);
+        for (i = 0; i < n; i++) {
+            if (push_json(L, json_array_get(v, i), depth + 1))
+                return -1;
+            lua_rawseti(L, -2, (lua_Integer)i + 1);
+        }
+        return 0;
+    case JSON_STRING:
+        lua_pushlstring(L, json_string_value(v), json_string_length(v));
+        return 0;
+    case JSON_INTEGER:
+        lua_pushinteger(L, (lua_Integer)json_integer_value(v));
+        return 0;
+    case JSON_REAL:
+        lua_pushnumber(L, json_real_value(v));
+        return 0;
+    case JSON_TRUE:
+    case JSON_FALSE:
+        lua_pushboolean(L, json_is_true(v));
+        return 0;
+    default:
+        lua_pushlightuserdata(L, (void *)&key_null_marker);
+        return 0;
+    }
+}
+
+/* Push v or raise a Lua error that says it is too deep. */
+static void push_json_or_raise(lua_State *L, const json_t *v, const char *what)
+{
+    int top = lua_gettop(L);
+    if (push_json(L, v, 0)) {
+        lua_settop(L, top);
+        luaL_error(L, "%s nests deeper than %d levels", what, LB_MAX_DEPTH);
+    }
+}
+
+/* ---- Lua -> JSON ------------------------------------------------------- */
+
+/* The path of the value being converted, for error messages. */
+struct path {
+    int depth;
+    struct {
+        const char *key; /* NULL for an array index */
+        size_t index;
+    } seg[LB_MAX_DEPTH + 2];
+};
+
+static void path_format(const struct path *p, char *out, size_t size)
+{
+    size_t used = 0;
+    out[0] = '\0';
+    for (int i = 0; i < p->depth && used < size; i++) {
+        int n = p->seg[i].key ? snprintf(out + used, size - used, "/%s", p->seg[i].key)
+                              : snprintf(out + used, size - used, "/%zu", p->seg[i].index);
+        used += n > 0 ? (size_t)n : 0;
+    }
+    if (!out[0])
+        snprintf(out, size, "/");
+}
+
+static enum gg_status path_fail(const struct path *p, struct gg_err *err, const char *what)
+{
+    char where[160];
+    path_format(p, where, sizeof(where));
+    return gg_fail(err, GG_ERR_INVALID, "%s at %s", what, where);
+}
+
+static enum gg_status to_json(lua_State *L, int idx, struct path *p, json_t **out,
+                              struct gg_err *err);
+
+/* Which shape an unmarked table has: 1 array, 0 object, -1 neither, -2 empty. */
+static int infer_shape(lua_State *L, int idx)
+{
+    size_t n = lua_rawlen(L, idx), count = 0;
+    bool all_strings = true;
+    lua_pushnil(L);
+    while (lua_next(L, idx)) {
+        count++;
+        if (lua_type(L, -2) != LUA_TSTRING)
+            all_strings = false;
+        lua_pop(L, 1);
+    }
+    if (count == 0)
+        return -2;
+    if (count == n && n > 0)
+        return 1;
+    return all_strings ? 0 : -1;
+}
+
+static enum gg_status array_to_json(lua_State *L, int idx, struct path *p, json_t **out,
+                                    struct gg_err *err)
+{
+    size_t n = lua_rawlen(L, idx);
+    json_t *arr = json_array();
+    for (size_t i = 1; i <= n; i++) {
+        json_t *item;
+        p->seg[p->depth].key = NULL;
+        p->seg[p->depth].index = i - 1;
+        p->depth++;
+        lua_rawgeti(L, idx, (lua_Integer)i);
+        enum gg_status st = to_json(L, -1, p, &item, err);
+        lua_pop(L, 1);
+        p->depth--;
+        if (st != GG_OK) {
+            json_decref(arr);
+            return st;
+        }
+        json_array_append_new(arr, item);
+    }
+    *out = arr;
+    return GG_OK;
+}
+
+static enum gg_status object_to_json(lua_State *L, int idx, struct path *p, json_t **out,
+                                     struct gg_err *err)
+{
+    json_t *obj = json_object();
+    enum gg_status st = GG_OK;
+    lua_pushnil(L);
+    while (st == GG_OK && lua_next(L, idx)) {
+        if (lua_type(L, -2) != LUA_TSTRING) {
+            st = path_fail(p, err, "an object has a key that is not a string");
+            lua_pop(L, 2);
+            break;
+        }
+        size_t klen;
+        const char *key = lua_tolstring(L, -2, &klen);
+        p->seg[p->depth].key = key;
+        p->depth++;
+        json_t *item = NULL;
+        st = to_json(L, -1, p, &item, err);
+        p->depth--;
+        if (st == GG_OK && json_object_setn_new(obj, key, klen, item) != 0)
+            st = path_fail(p, err, "an object key is not valid UTF-8");
+        lua_pop(L, 1);
+        if (st != GG_OK)
+            lua_pop(L, 1);
+    }
+    if (st != GG_OK) {
+        json_decref(obj);
+        return st;
+    }
+    *out = obj;
+    return GG_OK;
+}
+
+static enum gg_status table_to_json(lua_State *L, int idx, struct path *p, json_t **out,
+                                    struct gg_err *err)
+{
+    if (p->depth > LB_MAX_DEPTH)
+        return path_fail(p, err, "nesting deeper than 100 levels");
+    lua_pushvalue(L, idx);
+    unproxy(L, -1);
+    int t = lua_gettop(L);
+    luaL_checkstack(L, 6, "object too deep");
+    int shape;
+    if (lua_getmetatable(L, t)) {
+        push_registry(L, &key_array_mt);
+        shape = lua_rawequal(L, -1, -2) ? 1 : 0;
+        lua_pop(L, 2);
+    } else {
+        shape = infer_shape(L, t);
+    }
+    enum gg_status st;
+    if (shape == -2)
+        st = path_fail(p, err,
+                       "an empty table is ambiguous: use gpuguard.array() or gpuguard.object()");
+    else if (shape == -1)
+        st = path_fail(p, err, "a table mixes array and object keys");
+    else
+        st = shape == 1 ? array_to_json(L, t, p, out, err) : object_to_json(L, t, p, out, err);
+    lua_pop(L, 1);
+    return st;
+}
+
+static enum gg_status to_json(lua_State *L, int idx, struct path *p, json_t **out,
+                              struct gg_err *err)
+{
+    idx = lua_absindex(L, idx);
+    size_t len;
+    const char *s;
+    switch (lua_type(L, idx)) {
+    case LUA_TTABLE:
+        return table_to_json(L, idx, p, out, err);
+    case LUA_TSTRING:
+        s = lua_tolstring(L, idx, &len);
+        *out = json_stringn(s, len);
+        return *out ? GG_OK : path_fail(p, err, "a string is not valid UTF-8");
+    case LUA_TNUMBER:
+        if (lua_isinteger(L, idx)) {
+            *out = json_integer((json_int_t)lua_tointeger(L, idx));
+            return GG_OK;
+        }
+        if (!isfinite(lua_tonumber(L, idx)))
+            return path_fail(p, err, "a number is not finite (JSON has no inf or nan)");
+        *out = json_real(lua_tonumber(L, idx));
+        return GG_OK;
+    case LUA_TBOOLEAN:
+        *out = json_boolean(lua_toboolean(L, idx));
+        return GG_OK;
+    case LUA_TLIGHTUSERDATA:
+        if (is_null(L, idx)) {
+            *out = json_null();
+            return GG_OK;
+        }
+        /* fall through */
+    default:;
+        char what[64];
+        snprintf(what, sizeof(what), "a %s cannot be converted to JSON", luaL_typename(L, idx));
+        return path_fail(p, err, what);
+    }
+}
+
+static enum gg_status lua_to_json(lua_State *L, int idx, json_t **out, struct gg_err *err)
+{
+    struct path p = {0};
+    return to_json(L, idx, &p, out, err);
+}
+
+/* ---- the gpuguard module ---------------------------------------------- */
+
+static int l_mark(lua_State *L, const void *mt_key)
+{
+    if (lua_isnoneornil(L, 1))
+        lua_newtable(L);
+    luaL_checktype(L, 1, LUA_TTABLE);
+    lua_settop(L, 1);
+    mark(L, mt_key);
+    return 1;
+}
+
+static int l_array(lua_State *L)
+{
+    return l_mark(L, &key_array_mt);
+}
+
+static int l_object(lua_State *L)
+{
+    return l_mark(L, &key_object_mt);
+}
+
+static int has_mark(lua_State *L, const void *mt_key)
+{
+    lua_settop(L, 1);
+    unproxy(L, 1);
+    if (!lua_istable(L, 1) || !lua_getmetatable(L, 1)) {
+        lua_pushboolean(L, 0);
+        return 1;
+    }
+    push_registry(L, mt_key);
+    lua_pushboolean(L, lua_rawequal(L, -1, -2));
+    return 1;
+}
+
+static int l_is_array(lua_State *L)
+{
+    return has_mark(L, &key_array_mt);
+}
+
+static int l_is_object(lua_State *L)
+{
+    return has_mark(L, &key_object_mt);
+}
+
+static int l_quantity(lua_State *L)
+{
+    const char *s = luaL_checkstring(L, 1);
+    int64_t milli;
+    struct gg_err err = {{0}};
+    if (qty_parse(s, &milli, NULL, &err) != GG_OK) {
+        lua_pushnil(L);
+        lua_pushstring(L, err.msg);
+        return 2;
+    }
+    lua_pushinteger(L, (lua_Integer)milli);
+    return 1;
+}
+
+static int l_format_quantity(lua_State *L)
+{
+    lua_Integer milli = luaL_checkinteger(L, 1);
+    static const char *const names[] = {"DecimalSI", "BinarySI", "DecimalExponent", NULL};
+    static const enum qty_format formats[] = {QTY_DECIMAL_SI, QTY_BINARY_SI, QTY_DECIMAL_EXPONENT};
+    int f = luaL_checkoption(L, 2, "DecimalSI", names);
+    char out[QTY_STR_MAX];
+    if (qty_format_milli((int64_t)milli, formats[f], out, sizeof(out)) != GG_OK)
+        return luaL_error(L, "cannot format quantity %I", milli);
+    lua_pushstring(L, out);
+    return 1;
+}
+
+static int l_log(lua_State *L)
+{
+    static const char *const levels[] = {"debug", "info", "warn", "error", NULL};
+    int level = luaL_checkoption(L, 1, NULL, levels);
+    const char *msg = luaL_checkstring(L, 2);
+    lua_Debug ar;
+    char where[128] = "";
+    if (lua_getstack(L, 1, &ar) && lua_getinfo(L, "Sl", &ar))
+        snprintf(where, sizeof(where), "%s:%d", ar.short_src, ar.currentline);
+    log_fields((enum log_level)level, msg, json_pack("{s:s}", "lua", where));
+    return 0;
+}
+
+static int l_print(lua_State *L)
+{
+    luaL_Buffer b;
+    luaL_buffinit(L, &b);
+    int n = lua_gettop(L);
+    for (int i = 1; i <= n; i++) {
+        if (i > 1)
+            luaL_addchar(&b, '\t');
+        luaL_tolstring(L, i, NULL);
+        luaL_addvalue(&b);
+    }
+    luaL_pushresult(&b);
+    log_msg(LOG_INFO, "%s", lua_tostring(L, -1));
+    return 0;
+}
+
+static void open_gpuguard_module(lua_State *L)
+{
+    static const luaL_Reg funcs[] = {
+        {"array", l_array},       {"object", l_object},
+        {"is_array", l_is_array}, {"is_object", l_is_object},
+        {"quantity", l_quantity}, {"format_quantity", l_format_quantity},
+        {"log", l_log},           {NULL, NULL}};
+    luaL_newlib(L, funcs);
+    lua_pushlightuserdata(L, (void *)&key_null_marker);
+    lua_setfield(L, -2, "null");
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &key_module);
+}
+
+/* ---- sandbox ---------------------------------------------------------- */
+
+/* setmetatable without __gc: a finalizer would run outside any budget. */
+static int l_setmetatable(lua_State *L)
+{
+    luaL_checktype(L, 1, LUA_TTABLE);
+    if (lua_istable(L, 2) && lua_getfield(L, 2, "__gc") != LUA_TNIL)
+        return luaL_error(L, "__gc metamethods are not allowed in policies");
+    lua_settop(L, 2);
+    lua_getglobal(L, "setmetatable");
+    lua_insert(L, 1);
+    lua_call(L, 2, 1);
+    return 1;
+}
+
+/* string.find and friends, refusing subjects long enough to stall in C. */
+static int l_guarded_pattern(lua_State *L)
+{
+    size_t len;
+    luaL_checklstring(L, 1, &len);
+    if (len > LB_MAX_PATTERN_SUBJECT)
+        return luaL_error(L, "pattern matching on a string of %d bytes (the limit is %d)", (int)len,
+                          LB_MAX_PATTERN_SUBJECT);
+    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_insert(L, 1);
+    lua_call(L, lua_gettop(L) - 1, LUA_MULTRET);
+    return lua_gettop(L);
+}
+
+static void guard_string_library(lua_State *L)
+{
+    static const char *const patterned[] = {"find", "match", "gmatch", "gsub"};
+    lua_getglobal(L, "string");
+    for (size_t i = 0; i < sizeof(patterned) / sizeof(patterned[0]); i++) {
+        lua_getfield(L, -1, patterned[i]);
+        lua_pushcclosure(L, l_guarded_pattern, 1);
+        lua_setfield(L, -2, patterned[i]);
+    }
+    lua_pushnil(L);
+    lua_setfield(L, -2, "dump");
+    /* Hide the string metatable (its __index is the real string table). */
+    lua_pushliteral(L, "");
+    lua_getmetatable(L, -1);
+    lua_pushliteral(L, "string");
+    lua_setfield(L, -2, "__metatable");
+    lua_pop(L, 3);
+}
+
+static int l_require(lua_State *L);
+
+/* The globals every chunk sees, read-only, in the registry. */
+static void build_globals(lua_State *L)
+{
+    static const char *const base_names[] = {
+        "assert",       "error",    "ipairs", "next",     "pairs",    "pcall", "rawequal",
+        "rawget",       "rawlen",   "select", "tonumber", "tostring", "type",  "xpcall",
+        "getmetatable", "_VERSION", "string", "table",    "math",     "utf8"};
+    lua_newtable(L);
+    for (size_t i = 0; i < sizeof(base_names) / sizeof(base_names[0]); i++) {
+        lua_getglobal(L, base_names[i]);
+        if (lua_istable(L, -1)) {
+            push_readonly(L, -1);
+            lua_remove(L, -2);
+        }
+        lua_setfield(L, -2, base_names[i]);
+    }
+    lua_pushcfunction(L, l_setmetatable);
+    lua_setfield(L, -2, "setmetatable");
+    lua_pushcfunction(L, l_require);
+    lua_setfield(L, -2, "require");
+    lua_pushcfunction(L, l_print);
+    lua_setfield(L, -2, "print");
+    push_readonly(L, -1);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &key_globals);
+    lua_pop(L, 1);
+}
+
+/* A new environment: own globals over the shared read-only ones. */
+static void push_env(lua_State *L)
+{
+    lua_newtable(L);
+    lua_newtable(L);
+    push_registry(L, &key_globals);
+    lua_setfield(L, -2, "__index");
+    lua_pushliteral(L, "environment");
+    lua_setfield(L, -2, "__metatable");
+    lua_setmetatable(L, -2);
+    lua_pushvalue(L, -1);
+    lua_setfield(L, -2, "_G");
+}
+
+/* Load a text chunk into its own environment; pushes the function. */
+static int load_chunk(lua_State *L, const char *name, const char *text, size_t len)
+{
+    int st = luaL_loadbufferx(L, text, len, name, "t");
+    if (st != LUA_OK)
+        return st;
+    push_env(L);
+    lua_setupvalue(L, -2, 1);
+    return LUA_OK;
+}
+
+static bool valid_module_name(const char *name)
+{
+    if (!*name)
+        return false;
+    for (const char *c = name; *c; c++)
+        if (!((*c >= 'a' && *c <= 'z') || (*c >= 'A' && *c <= 'Z') || (*c >= '0' && *c <= '9') ||
+              *c == '_' || *c == '-'))
+            return false;
+    return true;
+}
+
+static int l_require(lua_State *L)
+{
+    const char *name = luaL_checkstring(L, 1);
+    lua_settop(L, 1);
+    push_registry(L, &key_loaded);
+    if (lua_getfield(L, 2, name) != LUA_TNIL) {
+        if (lua_toboolean(L, -1) == 0)
+            return luaL_error(L, "require \"%s\": circular require", name);
+        return 1;
+    }
+    lua_pop(L, 1);
+    if (strcmp(name, "gpuguard") == 0) {
+        push_registry(L, &key_module);
+    } else {
+        struct lb_vm *vm = vm_of(L);
+        const struct lb_source *src = NULL;
+        for (size_t i = 0; valid_module_name(name) && i < vm->n_modules; i++)
+            if (strcmp(vm->modules[i].name, name) == 0)
+                src = &vm->modules[i];
+        if (!src)
+            return luaL_error(L, "require \"%s\": no such module in the Lua library directory",
+                              name);
+        lua_pushboolean(L, 0); /* loading: catches cycles */
+        lua_setfield(L, 2, name);
+        char chunkname[128];
+        snprintf(chunkname, sizeof(chunkname), "@lua/%s.lua", name);
+        if (load_chunk(L, chunkname, src->text, src->len) != LUA_OK)
+            return lua_error(L);
+        lua_call(L, 0, 1);
+        if (lua_isnil(L, -1)) {
+            lua_pop(L, 1);
+            lua_pushboolean(L, 1);
+        }
+    }
+    push_readonly(L, -1);
+    lua_pushvalue(L, -1);
+    lua_setfield(L, 2, name);
+    return 1;
+}
+
+static int open_sandbox(lua_State *L)
+{
+    const struct lb_vm *vm = lua_touserdata(L, 1);
+    const json_t *config = lua_touserdata(L, 2);
+    static const luaL_Reg libs[] = {
+        {LUA_GNAME, luaopen_base},       {LUA_STRLIBNAME, luaopen_string},
+        {LUA_TABLIBNAME, luaopen_table}, {LUA_MATHLIBNAME, luaopen_math},
+        {LUA_UTF8LIBNAME, luaopen_utf8}, {NULL, NULL}};
+    for (const luaL_Reg *lib = libs; lib->func; lib++) {
+        luaL_requiref(L, lib->name, lib->func, 1);
+        lua_pop(L, 1);
+    }
+    guard_string_library(L);
+    make_ro_metatable(L);
+    const struct {
+        const void *key;
+        const char *name;
+    } marks[] = {{&key_array_mt, "array"}, {&key_object_mt, "object"}};
+    for (int i = 0; i < 2; i++) {
+        lua_newtable(L);
+        lua_pushstring(L, marks[i].name);
+        lua_setfield(L, -2, "__metatable");
+        lua_rawsetp(L, LUA_REGISTRYINDEX, marks[i].key);
+    }
+    open_gpuguard_module(L);
+    build_globals(L);
+    lua_newtable(L);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &key_loaded);
+    lua_newtable(L);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &key_policies);
+    /* The configuration, converted once per VM and shared read-only. */
+    if (config)
+        push_json_or_raise(L, config, "the configuration");
+    else {
+        lua_newtable(L);
+        mark(L, &key_object_mt);
+    }
+    push_readonly(L, -1);
+    lua_setfield(L, LUA_REGISTRYINDEX, "gpuguard.config");
+    (void)vm;
+    return 0;
+}
+
+enum gg_status lb_vm_new(const struct lb_limits *limits, const struct lb_source *modules,
+                         size_t n_modules, const json_t *config, struct lb_vm **out,
+                         struct gg_err *err)
+{
+    struct lb_vm *vm = calloc(1, sizeof(*vm));
+    if (!vm)
+        return gg_fail(err, GG_ERR_NOMEM, "out of memory creating a Lua VM");
+    vm->limits = *limits;
+    vm->modules = modules;
+    vm->n_modules = n_modules;
+    vm->obj_ref = vm->req_ref = LUA_NOREF;
+    vm->L = lua_newstate(lb_alloc, vm);
+    if (!vm->L) {
+        free(vm);
+        return gg_fail(err, GG_ERR_NOMEM, "cannot create a Lua VM within %zu bytes",
+                       limits->memory);
+    }
+    *(struct lb_vm **)lua_getextraspace(vm->L) = vm;
+    lua_pushcfunction(vm->L, open_sandbox);
+    lua_pushlightuserdata(vm->L, vm);
+    lua_pushlightuserdata(vm->L, (void *)config);
+    if (lua_pcall(vm->L, 2, 0, 0) != LUA_OK) {
+        gg_fail(err, GG_ERR_NOMEM, "cannot set up the Lua sandbox: %s", lua_tostring(vm->L, -1));
+        lb_vm_free(vm);
+        return GG_ERR_NOMEM;
+    }
+    *out = vm;
+    return GG_OK;
+}
+
+void lb_vm_free(struct lb_vm *vm)
+{
+    if (!vm)
+        return;
+    /* Nothing a policy left behind may run while the VM closes. */
+    vm->running = false;
+    lua_sethook(vm->L, NULL, 0, 0);
+    lua_close(vm->L);
+    lb_report_clear(&vm->report);
+    free(vm);
+}
+
+bool lb_vm_broken(const struct lb_vm *vm)
+{
+    return vm->broken;
+}
+
+size_t lb_vm_memory(const struct lb_vm *vm)
+{
+    return vm->mem;
+}
+
+size_t lb_vm_memory_peak(const struct lb_vm *vm)
+{
+    return vm->mem_peak;
+}
+
+int lb_policy_count(const struct lb_vm *vm)
+{
+    return vm->n_policies;
+}
+
+/* ---- calling into Lua ------------------------------------------------- */
+
+static int traceback_handler(lua_State *L)
+{
+    const char *msg = lua_tostring(L, 1);
+    if (!msg)
+        msg = lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
+    luaL_traceback(L, L, msg, 1);
+    return 1;
+}
+
+/*
+ * Call the function below nargs arguments under the budgets.  On failure
+ * err gets the error's first line and *traceback the whole text.
+ */
+static enum lb_outcome protected_call(struct lb_vm *vm, int nargs, int64_t deadline_us,
+                                      struct gg_err *err, char **traceback)
+{
+    lua_State *L = vm->L;
+    int base = lua_gettop(L) - nargs;
+    lua_pushcfunction(L, traceback_handler);
+    lua_insert(L, base);
+    budget_start(vm, deadline_us);
+    vm->running = true;
+    int st = lua_pcall(L, nargs, 0, base);
+    vm->running = false;
+    lua_sethook(L, NULL, 0, 0);
+    enum lb_outcome outcome = LB_DONE;
+    if (st != LUA_OK) {
+        outcome = vm->kill != LB_DONE ? vm->kill : st == LUA_ERRMEM ? LB_OUT_OF_MEMORY : LB_RAISED;
+        if (outcome == LB_OUT_OF_MEMORY)
+            vm->broken = true;
+        const char *text = lua_tostring(L, -1);
+        if (!text)
+            text = "(no message)";
+        if (traceback)
+            *traceback = strdup(text);
+        size_t first = strcspn(text, "\n");
+        if (vm->kill != LB_DONE)
+            gg_fail(err, GG_ERR_POLICY, "%s", kill_message(vm->kill));
+        else
+            gg_fail(err, GG_ERR_POLICY, "%.*s", (int)first, text);
+    }
+    lua_settop(L, base - 1);
+    return outcome;
+}
+
+/* The declarative fields of the policy table at the top of the stack. */
+static enum gg_status read_decl(lua_State *L, const char *file, struct lb_policy_info *info,
+                                struct gg_err *err)
+{
+    static const char *const fields[] = {"name", "description", "mode", "failure", "match"};
+    int t = lua_gettop(L);
+    json_t *decl = json_object();
+    for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
+        if (lua_getfield(L, t, fields[i]) != LUA_TNIL) {
+            json_t *v = NULL;
+            struct gg_err sub = {{0}};
+            if (lua_istable(L, -1) && infer_shape(L, lua_absindex(L, -1)) == -2 &&
+                !lua_getmetatable(L, -1))
+                v = json_object(); /* `match = {}`: nothing to restrict */
+            else if (lua_to_json(L, -1, &v, &sub) != GG_OK) {
+                json_decref(decl);
+                return gg_fail(err, GG_ERR_INVALID, "%s: field %s: %s", file, fields[i], sub.msg);
+            }
+            json_object_set_new(decl, fields[i], v);
+        }
+        lua_pop(L, 1);
+    }
+    lua_getfield(L, t, "mutate");
+    lua_getfield(L, t, "validate");
+    info->has_mutate = lua_isfunction(L, -2);
+    info->has_validate = lua_isfunction(L, -1);
+    lua_pop(L, 2);
+    info->decl = decl;
+    return GG_OK;
+}
+
+enum gg_status lb_policy_load(struct lb_vm *vm, const struct lb_source *src,
+                              struct lb_policy_info *info, struct gg_err *err)
+{
+    lua_State *L = vm->L;
+    int top = lua_gettop(L);
+    char chunkname[160];
+    snprintf(chunkname, sizeof(chunkname), "@policies/%s", src->name);
+    memset(info, 0, sizeof(*info));
+    if (load_chunk(L, chunkname, src->text, src->len) != LUA_OK) {
+        gg_fail(err, GG_ERR_POLICY, "%s", lua_tostring(L, -1));
+        lua_settop(L, top);
+        return GG_ERR_POLICY;
+    }
+    lua_pushcfunction(L, traceback_handler);
+    lua_insert(L, -2);
+    vm->used = 0;
+    budget_start(vm, now_us() + vm->limits.load_time_us);
+    vm->running = true;
+    int st = lua_pcall(L, 0, 1, -2);
+    vm->running = false;
+    lua_sethook(L, NULL, 0, 0);
+    if (st != LUA_OK) {
+        const char *text = vm->kill != LB_DONE ? kill_message(vm->kill) : lua_tostring(L, -1);
+        gg_fail(err, GG_ERR_POLICY, "%s: %.*s", src->name, (int)strcspn(text, "\n"), text);
+        lua_settop(L, top);
+        return GG_ERR_POLICY;
+    }
+    if (!lua_istable(L, -1)) {
+        gg_fail(err, GG_ERR_POLICY, "%s: must return a table (got %s)", src->name,
+                luaL_typename(L, -1));
+        lua_settop(L, top);
+        return GG_ERR_POLICY;
+    }
+    enum gg_status gst = read_decl(L, src->name, info, err);
+    if (gst == GG_OK && lua_getfield(L, -1, "check") == LUA_TFUNCTION) {
+        lua_getfield(L, LUA_REGISTRYINDEX, "gpuguard.config");
+        struct gg_err sub = {{0}};
+        vm->used = 0;
+        if (protected_call(vm, 1, now_us() + vm->limits.load_time_us, &sub, NULL) != LB_DONE) {
+            const char *name = json_string_value(json_object_get(info->decl, "name"));
+            gst = gg_fail(err, GG_ERR_POLICY, "policy %s: configuration check failed: %s",
+                          name ? name : src->name, sub.msg);
+        }
+    } else if (gst == GG_OK) {
+        lua_pop(L, 1);
+    }
+    if (gst != GG_OK) {
+        lb_policy_info_clear(info);
+        lua_settop(L, top);
+        return gst;
+    }
+    push_registry(L, &key_policies);
+    lua_pushvalue(L, -2);
+    lua_rawseti(L, -2, ++vm->n_policies);
+    lua_settop(L, top);
+    return GG_OK;
+}
+
+void lb_policy_info_clear(struct lb_policy_info *info)
+{
+    if (!info)
+        return;
+    json_decref(info->decl);
+    memset(info, 0, sizeof(*info));
+}
+
+/* ---- requests --------------------------------------------------------- */
+
+void lb_report_clear(struct lb_report *report)
+{
+    if (!report)
+        return;
+    json_decref(report->denials);
+    json_decref(report->warnings);
+    json_decref(report->audit);
+    memset(report, 0, sizeof(*report));
+}
+
+static struct lb_report *current_report(lua_State *L)
+{
+    struct lb_vm *vm = vm_of(L);
+    if (!vm->report.denials) {
+        vm->report.denials = json_array();
+        vm->report.warnings = json_array();
+        vm->report.audit = json_object();
+    }
+    return &vm->report;
+}
+
+/* Messages must be valid UTF-8: they end up in JSON. */
+static json_t *checked_string(lua_State *L, int idx, const char *what)
+{
+    size_t len;
+    const char *s = luaL_checklstring(L, idx, &len);
+    json_t *v = json_stringn(s, len);
+    if (!v)
+        luaL_error(L, "%s is not valid UTF-8", what);
+    return v;
+}
+
+static int l_req_deny(lua_State *L)
+{
+    json_array_append_new(current_report(L)->denials, checked_string(L, 2, "req:deny message"));
+    return 0;
+}
+
+static int l_req_warn(lua_State *L)
+{
+    json_array_append_new(current_report(L)->warnings, checked_string(L, 2, "req:warn message"));
+    return 0;
+}
+
+static int l_req_audit(lua_State *L)
+{
+    const char *key = luaL_checkstring(L, 2);
+    json_t *value = checked_string(L, 3, "req:audit value");
+    json_object_set_new(current_report(L)->audit, key, value);
+    return 0;
+}
+
+static void set_string(lua_State *L, const char *key, const char *value)
+{
+    lua_pushstring(L, value ? value : "");
+    lua_setfield(L, -2, key);
+}
+
+static void set_json(lua_State *L, const char *key, json_t *value, const char *what)
+{
+    if (value)
+        push_json_or_raise(L, value, what);
+    else
+        lua_pushnil(L);
+    lua_setfield(L, -2, key);
+}
+
+static int build_request(lua_State *L)
+{
+    const struct adm_request *req = lua_touserdata(L, 1);
+    json_t *object = lua_touserdata(L, 2);
+    lua_settop(L, 0);
+    if (object)
+        push_json_or_raise(L, object, "the object");
+    else
+        lua_pushnil(L);
+    static const luaL_Reg methods[] = {
+        {"deny", l_req_deny}, {"warn", l_req_warn}, {"audit", l_req_audit}, {NULL, NULL}};
+    luaL_newlib(L, methods);
+    set_string(L, "uid", req->uid);
+    set_string(L, "operation", adm_operation_name(req->operation));
+    set_string(L, "namespace", req->namespace);
+    set_string(L, "name", req->name);
+    set_string(L, "kind", req->kind);
+    set_string(L, "group", req->group);
+    set_string(L, "sub_resource", req->sub_resource);
+    lua_pushboolean(L, req->dry_run);
+    lua_setfield(L, -2, "dry_run");
+    set_json(L, "user", req->user_info, "userInfo");
+    set_json(L, "old_object", req->old_object, "the old object");
+    set_json(L, "options", req->options, "the options");
+    push_readonly(L, -1);
+    lua_remove(L, -2);
+    return 2;
+}
+
+enum gg_status lb_request_begin(struct lb_vm *vm, const struct adm_request *req, json_t *object,
+                                int64_t deadline_us, struct gg_err *err)
+{
+    lua_State *L = vm->L;
+    lb_request_end(vm);
+    vm->deadline_us = deadline_us;
+    vm->used = 0;
+    lua_pushcfunction(L, build_request);
+    lua_pushlightuserdata(L, (void *)req);
+    lua_pushlightuserdata(L, object);
+    if (lua_pcall(L, 2, 2, 0) != LUA_OK) {
+        enum gg_status st = gg_fail(err, GG_ERR_INVALID, "%s", lua_tostring(L, -1));
+        lua_pop(L, 1);
+        return st;
+    }
+    vm->req_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    vm->obj_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    return GG_OK;
+}
+
+enum lb_outcome lb_policy_call(struct lb_vm *vm, int index, enum lb_phase phase,
+                               struct lb_report *report, struct gg_err *err, char **traceback)
+{
+    lua_State *L = vm->L;
+    memset(report, 0, sizeof(*report));
+    if (traceback)
+        *traceback = NULL;
+    if (vm->broken) {
+        gg_fail(err, GG_ERR_POLICY, "the Lua VM was stopped earlier in this request");
+        return LB_RAISED;
+    }
+    push_registry(L, &key_policies);
+    lua_rawgeti(L, -1, index + 1);
+    lua_getfield(L, -1, phase == LB_MUTATE ? "mutate" : "validate");
+    lua_replace(L, -3);
+    lua_pop(L, 1);
+    if (!lua_isfunction(L, -1)) {
+        lua_pop(L, 1);
+        return LB_DONE;
+    }
+    lua_rawgeti(L, LUA_REGISTRYINDEX, vm->req_ref);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, vm->obj_ref);
+    lua_getfield(L, LUA_REGISTRYINDEX, "gpuguard.config");
+    /* One budget for the whole request: vm->used goes on across calls. */
+    enum lb_outcome outcome = protected_call(vm, 3, vm->deadline_us, err, traceback);
+    *report = vm->report;
+    memset(&vm->report, 0, sizeof(vm->report));
+    return outcome;
+}
+
+enum gg_status lb_request_object(struct lb_vm *vm, json_t **out, struct gg_err *err)
+{
+    lua_State *L = vm->L;
+    lua_rawgeti(L, LUA_REGISTRYINDEX, vm->obj_ref);
+    enum gg_status st;
+    if (lua_isnil(L, -1)) {
+        *out = NULL;
+        st = GG_OK;
+    } else {
+        struct gg_err sub = {{0}};
+        st = lua_to_json(L, -1, out, &sub);
+        if (st != GG_OK)
+            gg_fail(err, st, "the edited object cannot be JSON: %s", sub.msg);
+    }
+    lua_pop(L, 1);
+    return st;
+}
+
+void lb_request_end(struct lb_vm *vm)
+{
+    luaL_unref(vm->L, LUA_REGISTRYINDEX, vm->obj_ref);
+    luaL_unref(vm->L, LUA_REGISTRYINDEX, vm->req_ref);
+    vm->obj_ref = vm->req_ref = LUA_NOREF;
+    vm->used = 0;
+    lb_report_clear(&vm->report);
+}
+
+/* ---- Lua test files --------------------------------------------------- */
+
+static int compare_names(const void *a, const void *b)
+{
+    return strcmp(json_string_value(*(json_t *const *)a), json_string_value(*(json_t *const *)b));
+}
+
+enum gg_status lb_run_tests(struct lb_vm *vm, const struct lb_source *src, json_t **results,
+                            struct gg_err *err)
+{
+    lua_State *L = vm->L;
+    int top = lua_gettop(L);
+    char chunkname[256];
+    snprintf(chunkname, sizeof(chunkname), "@%s", src->name);
+    struct gg_err sub = {{0}};
+    if (load_chunk(L, chunkname, src->text, src->len) != LUA_OK) {
+        gg_fail(err, GG_ERR_POLICY, "%s", lua_tostring(L, -1));
+        lua_settop(L, top);
+        return GG_ERR_POLICY;
+    }
+    lua_pushcfunction(L, traceback_handler);
+    lua_insert(L, -2);
+    vm->used = 0;
+    budget_start(vm, now_us() + vm->limits.load_time_us);
+    vm->running = true;
+    int st = lua_pcall(L, 0, 1, -2);
+    vm->running = false;
+    lua_sethook(L, NULL, 0, 0);
+    if (st != LUA_OK || !lua_istable(L, -1)) {
+        gg_fail(err, GG_ERR_POLICY, "%s: %s", src->name,
+                st != LUA_OK ? lua_tostring(L, -1) : "must return a table of test functions");
+        lua_settop(L, top);
+        return GG_ERR_POLICY;
+    }
+    int tests = lua_gettop(L);
+    json_t *names = json_array();
+    lua_pushnil(L);
+    while (lua_next(L, tests)) {
+        if (lua_type(L, -2) == LUA_TSTRING && lua_isfunction(L, -1))
+            json_array_append_new(names, json_string(lua_tostring(L, -2)));
+        lua_pop(L, 1);
+    }
+    size_t n = json_array_size(names);
+    json_t **sorted = calloc(n + 1, sizeof(*sorted));
+    for (size_t i = 0; i < n; i++)
+        sorted[i] = json_array_get(names, i);
+    qsort(sorted, n, sizeof(*sorted), compare_names);
+    json_t *out = json_array();
+    for (size_t i = 0; i < n && !vm->broken; i++) {
+        const char *name = json_string_value(sorted[i]);
+        lua_getfield(L, tests, name);
+        vm->used = 0;
+        memset(&sub, 0, sizeof(sub));
+        enum lb_outcome o = protected_call(vm, 0, now_us() + vm->limits.load_time_us, &sub, NULL);
+        json_array_append_new(out, json_pack("{s:s,s:b,s:s?}", "name", name, "ok", o == LB_DONE,
+                                             "error", o == LB_DONE ? NULL : sub.msg));
+    }
+    free(sorted);
+    json_decref(names);
+    lua_settop(L, top);
+    *results = out;
+    return GG_OK;
+}
