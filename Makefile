@@ -33,6 +33,8 @@ BIN       := $(BUILD)/gpuguard
 
 UNIT_SRC  := $(wildcard tests/unit/test_*.c)
 UNIT_BIN  := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
+BENCH_SRC := $(wildcard tests/bench/*.c)
+BENCH_BIN := $(BENCH_SRC:tests/bench/%.c=$(BUILD)/bench/%)
 # Small programs over the core library that the Python tests drive.
 TOOL_SRC  := $(wildcard tests/tools/*.c)
 TOOL_BIN  := $(TOOL_SRC:tests/tools/%.c=$(BUILD)/tests/tools/%)
@@ -77,6 +79,10 @@ $(BUILD)/tests/tools/%: tests/tools/%.c $(CORE_LIB)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(CORE_LIB) $(LDLIBS)
 
+$(BUILD)/bench/%: tests/bench/%.c $(CORE_LIB)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(CORE_LIB) $(LDLIBS)
+
 $(DEV_CERTS)/tls.crt: | $(BIN)
 	$(BIN) certs --service gpuguard --namespace gpuguard-system --out $(DEV_CERTS) --dev
 
@@ -103,10 +109,16 @@ asan:
 	$(MAKE) BUILD=build/asan CC=clang CFLAGS="-O1 -g -fno-omit-frame-pointer" \
 	    SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined" test
 
+# Figures, not pass/fail: the in-process engine benchmark on the shipped policies.
+bench: deps
+	@$(MAKE) --no-print-directory $(BIN) $(BENCH_BIN)
+	$(BUILD)/bench/bench_engine --policies policies --lua lua --config deploy/gpuguard.yaml \
+	    -n 20000 tests/data/reviews/bench-pod.json
+
 lint:
 	clang-format --dry-run --Werror webhook/*.c webhook/*.h tests/unit/*.c
 	cppcheck --quiet --error-exitcode=1 --enable=warning,portability --inline-suppr \
-	    --suppress=missingIncludeSystem -Iwebhook webhook tests/unit
+	    --suppress=missingIncludeSystem --include=/usr/include/jansson.h -Iwebhook webhook tests/unit tests/tools tests/bench
 	@for f in $$(find lua policies tests -name '*.lua'); do luac5.4 -p $$f || exit 1; done
 
 install: $(BIN)

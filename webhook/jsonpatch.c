@@ -41,6 +41,8 @@ static enum gg_status nomem(struct gg_err *err)
 
 static const char *type_name(const json_t *v)
 {
+    if (!v)
+        return "nothing";
     switch (json_typeof(v)) {
     case JSON_OBJECT:
         return "object";

@@ -416,6 +416,8 @@ static enum gg_status thread_vm(struct engine *e, struct policy_set *set, struct
     enum gg_status st = build_vm(set, NULL, &tv->vm, err);
     if (st != GG_OK)
         return st;
+    log_msg(LOG_DEBUG, "built a Lua VM for policy generation %llu",
+            (unsigned long long)set->generation);
     atomic_fetch_add(&set->refs, 1);
     tv->set = set;
     *out = tv->vm;
@@ -594,11 +596,11 @@ static void take_failure(struct gather *g, const struct policy *p, int mode, int
     }
 }
 
-static int64_t now_us(void)
+static int64_t now_ns(void)
 {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
 /* Run one phase over the matching policies; false when the VM broke. */
@@ -682,7 +684,8 @@ enum gg_status engine_evaluate(struct engine *e, const struct adm_request *req, 
         policy_set_release(set);
         return st;
     }
-    int64_t lua_deadline = now_us() + set->limits.timeout_us;
+    int64_t t0 = now_ns(), t1;
+    int64_t lua_deadline = t0 / 1000 + set->limits.timeout_us;
     if (lua_deadline > deadline_us - DEADLINE_MARGIN_US)
         lua_deadline = deadline_us - DEADLINE_MARGIN_US;
     struct gather g = {json_array(), json_array(), json_object(), json_array(), false};
@@ -694,15 +697,23 @@ enum gg_status engine_evaluate(struct engine *e, const struct adm_request *req, 
         out->patch = json_array();
     } else {
         bool alive = true;
+        t1 = now_ns();
+        out->timing.to_lua = t1 - t0;
         if (phases & PHASE_MUTATE) {
             alive = run_phase(vm, set, req, LB_MUTATE, &g);
+            t0 = now_ns();
+            out->timing.mutate = t0 - t1;
             if (alive)
                 st = finish_mutation(vm, req, &g, out, err);
             else
                 out->patch = json_array();
+            t1 = now_ns();
+            out->timing.diff = t1 - t0;
         }
-        if (st == GG_OK && alive && (phases & PHASE_VALIDATE))
+        if (st == GG_OK && alive && (phases & PHASE_VALIDATE)) {
             run_phase(vm, set, req, LB_VALIDATE, &g);
+            out->timing.validate = now_ns() - t1;
+        }
         lb_request_end(vm);
     }
     if (st == GG_OK) {

@@ -64,6 +64,14 @@ const struct policy_paths *engine_paths(const struct engine *e);
 /* Which functions of the policies run. */
 enum policy_phases { PHASE_MUTATE = 1, PHASE_VALIDATE = 2 };
 
+/* Where the time of one evaluation went, in nanoseconds. */
+struct policy_timing {
+    int64_t to_lua;   /* request and object into Lua */
+    int64_t mutate;   /* mutate functions */
+    int64_t diff;     /* edited object back to JSON and the patch */
+    int64_t validate; /* validate functions */
+};
+
 struct policy_verdict {
     bool allowed;
     char *message;    /* denial message, malloc'ed; NULL when allowed */
@@ -72,6 +80,7 @@ struct policy_verdict {
     json_t *warnings; /* sanitized array of strings */
     json_t *audit;    /* object of valid audit annotation keys */
     json_t *fired;    /* names of the policies that denied, warned or changed something */
+    struct policy_timing timing;
 };
 
 /*

@@ -149,3 +149,42 @@ def test_server_refuses_to_start_with_a_broken_policy(binary, certs, tmp_path):
                           str(tmp_path)], capture_output=True, text=True, timeout=20)
     assert out.returncode == 1
     assert "10-x.lua: must return a table (got number)" in out.stderr
+
+
+def test_wall_clock_budget_follows_the_api_server_timeout(binary, certs, tmp_path):
+    """With the engine's own budgets far away, ?timeout=1s alone stops a stuck policy."""
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    (policies / "10-stuck.lua").write_text(
+        "return { name = 'stuck', validate = function() while true do end end }")
+    config = tmp_path / "gpuguard.yaml"
+    config.write_text("engine:\n  timeout: 60s\n  instructions: 1000000000000\n")
+    srv = start_server(binary, certs, tmp_path, "--policies", str(policies), "--lua",
+                       str(tmp_path), "--config", str(config))
+    try:
+        start = time.monotonic()
+        status, _, got = srv.connect().review(review(), path="/validate", timeout="1s")
+        elapsed = time.monotonic() - start
+        assert status == 200
+        assert got["response"]["status"]["message"] == "stuck: policy stopped: out of time"
+        assert elapsed < 1.0
+    finally:
+        assert srv.stop() == 0
+
+
+def test_one_lua_vm_per_worker_thread(binary, certs, tmp_path):
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    (policies / "10-stamp.lua").write_text(LABEL_POLICY % "v1")
+    srv = start_server(binary, certs, tmp_path, "--policies", str(policies), "--lua",
+                       str(tmp_path), "--log-level", "debug")
+    try:
+        for _ in range(10):
+            conn = srv.connect()
+            for _ in range(5):
+                assert conn.review(review(), path="/mutate")[0] == 200
+        built = [r for r in srv.log_lines()
+                 if r.get("msg") == "built a Lua VM for policy generation 1"]
+        assert 1 <= len(built) <= 2  # --threads 2
+    finally:
+        assert srv.stop() == 0

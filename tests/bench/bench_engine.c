@@ -1,0 +1,117 @@
+/*
+ * bench_engine.c - the in-process engine benchmark: one AdmissionReview
+ * evaluated N times with a policy set, time split by stage.
+ *
+ *   bench_engine --policies DIR --lua DIR [--config FILE] [-n N] REVIEW.json
+ *
+ * Prints microseconds per review for decode, JSON->Lua, mutate, diff,
+ * validate and encode, and their total (one thread, one VM, warm).
+ */
+#include "admission.h"
+#include "policy.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static int64_t now_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+enum { DECODE, TO_LUA, MUTATE, DIFF, VALIDATE, ENCODE, STAGES };
+static const char *const stage_names[STAGES] = {"decode", "json->lua", "mutate",
+                                                "diff",   "validate",  "encode"};
+
+/* One review through every stage; adds the time of each to sum. */
+static int run_once(struct engine *e, const char *text, size_t len, int64_t sum[STAGES])
+{
+    struct gg_err err = {{0}};
+    struct adm_request req;
+    int64_t t0 = now_ns();
+    if (adm_decode(text, len, &req, &err) != GG_OK) {
+        fprintf(stderr, "%s\n", err.msg);
+        return -1;
+    }
+    int64_t t1 = now_ns();
+    struct policy_verdict v;
+    if (engine_evaluate(e, &req, PHASE_MUTATE | PHASE_VALIDATE, now_ns() / 1000 + 10000000, &v,
+                        &err) != GG_OK) {
+        fprintf(stderr, "%s\n", err.msg);
+        adm_request_clear(&req);
+        return -1;
+    }
+    int64_t t2 = now_ns();
+    struct adm_verdict answer = {.allowed = v.allowed,
+                                 .message = v.message,
+                                 .patch = v.patch,
+                                 .warnings = v.warnings,
+                                 .audit = v.audit};
+    char *out = NULL;
+    size_t out_len;
+    adm_encode(&req, &answer, ADM_MUTATING, &out, &out_len, &err);
+    int64_t t3 = now_ns();
+    sum[DECODE] += t1 - t0;
+    sum[TO_LUA] += v.timing.to_lua;
+    sum[MUTATE] += v.timing.mutate;
+    sum[DIFF] += v.timing.diff;
+    sum[VALIDATE] += v.timing.validate;
+    sum[ENCODE] += t3 - t2;
+    free(out);
+    policy_verdict_clear(&v);
+    adm_request_clear(&req);
+    return 0;
+}
+
+int main(int argc, char **argv)
+{
+    struct policy_paths paths = {.policies = "policies", .lua = "lua"};
+    const char *review = NULL;
+    long n = 20000;
+    for (int i = 1; i < argc; i++) {
+        if (strcmp(argv[i], "--policies") == 0 && i + 1 < argc)
+            paths.policies = argv[++i];
+        else if (strcmp(argv[i], "--lua") == 0 && i + 1 < argc)
+            paths.lua = argv[++i];
+        else if (strcmp(argv[i], "--config") == 0 && i + 1 < argc)
+            paths.config = argv[++i];
+        else if (strcmp(argv[i], "-n") == 0 && i + 1 < argc)
+            n = strtol(argv[++i], NULL, 10);
+        else
+            review = argv[i];
+    }
+    struct gg_err err = {{0}};
+    struct engine *e = NULL;
+    char *text = NULL;
+    size_t len = 0;
+    if (!review || n < 1 || engine_new(&paths, &e, &err) != GG_OK ||
+        gg_read_file(review, 64 << 20, &text, &len, &err) != GG_OK) {
+        fprintf(stderr, "bench_engine: %s\n", review ? err.msg : "usage: see the header");
+        engine_free(e);
+        return 2;
+    }
+    int64_t sum[STAGES] = {0}, warm[STAGES] = {0};
+    for (int i = 0; i < 200; i++)
+        if (run_once(e, text, len, warm))
+            return 1;
+    int64_t start = now_ns();
+    for (long i = 0; i < n; i++)
+        if (run_once(e, text, len, sum))
+            return 1;
+    double wall_us = (now_ns() - start) / 1e3 / (double)n;
+    printf("engine: %ld reviews of %zu bytes, %zu policies\n", n, len,
+           policy_set_count(engine_live_set(e)));
+    double total = 0;
+    for (int s = 0; s < STAGES; s++) {
+        double us = sum[s] / 1e3 / (double)n;
+        total += us;
+        printf("  %-10s %8.2f us\n", stage_names[s], us);
+    }
+    printf("  %-10s %8.2f us (wall clock per review %.2f us)\n", "total", total, wall_us);
+    free(text);
+    engine_free(e);
+    return 0;
+}
