@@ -184,11 +184,12 @@ enum gg_status adm_base64(const unsigned char *data, size_t len, char **out)
 
 static enum gg_status encode_patch(json_t *response, json_t *patch, struct gg_err *err)
 {
-    char *text = json_dumps(patch, JSON_COMPACT);
-    if (!text)
+    char *text = NULL;
+    size_t len = 0;
+    if (gg_json_dump(patch, JSON_COMPACT, &text, &len) != GG_OK)
         return gg_fail(err, GG_ERR_NOMEM, "cannot serialize the patch");
     char *b64 = NULL;
-    enum gg_status st = adm_base64((const unsigned char *)text, strlen(text), &b64);
+    enum gg_status st = adm_base64((const unsigned char *)text, len, &b64);
     free(text);
     if (st != GG_OK)
         return gg_fail(err, st, "cannot encode the patch: %s", gg_strerror(st));
@@ -229,15 +230,10 @@ enum gg_status adm_encode(const struct adm_request *req, const struct adm_verdic
     json_object_set_new(review, "apiVersion", json_string(req->api_version));
     json_object_set_new(review, "kind", json_string("AdmissionReview"));
     json_object_set_new(review, "response", response);
-    if (st == GG_OK) {
-        char *text = json_dumps(review, JSON_COMPACT);
-        if (!text)
-            st = gg_fail(err, GG_ERR_NOMEM, "cannot serialize the response");
-        else {
-            *out = text;
-            *out_len = strlen(text);
-        }
-    }
+    if (st == GG_OK)
+        st = gg_json_dump(review, JSON_COMPACT, out, out_len) == GG_OK
+                 ? GG_OK
+                 : gg_fail(err, GG_ERR_NOMEM, "cannot serialize the response");
     json_decref(review);
     return st;
 }

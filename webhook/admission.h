@@ -66,7 +66,7 @@ const char *adm_operation_name(enum adm_operation op);
 
 /*
  * Build the response review for req.  *out is a NUL-terminated JSON text
- * the caller frees.
+ * from plain malloc that the caller frees.
  */
 enum gg_status adm_encode(const struct adm_request *req, const struct adm_verdict *verdict,
                           enum adm_endpoint endpoint, char **out, size_t *out_len,

@@ -6,6 +6,7 @@
  * the main thread, which then drains the server: stop accepting, let the
  * requests in flight finish, exit 0.
  */
+#include "arena.h"
 #include "certs.h"
 #include "cli.h"
 #include "log.h"
@@ -241,6 +242,7 @@ int cli_serve(int argc, char **argv)
             fprintf(stderr, "run 'gpuguard serve --help' for the flags\n");
         return r > 0 ? 0 : 2;
     }
+    arena_install();
     struct gg_err err = {{0}};
     struct certs_pair pair = {0};
     if (certs_load_pair(o.tls_cert, o.tls_key, &pair, &err) != GG_OK) {

@@ -1,10 +1,11 @@
 /*
- * gg.c - the project-wide error enum's strings, the gg_err helper and the
- * bounded whole-file reader.
+ * gg.c - the project-wide error enum's strings, the gg_err helper, the
+ * bounded whole-file reader and JSON text in plain malloc'ed memory.
  */
 #include "gpuguard.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -116,4 +117,28 @@ out:
     if (fd >= 0)
         close(fd);
     return st;
+}
+
+enum gg_status gg_json_dump(const json_t *v, size_t flags, char **out, size_t *len)
+{
+    size_t size = 2048;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        char *text = malloc(size + 1);
+        if (!text)
+            return GG_ERR_NOMEM;
+        size_t need = json_dumpb(v, text, size, flags);
+        if (need == 0) {
+            free(text);
+            return GG_ERR_INVALID;
+        }
+        if (need <= size) {
+            text[need] = '\0';
+            *out = text;
+            *len = need;
+            return GG_OK;
+        }
+        free(text);
+        size = need;
+    }
+    return GG_ERR_NOMEM;
 }

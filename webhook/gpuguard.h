@@ -48,4 +48,11 @@ enum gg_status gg_fail(struct gg_err *err, enum gg_status status, const char *fm
 enum gg_status gg_read_file(const char *path, size_t max, char **data, size_t *len,
                             struct gg_err *err);
 
+/*
+ * JSON text of v (jansson dump flags) in a NUL-terminated buffer from plain
+ * malloc, whatever allocator jansson uses: free it with free().
+ */
+struct json_t;
+enum gg_status gg_json_dump(const struct json_t *v, size_t flags, char **out, size_t *len);
+
 #endif

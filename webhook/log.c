@@ -6,7 +6,10 @@
  */
 #include "log.h"
 
+#include "gpuguard.h"
+
 #include <stdarg.h>
+#include <stdlib.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -61,13 +64,14 @@ void log_fields(enum log_level level, const char *msg, json_t *fields)
     if (fields)
         json_object_update_missing(line, fields);
     json_decref(fields);
-    char *text = json_dumps(line, JSON_COMPACT | JSON_ENSURE_ASCII);
+    char *text = NULL;
+    size_t len = 0;
+    enum gg_status st = gg_json_dump(line, JSON_COMPACT | JSON_ENSURE_ASCII, &text, &len);
     json_decref(line);
-    if (!text) {
+    if (st != GG_OK) {
         fprintf(stderr, "{\"level\":\"error\",\"msg\":\"log line lost: out of memory\"}\n");
         return;
     }
-    size_t len = strlen(text);
     flockfile(stderr);
     fwrite(text, 1, len, stderr);
     fputc('\n', stderr);

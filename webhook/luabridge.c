@@ -10,6 +10,7 @@
  */
 #include "luabridge.h"
 
+#include "jsonpatch.h"
 #include "log.h"
 #include "quantity.h"
 
@@ -1170,22 +1171,163 @@ enum lb_outcome lb_policy_call(struct lb_vm *vm, int index, enum lb_phase phase,
     return outcome;
 }
 
-enum gg_status lb_request_object(struct lb_vm *vm, json_t **out, struct gg_err *err)
+/* Exact equality of the Lua value at idx and v, as JSON (1 and 1.0 differ). */
+static bool equals_json(lua_State *L, int idx, const json_t *v, int depth)
+{
+    size_t len;
+    const char *s;
+    switch (lua_type(L, idx)) {
+    case LUA_TSTRING:
+        s = lua_tolstring(L, idx, &len);
+        return json_is_string(v) && json_string_length(v) == len &&
+               memcmp(json_string_value(v), s, len) == 0;
+    case LUA_TNUMBER:
+        if (lua_isinteger(L, idx))
+            return json_is_integer(v) && json_integer_value(v) == lua_tointeger(L, idx);
+        return json_is_real(v) && json_real_value(v) == lua_tonumber(L, idx) &&
+               signbit(json_real_value(v)) == signbit(lua_tonumber(L, idx));
+    case LUA_TBOOLEAN:
+        return json_is_boolean(v) && json_is_true(v) == lua_toboolean(L, idx);
+    case LUA_TLIGHTUSERDATA:
+        return json_is_null(v) && is_null(L, idx);
+    case LUA_TTABLE:
+        break;
+    default:
+        return false;
+    }
+    if (depth > LB_MAX_DEPTH || !lua_getmetatable(L, idx))
+        return false; /* unmarked tables are new: let the conversion judge them */
+    push_registry(L, &key_array_mt);
+    bool is_array = lua_rawequal(L, -1, -2);
+    lua_pop(L, 2);
+    luaL_checkstack(L, 4, "object too deep");
+    idx = lua_absindex(L, idx);
+    if (is_array) {
+        size_t n = lua_rawlen(L, idx);
+        if (!json_is_array(v) || json_array_size(v) != n)
+            return false;
+        for (size_t i = 0; i < n; i++) {
+            lua_rawgeti(L, idx, (lua_Integer)i + 1);
+            bool eq = equals_json(L, -1, json_array_get(v, i), depth + 1);
+            lua_pop(L, 1);
+            if (!eq)
+                return false;
+        }
+        return true;
+    }
+    if (!json_is_object(v))
+        return false;
+    size_t count = 0;
+    lua_pushnil(L);
+    while (lua_next(L, idx)) {
+        json_t *item =
+            lua_type(L, -2) == LUA_TSTRING ? json_object_get(v, lua_tostring(L, -2)) : NULL;
+        count++;
+        if (!item || !equals_json(L, -1, item, depth + 1)) {
+            lua_pop(L, 2);
+            return false;
+        }
+        lua_pop(L, 1);
+    }
+    return count == json_object_size(v);
+}
+
+static bool is_object_table(lua_State *L, int idx)
+{
+    if (!lua_istable(L, idx) || !lua_getmetatable(L, idx))
+        return false;
+    push_registry(L, &key_object_mt);
+    bool eq = lua_rawequal(L, -1, -2);
+    lua_pop(L, 2);
+    return eq;
+}
+
+/*
+ * Reduce original and the edited Lua object at idx to the parts that
+ * differ: *orig_out borrows the original's differing members, *edit_out
+ * holds the Lua side converted to JSON.  Diffing the two gives the same
+ * patch as diffing the whole objects, without converting what is equal.
+ */
+static enum gg_status prune_object(lua_State *L, int idx, const json_t *original, struct path *p,
+                                   json_t **orig_out, json_t **edit_out, struct gg_err *err)
+{
+    json_t *o = json_object(), *e = json_object();
+    enum gg_status st = GG_OK;
+    const char *key;
+    json_t *ov;
+    idx = lua_absindex(L, idx);
+    luaL_checkstack(L, 4, "object too deep");
+    json_object_foreach((json_t *)original, key, ov)
+    {
+        lua_getfield(L, idx, key); /* object tables have no __index: a raw read */
+        p->seg[p->depth].key = key;
+        p->depth++;
+        json_t *so = NULL, *se = NULL;
+        if (lua_isnil(L, -1))
+            json_object_set(o, key, ov);
+        else if (equals_json(L, -1, ov, 0))
+            ;
+        else if (json_is_object(ov) && is_object_table(L, -1) && p->depth < LB_MAX_DEPTH)
+            st = prune_object(L, -1, ov, p, &so, &se, err);
+        else if ((st = to_json(L, -1, p, &se, err)) == GG_OK)
+            so = json_incref(ov);
+        if (so)
+            json_object_set_new(o, key, so);
+        if (se)
+            json_object_set_new(e, key, se);
+        p->depth--;
+        lua_pop(L, 1);
+        if (st != GG_OK)
+            break;
+    }
+    lua_pushnil(L);
+    while (st == GG_OK && lua_next(L, idx)) {
+        if (lua_type(L, -2) == LUA_TSTRING && !json_object_get(original, lua_tostring(L, -2))) {
+            json_t *se = NULL;
+            p->seg[p->depth].key = lua_tostring(L, -2);
+            p->depth++;
+            st = to_json(L, -1, p, &se, err);
+            p->depth--;
+            if (st == GG_OK && json_object_set_new(e, lua_tostring(L, -2), se) != 0)
+                st = path_fail(p, err, "an object key is not valid UTF-8");
+        } else if (lua_type(L, -2) != LUA_TSTRING) {
+            st = path_fail(p, err, "an object has a key that is not a string");
+        }
+        lua_pop(L, 1);
+        if (st != GG_OK)
+            lua_pop(L, 1);
+    }
+    if (st != GG_OK) {
+        json_decref(o);
+        json_decref(e);
+        return st;
+    }
+    *orig_out = o;
+    *edit_out = e;
+    return GG_OK;
+}
+
+enum gg_status lb_request_patch(struct lb_vm *vm, const json_t *original, json_t **patch,
+                                struct gg_err *err)
 {
     lua_State *L = vm->L;
     lua_rawgeti(L, LUA_REGISTRYINDEX, vm->obj_ref);
+    struct path p = {0};
+    struct gg_err sub = {{0}};
+    json_t *o = NULL, *e = NULL;
     enum gg_status st;
-    if (lua_isnil(L, -1)) {
-        *out = NULL;
-        st = GG_OK;
-    } else {
-        struct gg_err sub = {{0}};
-        st = lua_to_json(L, -1, out, &sub);
-        if (st != GG_OK)
-            gg_fail(err, st, "the edited object cannot be JSON: %s", sub.msg);
-    }
+    if (!is_object_table(L, -1))
+        st = gg_fail(&sub, GG_ERR_INVALID, "the object was replaced by something else");
+    else
+        st = prune_object(L, -1, original, &p, &o, &e, &sub);
     lua_pop(L, 1);
-    return st;
+    if (st == GG_OK)
+        st = jp_diff(o, e, patch, &sub);
+    json_decref(o);
+    json_decref(e);
+    if (st != GG_OK)
+        return gg_fail(err, st, "the edited object cannot be JSON: %s", sub.msg);
+    return GG_OK;
 }
 
 void lb_request_end(struct lb_vm *vm)

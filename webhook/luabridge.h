@@ -107,8 +107,12 @@ enum gg_status lb_request_begin(struct lb_vm *vm, const struct adm_request *req,
 enum lb_outcome lb_policy_call(struct lb_vm *vm, int index, enum lb_phase phase,
                                struct lb_report *report, struct gg_err *err, char **traceback);
 
-/* The object as the policies left it, as new JSON. */
-enum gg_status lb_request_object(struct lb_vm *vm, json_t **out, struct gg_err *err);
+/*
+ * The JSON patch from original to the object as the policies left it.
+ * Only the parts that differ are converted back to JSON.
+ */
+enum gg_status lb_request_patch(struct lb_vm *vm, const json_t *original, json_t **patch,
+                                struct gg_err *err);
 void lb_request_end(struct lb_vm *vm);
 
 void lb_report_clear(struct lb_report *report);

@@ -651,25 +651,22 @@ static char *join_lines(const json_t *list)
 }
 
 static enum gg_status finish_mutation(struct lb_vm *vm, const struct adm_request *req,
-                                      struct gather *g, struct policy_verdict *out,
+                                      unsigned phases, struct gather *g, struct policy_verdict *out,
                                       struct gg_err *err)
 {
     if (g->failed_mutation || !req->object) {
         out->patch = json_array();
         return GG_OK;
     }
-    json_t *edited = NULL;
-    enum gg_status st = lb_request_object(vm, &edited, err);
-    if (st == GG_OK)
-        st = jp_diff(req->object, edited, &out->patch, err);
-    if (st != GG_OK) {
-        json_decref(edited);
+    if (lb_request_patch(vm, req->object, &out->patch, err) != GG_OK) {
         /* A policy built something that is not JSON: its edit is refused. */
         json_array_append_new(g->denials, json_string(err->msg));
         out->patch = json_array();
         return GG_OK;
     }
-    out->mutated = edited;
+    if ((phases & PHASE_KEEP_MUTATED) &&
+        jp_apply_copy(req->object, out->patch, &out->mutated, err) != GG_OK)
+        return GG_ERR_INVALID; /* a patch that does not apply to its own source: a bug */
     return GG_OK;
 }
 
@@ -704,7 +701,7 @@ enum gg_status engine_evaluate(struct engine *e, const struct adm_request *req, 
             t0 = now_ns();
             out->timing.mutate = t0 - t1;
             if (alive)
-                st = finish_mutation(vm, req, &g, out, err);
+                st = finish_mutation(vm, req, phases, &g, out, err);
             else
                 out->patch = json_array();
             t1 = now_ns();

@@ -62,7 +62,11 @@ void engine_last_reload(struct engine *e, char *out, size_t size);
 const struct policy_paths *engine_paths(const struct engine *e);
 
 /* Which functions of the policies run. */
-enum policy_phases { PHASE_MUTATE = 1, PHASE_VALIDATE = 2 };
+enum policy_phases {
+    PHASE_MUTATE = 1,
+    PHASE_VALIDATE = 2,
+    PHASE_KEEP_MUTATED = 4, /* also fill verdict.mutated (the CLI); the server never needs it */
+};
 
 /* Where the time of one evaluation went, in nanoseconds. */
 struct policy_timing {
@@ -76,7 +80,7 @@ struct policy_verdict {
     bool allowed;
     char *message;    /* denial message, malloc'ed; NULL when allowed */
     json_t *patch;    /* RFC 6902 array (possibly empty) after the mutate phase */
-    json_t *mutated;  /* the object after the mutate phase (NULL without one) */
+    json_t *mutated;  /* the object after the mutate phase, with PHASE_KEEP_MUTATED */
     json_t *warnings; /* sanitized array of strings */
     json_t *audit;    /* object of valid audit annotation keys */
     json_t *fired;    /* names of the policies that denied, warned or changed something */

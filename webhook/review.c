@@ -1,9 +1,11 @@
 /*
  * review.c - the request flow: decode the review, evaluate the policies,
- * encode the answer, log the decision.
+ * encode the answer, log the decision.  The JSON of one request lives in
+ * the thread's arena (arena.h) and is all released before returning.
  */
 #include "review.h"
 
+#include "arena.h"
 #include "log.h"
 
 #include <stdlib.h>
@@ -57,9 +59,12 @@ enum gg_status review_handle(struct engine *engine, const char *body, size_t len
 {
     int64_t start_us = review_now_us();
     struct adm_request req;
+    arena_begin();
     enum gg_status st = adm_decode(body, len, &req, err);
-    if (st != GG_OK)
+    if (st != GG_OK) {
+        arena_end();
         return st;
+    }
     struct policy_verdict v;
     st = engine_evaluate(engine, &req, endpoint == ADM_MUTATING ? PHASE_MUTATE : PHASE_VALIDATE,
                          deadline_us, &v, err);
@@ -77,5 +82,6 @@ enum gg_status review_handle(struct engine *engine, const char *body, size_t len
         policy_verdict_clear(&v);
     }
     adm_request_clear(&req);
+    arena_end();
     return st;
 }

@@ -8,6 +8,7 @@
  * validate and encode, and their total (one thread, one VM, warm).
  */
 #include "admission.h"
+#include "arena.h"
 #include "policy.h"
 
 #include <stdio.h>
@@ -31,9 +32,11 @@ static int run_once(struct engine *e, const char *text, size_t len, int64_t sum[
 {
     struct gg_err err = {{0}};
     struct adm_request req;
+    arena_begin();
     int64_t t0 = now_ns();
     if (adm_decode(text, len, &req, &err) != GG_OK) {
         fprintf(stderr, "%s\n", err.msg);
+        arena_end();
         return -1;
     }
     int64_t t1 = now_ns();
@@ -42,6 +45,7 @@ static int run_once(struct engine *e, const char *text, size_t len, int64_t sum[
                         &err) != GG_OK) {
         fprintf(stderr, "%s\n", err.msg);
         adm_request_clear(&req);
+        arena_end();
         return -1;
     }
     int64_t t2 = now_ns();
@@ -63,6 +67,7 @@ static int run_once(struct engine *e, const char *text, size_t len, int64_t sum[
     free(out);
     policy_verdict_clear(&v);
     adm_request_clear(&req);
+    arena_end();
     return 0;
 }
 
@@ -70,6 +75,7 @@ int main(int argc, char **argv)
 {
     struct policy_paths paths = {.policies = "policies", .lua = "lua"};
     const char *review = NULL;
+    arena_install();
     long n = 20000;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--policies") == 0 && i + 1 < argc)

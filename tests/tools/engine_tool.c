@@ -27,7 +27,7 @@ static int64_t now_us(void)
 int main(int argc, char **argv)
 {
     struct policy_paths paths = {.policies = "policies", .lua = "lua"};
-    unsigned phases = PHASE_MUTATE | PHASE_VALIDATE;
+    unsigned phases = PHASE_MUTATE | PHASE_VALIDATE | PHASE_KEEP_MUTATED;
     const char *review = NULL;
     long repeat = 1;
     for (int i = 1; i < argc; i++) {
@@ -41,9 +41,10 @@ int main(int argc, char **argv)
             repeat = strtol(argv[++i], NULL, 10);
         else if (strcmp(argv[i], "--phases") == 0 && i + 1 < argc) {
             const char *p = argv[++i];
-            phases = strcmp(p, "mutate") == 0     ? PHASE_MUTATE
-                     : strcmp(p, "validate") == 0 ? PHASE_VALIDATE
-                                                  : PHASE_MUTATE | PHASE_VALIDATE;
+            phases =
+                PHASE_KEEP_MUTATED | (strcmp(p, "mutate") == 0     ? PHASE_MUTATE
+                                      : strcmp(p, "validate") == 0 ? PHASE_VALIDATE
+                                                                   : PHASE_MUTATE | PHASE_VALIDATE);
         } else
             review = argv[i];
     }
@@ -79,7 +80,9 @@ int main(int argc, char **argv)
                                     "warnings", v.warnings, "audit", v.audit, "fired", v.fired);
             if (!v.message)
                 json_object_del(out, "message");
-            char *dump = json_dumps(out, JSON_COMPACT | JSON_SORT_KEYS);
+            char *dump = NULL;
+            size_t dump_len;
+            gg_json_dump(out, JSON_COMPACT | JSON_SORT_KEYS, &dump, &dump_len);
             printf("%s\n", dump);
             free(dump);
             json_decref(out);

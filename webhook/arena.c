@@ -1,0 +1,100 @@
+/*
+ * arena.c - per-thread bump allocator behind json_set_alloc_funcs.
+ */
+#include "arena.h"
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#define FIRST_CHUNK (64 * 1024)
+#define ALIGN 16
+
+struct chunk {
+    struct chunk *next;
+    size_t size;
+    size_t used;
+    _Alignas(ALIGN) unsigned char data[];
+};
+
+struct arena {
+    bool active;
+    struct chunk *head; /* the current chunk; older ones follow */
+    struct chunk *keep; /* the first chunk, kept between requests */
+};
+
+static _Thread_local struct arena arena;
+
+static struct chunk *new_chunk(size_t size)
+{
+    struct chunk *c = malloc(sizeof(*c) + size);
+    if (c) {
+        c->next = NULL;
+        c->size = size;
+        c->used = 0;
+    }
+    return c;
+}
+
+static void *arena_malloc(size_t size)
+{
+    if (!arena.active)
+        return malloc(size);
+    size = (size + ALIGN - 1) & ~(size_t)(ALIGN - 1);
+    struct chunk *c = arena.head;
+    if (!c || c->size - c->used < size) {
+        size_t want = c ? c->size * 2 : FIRST_CHUNK;
+        while (want < size)
+            want *= 2;
+        struct chunk *fresh = new_chunk(want);
+        if (!fresh)
+            return NULL;
+        fresh->next = c;
+        arena.head = c = fresh;
+    }
+    void *p = c->data + c->used;
+    c->used += size;
+    return p;
+}
+
+static bool in_arena(const void *p)
+{
+    for (struct chunk *c = arena.head; c; c = c->next)
+        if ((const unsigned char *)p >= c->data && (const unsigned char *)p < c->data + c->size)
+            return true;
+    return false;
+}
+
+static void arena_free(void *p)
+{
+    if (p && !(arena.active && in_arena(p)))
+        free(p);
+}
+
+void arena_install(void)
+{
+    json_set_alloc_funcs(arena_malloc, arena_free);
+}
+
+void arena_begin(void)
+{
+    if (!arena.keep)
+        arena.keep = new_chunk(FIRST_CHUNK);
+    arena.head = arena.keep;
+    if (arena.head)
+        arena.head->used = 0;
+    arena.active = true;
+}
+
+void arena_end(void)
+{
+    struct chunk *c = arena.head;
+    while (c && c != arena.keep) {
+        struct chunk *next = c->next;
+        free(c);
+        c = next;
+    }
+    arena.head = arena.keep;
+    arena.active = false;
+}
