@@ -10,6 +10,7 @@
  */
 #include "luabridge.h"
 
+#include "inventory.h"
 #include "jsonpatch.h"
 #include "log.h"
 #include "quantity.h"
@@ -33,6 +34,7 @@ struct lb_vm {
     struct lb_limits limits;
     const struct lb_source *modules; /* borrowed from the policy set */
     size_t n_modules;
+    struct inventory *inventory; /* borrowed; NULL without one */
     size_t mem, mem_peak;
     int64_t used;        /* instructions counted in the current budget window */
     int64_t deadline_us; /* 0: none */
@@ -592,6 +594,16 @@ static int l_log(lua_State *L)
     return 0;
 }
 
+static int l_usage(lua_State *L)
+{
+    const char *ns = luaL_checkstring(L, 1);
+    const char *cls = luaL_optstring(L, 2, NULL);
+    struct inventory *inv = vm_of(L)->inventory;
+    lua_pushinteger(L, inv ? (lua_Integer)inv_usage(inv, ns, cls) : 0);
+    lua_pushboolean(L, inv && inv_ready(inv));
+    return 2;
+}
+
 static int l_print(lua_State *L)
 {
     luaL_Buffer b;
@@ -610,11 +622,15 @@ static int l_print(lua_State *L)
 
 static void open_gpuguard_module(lua_State *L)
 {
-    static const luaL_Reg funcs[] = {
-        {"array", l_array},       {"object", l_object},
-        {"is_array", l_is_array}, {"is_object", l_is_object},
-        {"quantity", l_quantity}, {"format_quantity", l_format_quantity},
-        {"log", l_log},           {NULL, NULL}};
+    static const luaL_Reg funcs[] = {{"array", l_array},
+                                     {"object", l_object},
+                                     {"is_array", l_is_array},
+                                     {"is_object", l_is_object},
+                                     {"quantity", l_quantity},
+                                     {"format_quantity", l_format_quantity},
+                                     {"log", l_log},
+                                     {"usage", l_usage},
+                                     {NULL, NULL}};
     luaL_newlib(L, funcs);
     lua_pushlightuserdata(L, (void *)&key_null_marker);
     lua_setfield(L, -2, "null");
@@ -818,8 +834,8 @@ static int open_sandbox(lua_State *L)
 }
 
 enum gg_status lb_vm_new(const struct lb_limits *limits, const struct lb_source *modules,
-                         size_t n_modules, const json_t *config, struct lb_vm **out,
-                         struct gg_err *err)
+                         size_t n_modules, const json_t *config, struct inventory *inventory,
+                         struct lb_vm **out, struct gg_err *err)
 {
     struct lb_vm *vm = calloc(1, sizeof(*vm));
     if (!vm)
@@ -827,6 +843,7 @@ enum gg_status lb_vm_new(const struct lb_limits *limits, const struct lb_source 
     vm->limits = *limits;
     vm->modules = modules;
     vm->n_modules = n_modules;
+    vm->inventory = inventory;
     vm->obj_ref = vm->req_ref = LUA_NOREF;
     vm->L = lua_newstate(lb_alloc, vm);
     if (!vm->L) {

@@ -70,13 +70,16 @@ struct lb_policy_info {
 
 struct lb_vm;
 
+struct inventory;
+
 /*
- * A fresh sandboxed VM with the library modules and the configuration
- * (read-only in Lua; NULL for an empty table).
+ * A fresh sandboxed VM with the library modules, the configuration
+ * (read-only in Lua; NULL for an empty table) and the inventory that
+ * gpuguard.usage() reads (NULL: usage 0, not ready).
  */
 enum gg_status lb_vm_new(const struct lb_limits *limits, const struct lb_source *modules,
-                         size_t n_modules, const json_t *config, struct lb_vm **out,
-                         struct gg_err *err);
+                         size_t n_modules, const json_t *config, struct inventory *inventory,
+                         struct lb_vm **out, struct gg_err *err);
 void lb_vm_free(struct lb_vm *vm);
 bool lb_vm_broken(const struct lb_vm *vm);
 size_t lb_vm_memory(const struct lb_vm *vm);

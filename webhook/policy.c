@@ -8,6 +8,7 @@
 #include "policy.h"
 
 #include "config.h"
+#include "inventory.h"
 #include "jsonpatch.h"
 #include "log.h"
 #include "luabridge.h"
@@ -53,6 +54,7 @@ struct engine {
     struct policy_set *live;
     char last_reload[256];
     pthread_key_t vm_key;
+    struct inventory *inventory; /* borrowed; NULL without one */
 };
 
 /* A worker thread's VM and the set it was built from. */
@@ -217,14 +219,15 @@ static enum gg_status policy_from_info(struct policy *p, struct lb_policy_info *
 }
 
 /* A VM with every policy of the set loaded; infos are filled when non-NULL. */
-static enum gg_status build_vm(const struct policy_set *set, struct lb_policy_info *infos,
-                               struct lb_vm **out, struct gg_err *err)
+static enum gg_status build_vm(const struct policy_set *set, struct inventory *inventory,
+                               struct lb_policy_info *infos, struct lb_vm **out, struct gg_err *err)
 {
     struct lb_limits limits = {.memory = set->limits.memory,
                                .instructions = set->limits.instructions,
                                .load_time_us = set->limits.timeout_us};
     struct lb_vm *vm = NULL;
-    enum gg_status st = lb_vm_new(&limits, set->modules, set->n_modules, set->config, &vm, err);
+    enum gg_status st =
+        lb_vm_new(&limits, set->modules, set->n_modules, set->config, inventory, &vm, err);
     for (size_t i = 0; st == GG_OK && i < set->n; i++) {
         struct lb_policy_info info;
         st = lb_policy_load(vm, &set->files[i], &info, err);
@@ -245,7 +248,7 @@ static enum gg_status check_policies(struct policy_set *set, struct gg_err *err)
 {
     struct lb_policy_info *infos = calloc(set->n + 1, sizeof(*infos));
     struct lb_vm *vm = NULL;
-    enum gg_status st = build_vm(set, infos, &vm, err);
+    enum gg_status st = build_vm(set, NULL, infos, &vm, err);
     set->policies = calloc(set->n + 1, sizeof(*set->policies));
     for (size_t i = 0; st == GG_OK && i < set->n; i++) {
         st = policy_from_info(&set->policies[i], &infos[i], set->files[i].name, err);
@@ -341,6 +344,11 @@ void engine_free(struct engine *e)
     free(e);
 }
 
+void engine_set_inventory(struct engine *e, struct inventory *inventory)
+{
+    e->inventory = inventory;
+}
+
 const struct policy_paths *engine_paths(const struct engine *e)
 {
     return &e->paths;
@@ -413,7 +421,7 @@ static enum gg_status thread_vm(struct engine *e, struct policy_set *set, struct
     policy_set_release(tv->set);
     tv->vm = NULL;
     tv->set = NULL;
-    enum gg_status st = build_vm(set, NULL, &tv->vm, err);
+    enum gg_status st = build_vm(set, e->inventory, NULL, &tv->vm, err);
     if (st != GG_OK)
         return st;
     log_msg(LOG_DEBUG, "built a Lua VM for policy generation %llu",
@@ -670,6 +678,24 @@ static enum gg_status finish_mutation(struct lb_vm *vm, const struct adm_request
     return GG_OK;
 }
 
+/* An admitted GPU pod counts against its namespace at once (see inventory.h). */
+static void reserve(struct engine *e, const struct adm_request *req, unsigned phases,
+                    const struct policy_verdict *v)
+{
+    const json_t *pod = v->mutated ? v->mutated : req->object;
+    if (!e->inventory || !v->allowed || !(phases & PHASE_VALIDATE) || !pod ||
+        req->operation != ADM_CREATE || req->dry_run || strcmp(req->kind, "Pod") != 0)
+        return;
+    int64_t charge = inv_pod_charge(pod);
+    json_t *meta = json_object_get(pod, "metadata");
+    const char *name =
+        *req->name ? req->name : json_string_value(json_object_get(meta, "generateName"));
+    const char *cls =
+        json_string_value(json_object_get(json_object_get(meta, "labels"), INV_CLASS_LABEL));
+    if (charge > 0 && name)
+        inv_reserve(e->inventory, req->namespace, name, cls, charge, INV_RESERVATION_TTL_MS);
+}
+
 enum gg_status engine_evaluate(struct engine *e, const struct adm_request *req, unsigned phases,
                                int64_t deadline_us, struct policy_verdict *out, struct gg_err *err)
 {
@@ -724,6 +750,7 @@ enum gg_status engine_evaluate(struct engine *e, const struct adm_request *req, 
         out->warnings = policy_sanitize_warnings(g.warnings);
         out->audit = json_incref(g.audit);
         out->fired = json_incref(g.fired);
+        reserve(e, req, phases, out);
     }
     json_decref(g.denials);
     json_decref(g.warnings);

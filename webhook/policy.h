@@ -61,6 +61,13 @@ struct policy_set *engine_live_set(struct engine *e);
 void engine_last_reload(struct engine *e, char *out, size_t size);
 const struct policy_paths *engine_paths(const struct engine *e);
 
+/*
+ * Where gpuguard.usage() reads GPU usage from, and where admitted pods are
+ * reserved; set before the first evaluation (NULL: none).
+ */
+struct inventory;
+void engine_set_inventory(struct engine *e, struct inventory *inventory);
+
 /* Which functions of the policies run. */
 enum policy_phases {
     PHASE_MUTATE = 1,

@@ -3,13 +3,14 @@
  * the Python tests: prints the verdict as JSON.
  *
  *   engine_tool --policies DIR --lua DIR [--config FILE] [--phases mutate|validate|both]
- *               [--repeat N] REVIEW.json
+ *               [--cluster-state PODS.json] [--repeat N] REVIEW.json
  *
  * --repeat evaluates the same review N times on one engine (VM reuse).
  * Exit 0 with the verdict, 1 when the engine cannot load or the review
  * cannot be decoded (message on stderr).
  */
 #include "admission.h"
+#include "inventory.h"
 #include "policy.h"
 
 #include <stdio.h>
@@ -28,7 +29,7 @@ int main(int argc, char **argv)
 {
     struct policy_paths paths = {.policies = "policies", .lua = "lua"};
     unsigned phases = PHASE_MUTATE | PHASE_VALIDATE | PHASE_KEEP_MUTATED;
-    const char *review = NULL;
+    const char *review = NULL, *cluster_state = NULL;
     long repeat = 1;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--policies") == 0 && i + 1 < argc)
@@ -37,6 +38,8 @@ int main(int argc, char **argv)
             paths.lua = argv[++i];
         else if (strcmp(argv[i], "--config") == 0 && i + 1 < argc)
             paths.config = argv[++i];
+        else if (strcmp(argv[i], "--cluster-state") == 0 && i + 1 < argc)
+            cluster_state = argv[++i];
         else if (strcmp(argv[i], "--repeat") == 0 && i + 1 < argc)
             repeat = strtol(argv[++i], NULL, 10);
         else if (strcmp(argv[i], "--phases") == 0 && i + 1 < argc) {
@@ -58,14 +61,19 @@ int main(int argc, char **argv)
     char *text = NULL;
     size_t len = 0;
     struct adm_request req;
-    if (engine_new(&paths, &engine, &err) != GG_OK ||
+    struct inventory *inv = inv_new();
+    if ((cluster_state && inv_load_snapshot(inv, cluster_state, &err) != GG_OK) ||
+        engine_new(&paths, &engine, &err) != GG_OK ||
         gg_read_file(review, 64 << 20, &text, &len, &err) != GG_OK ||
         adm_decode(text, len, &req, &err) != GG_OK) {
         fprintf(stderr, "%s\n", err.msg);
         engine_free(engine);
+        inv_free(inv);
         free(text);
         return 1;
     }
+    if (cluster_state)
+        engine_set_inventory(engine, inv);
     int rc = 0;
     for (long n = 0; n < repeat; n++) {
         struct policy_verdict v;
@@ -92,5 +100,6 @@ int main(int argc, char **argv)
     adm_request_clear(&req);
     free(text);
     engine_free(engine);
+    inv_free(inv);
     return rc;
 }

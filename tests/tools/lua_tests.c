@@ -46,7 +46,7 @@ int main(int argc, char **argv)
         struct lb_vm *vm = NULL;
         json_t *results = NULL;
         if (gg_read_file(argv[i], 1 << 20, &src.text, &src.len, &err) != GG_OK ||
-            lb_vm_new(&lb, modules, n_modules, config, &vm, &err) != GG_OK ||
+            lb_vm_new(&lb, modules, n_modules, config, NULL, &vm, &err) != GG_OK ||
             lb_run_tests(vm, &src, &results, &err) != GG_OK) {
             printf("not ok - %s: %s\n", argv[i], err.msg);
             failed++;
