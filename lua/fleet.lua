@@ -1,0 +1,271 @@
+--[[
+fleet.lua - the GPU fleet as the configuration describes it: node pools, workload classes and
+the sharing mode a class gets; plus the check that refuses a wrong configuration at load time
+with the key path of the mistake.
+
+Configuration keys (see deploy/gpuguard.yaml for a complete example):
+
+  pools:                         # GPU node pools, in order of preference
+    - name: a100-mig             # DNS label, unique
+      model: A100-80GB           # a gpu.lua model name or alias (or one from gpu_models)
+      sharing: mig               # exclusive | mig | mps | time-slicing | hami | kai
+      mig_strategy: mixed        # mig only: mixed (default) | single
+      replicas: 4                # mps / time-slicing: replicas per GPU (default 1)
+      shared_resource: nvidia.com/gpu.shared   # mps / time-slicing (default nvidia.com/gpu)
+      mps_env: true              # mps only: set CUDA_MPS_* from the fraction and memory
+      node_selector: {gpuguard.io/pool: a100-mig}
+      taints: [{key: nvidia.com/gpu, value: a100-mig, effect: NoSchedule}]
+  classes:                       # workload class -> sharing modes it may use, preferred first
+    inference: {sharing: [mig, time-slicing]}
+    interactive: {sharing: [time-slicing], max_runtime: 8h}
+  default_class: batch
+  exclusive: {fractions: round-up}   # round-up (with a warning) | deny
+
+Must not: keep state, or write into the configuration (it is a read-only table).
+]]
+
+local gg = require "gpuguard"
+local gpu = require "gpu"
+
+local M = {}
+
+M.MODES = { "exclusive", "mig", "mps", "time-slicing", "hami", "kai" }
+
+local function is_mode(s)
+    for _, m in ipairs(M.MODES) do
+        if m == s then
+            return true
+        end
+    end
+    return false
+end
+
+local function fail(fmt, ...)
+    error(string.format(fmt, ...), 0)
+end
+
+local function is_dns_label(s)
+    return type(s) == "string" and #s <= 63 and s:match("^[a-z0-9][-a-z0-9]*$") ~= nil and s:sub(-1) ~= "-"
+end
+
+local function check_string_map(v, where)
+    if v == nil then
+        return
+    end
+    if type(v) ~= "table" or gg.is_array(v) then
+        fail("%s: must be a mapping of strings", where)
+    end
+    for k, x in pairs(v) do
+        if type(x) ~= "string" then
+            fail("%s.%s: must be a string", where, k)
+        end
+    end
+end
+
+local function check_taints(taints, where)
+    if taints == nil then
+        return
+    end
+    if type(taints) ~= "table" or not gg.is_array(taints) then
+        fail("%s: must be a list of taints", where)
+    end
+    for i, t in ipairs(taints) do
+        local at = string.format("%s[%d]", where, i)
+        if type(t) ~= "table" or type(t.key) ~= "string" then
+            fail("%s.key: must be a string", at)
+        end
+        if t.effect ~= nil and t.effect ~= "NoSchedule" and t.effect ~= "PreferNoSchedule" and t.effect ~= "NoExecute" then
+            fail("%s.effect: must be NoSchedule, PreferNoSchedule or NoExecute", at)
+        end
+    end
+end
+
+local function check_pool(p, i, catalog, seen)
+    local at = string.format("pools[%d]", i)
+    if type(p) ~= "table" then
+        fail("%s: must be a mapping", at)
+    end
+    if not is_dns_label(p.name) then
+        fail("%s.name: must be a DNS label (lowercase letters, digits, '-')", at)
+    end
+    if seen[p.name] then
+        fail("%s.name: %s is also the name of pools[%d]", at, p.name, seen[p.name])
+    end
+    seen[p.name] = i
+    local model, msg = gpu.model(p.model, catalog)
+    if not model then
+        fail("%s.model: %s", at, msg)
+    end
+    if not is_mode(p.sharing) then
+        fail("%s.sharing: must be one of %s", at, table.concat(M.MODES, ", "))
+    end
+    if p.sharing == "mig" then
+        if not model.mig then
+            fail("%s.model: %s has no MIG profiles, so sharing cannot be mig", at, model.name)
+        end
+        if p.mig_strategy ~= nil and p.mig_strategy ~= "mixed" and p.mig_strategy ~= "single" then
+            fail("%s.mig_strategy: must be mixed or single", at)
+        end
+        if p.mig_strategy == "single" and type(p.mig_profile) ~= "string" then
+            fail("%s.mig_profile: the single strategy needs the profile every GPU of the pool is split into", at)
+        end
+        if p.mig_profile ~= nil and not gpu.profile(model, p.mig_profile) then
+            fail("%s.mig_profile: %s has no profile %s", at, model.name, tostring(p.mig_profile))
+        end
+    end
+    if p.replicas ~= nil and (math.type(p.replicas) ~= "integer" or p.replicas < 1) then
+        fail("%s.replicas: must be a whole number of at least 1", at)
+    end
+    if p.shared_resource ~= nil and type(p.shared_resource) ~= "string" then
+        fail("%s.shared_resource: must be a resource name such as nvidia.com/gpu.shared", at)
+    end
+    check_string_map(p.node_selector, at .. ".node_selector")
+    check_taints(p.taints, at .. ".taints")
+end
+
+--- Check the fleet part of the configuration; raises error(msg, 0) with the key path.
+function M.check(cfg)
+    local catalog = gpu.catalog(cfg)
+    local pools = cfg.pools
+    if pools == nil then
+        return
+    end
+    if type(pools) ~= "table" or not gg.is_array(pools) then
+        fail("pools: must be a list of pools")
+    end
+    local seen = {}
+    for i, p in ipairs(pools) do
+        check_pool(p, i, catalog, seen)
+    end
+    if cfg.classes ~= nil then
+        if type(cfg.classes) ~= "table" or gg.is_array(cfg.classes) then
+            fail("classes: must map class names to their settings")
+        end
+        for name, c in pairs(cfg.classes) do
+            local at = "classes." .. name
+            if type(c) ~= "table" or type(c.sharing) ~= "table" or #c.sharing == 0 then
+                fail("%s.sharing: must list the sharing modes of the class", at)
+            end
+            for j, m in ipairs(c.sharing) do
+                if not is_mode(m) then
+                    fail("%s.sharing[%d]: must be one of %s", at, j, table.concat(M.MODES, ", "))
+                end
+            end
+            if c.max_runtime ~= nil and M.seconds(c.max_runtime) == nil then
+                fail("%s.max_runtime: must be a duration such as 8h or 30m", at)
+            end
+        end
+    end
+    if cfg.default_class ~= nil and (cfg.classes == nil or cfg.classes[cfg.default_class] == nil) then
+        fail("default_class: %s is not one of the classes", tostring(cfg.default_class))
+    end
+end
+
+--- Seconds of a duration written like "8h", "30m", "90s", "1h30m"; nil when malformed.
+function M.seconds(s)
+    if type(s) ~= "string" or s == "" then
+        return nil
+    end
+    local total, rest = 0, s
+    while rest ~= "" do
+        local n, unit, tail = rest:match("^(%d+)([hms])(.*)$")
+        if not n then
+            return nil
+        end
+        total = total + tonumber(n) * ({ h = 3600, m = 60, s = 1 })[unit]
+        rest = tail
+    end
+    return total
+end
+
+--- The pools of the configuration (a list; empty without any).
+function M.pools(cfg)
+    return cfg.pools or {}
+end
+
+--- The pool named name, or nil.
+function M.pool(cfg, name)
+    for _, p in ipairs(M.pools(cfg)) do
+        if p.name == name then
+            return p
+        end
+    end
+    return nil
+end
+
+--- The sharing modes a class may use, preferred first (every mode when the class is unknown).
+function M.class_modes(cfg, class)
+    local c = cfg.classes and cfg.classes[class]
+    if c then
+        local modes = {}
+        for _, m in ipairs(c.sharing) do
+            modes[#modes + 1] = m
+        end
+        return modes
+    end
+    return M.MODES
+end
+
+--- The first pool of the given sharing mode, or nil.
+function M.pool_for_mode(cfg, mode)
+    for _, p in ipairs(M.pools(cfg)) do
+        if p.sharing == mode then
+            return p
+        end
+    end
+    return nil
+end
+
+--[[
+Choose the sharing mode and pool for a class: the mode asked for (when the class allows it), else
+the class's first mode the fleet has a pool for.  Returns pool, mode; or nil and a message that
+says what to change.
+]]
+function M.choose(cfg, class, asked)
+    local modes = M.class_modes(cfg, class)
+    if asked ~= nil then
+        local allowed = false
+        for _, m in ipairs(modes) do
+            allowed = allowed or m == asked
+        end
+        if not allowed then
+            return nil, string.format("class %s may use %s, not %s; remove gpuguard.io/sharing or ask for one of those",
+                class, table.concat(modes, ", "), asked)
+        end
+        local pool = M.pool_for_mode(cfg, asked)
+        if not pool then
+            return nil, string.format("no GPU pool offers %s; ask for one of %s", asked, table.concat(modes, ", "))
+        end
+        return pool, asked
+    end
+    for _, m in ipairs(modes) do
+        local pool = M.pool_for_mode(cfg, m)
+        if pool then
+            return pool, m
+        end
+    end
+    return nil, string.format("no GPU pool offers the sharing modes of class %s (%s)", class, table.concat(modes, ", "))
+end
+
+--- Every taint of every pool, and every node selector entry of every pool (placement checks).
+function M.gpu_taints(cfg)
+    local out = {}
+    for _, p in ipairs(M.pools(cfg)) do
+        for _, t in ipairs(p.taints or {}) do
+            out[#out + 1] = { pool = p.name, taint = t }
+        end
+    end
+    return out
+end
+
+function M.gpu_selectors(cfg)
+    local out = {}
+    for _, p in ipairs(M.pools(cfg)) do
+        for k, v in pairs(p.node_selector or {}) do
+            out[#out + 1] = { pool = p.name, key = k, value = v }
+        end
+    end
+    return out
+end
+
+return M

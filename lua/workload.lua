@@ -1,0 +1,207 @@
+--[[
+workload.lua - what a pod is and what GPU it asks for: its workload class, the sharing mode it
+requests, and its GPU intent per container (whole GPUs, a fraction, an amount of GPU memory).
+
+Pod metadata read here:
+  label      gpuguard.io/workload-class   training | inference | batch | interactive | ...
+  annotation gpuguard.io/sharing          a sharing mode the pod asks for (see fleet.MODES)
+  annotation gpuguard.io/gpu-fraction     "0.25": part of one GPU, 0 < f <= 1 (whole pod)
+  annotation gpuguard.io/gpu-memory       "18Gi": GPU memory (whole pod)
+  annotation gpuguard.io/gpu-fraction.<container>, gpuguard.io/gpu-memory.<container>
+                                          the same for one container of a pod with several
+
+A pod-level fraction or memory goes to the container that already asks for nvidia.com/gpu when
+exactly one does, else to the first regular container.
+
+Must not: keep state, or change the pod.
+]]
+
+local k8s = require "k8s"
+local gpu = require "gpu"
+local quota = require "quota"
+local gg = require "gpuguard"
+
+local M = {}
+
+M.CLASS_LABEL = "gpuguard.io/workload-class"
+M.SHARING_ANNOTATION = "gpuguard.io/sharing"
+M.FRACTION = "gpuguard.io/gpu-fraction"
+M.MEMORY = "gpuguard.io/gpu-memory"
+
+-- Labels that training operators put on their pods.
+local TRAINING_LABELS = {
+    "training.kubeflow.org/job-name", "training.kubeflow.org/replica-type", "ray.io/node-type",
+    "jobset.sigs.k8s.io/jobset-name", "leaderworkerset.sigs.k8s.io/name", "volcano.sh/job-name",
+}
+
+local function looks_like_notebook(pod)
+    if k8s.label(pod, "notebook-name") or k8s.label(pod, "app") == "jupyter" or
+        k8s.label(pod, "app.kubernetes.io/name") == "jupyterhub" then
+        return true
+    end
+    local spec = k8s.pod_spec(pod)
+    for c in k8s.containers(spec or {}, { regular = true }) do
+        local image = type(c.image) == "string" and c.image:lower() or ""
+        if image:find("jupyter", 1, true) or image:find("notebook", 1, true) then
+            return true
+        end
+    end
+    return false
+end
+
+--[[
+The workload class of a pod and how it was found: the label; else owned by a Job or CronJob ->
+batch; training-operator labels -> training; notebook hints -> interactive; else
+cfg.default_class (or "batch").  Returns class, reason.
+]]
+function M.class(pod, cfg)
+    local label = k8s.label(pod, M.CLASS_LABEL)
+    if label then
+        return label, "label " .. M.CLASS_LABEL
+    end
+    for _, key in ipairs(TRAINING_LABELS) do
+        if k8s.label(pod, key) then
+            return "training", "label " .. key
+        end
+    end
+    local owner = k8s.owner_kind(pod)
+    if owner == "Job" or owner == "CronJob" then
+        return "batch", "owned by a " .. owner
+    end
+    if looks_like_notebook(pod) then
+        return "interactive", "notebook"
+    end
+    return cfg.default_class or "batch", "default class"
+end
+
+--- The sharing mode the pod asks for with gpuguard.io/sharing, or nil.
+function M.asked_sharing(pod)
+    return k8s.annotation(pod, M.SHARING_ANNOTATION)
+end
+
+-- Memory of a "18Gi" annotation in milli-bytes; nil and a message when malformed.
+local function memory_of(text, key)
+    local milli, msg = gg.quantity(text)
+    if not milli or milli <= 0 then
+        return nil, string.format("annotation %s: %q is not an amount of memory such as 18Gi%s", key, text,
+            msg and "" or "")
+    end
+    return milli
+end
+
+local function fraction_of(text, key)
+    local milli, msg = quota.parse_fraction(text, { allow_above_one = true })
+    if not milli then
+        return nil, string.format("annotation %s: %s", key, msg)
+    end
+    return milli
+end
+
+-- The container a pod-level fraction or memory belongs to.
+local function pod_level_target(spec)
+    local with_gpu, first
+    for c in k8s.containers(spec, { regular = true }) do
+        first = first or c
+        if k8s.get_resource(c, "limits", "nvidia.com/gpu") or k8s.get_resource(c, "requests", "nvidia.com/gpu") then
+            if with_gpu then
+                return nil -- several: ambiguous, the per-container form is needed
+            end
+            with_gpu = c
+        end
+    end
+    return with_gpu or first
+end
+
+--[[
+The GPU intent of a pod: a list of { container = c, fraction_milli = n or nil, memory_milli = n
+or nil, whole = n or nil } for every container that asks for a GPU by annotation or by
+nvidia.com/gpu; an empty list for a pod that asks for none.  Returns nil and a message that says
+what to change for a malformed annotation.
+]]
+function M.intent(pod)
+    local spec = k8s.pod_spec(pod)
+    if not spec then
+        return {}
+    end
+    local out, by_name = {}, {}
+    local function entry(c)
+        if not by_name[c.name] then
+            by_name[c.name] = { container = c }
+            out[#out + 1] = by_name[c.name]
+        end
+        return by_name[c.name]
+    end
+    local pod_fraction = k8s.annotation(pod, M.FRACTION)
+    local pod_memory = k8s.annotation(pod, M.MEMORY)
+    if pod_fraction or pod_memory then
+        local target = pod_level_target(spec)
+        if not target then
+            return nil, string.format("several containers ask for nvidia.com/gpu; use %s.<container> or %s.<container>",
+                M.FRACTION, M.MEMORY)
+        end
+        local e = entry(target)
+        local msg
+        if pod_fraction then
+            e.fraction_milli, msg = fraction_of(pod_fraction, M.FRACTION)
+            if not e.fraction_milli then
+                return nil, msg
+            end
+        end
+        if pod_memory then
+            e.memory_milli, msg = memory_of(pod_memory, M.MEMORY)
+            if not e.memory_milli then
+                return nil, msg
+            end
+        end
+    end
+    for c in k8s.containers(spec, { regular = true }) do
+        local fkey, mkey = M.FRACTION .. "." .. c.name, M.MEMORY .. "." .. c.name
+        local f, m = k8s.annotation(pod, fkey), k8s.annotation(pod, mkey)
+        local msg
+        if f then
+            entry(c).fraction_milli, msg = fraction_of(f, fkey)
+            if not entry(c).fraction_milli then
+                return nil, msg
+            end
+        end
+        if m then
+            entry(c).memory_milli, msg = memory_of(m, mkey)
+            if not entry(c).memory_milli then
+                return nil, msg
+            end
+        end
+        local whole = k8s.get_resource(c, "limits", "nvidia.com/gpu") or k8s.get_resource(c, "requests", "nvidia.com/gpu")
+        if whole then
+            local n = gg.quantity(whole)
+            if not n or n % 1000 ~= 0 or n < 0 then
+                return nil, string.format("container %s: nvidia.com/gpu must be a whole number, got %s", c.name, whole)
+            end
+            if n > 0 then
+                entry(c).whole = n // 1000
+            end
+        end
+    end
+    return out
+end
+
+--- True when the pod asks for a GPU in any way gpuguard or a device plugin understands (a
+--- malformed request counts as asking).
+function M.wants_gpu(pod)
+    local spec = k8s.pod_spec(pod)
+    if not spec then
+        return false
+    end
+    local intent = M.intent(pod)
+    if intent == nil or #intent > 0 then
+        return true
+    end
+    for c in k8s.containers(spec) do
+        local ok, got = pcall(gpu.requested, c)
+        if not ok or #got > 0 then
+            return true
+        end
+    end
+    return false
+end
+
+return M

@@ -1,0 +1,269 @@
+--[[
+10-gpu-sharing.lua - turn what a GPU pod asks for into what the fleet runs.
+
+A pod says what it needs: whole GPUs (nvidia.com/gpu), or a fraction or an amount of GPU memory
+(gpuguard.io/gpu-fraction, gpuguard.io/gpu-memory, per container with .<container>), and
+optionally a workload class (label gpuguard.io/workload-class) and a sharing mode
+(annotation gpuguard.io/sharing).  This policy picks the sharing mode the class gets and the
+pool that offers it (fleet.choose), rewrites the containers into the backend's own resource
+names, and records on the pod:
+
+  gpuguard.io/decision  what was chosen and why, for people
+  gpuguard.io/pool      the pool (20-gpu-placement adds its selector and tolerations)
+  gpuguard.io/charge    the pod's charge in milli-GPU (40-gpu-quota and the inventory)
+
+Backends:
+  exclusive     nvidia.com/gpu: N whole GPUs (a fraction above 1 rounds up, or is denied)
+  mig           the smallest profile of the pool's model that covers the memory and compute;
+                mixed strategy: nvidia.com/mig-<profile>: 1; single strategy: nvidia.com/gpu: 1
+                and a nodeSelector on the MIG product label
+  time-slicing, mps
+                one replica of the pool's shared resource and a nodeSelector on
+                nvidia.com/gpu.sharing-strategy; for mps with mps_env, CUDA_MPS_* variables
+  hami          nvidia.com/gpu: 1, nvidia.com/gpumem (MiB), nvidia.com/gpucores (percent)
+  kai           the gpu-fraction or gpu-memory annotation and schedulerName kai-scheduler
+
+Config keys: pools, classes, default_class, exclusive.fractions, gpu_models (see fleet.lua).
+Idempotent: everything is recomputed from the pod's own request annotations and set, never
+appended, so a pod it already rewrote comes out unchanged.
+]]
+
+local gg = require "gpuguard"
+local k8s = require "k8s"
+local gpu = require "gpu"
+local quota = require "quota"
+local fleet = require "fleet"
+local workload = require "workload"
+
+local DECISION = "gpuguard.io/decision"
+local POOL = "gpuguard.io/pool"
+local CHARGE = "gpuguard.io/charge"
+local MIB_MILLI = 1024 * 1024 * 1000
+
+local function ceil_div(a, b)
+    return (a + b - 1) // b
+end
+
+-- Set a GPU resource in requests and limits alike (extended resources must be equal).
+local function set_gpu(c, name, value)
+    k8s.set_resource(c, "limits", name, value)
+    k8s.set_resource(c, "requests", name, value)
+end
+
+local function drop_gpu(c, name)
+    k8s.remove_resource(c, "limits", name)
+    k8s.remove_resource(c, "requests", name)
+end
+
+-- The share of one GPU an intent asks for, in milli-GPU (memory counts against the model).
+local function share_of(e, model)
+    local share = e.fraction_milli or 0
+    if e.memory_milli then
+        share = math.max(share, ceil_div(e.memory_milli * 1000, model.memory_milli))
+    end
+    if share == 0 and e.whole then
+        share = e.whole * 1000
+    end
+    return share
+end
+
+local backends = {}
+
+function backends.exclusive(e, pool, model, cfg, notes)
+    local n = e.whole or 0
+    n = math.max(n, ceil_div(share_of(e, model), 1000))
+    local asked_fraction = e.fraction_milli or (e.memory_milli and share_of(e, model))
+    if asked_fraction and asked_fraction % 1000 ~= 0 and not e.whole then
+        local mode = cfg.exclusive and cfg.exclusive.fractions or "round-up"
+        if mode == "deny" then
+            return nil, string.format("pool %s gives whole GPUs only; ask for a whole number of GPUs instead of %s",
+                pool.name, quota.format_gpus(asked_fraction))
+        end
+        notes[#notes + 1] = string.format("%s rounded up to %d whole GPU%s", quota.format_gpus(asked_fraction), n,
+            n == 1 and "" or "s")
+    end
+    set_gpu(e.container, "nvidia.com/gpu", tostring(n))
+    return { charge = n * 1000, detail = string.format("%d whole %s", n, model.name) }
+end
+
+function backends.mig(e, pool, model)
+    if e.whole and e.whole > 1 and not e.fraction_milli and not e.memory_milli then
+        return nil, "a MIG slice is at most one GPU; ask for a fraction or an amount of GPU memory, or use a training class for several GPUs"
+    end
+    local want = { memory_milli = e.memory_milli, fraction_milli = e.fraction_milli }
+    if not want.memory_milli and not want.fraction_milli then
+        want.fraction_milli = 1000
+    end
+    local profile, msg = gpu.pick_profile(model, want)
+    if not profile then
+        return nil, msg .. "; ask for less or use another class"
+    end
+    local c = e.container
+    if pool.mig_strategy == "single" then
+        local slot = gpu.profile(model, pool.mig_profile)
+        if profile.slices > slot.slices or profile.memory_milli > slot.memory_milli then
+            return nil, string.format("pool %s is split into %s; %s needs %s; ask for less", pool.name,
+                slot.name, c.name, profile.name)
+        end
+        profile = slot
+        set_gpu(c, "nvidia.com/gpu", "1")
+    else
+        drop_gpu(c, "nvidia.com/gpu")
+        set_gpu(c, gpu.mig_resource(profile), "1")
+    end
+    local asked = {}
+    if e.memory_milli then
+        asked[#asked + 1] = gpu.format_memory(e.memory_milli)
+    end
+    if e.fraction_milli then
+        asked[#asked + 1] = quota.format_gpus(e.fraction_milli) .. " of the compute"
+    end
+    return {
+        charge = gpu.charge_milli(model, profile.name),
+        detail = string.format("%s, the smallest %s profile with %s", profile.name, model.name,
+            #asked > 0 and table.concat(asked, " and ") or "a whole GPU"),
+        selector = pool.mig_strategy == "single"
+            and { ["nvidia.com/gpu.product"] = gpu.mig_product_label(model, profile.name, pool.product) } or nil,
+    }
+end
+
+local function shared(mode)
+    return function(e, pool, model)
+        local share = share_of(e, model)
+        if share > 1000 then
+            return nil, string.format("a %s GPU is shared, one replica at most; ask for at most 1 GPU or use a class with exclusive GPUs",
+                mode)
+        end
+        local c = e.container
+        local resource = pool.shared_resource or "nvidia.com/gpu"
+        if resource ~= "nvidia.com/gpu" then
+            drop_gpu(c, "nvidia.com/gpu")
+        end
+        set_gpu(c, resource, "1")
+        if mode == "mps" and pool.mps_env then
+            k8s.set_env(c, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", tostring(ceil_div(share, 10)))
+            if e.memory_milli then
+                k8s.set_env(c, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+                    "0=" .. ceil_div(e.memory_milli, MIB_MILLI) .. "M")
+            end
+        end
+        return {
+            charge = share,
+            detail = string.format("a %s replica of %s, charged %s", mode, model.name, quota.format_gpus(share)),
+            selector = { ["nvidia.com/gpu.sharing-strategy"] = mode },
+        }
+    end
+end
+
+backends["time-slicing"] = shared("time-slicing")
+backends.mps = shared("mps")
+
+function backends.hami(e, pool, model)
+    local share = share_of(e, model)
+    if share > 1000 then
+        return nil, "a HAMi share is at most one GPU; ask for at most 1 GPU"
+    end
+    local c = e.container
+    set_gpu(c, "nvidia.com/gpu", "1")
+    local mib = e.memory_milli and ceil_div(e.memory_milli, MIB_MILLI) or ceil_div(model.memory_mib * share, 1000)
+    set_gpu(c, "nvidia.com/gpumem", tostring(mib))
+    set_gpu(c, "nvidia.com/gpucores", tostring(ceil_div(share, 10)))
+    return { charge = share, detail = string.format("%d MiB and %d%% of a %s", mib, ceil_div(share, 10), model.name) }
+end
+
+function backends.kai(e, pool, model, _, _, pod)
+    local share = share_of(e, model)
+    if share > 1000 then
+        return nil, "a KAI fraction is at most one GPU; ask for at most 1 GPU"
+    end
+    local c = e.container
+    if share == 1000 then
+        set_gpu(c, "nvidia.com/gpu", "1")
+    else
+        drop_gpu(c, "nvidia.com/gpu")
+        if e.memory_milli and not e.fraction_milli then
+            k8s.set_annotation(pod, "gpu-memory", tostring(ceil_div(e.memory_milli, MIB_MILLI)))
+        else
+            k8s.set_annotation(pod, "gpu-fraction", quota.format_milli(share))
+        end
+    end
+    k8s.pod_spec(pod).schedulerName = pool.scheduler_name or "kai-scheduler"
+    return { charge = share, detail = string.format("%s of %s through KAI", quota.format_gpus(share), model.name) }
+end
+
+local function rewrite(req, pod, cfg)
+    if #fleet.pools(cfg) == 0 then
+        return
+    end
+    local intent, msg = workload.intent(pod)
+    if not intent then
+        req:deny(msg)
+        return
+    end
+    if #intent == 0 then
+        return
+    end
+    local class, why = workload.class(pod, cfg)
+    local fractional = false
+    for _, e in ipairs(intent) do
+        fractional = fractional or e.fraction_milli ~= nil or e.memory_milli ~= nil
+    end
+    local asked = workload.asked_sharing(pod)
+    local pool, mode = fleet.choose(cfg, class, asked)
+    if not pool then
+        req:deny(mode)
+        return
+    end
+    if not asked and not fractional and mode ~= "exclusive" then
+        -- Whole GPUs on a class that shares: one GPU is a full share; more needs exclusive GPUs.
+        for _, e in ipairs(intent) do
+            if e.whole > 1 then
+                req:deny(string.format("class %s shares GPUs (%s) and %s asks for %d; ask for at most 1 GPU, a fraction, or use a class with exclusive GPUs",
+                    class, table.concat(fleet.class_modes(cfg, class), ", "), e.container.name, e.whole))
+                return
+            end
+        end
+    end
+    local catalog = gpu.catalog(cfg)
+    local model = gpu.model(pool.model, catalog)
+    local total, parts, notes, selector = 0, {}, {}, {}
+    for _, e in ipairs(intent) do
+        local got, err = backends[mode](e, pool, model, cfg, notes, pod)
+        if not got then
+            req:deny(string.format("container %s: %s", e.container.name, err))
+            return
+        end
+        total = total + got.charge
+        parts[#parts + 1] = e.container.name .. " gets " .. got.detail
+        for k, v in pairs(got.selector or {}) do
+            selector[k] = v
+        end
+    end
+    local spec = k8s.pod_spec(pod)
+    for k, v in pairs(selector) do
+        k8s.set_node_selector(spec, k, v)
+    end
+    for _, n in ipairs(notes) do
+        req:warn(n)
+    end
+    local decision = string.format("%s on pool %s for class %s (%s): %s", mode, pool.name, class, why,
+        table.concat(parts, "; "))
+    k8s.set_annotation(pod, DECISION, decision)
+    k8s.set_annotation(pod, POOL, pool.name)
+    k8s.set_annotation(pod, CHARGE, tostring(total))
+    req:audit("decision", decision)
+end
+
+return {
+    name = "gpu-sharing",
+    description = "Chooses the sharing mode and pool of GPU pods and rewrites their GPU requests.",
+    match = { kinds = { "Pod" }, operations = { "CREATE" } },
+    check = function(cfg)
+        fleet.check(cfg)
+        if cfg.exclusive ~= nil and cfg.exclusive.fractions ~= nil and cfg.exclusive.fractions ~= "round-up" and
+            cfg.exclusive.fractions ~= "deny" then
+            error("exclusive.fractions: must be round-up or deny", 0)
+        end
+    end,
+    mutate = rewrite,
+}

@@ -1,0 +1,176 @@
+--[[
+20-gpu-placement.lua - keep pods and GPU node taints straight.
+
+mutate:   a GPU pod placed in a pool by 10-gpu-sharing (annotation gpuguard.io/pool) gets the
+          pool's nodeSelector and a toleration for each of the pool's taints, unless an
+          equivalent toleration is already there (the ExtendedResourceToleration admission
+          plugin adds one for nvidia.com/gpu on some clusters; MIG resource names never get it).
+          With placement.spot, a pod marked gpuguard.io/checkpointable: "true" also tolerates
+          the spot taint and prefers spot nodes.
+validate: a pod that asks for no GPU but tolerates a GPU pool's taint or selects GPU nodes would
+          hold a GPU node's CPU and memory; it is denied (or warned, placement.non_gpu_pods:
+          warn).  DaemonSet pods and placement.exempt_namespaces are left alone.
+
+Config keys: pools (node_selector, taints), placement.non_gpu_pods (deny | warn),
+placement.exempt_namespaces, placement.spot {taint, node_selector, weight}.
+]]
+
+local gg = require "gpuguard"
+local k8s = require "k8s"
+local fleet = require "fleet"
+local workload = require "workload"
+
+local POOL = "gpuguard.io/pool"
+local CHECKPOINTABLE = "gpuguard.io/checkpointable"
+local DEFAULT_EXEMPT = { "gpu-operator", "nvidia-device-plugin", "kube-system" }
+
+local function toleration_for(taint)
+    local t = { key = taint.key, effect = taint.effect }
+    if taint.value ~= nil then
+        t.operator, t.value = "Equal", taint.value
+    else
+        t.operator = "Exists"
+    end
+    return t
+end
+
+local function exempt(req, pod, cfg)
+    if k8s.owner_kind(pod) == "DaemonSet" then
+        return true
+    end
+    local list = cfg.placement and cfg.placement.exempt_namespaces or DEFAULT_EXEMPT
+    for _, ns in ipairs(list) do
+        if ns == req.namespace then
+            return true
+        end
+    end
+    return false
+end
+
+-- Does toleration tol tolerate taint?  (The scheduler's rule.)
+local function tolerates(tol, taint)
+    if tol.effect ~= nil and tol.effect ~= "" and tol.effect ~= taint.effect then
+        return false
+    end
+    if tol.key == nil or tol.key == "" then
+        return tol.operator == "Exists"
+    end
+    if tol.key ~= taint.key then
+        return false
+    end
+    if tol.operator == "Exists" then
+        return true
+    end
+    return (tol.value or "") == (taint.value or "")
+end
+
+local function add_spot(pod, spec, cfg)
+    local spot = cfg.placement and cfg.placement.spot
+    if not spot or k8s.annotation(pod, CHECKPOINTABLE) ~= "true" then
+        return
+    end
+    if spot.taint then
+        k8s.add_toleration(spec, toleration_for(spot.taint))
+    end
+    if not spot.node_selector then
+        return
+    end
+    local exprs = gg.array()
+    for k, v in pairs(spot.node_selector) do
+        exprs[#exprs + 1] = { key = k, operator = "In", values = gg.array { v } }
+    end
+    table.sort(exprs, function(a, b) return a.key < b.key end)
+    local term = { weight = spot.weight or 50, preference = { matchExpressions = exprs } }
+    spec.affinity = spec.affinity or gg.object()
+    local na = spec.affinity.nodeAffinity or gg.object()
+    spec.affinity.nodeAffinity = na
+    local prefs = na.preferredDuringSchedulingIgnoredDuringExecution or gg.array()
+    na.preferredDuringSchedulingIgnoredDuringExecution = prefs
+    for _, p in ipairs(prefs) do
+        if p.preference and p.preference.matchExpressions and #p.preference.matchExpressions == #exprs then
+            local same = true
+            for i, e in ipairs(exprs) do
+                local o = p.preference.matchExpressions[i]
+                same = same and o.key == e.key and o.operator == "In" and o.values and o.values[1] == e.values[1]
+            end
+            if same then
+                return
+            end
+        end
+    end
+    prefs[#prefs + 1] = term
+end
+
+local function place(req, pod, cfg)
+    local spec = k8s.pod_spec(pod)
+    local pool = spec and fleet.pool(cfg, k8s.annotation(pod, POOL))
+    if not pool then
+        return
+    end
+    for k, v in pairs(pool.node_selector or {}) do
+        k8s.set_node_selector(spec, k, v)
+    end
+    for _, taint in ipairs(pool.taints or {}) do
+        k8s.add_toleration(spec, toleration_for(taint))
+    end
+    add_spot(pod, spec, cfg)
+end
+
+-- What ties a pod without a GPU to GPU nodes, or nil.
+local function gpu_ties(spec, cfg)
+    for _, t in ipairs(fleet.gpu_taints(cfg)) do
+        for _, tol in ipairs(spec.tolerations or {}) do
+            if tolerates(tol, t.taint) then
+                return string.format("it tolerates the GPU taint %s of pool %s", t.taint.key, t.pool),
+                    "remove that toleration"
+            end
+        end
+    end
+    for _, s in ipairs(fleet.gpu_selectors(cfg)) do
+        if k8s.node_selector(spec, s.key) == s.value then
+            return string.format("it selects GPU nodes (%s=%s, pool %s)", s.key, s.value, s.pool),
+                "remove that nodeSelector"
+        end
+    end
+    return nil
+end
+
+local function check(req, pod, cfg)
+    local spec = k8s.pod_spec(pod)
+    if not spec or workload.wants_gpu(pod) or exempt(req, pod, cfg) then
+        return
+    end
+    local why, fix = gpu_ties(spec, cfg)
+    if not why then
+        return
+    end
+    local msg = string.format("the pod asks for no GPU but %s; %s, or ask for a GPU", why, fix)
+    if cfg.placement and cfg.placement.non_gpu_pods == "warn" then
+        req:warn(msg)
+    else
+        req:deny(msg)
+    end
+end
+
+return {
+    name = "gpu-placement",
+    description = "GPU pods get their pool's selector and tolerations; other pods stay off GPU nodes.",
+    match = { kinds = { "Pod" }, operations = { "CREATE" } },
+    check = function(cfg)
+        local p = cfg.placement
+        if p == nil then
+            return
+        end
+        if p.non_gpu_pods ~= nil and p.non_gpu_pods ~= "deny" and p.non_gpu_pods ~= "warn" then
+            error("placement.non_gpu_pods: must be deny or warn", 0)
+        end
+        if p.exempt_namespaces ~= nil and not gg.is_array(p.exempt_namespaces) then
+            error("placement.exempt_namespaces: must be a list of namespaces", 0)
+        end
+        if p.spot ~= nil and p.spot.taint ~= nil and type(p.spot.taint.key) ~= "string" then
+            error("placement.spot.taint.key: must be a string", 0)
+        end
+    end,
+    mutate = place,
+    validate = check,
+}

@@ -1,0 +1,200 @@
+--[[
+30-gpu-guardrails.lua - the rules that keep GPU accounting honest.
+
+validate:
+  * a pod with no GPU request may not reach GPUs around the device plugin: no
+    NVIDIA_VISIBLE_DEVICES / NVIDIA_DRIVER_CAPABILITIES environment (except the values "void"
+    and "none"), and no hostPath volume under /dev/nvidia (any pod);
+  * no privileged container on a shared GPU (fractional, MIG, MPS, time-sliced, HAMi, KAI):
+    privileged sees every GPU of the node;
+  * GPU resources have requests equal to limits (a request alone, or different values, is
+    refused by Kubernetes later with a less helpful message);
+  * GPU pods carry the labels of guardrails.required_labels (cost attribution);
+  * pods of a class with max_runtime set activeDeadlineSeconds at most that long.
+mutate:
+  * pods of a class with max_runtime and no activeDeadlineSeconds get it set to max_runtime.
+
+DaemonSet pods and placement.exempt_namespaces (the GPU operator, device plugin, DCGM
+exporter) are exempt from the environment and hostPath rules: they are the plumbing.
+
+Config keys: guardrails.required_labels, classes.<class>.max_runtime, placement.exempt_namespaces.
+]]
+
+local gg = require "gpuguard"
+local k8s = require "k8s"
+local gpu = require "gpu"
+local fleet = require "fleet"
+local workload = require "workload"
+
+local DEFAULT_EXEMPT = { "gpu-operator", "nvidia-device-plugin", "kube-system" }
+local GPU_ENV = { "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES" }
+
+local function exempt(req, pod, cfg)
+    if k8s.owner_kind(pod) == "DaemonSet" then
+        return true
+    end
+    local list = cfg.placement and cfg.placement.exempt_namespaces or DEFAULT_EXEMPT
+    for _, ns in ipairs(list) do
+        if ns == req.namespace then
+            return true
+        end
+    end
+    return false
+end
+
+-- Is the pod on a shared GPU (anything but whole exclusive GPUs)?
+local function on_shared_gpu(pod, spec)
+    local decision = k8s.annotation(pod, "gpuguard.io/decision")
+    if decision and not decision:match("^exclusive ") then
+        return true
+    end
+    if k8s.annotation(pod, "gpu-fraction") or k8s.annotation(pod, "gpu-memory") then
+        return true
+    end
+    for c in k8s.containers(spec) do
+        local ok, got = pcall(gpu.requested, c)
+        for _, r in ipairs(ok and got or {}) do
+            if r.kind ~= "whole" then
+                return true
+            end
+        end
+    end
+    return false
+end
+
+local function no_gpu_rules(req, pod, spec)
+    for c in k8s.containers(spec) do
+        for _, name in ipairs(GPU_ENV) do
+            local value, entry = k8s.get_env(c, name)
+            if entry and value ~= "void" and value ~= "none" then
+                req:deny(string.format("container %s sets %s but the pod asks for no GPU; remove it and ask for a GPU (nvidia.com/gpu or gpuguard.io/gpu-fraction)",
+                    c.name, name))
+            end
+        end
+    end
+end
+
+local function host_path_rules(req, spec)
+    for _, v in ipairs(spec.volumes or {}) do
+        local path = v.hostPath and v.hostPath.path
+        if type(path) == "string" and path:match("^/dev/nvidia") then
+            req:deny(string.format("volume %s mounts %s from the host; remove it and ask for a GPU through the device plugin",
+                tostring(v.name), path))
+        end
+    end
+end
+
+local function privileged_rules(req, pod, spec)
+    if not on_shared_gpu(pod, spec) then
+        return
+    end
+    for c in k8s.containers(spec) do
+        if c.securityContext and c.securityContext.privileged == true then
+            req:deny(string.format("container %s is privileged on a shared GPU and would see every GPU of the node; drop privileged or use exclusive GPUs",
+                c.name))
+        end
+    end
+end
+
+local function equal_requests_rules(req, spec)
+    for c in k8s.containers(spec) do
+        local names = {}
+        for _, section in ipairs({ "requests", "limits" }) do
+            for name in pairs(c.resources and c.resources[section] or {}) do
+                if name:match("^nvidia%.com/") then
+                    names[name] = true
+                end
+            end
+        end
+        for name in pairs(names) do
+            local r, l = k8s.get_resource(c, "requests", name), k8s.get_resource(c, "limits", name)
+            if l == nil then
+                req:deny(string.format("container %s requests %s without a limit; set limits.%s to %s", c.name, name,
+                    name, r))
+            elseif r ~= nil and gg.quantity(r) ~= gg.quantity(l) then
+                req:deny(string.format("container %s requests %s %s but limits it to %s; make them equal", c.name,
+                    name, r, l))
+            end
+        end
+    end
+end
+
+local function label_rules(req, pod, cfg)
+    local required = cfg.guardrails and cfg.guardrails.required_labels or {}
+    for _, key in ipairs(required) do
+        if not k8s.label(pod, key) then
+            req:deny(string.format("GPU pods need the label %s for cost attribution; add metadata.labels.%s", key, key))
+        end
+    end
+end
+
+local function max_runtime(pod, cfg)
+    local class = workload.class(pod, cfg)
+    local c = cfg.classes and cfg.classes[class]
+    return c and c.max_runtime and fleet.seconds(c.max_runtime), class, c and c.max_runtime
+end
+
+local function runtime_rules(req, pod, spec, cfg)
+    local limit, class, text = max_runtime(pod, cfg)
+    if not limit then
+        return
+    end
+    local set = spec.activeDeadlineSeconds
+    if set == nil or set > limit then
+        req:deny(string.format("class %s pods run at most %s; set spec.activeDeadlineSeconds to %d or less", class, text,
+            limit))
+    end
+end
+
+local function validate(req, pod, cfg)
+    local spec = k8s.pod_spec(pod)
+    if not spec then
+        return
+    end
+    local wants = workload.wants_gpu(pod)
+    if not exempt(req, pod, cfg) then
+        if not wants then
+            no_gpu_rules(req, pod, spec)
+        end
+        host_path_rules(req, spec)
+    end
+    if not wants then
+        return
+    end
+    privileged_rules(req, pod, spec)
+    equal_requests_rules(req, spec)
+    label_rules(req, pod, cfg)
+    runtime_rules(req, pod, spec, cfg)
+end
+
+local function mutate(req, pod, cfg)
+    local spec = k8s.pod_spec(pod)
+    if not spec or not workload.wants_gpu(pod) then
+        return
+    end
+    local limit = max_runtime(pod, cfg)
+    if limit and spec.activeDeadlineSeconds == nil then
+        spec.activeDeadlineSeconds = limit
+    end
+end
+
+return {
+    name = "gpu-guardrails",
+    description = "Keeps GPU access through the device plugin and GPU accounting honest.",
+    match = { kinds = { "Pod" }, operations = { "CREATE" } },
+    check = function(cfg)
+        local g = cfg.guardrails
+        if g ~= nil and g.required_labels ~= nil then
+            if not gg.is_array(g.required_labels) then
+                error("guardrails.required_labels: must be a list of label keys", 0)
+            end
+            for i, key in ipairs(g.required_labels) do
+                if type(key) ~= "string" or key == "" then
+                    error(string.format("guardrails.required_labels[%d]: must be a label key", i), 0)
+                end
+            end
+        end
+    end,
+    mutate = mutate,
+    validate = validate,
+}

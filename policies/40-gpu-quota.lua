@@ -1,0 +1,131 @@
+--[[
+40-gpu-quota.lua - GPU quotas in GPU-equivalents.
+
+A whole GPU is 1; a MIG slice is its compute fraction of the GPU (1g of 7 = 0.143); a shared
+replica is the fraction it was given.  A pod placed by 10-gpu-sharing carries its charge in the
+gpuguard.io/charge annotation; any other GPU pod is charged from its resources (quota.pod_charge).
+Usage comes from the inventory (gpuguard.usage): the cluster's pods in the server, a
+--cluster-state snapshot in the CLI, plus the pods this replica admitted a moment ago.
+
+validate: deny when the pod alone is over quotas.max_per_pod or the per-pod maximum of its class
+          (quotas.per_class), or when the namespace would go over its quota
+          (quotas.namespaces.<ns>, else quotas.default; exactly at the quota is allowed).
+          Until the inventory has synced, quotas.inventory_not_ready decides: allow with a
+          warning (default) or deny.
+
+Config keys: quotas.default, quotas.namespaces, quotas.max_per_pod, quotas.per_class,
+quotas.inventory_not_ready; pools (to charge MIG and shared resources).
+]]
+
+local gg = require "gpuguard"
+local k8s = require "k8s"
+local quota = require "quota"
+local fleet = require "fleet"
+local workload = require "workload"
+
+local function gpus(v, where)
+    local milli, msg = quota.parse_fraction(v, { allow_above_one = true, allow_zero = true })
+    if not milli then
+        error(where .. ": " .. msg, 0)
+    end
+    return milli
+end
+
+-- The charging context of a pod: the pool it was placed in, else the fleet's first pools.
+local function charge_context(pod, cfg)
+    local pool = fleet.pool(cfg, k8s.annotation(pod, "gpuguard.io/pool"))
+    local mig = pool and pool.sharing == "mig" and pool or fleet.pool_for_mode(cfg, "mig")
+    local shared = pool and pool.replicas and pool or fleet.pool_for_mode(cfg, "time-slicing")
+    return { model = mig and mig.model, replicas = shared and shared.replicas or nil }
+end
+
+local function pod_charge(pod, spec, cfg)
+    local note = k8s.annotation(pod, "gpuguard.io/charge")
+    if note and k8s.annotation(pod, "gpuguard.io/decision") and note:match("^%d+$") then
+        return math.tointeger(tonumber(note))
+    end
+    return quota.pod_charge(spec, charge_context(pod, cfg))
+end
+
+local function check_limits(req, charge, class, q)
+    if q.max_per_pod ~= nil then
+        local max = gpus(q.max_per_pod, "quotas.max_per_pod")
+        if charge > max then
+            req:deny(string.format("the pod needs %s GPUs, more than the %s allowed per pod; ask for less",
+                quota.format_gpus(charge), quota.format_gpus(max)))
+            return false
+        end
+    end
+    local per_class = q.per_class and q.per_class[class]
+    if per_class ~= nil then
+        local max = gpus(per_class, "quotas.per_class." .. class)
+        if charge > max then
+            req:deny(string.format("class %s pods may use %s GPUs each and this one needs %s; ask for less",
+                class, quota.format_gpus(max), quota.format_gpus(charge)))
+            return false
+        end
+    end
+    return true
+end
+
+local function validate(req, pod, cfg)
+    local q = cfg.quotas
+    local spec = k8s.pod_spec(pod)
+    if q == nil or spec == nil or not workload.wants_gpu(pod) then
+        return
+    end
+    local charge, msg = pod_charge(pod, spec, cfg)
+    if not charge then
+        req:warn("quota not checked: " .. msg)
+        return
+    end
+    local class = workload.class(pod, cfg)
+    if not check_limits(req, charge, class, q) then
+        return
+    end
+    local limit = q.namespaces and q.namespaces[req.namespace] or q.default
+    if limit == nil then
+        return
+    end
+    local used, ready = gg.usage(req.namespace)
+    if not ready then
+        if q.inventory_not_ready == "deny" then
+            req:deny("GPU usage is not known yet (the inventory has not synced); try again in a minute")
+        else
+            req:warn("GPU quota not checked: the inventory has not synced yet")
+        end
+        return
+    end
+    local ok, why = quota.check(used, charge, gpus(limit, "quotas"), "namespace " .. req.namespace)
+    if not ok then
+        req:deny(why)
+    end
+end
+
+return {
+    name = "gpu-quota",
+    description = "Namespace GPU quotas in GPU-equivalents.",
+    match = { kinds = { "Pod" }, operations = { "CREATE" } },
+    check = function(cfg)
+        local q = cfg.quotas
+        if q == nil then
+            return
+        end
+        if q.default ~= nil then
+            gpus(q.default, "quotas.default")
+        end
+        for ns, v in pairs(q.namespaces or {}) do
+            gpus(v, "quotas.namespaces." .. ns)
+        end
+        if q.max_per_pod ~= nil then
+            gpus(q.max_per_pod, "quotas.max_per_pod")
+        end
+        for class, v in pairs(q.per_class or {}) do
+            gpus(v, "quotas.per_class." .. class)
+        end
+        if q.inventory_not_ready ~= nil and q.inventory_not_ready ~= "allow" and q.inventory_not_ready ~= "deny" then
+            error("quotas.inventory_not_ready: must be allow or deny", 0)
+        end
+    end,
+    validate = validate,
+}
