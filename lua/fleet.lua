@@ -123,6 +123,24 @@ local function check_pool(p, i, catalog, seen)
     check_taints(p.taints, at .. ".taints")
 end
 
+-- Catalogs built from a configuration, once per VM: building one walks every model.
+local catalogs = setmetatable({}, { __mode = "k" })
+
+--- The GPU catalog of cfg (gpu.catalog), built once and shared: do not edit it.
+function M.catalog(cfg)
+    local c = catalogs[cfg]
+    if not c then
+        c = gpu.catalog(cfg)
+        catalogs[cfg] = c
+    end
+    return c
+end
+
+--- The model a pool (or a model name) names, from the configuration's catalog.
+function M.model(cfg, pool_or_name)
+    return gpu.model(type(pool_or_name) == "table" and pool_or_name.model or pool_or_name, M.catalog(cfg))
+end
+
 --- Check the fleet part of the configuration; raises error(msg, 0) with the key path.
 function M.check(cfg)
     local catalog = gpu.catalog(cfg)

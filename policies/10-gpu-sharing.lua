@@ -224,8 +224,7 @@ local function rewrite(req, pod, cfg)
             end
         end
     end
-    local catalog = gpu.catalog(cfg)
-    local model = gpu.model(pool.model, catalog)
+    local model = fleet.model(cfg, pool)
     local total, parts, notes, selector = 0, {}, {}, {}
     for _, e in ipairs(intent) do
         local got, err = backends[mode](e, pool, model, cfg, notes, pod)

@@ -36,7 +36,8 @@ local function charge_context(pod, cfg)
     local pool = fleet.pool(cfg, k8s.annotation(pod, "gpuguard.io/pool"))
     local mig = pool and pool.sharing == "mig" and pool or fleet.pool_for_mode(cfg, "mig")
     local shared = pool and pool.replicas and pool or fleet.pool_for_mode(cfg, "time-slicing")
-    return { model = mig and mig.model, replicas = shared and shared.replicas or nil }
+    return { model = mig and mig.model, replicas = shared and shared.replicas or nil,
+             catalog = fleet.catalog(cfg) }
 end
 
 local function pod_charge(pod, spec, cfg)

@@ -26,7 +26,7 @@
 #define LB_HOOK_STEP 1000
 
 /* Registry keys (addresses of these statics are unique light userdata). */
-static const char key_array_mt, key_object_mt, key_ro_mt, key_ro_target, key_ro_cache;
+static const char key_array_mt, key_object_mt, key_ro_target, key_ro_cache;
 static const char key_loaded, key_globals, key_policies, key_module, key_null_marker;
 
 struct lb_vm {
@@ -139,7 +139,7 @@ static void push_registry(lua_State *L, const void *key)
     lua_rawgetp(L, LUA_REGISTRYINDEX, key);
 }
 
-/* If the value at idx is a read-only proxy, replace it with its target. */
+/* If the value at idx is a read-only proxy, replace it with its shadow. */
 static void unproxy(lua_State *L, int idx)
 {
     idx = lua_absindex(L, idx);
@@ -154,8 +154,54 @@ static void unproxy(lua_State *L, int idx)
     lua_pop(L, 1);
 }
 
-/* Push a read-only view of the table at idx (other values are pushed as is). */
-static void push_readonly(lua_State *L, int idx)
+static int ro_newindex(lua_State *L)
+{
+    return luaL_error(L, "attempt to modify a read-only table (shared configuration or "
+                         "library): copy what you need into a table of your own");
+}
+
+/* The shadow behind a proxy: its metatable's __index. */
+static void push_shadow(lua_State *L, int proxy)
+{
+    lua_getmetatable(L, proxy);
+    lua_getfield(L, -1, "__index");
+    lua_remove(L, -2);
+}
+
+static int ro_len(lua_State *L)
+{
+    push_shadow(L, 1);
+    lua_pushinteger(L, (lua_Integer)lua_rawlen(L, -1));
+    return 1;
+}
+
+static int ro_next(lua_State *L)
+{
+    push_shadow(L, 1);
+    lua_replace(L, 1);
+    lua_settop(L, 2);
+    return lua_next(L, 1) ? 2 : 0;
+}
+
+static int ro_pairs(lua_State *L)
+{
+    lua_pushcfunction(L, ro_next);
+    lua_pushvalue(L, 1);
+    lua_pushnil(L);
+    return 3;
+}
+
+/*
+ * Push a read-only view of the table at idx (other values are pushed as is).
+ *
+ * The view is an empty proxy whose metatable's __index is a shadow: a copy
+ * of the table with every nested table replaced by its own view.  Reads are
+ * then plain table lookups inside the VM, with no C call, which matters
+ * because policies read the configuration and the library on every request.
+ * The copy is made once; the table must not change afterwards (modules are
+ * complete when require returns, the configuration never changes).
+ */
+static void push_readonly_at(lua_State *L, int idx, int depth)
 {
     idx = lua_absindex(L, idx);
     if (!lua_istable(L, idx)) {
@@ -176,73 +222,57 @@ static void push_readonly(lua_State *L, int idx)
         lua_remove(L, -2);
         return;
     }
-    lua_pop(L, 1);
+    lua_pop(L, 2);
+    luaL_checkstack(L, 10, "read-only table too deep");
     lua_newtable(L); /* the proxy */
-    push_registry(L, &key_ro_mt);
-    lua_setmetatable(L, -2);
+    int proxy = lua_gettop(L);
+    lua_newtable(L); /* the shadow, keeping the array/object mark */
+    int shadow = lua_gettop(L);
+    if (lua_getmetatable(L, idx))
+        lua_setmetatable(L, shadow);
+    push_registry(L, &key_ro_cache); /* before filling: cycles find the proxy */
     lua_pushvalue(L, idx);
-    lua_pushvalue(L, -2);
-    lua_rawset(L, -4); /* cache[target] = proxy */
-    push_registry(L, &key_ro_target);
-    lua_pushvalue(L, -2);
-    lua_pushvalue(L, idx);
-    lua_rawset(L, -3); /* targets[proxy] = target */
+    lua_pushvalue(L, proxy);
+    lua_rawset(L, -3);
     lua_pop(L, 1);
-    lua_remove(L, -2);
-}
-
-static int ro_index(lua_State *L)
-{
-    unproxy(L, 1);
-    lua_pushvalue(L, 2);
-    lua_rawget(L, 1);
-    push_readonly(L, -1);
-    return 1;
-}
-
-static int ro_newindex(lua_State *L)
-{
-    return luaL_error(L, "attempt to modify a read-only table (shared configuration or "
-                         "library): copy what you need into a table of your own");
-}
-
-static int ro_len(lua_State *L)
-{
-    unproxy(L, 1);
-    lua_pushinteger(L, (lua_Integer)lua_rawlen(L, 1));
-    return 1;
-}
-
-static int ro_next(lua_State *L)
-{
-    unproxy(L, 1);
-    lua_settop(L, 2);
-    if (!lua_next(L, 1))
-        return 0;
-    push_readonly(L, -1);
-    lua_remove(L, -2);
-    return 2;
-}
-
-static int ro_pairs(lua_State *L)
-{
-    lua_pushcfunction(L, ro_next);
-    lua_pushvalue(L, 1);
+    push_registry(L, &key_ro_target);
+    lua_pushvalue(L, proxy);
+    lua_pushvalue(L, shadow);
+    lua_rawset(L, -3);
+    lua_pop(L, 1);
+    lua_createtable(L, 0, 5);
+    lua_pushvalue(L, shadow);
+    lua_setfield(L, -2, "__index");
+    lua_pushcfunction(L, ro_newindex);
+    lua_setfield(L, -2, "__newindex");
+    lua_pushcfunction(L, ro_len);
+    lua_setfield(L, -2, "__len");
+    lua_pushcfunction(L, ro_pairs);
+    lua_setfield(L, -2, "__pairs");
+    lua_pushliteral(L, "read-only");
+    lua_setfield(L, -2, "__metatable");
+    lua_setmetatable(L, proxy);
     lua_pushnil(L);
-    return 3;
+    while (lua_next(L, idx)) {
+        if (depth < LB_MAX_DEPTH)
+            push_readonly_at(L, -1, depth + 1);
+        else
+            lua_pushnil(L); /* deeper than anything converted from JSON */
+        lua_pushvalue(L, -3);
+        lua_insert(L, -2);
+        lua_rawset(L, shadow);
+        lua_pop(L, 1);
+    }
+    lua_settop(L, proxy);
+}
+
+static void push_readonly(lua_State *L, int idx)
+{
+    push_readonly_at(L, idx, 0);
 }
 
 static void make_ro_metatable(lua_State *L)
 {
-    static const luaL_Reg ro_methods[] = {{"__index", ro_index},
-                                          {"__newindex", ro_newindex},
-                                          {"__len", ro_len},
-                                          {"__pairs", ro_pairs},
-                                          {NULL, NULL}};
-    luaL_newlib(L, ro_methods);
-    lua_pushliteral(L, "read-only");
-    lua_setfield(L, -2, "__metatable");
-    lua_rawsetp(L, LUA_REGISTRYINDEX, &key_ro_mt);
     const void *weak[] = {&key_ro_target, &key_ro_cache};
     for (int i = 0; i < 2; i++) {
         lua_newtable(L);
@@ -687,7 +717,7 @@ static void guard_string_library(lua_State *L)
 
 static int l_require(lua_State *L);
 
-/* The globals every chunk sees, read-only, in the registry. */
+/* The globals every chunk starts with, kept in the registry as a template. */
 static void build_globals(lua_State *L)
 {
     static const char *const base_names[] = {
@@ -697,10 +727,6 @@ static void build_globals(lua_State *L)
     lua_newtable(L);
     for (size_t i = 0; i < sizeof(base_names) / sizeof(base_names[0]); i++) {
         lua_getglobal(L, base_names[i]);
-        if (lua_istable(L, -1)) {
-            push_readonly(L, -1);
-            lua_remove(L, -2);
-        }
         lua_setfield(L, -2, base_names[i]);
     }
     lua_pushcfunction(L, l_setmetatable);
@@ -709,23 +735,47 @@ static void build_globals(lua_State *L)
     lua_setfield(L, -2, "require");
     lua_pushcfunction(L, l_print);
     lua_setfield(L, -2, "print");
-    push_readonly(L, -1);
     lua_rawsetp(L, LUA_REGISTRYINDEX, &key_globals);
-    lua_pop(L, 1);
 }
 
-/* A new environment: own globals over the shared read-only ones. */
+/* A shallow copy of the table at idx (a proxy is copied from its shadow). */
+static void push_copy(lua_State *L, int idx)
+{
+    lua_pushvalue(L, idx);
+    unproxy(L, -1);
+    lua_newtable(L);
+    lua_pushnil(L);
+    while (lua_next(L, -3)) {
+        lua_pushvalue(L, -2);
+        lua_insert(L, -2);
+        lua_rawset(L, -4);
+    }
+    lua_remove(L, -2);
+}
+
+/*
+ * A new environment: the policy's own copy of the globals, with its own
+ * copies of the library tables.  Whatever a chunk writes stays in its own
+ * tables, and reading a global is a single table lookup.
+ */
 static void push_env(lua_State *L)
 {
     lua_newtable(L);
-    lua_newtable(L);
+    int env = lua_gettop(L);
     push_registry(L, &key_globals);
-    lua_setfield(L, -2, "__index");
-    lua_pushliteral(L, "environment");
-    lua_setfield(L, -2, "__metatable");
-    lua_setmetatable(L, -2);
-    lua_pushvalue(L, -1);
-    lua_setfield(L, -2, "_G");
+    lua_pushnil(L);
+    while (lua_next(L, -2)) {
+        lua_pushvalue(L, -2);
+        if (lua_istable(L, -2))
+            push_copy(L, -2);
+        else
+            lua_pushvalue(L, -2);
+        lua_rawset(L, env);
+        lua_pop(L, 1);
+    }
+    lua_pop(L, 1);
+    lua_pushvalue(L, env);
+    lua_setfield(L, env, "_G");
 }
 
 /* Load a text chunk into its own environment; pushes the function. */
@@ -758,6 +808,8 @@ static int l_require(lua_State *L)
     if (lua_getfield(L, 2, name) != LUA_TNIL) {
         if (lua_toboolean(L, -1) == 0)
             return luaL_error(L, "require \"%s\": circular require", name);
+        if (lua_istable(L, -1))
+            push_copy(L, -1);
         return 1;
     }
     lua_pop(L, 1);
@@ -787,6 +839,9 @@ static int l_require(lua_State *L)
     push_readonly(L, -1);
     lua_pushvalue(L, -1);
     lua_setfield(L, 2, name);
+    /* Each requirer gets its own copy of the top level (nested tables stay read-only). */
+    if (lua_istable(L, -1))
+        push_copy(L, -1);
     return 1;
 }
 
@@ -852,6 +907,8 @@ enum gg_status lb_vm_new(const struct lb_limits *limits, const struct lb_source 
                        limits->memory);
     }
     *(struct lb_vm **)lua_getextraspace(vm->L) = vm;
+    /* A request's tables die young: the generational collector suits that. */
+    lua_gc(vm->L, LUA_GCGEN, 0, 0);
     lua_pushcfunction(vm->L, open_sandbox);
     lua_pushlightuserdata(vm->L, vm);
     lua_pushlightuserdata(vm->L, (void *)config);

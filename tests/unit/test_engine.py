@@ -402,8 +402,8 @@ SANDBOX_ESCAPES = {
     "rawset on a shared table": ("rawset(string, 'upper', nil)",
                                  "boom: policy error: policies/10-boom.lua:1: attempt to call a "
                                  "nil value (global 'rawset')"),
-    "writing a shared library": (
-        "string.upper = nil",
+    "writing a nested shared table": (
+        "require('gpuguard_test_util').nested.x = 1",
         "boom: policy error: policies/10-boom.lua:1: attempt to modify a read-only table "
         "(shared configuration or library): copy what you need into a table of your own"),
     "the string metatable": ("getmetatable('').__index.upper = nil",
@@ -428,6 +428,7 @@ SANDBOX_ESCAPES = {
 @pytest.mark.parametrize("name", sorted(SANDBOX_ESCAPES))
 def test_sandbox_escape_ends_in_a_clean_failure(engine, name):
     body, message = SANDBOX_ESCAPES[name]
+    engine.module("gpuguard_test_util", "return { nested = { x = 0 } }")
     engine.policy("10-boom.lua",
                   "return { name = 'boom', validate = function(req, pod) " + body + " end }")
     engine.policy("20-fine.lua", """
@@ -449,18 +450,25 @@ def test_bytecode_chunks_are_refused(engine, tmp_path):
 
 
 def test_one_policy_cannot_change_another_environment(engine):
+    engine.module("util", "local M = {} M.n = 1 function M.twice(x) return 2 * x end return M")
     engine.policy("10-evil.lua", """
 x = "evil"
 _G.shared = "evil"
+string.upper = function() return "evil" end
+local util = require "util"
+util.n = 2
+util.twice = function() return "evil" end
 return { name = "evil", validate = function(req) y = "evil" end }
 """)
     engine.policy("20-victim.lua", """
+local util = require "util"
 return { name = "victim", validate = function(req)
-  req:warn(tostring(x) .. "," .. tostring(shared) .. "," .. tostring(y))
+  req:warn(table.concat({ tostring(x), tostring(shared), tostring(y), string.upper("ok"),
+    ("ok"):upper(), util.n, util.twice(21) }, ","))
 end }
 """)
     v = engine.run(review(pod()), phases="validate")
-    assert v["warnings"] == ["victim: nil,nil,nil"]
+    assert v["warnings"] == ["victim: nil,nil,nil,OK,OK,1,42"]
 
 
 def test_config_is_read_only_to_policies(engine):
@@ -478,17 +486,17 @@ end }
                             "need into a table of your own")
 
 
-def test_modules_are_shared_read_only(engine):
-    engine.module("util", "local M = {} M.n = 1 function M.twice(x) return 2 * x end return M")
+def test_module_tables_below_the_top_are_read_only(engine):
+    engine.module("util", "local M = {} M.limits = { gpus = 4 } return M")
     engine.policy("10-use.lua", """
 local util = require "util"
 return { name = "use", validate = function(req)
-  req:warn(util.twice(21) .. "")
-  util.n = 2
+  req:warn(util.limits.gpus .. "")
+  util.limits.gpus = 8
 end }
 """)
     v = engine.run(review(pod()), phases="validate")
-    assert v["warnings"] == ["use: 42"]
+    assert v["warnings"] == ["use: 4"]
     assert "attempt to modify a read-only table" in v["message"]
 
 
