@@ -7,12 +7,14 @@
  * requests in flight finish, exit 0.
  */
 #include "arena.h"
-#include "certs.h"
 #include "cli.h"
+#include "dirwatch.h"
 #include "log.h"
 #include "policy.h"
 #include "reload.h"
+#include "metrics.h"
 #include "server.h"
+#include "tlscreds.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -32,6 +34,7 @@ struct serve_opts {
     const char *config;
     const char *policies;
     const char *lua;
+    const char *client_ca;
     unsigned threads;
     size_t max_body;
     unsigned max_connections;
@@ -40,27 +43,32 @@ struct serve_opts {
 
 static void serve_usage(FILE *out)
 {
-    fprintf(out, "usage: gpuguard serve --tls-cert FILE --tls-key FILE [flags]\n"
-                 "\n"
-                 "Serve the admission webhook over HTTPS (POST /mutate, POST /validate) and the\n"
-                 "ops endpoints over plain HTTP (GET /healthz, /readyz, /metrics).\n"
-                 "\n"
-                 "flags:\n"
-                 "  --listen ADDR:PORT        webhook address, HTTPS only [0.0.0.0:8443]\n"
-                 "  --ops-listen ADDR:PORT    ops address, plain HTTP [0.0.0.0:9090]\n"
-                 "  --tls-cert FILE           serving certificate (PEM, leaf first) [required]\n"
-                 "  --tls-key FILE            its private key (PEM) [required]\n"
-                 "  --config FILE             gpuguard configuration (YAML)\n"
-                 "  --policies DIR            policy directory [./policies]\n"
-                 "  --lua DIR                 Lua library directory [./lua]\n"
-                 "  --threads N               webhook worker threads [number of CPUs]\n"
-                 "  --max-body BYTES          larger request bodies get 413 [16777216]\n"
-                 "  --max-connections N       open connections on the webhook port [4096]\n"
-                 "  --shutdown-grace SECONDS  on SIGTERM, time for requests in flight [30]\n"
-                 "  --log-level LEVEL         debug, info, warn or error [info]\n"
-                 "  -h, --help                this help\n"
-                 "\n"
-                 "Port 0 picks a free port; the ports in use are logged at start.\n");
+    fprintf(out,
+            "usage: gpuguard serve --tls-cert FILE --tls-key FILE [flags]\n"
+            "\n"
+            "Serve the admission webhook over HTTPS (POST /mutate, POST /validate) and the\n"
+            "ops endpoints over plain HTTP (GET /healthz, /readyz, /metrics).\n"
+            "\n"
+            "flags:\n"
+            "  --listen ADDR:PORT        webhook address, HTTPS only [0.0.0.0:8443]\n"
+            "  --ops-listen ADDR:PORT    ops address, plain HTTP [0.0.0.0:9090]\n"
+            "  --tls-cert FILE           serving certificate (PEM, leaf first) [required]\n"
+            "  --tls-key FILE            its private key (PEM) [required]\n"
+            "  --client-ca FILE          require client certificates signed by these CAs\n"
+            "                            (mutual TLS with the API server) [off]\n"
+            "  --config FILE             gpuguard configuration (YAML)\n"
+            "  --policies DIR            policy directory [./policies]\n"
+            "  --lua DIR                 Lua library directory [./lua]\n"
+            "  --threads N               webhook worker threads [number of CPUs]\n"
+            "  --max-body BYTES          larger request bodies get 413 [16777216]\n"
+            "  --max-connections N       open connections on the webhook port [4096]\n"
+            "  --shutdown-grace SECONDS  on SIGTERM, time for requests in flight [30]\n"
+            "  --log-level LEVEL         debug, info, warn or error [info]\n"
+            "  -h, --help                this help\n"
+            "\n"
+            "Port 0 picks a free port; the ports in use are logged at start.  The certificate\n"
+            "and key are reloaded when their files change (a bad pair is refused and the\n"
+            "current one kept); policies, the Lua library and the config likewise.\n");
 }
 
 /* Parse a positive integer flag value within [min, max]. */
@@ -84,6 +92,7 @@ enum {
     OPT_OPS_LISTEN,
     OPT_TLS_CERT,
     OPT_TLS_KEY,
+    OPT_CLIENT_CA,
     OPT_CONFIG,
     OPT_POLICIES,
     OPT_LUA,
@@ -99,6 +108,7 @@ static const struct option long_options[] = {
     {"ops-listen", required_argument, NULL, OPT_OPS_LISTEN},
     {"tls-cert", required_argument, NULL, OPT_TLS_CERT},
     {"tls-key", required_argument, NULL, OPT_TLS_KEY},
+    {"client-ca", required_argument, NULL, OPT_CLIENT_CA},
     {"config", required_argument, NULL, OPT_CONFIG},
     {"policies", required_argument, NULL, OPT_POLICIES},
     {"lua", required_argument, NULL, OPT_LUA},
@@ -170,6 +180,9 @@ static int parse_flags(int argc, char **argv, struct serve_opts *o)
         case OPT_TLS_KEY:
             o->tls_key = optarg;
             break;
+        case OPT_CLIENT_CA:
+            o->client_ca = optarg;
+            break;
         case OPT_CONFIG:
             o->config = optarg;
             break;
@@ -233,6 +246,57 @@ static int wait_for_signal(void)
     return sig;
 }
 
+/* Reload the serving certificate when its files change; a bad pair keeps the old one. */
+static void reload_certificate(void *ctx)
+{
+    const struct serve_opts *o = ctx;
+    struct gg_err err = {{0}};
+    enum gg_status st = tls_creds_load(o->tls_cert, o->tls_key, &err);
+    metrics_tls(st == GG_OK, tls_creds_not_after());
+    if (st == GG_OK) {
+        char serial[80];
+        tls_creds_serial(serial, sizeof(serial));
+        log_fields(LOG_INFO, "certificate reloaded", json_pack("{s:s}", "serial", serial));
+    } else {
+        log_fields(LOG_ERROR, "certificate reload refused: the current certificate keeps serving",
+                   json_pack("{s:s}", "error", err.msg));
+    }
+}
+
+static enum gg_status start_certificates(const struct serve_opts *o, struct dirwatch **watch,
+                                         char **client_ca, struct gg_err *err)
+{
+    enum gg_status st = tls_creds_load(o->tls_cert, o->tls_key, err);
+    if (st != GG_OK)
+        return st;
+    metrics_tls(true, tls_creds_not_after());
+    if (o->client_ca) {
+        size_t len;
+        if ((st = gg_read_file(o->client_ca, 1 << 20, client_ca, &len, err)) != GG_OK)
+            return st;
+        if (!strstr(*client_ca, "-----BEGIN CERTIFICATE-----"))
+            return gg_fail(err, GG_ERR_TLS, "%s: no PEM certificate in the file", o->client_ca);
+    }
+    char cert_dir[4096], key_dir[4096];
+    dirwatch_dir_of(o->tls_cert, cert_dir, sizeof(cert_dir));
+    dirwatch_dir_of(o->tls_key, key_dir, sizeof(key_dir));
+    const char *dirs[] = {cert_dir, strcmp(cert_dir, key_dir) ? key_dir : NULL};
+    return dirwatch_start(dirs, 2, reload_certificate, (void *)o, watch, err);
+}
+
+static void log_serving(const struct serve_opts *o, struct srv *server, struct engine *engine)
+{
+    json_t *names = json_array();
+    struct policy_set *set = engine_live_set(engine);
+    for (size_t i = 0; i < policy_set_count(set); i++)
+        json_array_append_new(names, json_string(policy_set_name(set, i)));
+    policy_set_release(set);
+    log_fields(LOG_INFO, "serving",
+               json_pack("{s:s,s:i,s:i,s:i,s:o,s:b}", "version", GG_VERSION, "port",
+                         srv_port(server), "ops_port", srv_ops_port(server), "threads",
+                         (int)o->threads, "policies", names, "mtls", o->client_ca != NULL));
+}
+
 int cli_serve(int argc, char **argv)
 {
     struct serve_opts o;
@@ -243,22 +307,6 @@ int cli_serve(int argc, char **argv)
         return r > 0 ? 0 : 2;
     }
     arena_install();
-    struct gg_err err = {{0}};
-    struct certs_pair pair = {0};
-    if (certs_load_pair(o.tls_cert, o.tls_key, &pair, &err) != GG_OK) {
-        log_msg(LOG_ERROR, "%s", err.msg);
-        return 1;
-    }
-    struct policy_paths paths = {.policies = o.policies, .lua = o.lua, .config = o.config};
-    struct engine *engine = NULL;
-    struct reloader *reloader = NULL;
-    if (engine_new(&paths, &engine, &err) != GG_OK ||
-        reload_start(engine, &reloader, &err) != GG_OK) {
-        log_msg(LOG_ERROR, "%s", err.msg);
-        certs_pair_clear(&pair);
-        engine_free(engine);
-        return 1;
-    }
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGTERM);
@@ -267,32 +315,42 @@ int cli_serve(int argc, char **argv)
     signal(SIGPIPE, SIG_IGN);
     raise_fd_limit(o.max_connections);
 
+    struct gg_err err = {{0}};
+    struct policy_paths paths = {.policies = o.policies, .lua = o.lua, .config = o.config};
+    struct engine *engine = NULL;
+    struct reloader *reloader = NULL;
+    struct dirwatch *cert_watch = NULL;
+    struct srv *server = NULL;
+    char *client_ca = NULL;
+    int rc = 1;
+    if (start_certificates(&o, &cert_watch, &client_ca, &err) != GG_OK ||
+        engine_new(&paths, &engine, &err) != GG_OK ||
+        reload_start(engine, &reloader, &err) != GG_OK)
+        goto out;
     struct srv_config cfg = {.listen = o.listen,
                              .ops_listen = o.ops_listen,
-                             .cert_pem = pair.cert_pem,
-                             .key_pem = pair.key_pem,
+                             .client_ca_pem = client_ca,
                              .threads = o.threads,
                              .max_body = o.max_body,
                              .max_connections = o.max_connections,
                              .idle_timeout_s = 120,
                              .engine = engine};
-    struct srv *server = NULL;
-    enum gg_status st = srv_start(&cfg, &server, &err);
-    certs_pair_clear(&pair);
-    if (st != GG_OK) {
-        log_msg(LOG_ERROR, "%s", err.msg);
-        return 1;
-    }
+    if (srv_start(&cfg, &server, &err) != GG_OK)
+        goto out;
     srv_set_ready(server, true, NULL);
-    log_fields(LOG_INFO, "serving",
-               json_pack("{s:s,s:i,s:i,s:i,s:s}", "version", GG_VERSION, "port", srv_port(server),
-                         "ops_port", srv_ops_port(server), "threads", (int)o.threads, "policies",
-                         o.policies));
+    log_serving(&o, server, engine);
     int sig = wait_for_signal();
     log_msg(LOG_INFO, "%s received: draining requests in flight", strsignal(sig));
     srv_stop(server, (int64_t)o.shutdown_grace_s * 1000);
+    log_msg(LOG_INFO, "stopped");
+    rc = 0;
+out:
+    if (rc)
+        log_msg(LOG_ERROR, "%s", err.msg);
+    dirwatch_stop(cert_watch);
     reload_stop(reloader);
     engine_free(engine);
-    log_msg(LOG_INFO, "stopped");
-    return 0;
+    tls_creds_clear();
+    free(client_ca);
+    return rc;
 }

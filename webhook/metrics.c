@@ -28,6 +28,8 @@ static atomic_long inflight;
 static atomic_uint_fast64_t reloads[2]; /* failed, succeeded */
 static atomic_uint_fast64_t generation = 1;
 static atomic_int last_reload_ok = 1;
+static atomic_uint_fast64_t tls_loads[2]; /* refused, accepted */
+static atomic_int_fast64_t tls_not_after;
 static atomic_long connections;
 
 void metrics_observe_admission(enum metrics_endpoint ep, enum metrics_verdict verdict,
@@ -57,6 +59,12 @@ void metrics_reload(bool ok, uint64_t live_generation)
     atomic_fetch_add(&reloads[ok], 1);
     atomic_store(&generation, live_generation);
     atomic_store(&last_reload_ok, ok);
+}
+
+void metrics_tls(bool ok, int64_t not_after)
+{
+    atomic_fetch_add(&tls_loads[ok], 1);
+    atomic_store(&tls_not_after, not_after);
 }
 
 void metrics_connections_add(int delta)
@@ -171,9 +179,27 @@ static enum gg_status render_reloads(struct buf *out)
         (unsigned long long)load(&generation), atomic_load(&last_reload_ok));
 }
 
+static enum gg_status render_tls(struct buf *out)
+{
+    return buf_appendf(
+        out,
+        "# HELP gpuguard_tls_certificate_expiry_timestamp_seconds notAfter of the serving "
+        "certificate.\n"
+        "# TYPE gpuguard_tls_certificate_expiry_timestamp_seconds gauge\n"
+        "gpuguard_tls_certificate_expiry_timestamp_seconds %lld\n"
+        "# HELP gpuguard_tls_certificate_loads_total Serving certificate loads by result.\n"
+        "# TYPE gpuguard_tls_certificate_loads_total counter\n"
+        "gpuguard_tls_certificate_loads_total{result=\"ok\"} %llu\n"
+        "gpuguard_tls_certificate_loads_total{result=\"error\"} %llu\n",
+        (long long)atomic_load(&tls_not_after), (unsigned long long)load(&tls_loads[1]),
+        (unsigned long long)load(&tls_loads[0]));
+}
+
 enum gg_status metrics_render(struct buf *out)
 {
     enum gg_status st = render_admissions(out);
+    if (st == GG_OK)
+        st = render_tls(out);
     if (st == GG_OK)
         st = render_reloads(out);
     if (st == GG_OK)

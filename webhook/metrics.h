@@ -31,6 +31,9 @@ long metrics_inflight(void);
 /* A policy reload and the generation serving after it. */
 void metrics_reload(bool ok, uint64_t generation);
 
+/* A serving certificate load and the notAfter of the certificate serving after it. */
+void metrics_tls(bool ok, int64_t not_after);
+
 /* Append the whole exposition to out. */
 enum gg_status metrics_render(struct buf *out);
 

@@ -17,6 +17,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "review.h"
+#include "tlscreds.h"
 
 #include <arpa/inet.h>
 #include <microhttpd.h>
@@ -36,6 +37,7 @@
 #define TLS_PRIORITIES "NORMAL:-VERS-ALL:+VERS-TLS1.3:+VERS-TLS1.2"
 
 struct srv {
+    bool require_client_cert;
     struct MHD_Daemon *webhook;
     struct MHD_Daemon *ops;
     size_t max_body;
@@ -322,29 +324,51 @@ static enum gg_status parse_addr(const char *text, struct sockaddr_storage *ss, 
     return gg_fail(err, GG_ERR_INVALID, "address \"%s\": \"%s\" is not an IP address", text, host);
 }
 
+/*
+ * With mutual TLS, every connection must present a client certificate that
+ * verifies against the client CAs: GnuTLS checks it during the handshake,
+ * so a missing or wrong certificate never reaches HTTP.
+ */
+static void require_client_cert(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *info =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_GNUTLS_SESSION);
+    if (!info || !info->tls_session)
+        return;
+    gnutls_session_t session = (gnutls_session_t)info->tls_session;
+    gnutls_certificate_server_set_request(session, GNUTLS_CERT_REQUIRE);
+    gnutls_session_set_verify_cert(session, NULL, 0);
+}
+
 static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
                           enum MHD_ConnectionNotificationCode toe)
 {
-    (void)cls;
-    (void)c;
+    struct srv *s = cls;
     (void)socket_context;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED && s->require_client_cert)
+        require_client_cert(c);
     metrics_connections_add(toe == MHD_CONNECTION_NOTIFY_STARTED ? 1 : -1);
 }
 
 static struct MHD_Daemon *start_webhook(struct srv *s, const struct srv_config *cfg,
                                         struct sockaddr_storage *addr)
 {
-    unsigned flags = MHD_USE_EPOLL_INTERNAL_THREAD | MHD_USE_TLS | MHD_USE_ERROR_LOG | MHD_USE_ITC;
+    unsigned flags = MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_TLS | MHD_USE_ERROR_LOG | MHD_USE_ITC;
     if (addr->ss_family == AF_INET6)
         flags |= MHD_USE_IPv6;
+    /* MHD_OPTION_HTTPS_MEM_TRUST must not be passed at all without client CAs. */
+    struct MHD_OptionItem trust[] = {
+        {cfg->client_ca_pem ? MHD_OPTION_HTTPS_MEM_TRUST : MHD_OPTION_END, 0,
+         (void *)cfg->client_ca_pem},
+        {MHD_OPTION_END, 0, NULL}};
     return MHD_start_daemon(
         flags, 0, NULL, NULL, on_webhook, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
         MHD_OPTION_SOCK_ADDR, (struct sockaddr *)addr, MHD_OPTION_THREAD_POOL_SIZE,
         cfg->threads > 1 ? cfg->threads : 0, MHD_OPTION_CONNECTION_LIMIT, cfg->max_connections,
-        MHD_OPTION_CONNECTION_TIMEOUT, cfg->idle_timeout_s, MHD_OPTION_HTTPS_MEM_CERT,
-        cfg->cert_pem, MHD_OPTION_HTTPS_MEM_KEY, cfg->key_pem, MHD_OPTION_HTTPS_PRIORITIES,
-        TLS_PRIORITIES, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION,
-        on_connection, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s, MHD_OPTION_END);
+        MHD_OPTION_CONNECTION_TIMEOUT, cfg->idle_timeout_s, MHD_OPTION_HTTPS_CERT_CALLBACK,
+        tls_creds_retrieve, MHD_OPTION_HTTPS_PRIORITIES, TLS_PRIORITIES,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection,
+        s, MHD_OPTION_ARRAY, trust, MHD_OPTION_END);
 }
 
 static struct MHD_Daemon *start_ops(struct srv *s, struct sockaddr_storage *addr)
@@ -370,6 +394,7 @@ enum gg_status srv_start(const struct srv_config *cfg, struct srv **out, struct 
         return gg_fail(err, GG_ERR_NOMEM, "out of memory");
     s->max_body = cfg->max_body;
     s->engine = cfg->engine;
+    s->require_client_cert = cfg->client_ca_pem != NULL;
     pthread_mutex_init(&s->reason_lock, NULL);
     snprintf(s->not_ready_reason, sizeof(s->not_ready_reason), "starting");
     s->webhook = start_webhook(s, cfg, &hook_addr);

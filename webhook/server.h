@@ -3,7 +3,8 @@
  *
  * The webhook answers POST /mutate and POST /validate with AdmissionReviews;
  * the ops port serves /healthz, /readyz and /metrics.  HTTP status codes are
- * decided here and nowhere else.
+ * decided here and nowhere else.  The serving certificate comes from
+ * tlscreds.h at every handshake: load it there before srv_start.
  */
 #ifndef GG_SERVER_H
 #define GG_SERVER_H
@@ -16,12 +17,11 @@
 #include <stdint.h>
 
 struct srv_config {
-    const char *listen;     /* "ADDR:PORT" or "[V6ADDR]:PORT"; port 0 picks one */
-    const char *ops_listen; /* same form, plain HTTP */
-    const char *cert_pem;   /* serving certificate chain, PEM */
-    const char *key_pem;    /* its private key, PEM */
-    unsigned threads;       /* worker threads for the webhook port */
-    size_t max_body;        /* larger bodies get 413 */
+    const char *listen;        /* "ADDR:PORT" or "[V6ADDR]:PORT"; port 0 picks one */
+    const char *ops_listen;    /* same form, plain HTTP */
+    const char *client_ca_pem; /* PEM CAs: client certificates required (mTLS); NULL: off */
+    unsigned threads;          /* worker threads for the webhook port */
+    size_t max_body;           /* larger bodies get 413 */
     unsigned max_connections;
     unsigned idle_timeout_s; /* keep-alive idle timeout, above the client's 90 s */
     struct engine *engine;   /* evaluates the reviews; also reported by /readyz */

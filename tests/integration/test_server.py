@@ -335,7 +335,8 @@ def test_help_lists_every_flag(binary):
     for flag in ("--listen ADDR:PORT", "[0.0.0.0:8443]", "--ops-listen", "[0.0.0.0:9090]",
                  "--tls-cert FILE", "--tls-key FILE", "--config FILE", "--policies DIR",
                  "[./policies]", "--lua DIR", "[./lua]", "--threads N", "[number of CPUs]",
-                 "--max-body BYTES", "[16777216]", "--max-connections N", "[4096]"):
+                 "--max-body BYTES", "[16777216]", "--max-connections N", "[4096]",
+                 "--client-ca FILE", "--shutdown-grace SECONDS", "--log-level LEVEL"):
         assert flag in out.stdout
     top = subprocess.run([binary, "--help"], capture_output=True, text=True)
     assert top.returncode == 0

@@ -1,0 +1,210 @@
+"""Certificate rotation without a restart and mutual TLS, against the running
+server.  Rotation is done the way the kubelet updates a Secret volume: the new
+files go to a fresh directory and a `..data` symlink is swapped to it."""
+
+import json
+import os
+import re
+import ssl
+import subprocess
+import time
+
+import pytest
+
+from conftest import SERVICE, NAMESPACE, SNI, ApiServerConnection, start_server
+from test_server import metric, review
+
+
+def make_certs(binary, out):
+    subprocess.run([binary, "certs", "--service", SERVICE, "--namespace", NAMESPACE,
+                    "--out", str(out), "--dev", "--force"], check=True,
+                   stdout=subprocess.DEVNULL)
+    return out
+
+
+class SecretVolume:
+    """A directory laid out like a mounted Secret: tls.crt -> ..data/tls.crt."""
+
+    def __init__(self, root):
+        self.root = root
+        root.mkdir()
+        self.n = 0
+
+    def publish(self, cert_src, key_src):
+        self.n += 1
+        version = self.root / f"..2026_11_21_{self.n:02d}"
+        version.mkdir()
+        (version / "tls.crt").write_bytes(cert_src.read_bytes())
+        (version / "tls.key").write_bytes(key_src.read_bytes())
+        tmp = self.root / "..data_tmp"
+        os.symlink(version.name, tmp)
+        os.replace(tmp, self.root / "..data")
+        for name in ("tls.crt", "tls.key"):
+            link = self.root / name
+            if not link.is_symlink():
+                os.symlink(f"..data/{name}", link)
+
+
+def context(*cas):
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    for ca in cas:
+        ctx.load_verify_locations(cafile=str(ca))
+    ctx.set_alpn_protocols(["http/1.1"])
+    return ctx
+
+
+def serial_of(conn):
+    return conn.sock.getpeercert()["serialNumber"]
+
+
+def fresh_serial(srv, ctx):
+    conn = ApiServerConnection(srv.port, None, context=ctx)
+    status, _, _ = conn.review(review())
+    assert status == 200
+    serial = serial_of(conn)
+    conn.close()
+    return serial
+
+
+def openssl_serial(cert):
+    out = subprocess.run(["openssl", "x509", "-noout", "-serial", "-in", str(cert)],
+                         capture_output=True, text=True, check=True).stdout
+    return out.strip().split("=")[1].upper()
+
+
+def wait_for(predicate, timeout=10):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+@pytest.fixture
+def rotation(binary, tmp_path):
+    a = make_certs(binary, tmp_path / "a")
+    b = make_certs(binary, tmp_path / "b")
+    vol = SecretVolume(tmp_path / "secret")
+    vol.publish(a / "tls.crt", a / "tls.key")
+    srv = start_server(binary, a, tmp_path, "--tls-cert", str(vol.root / "tls.crt"),
+                       "--tls-key", str(vol.root / "tls.key"))
+    yield srv, vol, a, b
+    if srv.proc.poll() is None:
+        assert srv.stop() == 0
+
+
+def test_new_handshakes_see_the_rotated_certificate(rotation):
+    srv, vol, a, b = rotation
+    ctx = context(a / "ca.crt", b / "ca.crt")
+    kept = ApiServerConnection(srv.port, None, context=ctx)
+    assert kept.review(review())[0] == 200
+    assert serial_of(kept).lstrip("0") == openssl_serial(a / "tls.crt").lstrip("0")
+    old = fresh_serial(srv, ctx)
+    vol.publish(b / "tls.crt", b / "tls.key")
+    assert wait_for(lambda: fresh_serial(srv, ctx) != old)
+    new = fresh_serial(srv, ctx)
+    assert new.lstrip("0") == openssl_serial(b / "tls.crt").lstrip("0")
+    # The connection opened before the rotation keeps working.
+    for _ in range(3):
+        assert kept.review(review())[0] == 200
+    assert serial_of(kept) == old
+    _, text = srv.ops("/metrics")
+    assert metric(text, "gpuguard_tls_certificate_loads_total", result="ok") == 2
+    not_after = ssl.cert_time_to_seconds(
+        ssl._ssl._test_decode_cert(str(b / "tls.crt"))["notAfter"])
+    assert metric(text, "gpuguard_tls_certificate_expiry_timestamp_seconds") == not_after
+
+
+@pytest.mark.parametrize("breakage", ["mismatched key", "half-written key", "garbage cert"])
+def test_a_bad_pair_is_refused_and_the_old_one_kept(rotation, tmp_path, breakage):
+    srv, vol, a, b = rotation
+    ctx = context(a / "ca.crt", b / "ca.crt")
+    before = fresh_serial(srv, ctx)
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "tls.crt").write_bytes((b / "tls.crt").read_bytes())
+    if breakage == "mismatched key":
+        (bad / "tls.key").write_bytes((a / "tls.key").read_bytes())
+    elif breakage == "half-written key":
+        key = (b / "tls.key").read_bytes()
+        (bad / "tls.key").write_bytes(key[: len(key) // 2])
+    else:
+        (bad / "tls.crt").write_bytes(b"not a certificate\n")
+        (bad / "tls.key").write_bytes((b / "tls.key").read_bytes())
+    vol.publish(bad / "tls.crt", bad / "tls.key")
+    assert wait_for(lambda: any(r.get("msg", "").startswith("certificate reload refused")
+                                for r in srv.log_lines()))
+    assert fresh_serial(srv, ctx) == before
+    _, text = srv.ops("/metrics")
+    assert metric(text, "gpuguard_tls_certificate_loads_total", result="error") >= 1
+    # A good pair afterwards is taken.
+    vol.publish(b / "tls.crt", b / "tls.key")
+    assert wait_for(lambda: fresh_serial(srv, ctx) != before)
+
+
+def openssl(*args, cwd):
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def client_pki(where, name):
+    """A client CA and a client certificate signed by it, with the openssl CLI."""
+    where.mkdir()
+    openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+            "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", f"/CN={name} CA",
+            cwd=where)
+    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+            "-keyout", "client.key", "-out", "client.csr", "-subj", "/CN=kube-apiserver",
+            cwd=where)
+    ext = where / "ext.cnf"
+    ext.write_text("extendedKeyUsage=clientAuth\n")
+    openssl("x509", "-req", "-in", "client.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", "client.crt", "-days", "2", "-extfile", "ext.cnf",
+            cwd=where)
+    return where
+
+
+@pytest.fixture
+def mtls(binary, certs, tmp_path):
+    good = client_pki(tmp_path / "good", "api-server")
+    srv = start_server(binary, certs, tmp_path, "--client-ca", str(good / "ca.crt"))
+    yield srv, good, client_pki(tmp_path / "other", "someone else")
+    if srv.proc.poll() is None:
+        assert srv.stop() == 0
+
+
+def mtls_context(certs, client=None):
+    ctx = context(certs / "ca.crt")
+    if client:
+        ctx.load_cert_chain(str(client / "client.crt"), str(client / "client.key"))
+    return ctx
+
+
+def test_mtls_accepts_the_right_client_certificate(mtls, certs):
+    srv, good, _ = mtls
+    conn = ApiServerConnection(srv.port, None, context=mtls_context(certs, good))
+    status, _, got = conn.review(review())
+    assert status == 200 and got["response"]["allowed"] is True
+    assert any(r.get("msg") == "serving" and r.get("mtls") is True for r in srv.log_lines())
+
+
+@pytest.mark.parametrize("who", ["no certificate", "another CA's certificate"])
+def test_mtls_refuses_at_the_handshake(mtls, certs, who):
+    srv, _, other = mtls
+    ctx = mtls_context(certs, other if who != "no certificate" else None)
+    conn = ApiServerConnection(srv.port, None, context=ctx)
+    with pytest.raises((ssl.SSLError, ConnectionResetError, BrokenPipeError)):
+        conn.review(review())
+    # The server is still fine.
+    good = ApiServerConnection(srv.port, None, context=mtls_context(certs, mtls[1]))
+    assert good.review(review())[0] == 200
+
+
+def test_unreadable_client_ca_fails_the_start(binary, certs, tmp_path):
+    (tmp_path / "ca.pem").write_text("nothing here\n")
+    out = subprocess.run([binary, "serve", "--listen", "127.0.0.1:0", "--ops-listen",
+                          "127.0.0.1:0", "--tls-cert", str(certs / "tls.crt"), "--tls-key",
+                          str(certs / "tls.key"), "--client-ca", str(tmp_path / "ca.pem")],
+                         capture_output=True, text=True, timeout=20)
+    assert out.returncode == 1
+    assert "ca.pem: no PEM certificate in the file" in out.stderr
