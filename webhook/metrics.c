@@ -3,9 +3,12 @@
  */
 #include "metrics.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 static const char *const endpoint_names[MET_ENDPOINTS] = {"mutate", "validate"};
 static const char *const verdict_names[MET_VERDICTS] = {"allowed", "patched", "denied", "error"};
@@ -21,6 +24,22 @@ struct histogram {
 };
 
 static struct histogram durations[MET_ENDPOINTS][MET_VERDICTS];
+static atomic_uint_fast64_t requests[MET_ENDPOINTS][MET_OPERATIONS][MET_VERDICTS];
+static const char *const operation_names[MET_OPERATIONS] = {"CREATE", "UPDATE", "DELETE", "CONNECT",
+                                                            "none"};
+
+/* Per-policy evaluations: slots handed out by name, never reused. */
+#define MAX_POLICIES 128
+static const char *const policy_result_names[MET_POLICY_RESULTS] = {
+    "ok", "denied", "warned", "error", "budget", "memory", "timeout"};
+static struct {
+    _Atomic(const char *) name; /* set once under the lock, read without it */
+    atomic_uint_fast64_t results[MET_POLICY_RESULTS];
+    struct histogram duration;
+} policies[MAX_POLICIES];
+static atomic_int n_policies;
+static pthread_mutex_t policy_lock = PTHREAD_MUTEX_INITIALIZER;
+static atomic_size_t lua_memory_peak;
 
 /* HTTP error statuses we answer, 400..599, one counter each. */
 static atomic_uint_fast64_t http_errors[200];
@@ -32,15 +51,59 @@ static atomic_uint_fast64_t tls_loads[2]; /* refused, accepted */
 static atomic_int_fast64_t tls_not_after;
 static atomic_long connections;
 
-void metrics_observe_admission(enum metrics_endpoint ep, enum metrics_verdict verdict,
-                               double seconds)
+static void observe(struct histogram *h, double seconds)
 {
-    struct histogram *h = &durations[ep][verdict];
     size_t i = 0;
     while (i < N_BUCKETS && seconds > buckets[i])
         i++;
     atomic_fetch_add_explicit(&h->count[i], 1, memory_order_relaxed);
     atomic_fetch_add_explicit(&h->sum_ns, (uint64_t)(seconds * 1e9), memory_order_relaxed);
+}
+
+void metrics_observe_admission(enum metrics_endpoint ep, enum metrics_operation op,
+                               enum metrics_verdict verdict, double seconds)
+{
+    observe(&durations[ep][verdict], seconds);
+    atomic_fetch_add_explicit(&requests[ep][op][verdict], 1, memory_order_relaxed);
+}
+
+int metrics_policy_slot(const char *name)
+{
+    int n = atomic_load(&n_policies);
+    for (int i = 0; i < n; i++)
+        if (strcmp(atomic_load(&policies[i].name), name) == 0)
+            return i;
+    pthread_mutex_lock(&policy_lock);
+    int slot = -1;
+    n = atomic_load(&n_policies);
+    for (int i = 0; i < n && slot < 0; i++)
+        if (strcmp(atomic_load(&policies[i].name), name) == 0)
+            slot = i;
+    if (slot < 0 && n < MAX_POLICIES) {
+        char *copy = strdup(name);
+        if (copy) {
+            atomic_store(&policies[n].name, copy);
+            atomic_store(&n_policies, n + 1);
+            slot = n;
+        }
+    }
+    pthread_mutex_unlock(&policy_lock);
+    return slot;
+}
+
+void metrics_policy_observe(int slot, enum metrics_policy_result result, double seconds)
+{
+    if (slot < 0 || slot >= MAX_POLICIES)
+        return;
+    atomic_fetch_add_explicit(&policies[slot].results[result], 1, memory_order_relaxed);
+    observe(&policies[slot].duration, seconds);
+}
+
+void metrics_lua_memory(size_t peak)
+{
+    size_t seen = atomic_load(&lua_memory_peak);
+    while (peak > seen && !atomic_compare_exchange_weak(&lua_memory_peak, &seen, peak))
+        ;
 }
 
 void metrics_http_error(int status)
@@ -87,24 +150,24 @@ static enum gg_status render_admissions(struct buf *out)
     enum gg_status st =
         buf_appendf(out, "# HELP gpuguard_admission_requests_total Admission reviews answered.\n"
                          "# TYPE gpuguard_admission_requests_total counter\n");
-    for (int e = 0; e < MET_ENDPOINTS && st == GG_OK; e++) {
-        for (int v = 0; v < MET_VERDICTS && st == GG_OK; v++) {
-            uint64_t total = 0;
-            for (size_t i = 0; i <= N_BUCKETS; i++)
-                total += load(&durations[e][v].count[i]);
-            st = buf_appendf(out,
-                             "gpuguard_admission_requests_total{endpoint=\"%s\",verdict=\"%s\"} "
-                             "%llu\n",
-                             endpoint_names[e], verdict_names[v], (unsigned long long)total);
-        }
-    }
+    for (int e = 0; e < MET_ENDPOINTS && st == GG_OK; e++)
+        for (int o = 0; o < MET_OPERATIONS && st == GG_OK; o++)
+            for (int v = 0; v < MET_VERDICTS && st == GG_OK; v++) {
+                uint64_t n = load(&requests[e][o][v]);
+                if (n || o == 0)
+                    st = buf_appendf(out,
+                                     "gpuguard_admission_requests_total{endpoint=\"%s\","
+                                     "operation=\"%s\",verdict=\"%s\"} %llu\n",
+                                     endpoint_names[e], operation_names[o], verdict_names[v],
+                                     (unsigned long long)n);
+            }
     return st;
 }
 
-static enum gg_status render_histogram(struct buf *out, int e, int v)
+/* One histogram's series; labels is the text inside the braces, e.g. endpoint="mutate". */
+static enum gg_status render_histogram(struct buf *out, const char *name, const char *labels,
+                                       struct histogram *h)
 {
-    struct histogram *h = &durations[e][v];
-    const char *name = "gpuguard_admission_request_duration_seconds";
     uint64_t cumulative = 0;
     enum gg_status st = GG_OK;
     for (size_t i = 0; i <= N_BUCKETS && st == GG_OK; i++) {
@@ -114,15 +177,12 @@ static enum gg_status render_histogram(struct buf *out, int e, int v)
             snprintf(le, sizeof(le), "%g", buckets[i]);
         else
             snprintf(le, sizeof(le), "+Inf");
-        st = buf_appendf(out, "%s_bucket{endpoint=\"%s\",verdict=\"%s\",le=\"%s\"} %llu\n", name,
-                         endpoint_names[e], verdict_names[v], le, (unsigned long long)cumulative);
+        st = buf_appendf(out, "%s_bucket{%s,le=\"%s\"} %llu\n", name, labels, le,
+                         (unsigned long long)cumulative);
     }
     if (st == GG_OK)
-        st = buf_appendf(out,
-                         "%s_sum{endpoint=\"%s\",verdict=\"%s\"} %.9f\n"
-                         "%s_count{endpoint=\"%s\",verdict=\"%s\"} %llu\n",
-                         name, endpoint_names[e], verdict_names[v], load(&h->sum_ns) / 1e9, name,
-                         endpoint_names[e], verdict_names[v], (unsigned long long)cumulative);
+        st = buf_appendf(out, "%s_sum{%s} %.9f\n%s_count{%s} %llu\n", name, labels,
+                         load(&h->sum_ns) / 1e9, name, labels, (unsigned long long)cumulative);
     return st;
 }
 
@@ -133,8 +193,48 @@ static enum gg_status render_durations(struct buf *out)
                          "request's first byte to its answer.\n"
                          "# TYPE gpuguard_admission_request_duration_seconds histogram\n");
     for (int e = 0; e < MET_ENDPOINTS && st == GG_OK; e++)
-        for (int v = 0; v < MET_VERDICTS && st == GG_OK; v++)
-            st = render_histogram(out, e, v);
+        for (int v = 0; v < MET_VERDICTS && st == GG_OK; v++) {
+            char labels[96];
+            snprintf(labels, sizeof(labels), "endpoint=\"%s\",verdict=\"%s\"", endpoint_names[e],
+                     verdict_names[v]);
+            st = render_histogram(out, "gpuguard_admission_request_duration_seconds", labels,
+                                  &durations[e][v]);
+        }
+    return st;
+}
+
+static enum gg_status render_policies(struct buf *out)
+{
+    int n = atomic_load(&n_policies);
+    enum gg_status st = buf_appendf(
+        out, "# HELP gpuguard_policy_evaluations_total Policy function calls by result.\n"
+             "# TYPE gpuguard_policy_evaluations_total counter\n");
+    for (int i = 0; i < n && st == GG_OK; i++)
+        for (int r = 0; r < MET_POLICY_RESULTS && st == GG_OK; r++)
+            st = buf_appendf(out,
+                             "gpuguard_policy_evaluations_total{policy=\"%s\",result=\"%s\"} "
+                             "%llu\n",
+                             atomic_load(&policies[i].name), policy_result_names[r],
+                             (unsigned long long)load(&policies[i].results[r]));
+    if (st == GG_OK)
+        st = buf_appendf(out, "# HELP gpuguard_policy_duration_seconds Time in one policy "
+                              "function call.\n"
+                              "# TYPE gpuguard_policy_duration_seconds histogram\n");
+    for (int i = 0; i < n && st == GG_OK; i++) {
+        char labels[96];
+        snprintf(labels, sizeof(labels), "policy=\"%s\"", atomic_load(&policies[i].name));
+        st = render_histogram(out, "gpuguard_policy_duration_seconds", labels,
+                              &policies[i].duration);
+    }
+    if (st == GG_OK)
+        st = buf_appendf(out,
+                         "# HELP gpuguard_lua_memory_peak_bytes Largest Lua VM memory seen.\n"
+                         "# TYPE gpuguard_lua_memory_peak_bytes gauge\n"
+                         "gpuguard_lua_memory_peak_bytes %zu\n"
+                         "# HELP gpuguard_build_info The running gpuguard build.\n"
+                         "# TYPE gpuguard_build_info gauge\n"
+                         "gpuguard_build_info{version=\"%s\"} 1\n",
+                         atomic_load(&lua_memory_peak), GG_VERSION);
     return st;
 }
 
@@ -204,6 +304,8 @@ enum gg_status metrics_render(struct buf *out)
         st = render_reloads(out);
     if (st == GG_OK)
         st = render_durations(out);
+    if (st == GG_OK)
+        st = render_policies(out);
     if (st == GG_OK)
         st = render_http(out);
     return st;

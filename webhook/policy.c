@@ -12,6 +12,7 @@
 #include "jsonpatch.h"
 #include "log.h"
 #include "luabridge.h"
+#include "metrics.h"
 
 #include <dirent.h>
 #include <pthread.h>
@@ -34,6 +35,7 @@ struct policy {
     json_t *match; /* borrowed from decl; NULL matches everything */
     bool has_mutate;
     bool has_validate;
+    int metric_slot;
 };
 
 struct policy_set {
@@ -214,6 +216,7 @@ static enum gg_status policy_from_info(struct policy *p, struct lb_policy_info *
     p->match = json_object_get(decl, "match");
     p->has_mutate = info->has_mutate;
     p->has_validate = info->has_validate;
+    p->metric_slot = metrics_policy_slot(name);
     p->decl = json_incref(decl);
     return GG_OK;
 }
@@ -517,13 +520,18 @@ static bool policy_matches(const struct policy *p, const struct adm_request *req
 /* What the evaluation has gathered so far. */
 struct gather {
     json_t *denials, *warnings, *audit, *fired;
+    json_t *modes;        /* fired policy -> the mode it ran in */
     bool failed_mutation; /* a mutate call failed: its edits are not trusted */
 };
 
-static void add_fired(struct gather *g, const char *name)
+static const char *const mode_names[] = {"enforce", "warn", "audit"};
+
+static void add_fired(struct gather *g, const char *name, int mode)
 {
-    if (!in_list(g->fired, name))
-        json_array_append_new(g->fired, json_string(name));
+    if (in_list(g->fired, name))
+        return;
+    json_array_append_new(g->fired, json_string(name));
+    json_object_set_new(g->modes, name, json_string(mode_names[mode]));
 }
 
 static void add_audit(struct gather *g, const char *policy, const char *key, json_t *value)
@@ -547,7 +555,7 @@ static void add_denial(struct gather *g, const char *policy, int mode, const cha
     else
         add_audit(g, policy, "would-deny", json_string(msg));
     free(text);
-    add_fired(g, policy);
+    add_fired(g, policy, mode);
 }
 
 static void take_report(struct gather *g, const struct policy *p, int mode,
@@ -563,7 +571,7 @@ static void take_report(struct gather *g, const struct policy *p, int mode,
         if (asprintf(&text, "%s: %s", p->name, json_string_value(item)) >= 0)
             json_array_append_new(g->warnings, json_string(text));
         free(text);
-        add_fired(g, p->name);
+        add_fired(g, p->name, mode);
     }
     json_object_foreach(r->audit, key, item) add_audit(g, p->name, key, item);
 }
@@ -600,7 +608,7 @@ static void take_failure(struct gather *g, const struct policy *p, int mode, int
         if (asprintf(&warning, "%s: %s (ignored: failure allow)", p->name, text) >= 0)
             json_array_append_new(g->warnings, json_string(warning));
         free(warning);
-        add_fired(g, p->name);
+        add_fired(g, p->name, mode);
     }
 }
 
@@ -609,6 +617,25 @@ static int64_t now_ns(void)
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static enum metrics_policy_result policy_result(enum lb_outcome outcome, int mode,
+                                                const struct lb_report *r)
+{
+    switch (outcome) {
+    case LB_DONE:
+        if (json_array_size(r->denials) == 0)
+            return MET_POLICY_OK;
+        return mode == POLICY_ENFORCE ? MET_POLICY_DENIED : MET_POLICY_WARNED;
+    case LB_OUT_OF_BUDGET:
+        return MET_POLICY_BUDGET;
+    case LB_OUT_OF_MEMORY:
+        return MET_POLICY_MEMORY;
+    case LB_OUT_OF_TIME:
+        return MET_POLICY_TIMEOUT;
+    default:
+        return MET_POLICY_ERROR;
+    }
 }
 
 /* Run one phase over the matching policies; false when the VM broke. */
@@ -624,7 +651,10 @@ static bool run_phase(struct lb_vm *vm, const struct policy_set *set, const stru
         struct lb_report report;
         struct gg_err err = {{0}};
         char *traceback = NULL;
+        int64_t start = now_ns();
         enum lb_outcome outcome = lb_policy_call(vm, (int)i, phase, &report, &err, &traceback);
+        metrics_policy_observe(p->metric_slot, policy_result(outcome, mode, &report),
+                               (now_ns() - start) / 1e9);
         take_report(g, p, mode, &report);
         lb_report_clear(&report);
         if (outcome != LB_DONE) {
@@ -678,6 +708,36 @@ static enum gg_status finish_mutation(struct lb_vm *vm, const struct adm_request
     return GG_OK;
 }
 
+/*
+ * Audit annotations for a decision that changed or denied something: the
+ * verdict and which policies acted, in which mode.  (The API server prefixes
+ * each key with the webhook's name.)
+ */
+static void audit_summary(struct gather *g, const struct policy_verdict *out)
+{
+    bool patched = json_array_size(out->patch) > 0;
+    if (out->allowed && !patched && json_array_size(g->fired) == 0)
+        return;
+    json_object_set_new(g->audit, "verdict",
+                        json_string(!out->allowed ? "denied"
+                                    : patched     ? "patched"
+                                                  : "allowed"));
+    char list[512] = "";
+    size_t used = 0, i;
+    json_t *name;
+    json_array_foreach(g->fired, i, name)
+    {
+        int n = snprintf(list + used, sizeof(list) - used, "%s%s (%s)", i ? ", " : "",
+                         json_string_value(name),
+                         json_string_value(json_object_get(g->modes, json_string_value(name))));
+        if (n < 0 || (size_t)n >= sizeof(list) - used)
+            break;
+        used += (size_t)n;
+    }
+    if (used)
+        json_object_set_new(g->audit, "policies", json_string(list));
+}
+
 /* An admitted GPU pod counts against its namespace at once (see inventory.h). */
 static void reserve(struct engine *e, const struct adm_request *req, unsigned phases,
                     const struct policy_verdict *v)
@@ -711,7 +771,8 @@ enum gg_status engine_evaluate(struct engine *e, const struct adm_request *req, 
     int64_t lua_deadline = t0 / 1000 + set->limits.timeout_us;
     if (lua_deadline > deadline_us - DEADLINE_MARGIN_US)
         lua_deadline = deadline_us - DEADLINE_MARGIN_US;
-    struct gather g = {json_array(), json_array(), json_object(), json_array(), false};
+    struct gather g = {json_array(), json_array(),  json_object(),
+                       json_array(), json_object(), false};
     if (lb_request_begin(vm, req, req->object, lua_deadline, err) != GG_OK) {
         /* The object itself is beyond what policies may see (too deep, too big). */
         char text[300];
@@ -738,6 +799,7 @@ enum gg_status engine_evaluate(struct engine *e, const struct adm_request *req, 
             out->timing.validate = now_ns() - t1;
         }
         lb_request_end(vm);
+        metrics_lua_memory(lb_vm_memory_peak(vm));
     }
     if (st == GG_OK) {
         out->allowed = json_array_size(g.denials) == 0;
@@ -747,6 +809,7 @@ enum gg_status engine_evaluate(struct engine *e, const struct adm_request *req, 
             json_decref(out->patch);
             out->patch = json_array();
         }
+        audit_summary(&g, out);
         out->warnings = policy_sanitize_warnings(g.warnings);
         out->audit = json_incref(g.audit);
         out->fired = json_incref(g.fired);
@@ -756,6 +819,7 @@ enum gg_status engine_evaluate(struct engine *e, const struct adm_request *req, 
     json_decref(g.warnings);
     json_decref(g.audit);
     json_decref(g.fired);
+    json_decref(g.modes);
     policy_set_release(set);
     return st;
 }

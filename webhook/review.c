@@ -78,6 +78,7 @@ enum gg_status review_handle(struct engine *engine, const char *body, size_t len
         out->verdict = !v.allowed                                             ? MET_DENIED
                        : endpoint == ADM_MUTATING && json_array_size(v.patch) ? MET_PATCHED
                                                                               : MET_ALLOWED;
+        out->operation = (enum metrics_operation)req.operation;
         log_decision(&req, endpoint, &v, out->verdict, start_us);
         policy_verdict_clear(&v);
     }

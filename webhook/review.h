@@ -16,6 +16,7 @@ struct review_result {
     char *body; /* response AdmissionReview JSON, malloc'ed */
     size_t len;
     enum metrics_verdict verdict;
+    enum metrics_operation operation;
 };
 
 /*

@@ -154,15 +154,15 @@ static enum MHD_Result answer_review(struct srv *s, struct MHD_Connection *c, st
     enum metrics_endpoint ep = rq->endpoint == ADM_MUTATING ? MET_MUTATE : MET_VALIDATE;
     double seconds = (review_now_us() - rq->start_us) / 1e6;
     if (st == GG_ERR_PARSE || st == GG_ERR_INVALID) {
-        metrics_observe_admission(ep, MET_ERROR, seconds);
+        metrics_observe_admission(ep, MET_OP_NONE, MET_ERROR, seconds);
         return refuse(c, rq, MHD_HTTP_BAD_REQUEST, url, err.msg);
     }
     if (st != GG_OK) {
-        metrics_observe_admission(ep, MET_ERROR, seconds);
+        metrics_observe_admission(ep, MET_OP_NONE, MET_ERROR, seconds);
         return refuse(c, rq, MHD_HTTP_INTERNAL_SERVER_ERROR, url, err.msg);
     }
     rq->answered = true;
-    metrics_observe_admission(ep, result.verdict, seconds);
+    metrics_observe_admission(ep, result.operation, result.verdict, seconds);
     struct MHD_Response *r =
         MHD_create_response_from_buffer(result.len, result.body, MHD_RESPMEM_MUST_FREE);
     if (!r) {

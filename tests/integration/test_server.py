@@ -288,11 +288,11 @@ def test_metrics_count_requests_by_endpoint_and_verdict(server):
     conn.review("{", path="/validate")
     _, text = server.ops("/metrics")
     assert metric(text, "gpuguard_admission_requests_total",
-                  endpoint="mutate", verdict="allowed") == 3
+                  endpoint="mutate", operation="CREATE", verdict="allowed") == 3
     assert metric(text, "gpuguard_admission_requests_total",
-                  endpoint="validate", verdict="allowed") == 2
+                  endpoint="validate", operation="CREATE", verdict="allowed") == 2
     assert metric(text, "gpuguard_admission_requests_total",
-                  endpoint="validate", verdict="error") == 1
+                  endpoint="validate", operation="none", verdict="error") == 1
     assert metric(text, "gpuguard_admission_request_duration_seconds_count",
                   endpoint="mutate", verdict="allowed") == 3
     assert metric(text, "gpuguard_admission_request_duration_seconds_bucket",

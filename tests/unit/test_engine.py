@@ -266,7 +266,8 @@ def test_modes(engine, mode):
     else:
         assert v["allowed"] is True
         assert v["audit"] == {"no-gpu.reason": "asked for a GPU",
-                              "no-gpu.would-deny": "pod asks for a GPU; remove nvidia.com/gpu"}
+                              "no-gpu.would-deny": "pod asks for a GPU; remove nvidia.com/gpu",
+                              "policies": "no-gpu (audit)", "verdict": "allowed"}
     assert v["fired"] == ["no-gpu"]
 
 
