@@ -114,6 +114,7 @@ local function place(req, pod, cfg)
         k8s.add_toleration(spec, toleration_for(taint))
     end
     add_spot(pod, spec, cfg)
+    req:audit("pool", pool.name)
 end
 
 -- What ties a pod without a GPU to GPU nodes, or nil.

@@ -175,6 +175,7 @@ local function mutate(req, pod, cfg)
     local limit = max_runtime(pod, cfg)
     if limit and spec.activeDeadlineSeconds == nil then
         spec.activeDeadlineSeconds = limit
+        req:audit("max-runtime", tostring(limit) .. "s")
     end
 end
 

@@ -573,7 +573,11 @@ static void take_report(struct gather *g, const struct policy *p, int mode,
         free(text);
         add_fired(g, p->name, mode);
     }
-    json_object_foreach(r->audit, key, item) add_audit(g, p->name, key, item);
+    json_object_foreach(r->audit, key, item)
+    {
+        add_audit(g, p->name, key, item);
+        add_fired(g, p->name, mode);
+    }
 }
 
 static const char *kill_reason(enum lb_outcome o)
