@@ -7,6 +7,7 @@
  */
 #include "policy.h"
 
+#include "buf.h"
 #include "config.h"
 #include "inventory.h"
 #include "jsonpatch.h"
@@ -369,6 +370,47 @@ static struct policy_set *acquire(struct engine *e)
 struct policy_set *engine_live_set(struct engine *e)
 {
     return acquire(e);
+}
+
+/* A quota value of the configuration (GPUs as a number or a decimal string). */
+static bool quota_gpus(const json_t *v, double *out)
+{
+    if (json_is_number(v)) {
+        *out = json_number_value(v);
+        return true;
+    }
+    char *end;
+    const char *s = json_string_value(v);
+    if (!s)
+        return false;
+    *out = strtod(s, &end);
+    return end != s && !*end;
+}
+
+enum gg_status engine_render_quotas(struct engine *e, struct buf *out)
+{
+    struct policy_set *set = acquire(e);
+    json_t *quotas = json_object_get(set->config, "quotas");
+    double gpus;
+    enum gg_status st = buf_appendf(
+        out, "# HELP gpuguard_quota_gpus GPU quota per namespace from the configuration, in "
+             "GPU-equivalents.\n"
+             "# TYPE gpuguard_quota_gpus gauge\n");
+    const char *ns;
+    json_t *v;
+    json_object_foreach(json_object_get(quotas, "namespaces"), ns, v)
+    {
+        if (st == GG_OK && quota_gpus(v, &gpus))
+            st = buf_appendf(out, "gpuguard_quota_gpus{namespace=\"%s\"} %g\n", ns, gpus);
+    }
+    if (st == GG_OK && quota_gpus(json_object_get(quotas, "default"), &gpus))
+        st = buf_appendf(out,
+                         "# HELP gpuguard_quota_default_gpus GPU quota of namespaces not listed.\n"
+                         "# TYPE gpuguard_quota_default_gpus gauge\n"
+                         "gpuguard_quota_default_gpus %g\n",
+                         gpus);
+    policy_set_release(set);
+    return st;
 }
 
 enum gg_status engine_reload(struct engine *e, struct gg_err *err)

@@ -68,6 +68,10 @@ const struct policy_paths *engine_paths(const struct engine *e);
 struct inventory;
 void engine_set_inventory(struct engine *e, struct inventory *inventory);
 
+/* The configured GPU quotas (quotas.namespaces, quotas.default) as Prometheus gauges. */
+struct buf;
+enum gg_status engine_render_quotas(struct engine *e, struct buf *out);
+
 /* Which functions of the policies run. */
 enum policy_phases {
     PHASE_MUTATE = 1,

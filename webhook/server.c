@@ -259,7 +259,7 @@ static enum MHD_Result on_ops(void *cls, struct MHD_Connection *c, const char *u
     if (strcmp(url, "/metrics") == 0) {
         struct buf out;
         buf_init(&out, 16 << 20);
-        if (metrics_render(&out) != GG_OK) {
+        if (metrics_render(&out) != GG_OK || engine_render_quotas(s->engine, &out) != GG_OK) {
             buf_clear(&out);
             return send_text(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "metrics unavailable\n");
         }

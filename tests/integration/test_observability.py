@@ -163,3 +163,21 @@ def test_audit_annotations_name_policy_mode_pool_and_profile(shipped):
     # Nothing changed, nothing denied: no annotations.
     _, _, got = conn.review(review(), path="/mutate")
     assert "auditAnnotations" not in got["response"]
+
+
+def test_dashboard_uses_only_metrics_the_server_exports(shipped):
+    dash = json.loads((REPO / "deploy" / "grafana" / "gpuguard-dashboard.json").read_text())
+    exported = set(scrape(shipped))
+    exported |= {"gpuguard_inventory_gpu_usage_milli"}  # present once the inventory runs
+    used = set()
+    for panel in dash["panels"]:
+        assert panel["targets"], panel["title"]
+        for target in panel["targets"]:
+            for name in re.findall(r"gpuguard_[a-z_]+", target["expr"]):
+                used.add(re.sub(r"_(bucket|sum|count|total)$", "", name))
+    assert used, "the dashboard has no queries"
+    missing = {u for u in used if u not in exported}
+    assert not missing, missing
+    titles = " ".join(p["title"] for p in dash["panels"])
+    for topic in ("Admission rate", "latency", "Denials by policy", "quota", "reloads", "errors"):
+        assert topic in titles
