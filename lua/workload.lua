@@ -23,6 +23,22 @@ local gg = require "gpuguard"
 
 local M = {}
 
+-- Answers that do not change while policies edit a pod (its class, whether it wants a GPU),
+-- kept per pod table for the request; weak keys let them go with the pod.
+local memo = setmetatable({}, { __mode = "k" })
+
+local function remembered(pod, key, compute)
+    local m = memo[pod]
+    if not m then
+        m = {}
+        memo[pod] = m
+    end
+    if m[key] == nil then
+        m[key] = table.pack(compute())
+    end
+    return table.unpack(m[key], 1, m[key].n)
+end
+
 M.CLASS_LABEL = "gpuguard.io/workload-class"
 M.SHARING_ANNOTATION = "gpuguard.io/sharing"
 M.FRACTION = "gpuguard.io/gpu-fraction"
@@ -55,6 +71,11 @@ batch; training-operator labels -> training; notebook hints -> interactive; else
 cfg.default_class (or "batch").  Returns class, reason.
 ]]
 function M.class(pod, cfg)
+    return remembered(pod, "class", function() return M.compute_class(pod, cfg) end)
+end
+
+--- M.class without the per-request memory.
+function M.compute_class(pod, cfg)
     local label = k8s.label(pod, M.CLASS_LABEL)
     if label then
         return label, "label " .. M.CLASS_LABEL
@@ -187,6 +208,11 @@ end
 --- True when the pod asks for a GPU in any way gpuguard or a device plugin understands (a
 --- malformed request counts as asking).
 function M.wants_gpu(pod)
+    return remembered(pod, "wants_gpu", function() return M.compute_wants_gpu(pod) end)
+end
+
+--- M.wants_gpu without the per-request memory.
+function M.compute_wants_gpu(pod)
     local spec = k8s.pod_spec(pod)
     if not spec then
         return false
