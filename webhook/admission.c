@@ -9,6 +9,8 @@
  */
 #include "admission.h"
 
+#include "jsonfast.h"
+
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -129,11 +131,17 @@ static enum gg_status decode_request(json_t *request, struct adm_request *req, s
 enum gg_status adm_decode(const char *body, size_t len, struct adm_request *req, struct gg_err *err)
 {
     memset(req, 0, sizeof(*req));
-    json_error_t jerr;
-    json_t *root = json_loadb(body, len, 0, &jerr);
+    struct jf_error jerr;
+    json_t *root = jf_loadb(body, len, JF_DEFAULT_MAX_DEPTH, &jerr);
     if (!root)
         return gg_fail(err, GG_ERR_PARSE, "malformed JSON at line %d column %d: %s", jerr.line,
                        jerr.column, jerr.text);
+    return adm_decode_value(root, req, err);
+}
+
+enum gg_status adm_decode_value(json_t *root, struct adm_request *req, struct gg_err *err)
+{
+    memset(req, 0, sizeof(*req));
     enum gg_status st = decode_envelope(root, req, err);
     if (st == GG_OK) {
         json_t *request = json_object_get(root, "request");

@@ -151,8 +151,8 @@ def test_json_content_type_with_charset_is_accepted(server):
 
 
 @pytest.mark.parametrize("body,reason", [
-    ("{", "malformed JSON at line 1 column 1: string or '}' expected near end of file"),
-    ("", "malformed JSON at line 1 column 0: '[' or '{' expected near end of file"),
+    ("{", "malformed JSON at line 1 column 2: string or '}' expected near end of input"),
+    ("", "malformed JSON at line 1 column 1: premature end of input"),
     ("[]", "not an AdmissionReview: the body is not a JSON object"),
     ('{"apiVersion":"v1","kind":"Pod"}',
      'unsupported apiVersion "v1": want admission.k8s.io/v1 or admission.k8s.io/v1beta1'),
@@ -263,7 +263,8 @@ def test_certificate_matches_the_service_name(server):
 
 def test_ops_endpoints(server):
     assert server.ops("/healthz") == (200, "ok\n")
-    assert server.ops("/readyz") == (200, "ready: policy generation 1, last reload: ok\n")
+    assert server.ops("/readyz") == (200, "ready: policy generation 1, last reload: ok\n"
+                                          "inventory: off\n")
     assert server.ops("/nope")[0] == 404
 
 
