@@ -2,8 +2,10 @@
 
 Checks what lands on disk (files, modes), that the openssl command accepts
 the chain and sees the expected names, the refusal to overwrite without
---force, --help, usage errors (exit 2) and the caBundle line.  The openssl
-command only inspects the output; gpuguard itself uses the library.
+--force, --help, usage errors (exit 2), the caBundle line, --print-ca-bundle
+and the kustomize patch of --kustomize-patch (tests/integration/test_deploy.py
+renders it into deploy/overlays/self-managed).  The openssl command only
+inspects the output; gpuguard itself uses the library.
 """
 
 import base64
@@ -13,6 +15,7 @@ import stat
 import subprocess
 
 import pytest
+import yaml
 
 BIN = os.environ.get("GPUGUARD_BIN")
 
@@ -44,8 +47,15 @@ FLAGS = (
     "--key-type",
     "--dev",
     "--force",
+    "--kustomize-patch",
+    "--print-ca-bundle",
     "--help",
 )
+# The webhook configurations of deploy/base/webhooks.yaml that the patch targets.
+PATCH_TARGETS = [
+    ("MutatingWebhookConfiguration", "gpuguard", "mutate.gpuguard.io"),
+    ("ValidatingWebhookConfiguration", "gpuguard", "validate.gpuguard.io"),
+]
 
 
 def run(*args):
@@ -238,6 +248,9 @@ BASE = ["--service", SERVICE, "--namespace", NAMESPACE, "--out", "{out}"]
         (BASE + ["--key-type", "dsa"], "--key-type"),
         (BASE + ["--dev=yes"], "--dev"),
         (BASE + ["--force=1"], "--force"),
+        (BASE + ["--kustomize-patch"], "--kustomize-patch"),
+        (BASE + ["--kustomize-patch="], "--kustomize-patch"),
+        (BASE + ["--print-ca-bundle=yes"], "--print-ca-bundle"),
         (BASE + ["extra"], "extra"),
         (BASE[2:], "--service"),
         (BASE[:2] + BASE[4:], "--namespace"),
@@ -262,3 +275,88 @@ def test_ca_bundle_line(tmp_path):
     assert len(lines) == 1
     decoded = base64.b64decode(lines[0][len("caBundle: "):], validate=True)
     assert decoded == (tmp_path / "ca.crt").read_bytes()
+
+
+def test_print_ca_bundle_prints_only_the_bundle(tmp_path):
+    out = tmp_path / "out"
+    res = make_ok(out, "--print-ca-bundle")
+    ca = (out / "ca.crt").read_bytes()
+    assert res.stdout == base64.b64encode(ca).decode() + "\n"
+    assert res.stderr == ""
+    assert sorted(os.listdir(out)) == sorted(FILES)
+
+
+def read_patch(path):
+    docs = list(yaml.safe_load_all(path.read_text()))
+    assert len(docs) == len(PATCH_TARGETS)
+    return docs
+
+
+def test_kustomize_patch(tmp_path):
+    out, patch = tmp_path / "out", tmp_path / "webhook-cabundle.yaml"
+    res = make_ok(out, "--kustomize-patch", str(patch))
+    assert f"wrote {patch} " in res.stdout
+    assert stat.S_IMODE(patch.stat().st_mode) == 0o644
+    assert sorted(os.listdir(tmp_path)) == ["out", "webhook-cabundle.yaml"]  # no temporaries
+    ca = (out / "ca.crt").read_bytes()
+    line = [l for l in res.stdout.splitlines() if l.startswith("caBundle: ")][0]
+    for doc, (kind, name, hook) in zip(read_patch(patch), PATCH_TARGETS):
+        assert doc["apiVersion"] == "admissionregistration.k8s.io/v1"
+        assert doc["kind"] == kind
+        assert doc["metadata"] == {"name": name}
+        # A strategic merge patch: the webhook is found by name, only caBundle is set.
+        assert doc["webhooks"] == [{"name": hook, "clientConfig": {"caBundle": line[10:]}}]
+        assert base64.b64decode(line[10:], validate=True) == ca
+
+
+def test_kustomize_patch_with_print_ca_bundle(tmp_path):
+    out, patch = tmp_path / "out", tmp_path / "patch.yaml"
+    res = make_ok(out, "--kustomize-patch", str(patch), "--print-ca-bundle")
+    bundle = res.stdout.strip()
+    assert res.stdout == bundle + "\n"
+    for doc in read_patch(patch):
+        assert doc["webhooks"][0]["clientConfig"]["caBundle"] == bundle
+
+
+def test_kustomize_patch_refuses_to_overwrite(tmp_path):
+    out, patch = tmp_path / "out", tmp_path / "patch.yaml"
+    patch.write_text("keep me\n")
+    res = make(out, "--kustomize-patch", str(patch))
+    assert res.returncode == 1
+    assert str(patch) in res.stderr and "--force" in res.stderr
+    assert patch.read_text() == "keep me\n"
+    assert not out.exists()  # nothing written at all
+    assert sorted(os.listdir(tmp_path)) == ["patch.yaml"]
+
+
+def test_kustomize_patch_not_written_when_certs_refused(tmp_path):
+    out, patch = tmp_path / "out", tmp_path / "patch.yaml"
+    make_ok(out)
+    before = snapshot(out)
+    res = make(out, "--kustomize-patch", str(patch))
+    assert res.returncode == 1 and "--force" in res.stderr
+    assert not patch.exists()
+    assert snapshot(out) == before
+    assert sorted(os.listdir(tmp_path)) == ["out"]
+
+
+def test_kustomize_patch_force_replaces(tmp_path):
+    out, patch = tmp_path / "out", tmp_path / "patch.yaml"
+    make_ok(out, "--kustomize-patch", str(patch))
+    first = patch.read_text()
+    make_ok(out, "--kustomize-patch", str(patch), "--force")
+    assert patch.read_text() != first
+    ca = (out / "ca.crt").read_bytes()
+    for doc in read_patch(patch):
+        assert base64.b64decode(doc["webhooks"][0]["clientConfig"]["caBundle"]) == ca
+    assert sorted(os.listdir(tmp_path)) == ["out", "patch.yaml"]
+
+
+@pytest.mark.parametrize("where", ["missing-dir/patch.yaml", "."])
+def test_kustomize_patch_bad_target(tmp_path, where):
+    out = tmp_path / "out"
+    target = tmp_path / where
+    res = make(out, "--kustomize-patch", str(target), "--force")
+    assert res.returncode == 1, res.stderr
+    assert str(target) in res.stderr
+    assert not out.exists()

@@ -1,0 +1,818 @@
+"""test_deploy.py - the Kubernetes manifests (deploy/) and the container image
+recipe (deploy/Dockerfile) against the server they deploy.
+
+Renders `kubectl kustomize deploy/` (the base) and both overlays, parses
+every document and checks the fields README.md "Install in a cluster"
+relies on.  Ports, paths and flags are not restated here: they come from
+`gpuguard serve --help` (GPUGUARD_BIN), and the rendered ConfigMaps and
+Deployment arguments are run through the real server on loopback.
+"""
+
+import base64
+import binascii
+import fnmatch
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import load_review, start_server
+
+REPO = Path(__file__).resolve().parents[2]
+DEPLOY = REPO / "deploy"
+OVERLAYS = DEPLOY / "overlays"
+KUBECTL = shutil.which("kubectl")
+BIN = os.environ.get("GPUGUARD_BIN")
+
+NAMESPACE = "gpuguard-system"
+SERVICE = "gpuguard"
+TLS_SECRET = "gpuguard-tls"
+WEBHOOK_CONFIG = "gpuguard"
+WEBHOOK_KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
+STAGE_LABEL, STAGE_VALUE = "app.kubernetes.io/component", "webhook-configuration"
+PLACEHOLDER = "REPLACE-ME--run-gpuguard-certs--kustomize-patch"
+# Bytes the client-side `kubectl apply` can keep in its last-applied annotation.
+ANNOTATION_LIMIT = 256 * 1024
+
+needs_kubectl = pytest.mark.skipif(
+    KUBECTL is None, reason="kubectl is not installed: the kustomize renders are not checked"
+)
+needs_bin = pytest.mark.skipif(
+    not BIN, reason="GPUGUARD_BIN is not set: run through `make integration`"
+)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def kustomize(path):
+    res = subprocess.run([KUBECTL, "kustomize", str(path)], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, f"kubectl kustomize {path}: {res.stderr}"
+    docs = [d for d in yaml.safe_load_all(res.stdout) if d is not None]
+    assert docs, f"kubectl kustomize {path} rendered nothing"
+    return docs
+
+
+def find(docs, kind, name=None):
+    return [d for d in docs if d["kind"] == kind and (name is None or d["metadata"]["name"] == name)]
+
+
+def one(docs, kind, name=None):
+    found = find(docs, kind, name)
+    assert len(found) == 1, f"expected one {kind} {name or ''}, got {len(found)}"
+    return found[0]
+
+
+def configmap(docs, base_name):
+    """A generated ConfigMap by its name before the content hash suffix."""
+    found = [d for d in find(docs, "ConfigMap")
+             if re.fullmatch(re.escape(base_name) + r"-[a-z0-9]{10}", d["metadata"]["name"])]
+    assert len(found) == 1, f"expected one ConfigMap {base_name}-<hash>, got {len(found)}"
+    return found[0]
+
+
+def split_flags(args):
+    """["--a=1", "--b", "2", "--c"] -> {"--a": "1", "--b": "2", "--c": None}."""
+    flags, i = {}, 0
+    while i < len(args):
+        arg = args[i]
+        assert arg.startswith("--"), f"unexpected argument {arg!r}"
+        if "=" in arg:
+            name, value = arg.split("=", 1)
+        elif i + 1 < len(args) and not args[i + 1].startswith("--"):
+            name, value = arg, args[i + 1]
+            i += 1
+        else:
+            name, value = arg, None
+        assert name not in flags, f"{name} given twice"
+        flags[name] = value
+        i += 1
+    return flags
+
+
+def port_of(addr):
+    return int(addr.rsplit(":", 1)[1])
+
+
+def container(docs):
+    dep = one(docs, "Deployment", SERVICE)
+    containers = dep["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return containers[0]
+
+
+def resolve_port(port, ctr):
+    if isinstance(port, int):
+        return port
+    named = [p["containerPort"] for p in ctr.get("ports", []) if p.get("name") == port]
+    assert named, f"no container port named {port}"
+    return named[0]
+
+
+def quantity(q):
+    """Enough of resource.Quantity for requests and limits: m, Ki..Gi, plain."""
+    q = str(q)
+    units = {"m": 1e-3, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "k": 1e3, "M": 1e6, "G": 1e9}
+    for suffix, mult in sorted(units.items(), key=lambda kv: -len(kv[0])):
+        if q.endswith(suffix):
+            return float(q[: -len(suffix)]) * mult
+    return float(q)
+
+
+# ---------------------------------------------------------------- server facts
+
+
+@pytest.fixture(scope="module")
+def serve_help():
+    """What `gpuguard serve --help` says: flags, default ports, routes."""
+    if not BIN:
+        pytest.skip("GPUGUARD_BIN is not set: run through `make integration`")
+    res = subprocess.run([BIN, "serve", "--help"], capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    text = res.stdout
+    flags = set(re.findall(r"^\s+(?:-\w, )?(--[a-z][a-z-]*)", text, re.M))
+    defaults = dict(re.findall(r"^\s+(--[a-z-]+) \S+\s.*\[([^\]]+)\]\s*$", text, re.M))
+    return {
+        "text": text,
+        "flags": flags,
+        "webhook_port": port_of(defaults["--listen"]),
+        "ops_port": port_of(defaults["--ops-listen"]),
+        "webhook_paths": set(re.findall(r"POST (/[a-z]+)", text)),
+        "ops_paths": set(re.findall(r"(/[a-z]+z)\b", text)),
+    }
+
+
+def test_serve_help_is_parsed(serve_help):
+    assert {"--listen", "--ops-listen", "--tls-cert", "--tls-key", "--config", "--policies",
+            "--lua"} <= serve_help["flags"]
+    assert serve_help["webhook_port"] == 8443
+    assert serve_help["ops_port"] == 9090
+    assert serve_help["webhook_paths"] == {"/mutate", "/validate"}
+    assert serve_help["ops_paths"] == {"/healthz", "/readyz"}
+
+
+# ---------------------------------------------------------------- renders
+
+
+@pytest.fixture(scope="module")
+def base():
+    if KUBECTL is None:
+        pytest.skip("kubectl is not installed: the kustomize renders are not checked")
+    return kustomize(DEPLOY)
+
+
+@pytest.fixture(scope="module")
+def cert_manager():
+    if KUBECTL is None:
+        pytest.skip("kubectl is not installed: the kustomize renders are not checked")
+    return kustomize(OVERLAYS / "cert-manager")
+
+
+@pytest.fixture(scope="module")
+def self_managed():
+    if KUBECTL is None:
+        pytest.skip("kubectl is not installed: the kustomize renders are not checked")
+    return kustomize(OVERLAYS / "self-managed")
+
+
+@pytest.fixture(scope="module", params=["base", "cert-manager", "self-managed"])
+def render(request):
+    """Each of the three renders: what holds for the base holds for both overlays."""
+    return request.getfixturevalue(request.param.replace("-", "_"))
+
+
+def test_base_render_is_deploy_base(base):
+    """`kubectl kustomize deploy/` is deploy/base, and no overlay (no Secret, no caBundle)."""
+    assert kustomize(DEPLOY / "base") == base
+    assert not find(base, "Secret")
+    for kind in WEBHOOK_KINDS:
+        for hook in one(base, kind, WEBHOOK_CONFIG)["webhooks"]:
+            assert "caBundle" not in hook["clientConfig"]
+
+
+def test_every_document_is_an_object(render):
+    for doc in render:
+        assert doc.get("apiVersion") and doc.get("kind"), doc
+        assert doc["metadata"].get("name"), doc
+
+
+def test_namespace_and_placement(render):
+    one(render, "Namespace", NAMESPACE)
+    cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding", *WEBHOOK_KINDS}
+    for doc in render:
+        if doc["kind"] in cluster_scoped:
+            assert "namespace" not in doc["metadata"], doc["kind"]
+        else:
+            assert doc["metadata"].get("namespace") == NAMESPACE, (doc["kind"],
+                                                                   doc["metadata"]["name"])
+
+
+def test_rbac_is_least_privilege(render):
+    roles = find(render, "ClusterRole")
+    assert len(roles) == 1, "one ClusterRole"
+    assert not find(render, "Role") and not find(render, "RoleBinding")
+    granted = set()
+    for rule in roles[0]["rules"]:
+        assert set(rule) == {"apiGroups", "resources", "verbs"}, rule  # no names, no URLs
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                for verb in rule["verbs"]:
+                    granted.add((group, resource, verb))
+    assert granted == {("", "pods", "list"), ("", "pods", "watch"), ("", "namespaces", "get")}
+
+    sa = one(render, "ServiceAccount")
+    binding = one(render, "ClusterRoleBinding")
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                                  "name": roles[0]["metadata"]["name"]}
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
+                                    "namespace": NAMESPACE}]
+    dep = one(render, "Deployment", SERVICE)
+    assert dep["spec"]["template"]["spec"]["serviceAccountName"] == sa["metadata"]["name"]
+
+
+# ---------------------------------------------------------------- Deployment
+
+
+def test_deployment_availability(render):
+    dep = one(render, "Deployment", SERVICE)
+    spec = dep["spec"]
+    pod = spec["template"]
+    labels = pod["metadata"]["labels"]
+    assert spec["replicas"] == 3
+    assert spec["selector"]["matchLabels"].items() <= labels.items()
+    assert pod["spec"]["priorityClassName"] == "system-cluster-critical"
+    # A rolling update never goes below the replica count.
+    assert spec["strategy"]["rollingUpdate"]["maxUnavailable"] == 0
+
+    spread = pod["spec"].get("topologySpreadConstraints", [])
+    by_node = [c for c in spread if c["topologyKey"] == "kubernetes.io/hostname"]
+    anti = (pod["spec"].get("affinity", {}).get("podAntiAffinity", {})
+            .get("requiredDuringSchedulingIgnoredDuringExecution", []))
+    assert by_node or any(t["topologyKey"] == "kubernetes.io/hostname" for t in anti), \
+        "replicas must be spread across nodes"
+    for c in by_node:
+        assert c["maxSkew"] == 1
+        assert c["whenUnsatisfiable"] == "DoNotSchedule"
+        assert c["labelSelector"]["matchLabels"].items() <= labels.items()
+
+    pdb = one(render, "PodDisruptionBudget")
+    assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    assert (pdb["spec"].get("maxUnavailable") == 1
+            or pdb["spec"].get("minAvailable") == spec["replicas"] - 1)
+
+
+def test_priority_class_is_admitted_outside_kube_system(render):
+    quota = one(render, "ResourceQuota")
+    scopes = quota["spec"]["scopeSelector"]["matchExpressions"]
+    assert {"scopeName": "PriorityClass", "operator": "In",
+            "values": ["system-cluster-critical"]} in scopes
+    assert int(quota["spec"]["hard"]["pods"]) > 3 + 1  # replicas plus the surge
+
+
+def test_security_context(render):
+    dep = one(render, "Deployment", SERVICE)
+    pod_sc = dep["spec"]["template"]["spec"]["securityContext"]
+    ctr = container(render)
+    sc = ctr["securityContext"]
+    assert pod_sc["runAsNonRoot"] is True
+    assert sc.get("runAsNonRoot", pod_sc["runAsNonRoot"]) is True
+    assert sc.get("runAsUser", pod_sc.get("runAsUser", 0)) > 0
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc.get("privileged", False) is False
+    assert sc["capabilities"] == {"drop": ["ALL"]}
+    for ctx in (pod_sc, sc):
+        assert ctx["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert "hostNetwork" not in dep["spec"]["template"]["spec"]
+
+
+def test_resources(render):
+    res = container(render)["resources"]
+    for key in ("cpu", "memory"):
+        assert key in res["requests"] and key in res["limits"], key
+        assert quantity(res["requests"][key]) <= quantity(res["limits"][key]), key
+
+
+def test_args_are_serve_flags(render, serve_help):
+    ctr = container(render)
+    assert "command" not in ctr, "the image's entrypoint is `gpuguard serve`"
+    flags = split_flags(ctr["args"])
+    unknown = set(flags) - serve_help["flags"]
+    assert not unknown, f"not flags of `gpuguard serve`: {sorted(unknown)}"
+    assert flags["--listen"] == f"0.0.0.0:{serve_help['webhook_port']}"
+    assert flags["--ops-listen"] == f"0.0.0.0:{serve_help['ops_port']}"
+    for required in ("--tls-cert", "--tls-key", "--config", "--policies", "--lua"):
+        assert flags.get(required), required
+
+
+def test_mounts_match_args(render):
+    """Every file the arguments name comes read-only from the right volume."""
+    dep = one(render, "Deployment", SERVICE)
+    volumes = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
+    ctr = container(render)
+    mounts = {m["mountPath"]: m for m in ctr["volumeMounts"]}
+    for m in mounts.values():
+        assert m.get("readOnly") is True, m
+    flags = split_flags(ctr["args"])
+
+    def mount_for(path):
+        best = [p for p in mounts if path == p or path.startswith(p.rstrip("/") + "/")]
+        assert best, f"{path} is not on a mounted volume"
+        m = mounts[max(best, key=len)]
+        return m, volumes[m["name"]], os.path.relpath(path, m["mountPath"])
+
+    for flag, key in (("--tls-cert", "tls.crt"), ("--tls-key", "tls.key")):
+        m, vol, rel = mount_for(flags[flag])
+        assert vol["secret"]["secretName"] == TLS_SECRET
+        assert rel == key, f"{flag} must name the Secret's {key}"
+        # Readable by the non-root user through fsGroup, not world-readable.
+        assert vol["secret"].get("defaultMode", 0o644) & 0o007 == 0
+    m, vol, rel = mount_for(flags["--config"])
+    assert rel == "." and m["subPath"] == "gpuguard.yaml"
+    assert re.fullmatch(r"gpuguard-config-[a-z0-9]{10}", vol["configMap"]["name"])
+    for flag, cm in (("--policies", "gpuguard-policies"), ("--lua", "gpuguard-lua")):
+        m, vol, rel = mount_for(flags[flag])
+        assert rel == "." and "subPath" not in m, flag
+        assert re.fullmatch(re.escape(cm) + r"-[a-z0-9]{10}", vol["configMap"]["name"]), flag
+        assert configmap(render, cm)["metadata"]["name"] == vol["configMap"]["name"]
+    assert dep["spec"]["template"]["spec"]["securityContext"].get("fsGroup"), \
+        "fsGroup makes the Secret's files readable by the non-root user"
+
+
+def test_probes_on_the_ops_port(render, serve_help):
+    ctr = container(render)
+    ops_port = port_of(split_flags(ctr["args"])["--ops-listen"])
+    assert ops_port == serve_help["ops_port"]
+    for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+        get = ctr[probe]["httpGet"]
+        assert get["path"] == path, probe
+        assert path in serve_help["ops_paths"]
+        assert resolve_port(get["port"], ctr) == ops_port, probe
+        assert get.get("scheme", "HTTP") == "HTTP", "the ops port is plain HTTP"
+    ports = {p["containerPort"] for p in ctr["ports"]}
+    assert {serve_help["webhook_port"], serve_help["ops_port"]} <= ports
+
+
+def test_shutdown_fits_the_grace_period(render, serve_help):
+    dep = one(render, "Deployment", SERVICE)
+    ctr = container(render)
+    grace = int(split_flags(ctr["args"]).get("--shutdown-grace") or 30)
+    pause = 0
+    cmd = ctr.get("lifecycle", {}).get("preStop", {}).get("exec", {}).get("command")
+    if cmd:
+        assert cmd[0] == "/bin/sleep"
+        pause = int(cmd[1])
+    total = dep["spec"]["template"]["spec"].get("terminationGracePeriodSeconds", 30)
+    assert pause + grace < total
+
+
+def test_service_ports(render, serve_help):
+    svc = one(render, "Service", SERVICE)
+    dep = one(render, "Deployment", SERVICE)
+    labels = dep["spec"]["template"]["metadata"]["labels"]
+    assert svc["spec"]["selector"].items() <= labels.items()
+    assert svc["spec"].get("type", "ClusterIP") == "ClusterIP"
+    ports = {p["name"]: p for p in svc["spec"]["ports"]}
+    assert ports["https"]["port"] == 443
+    assert ports["https"]["targetPort"] == serve_help["webhook_port"] == 8443
+    assert ports["metrics"]["port"] == ports["metrics"]["targetPort"] == serve_help["ops_port"]
+
+
+def test_image(render, binary):
+    ctr = container(render)
+    version = subprocess.run([binary, "version"], capture_output=True, text=True).stdout
+    assert re.search(r"\b(\d+\.\d+\.\d+)\b", version)
+    tag = ctr["image"].rsplit(":", 1)[1]
+    assert tag in version, "the image tag in deploy/base/kustomization.yaml is the version"
+    assert ctr["imagePullPolicy"] == "IfNotPresent"
+
+
+# ---------------------------------------------------------------- ConfigMaps
+
+
+def test_configmaps_hold_the_repository_files(render):
+    """What the cluster gets is what `make run` serves; else run deploy/sync.sh."""
+    hint = "stale ConfigMap: run deploy/sync.sh"
+    cfg = configmap(render, "gpuguard-config")
+    assert cfg["data"] == {"gpuguard.yaml": (DEPLOY / "gpuguard.yaml").read_text()}, hint
+    for name, directory in (("gpuguard-policies", "policies"), ("gpuguard-lua", "lua")):
+        want = {p.name: p.read_text() for p in sorted((REPO / directory).glob("*.lua"))}
+        assert want, directory
+        got = configmap(render, name)["data"]
+        assert sorted(got) == sorted(want), hint
+        for key in want:
+            assert got[key] == want[key], f"{directory}/{key}: {hint}"
+
+
+def test_configmaps_fit_kubectl_apply(render):
+    for cm in find(render, "ConfigMap"):
+        size = len(json.dumps(cm).encode())
+        assert size < ANNOTATION_LIMIT, (
+            f"{cm['metadata']['name']} is {size} bytes: too big for the last-applied annotation"
+            " of `kubectl apply`; use `kubectl apply --server-side`")
+
+
+def test_sync_script_check_passes():
+    res = subprocess.run([str(DEPLOY / "sync.sh"), "--check"], capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0, res.stderr
+
+
+# ---------------------------------------------------------------- webhooks
+
+
+@pytest.mark.parametrize("kind", WEBHOOK_KINDS)
+def test_webhook_configuration(render, kind, serve_help):
+    cfg = one(render, kind, WEBHOOK_CONFIG)
+    svc = one(render, "Service", SERVICE)
+    assert len(cfg["webhooks"]) == 1
+    hook = cfg["webhooks"][0]
+    mutating = kind.startswith("Mutating")
+    assert hook["name"] == ("mutate" if mutating else "validate") + ".gpuguard.io"
+    assert hook["admissionReviewVersions"] == ["v1"]
+    assert hook["sideEffects"] == "None"
+    assert hook["timeoutSeconds"] == 5
+    assert hook["failurePolicy"] == "Fail"
+    assert hook["matchPolicy"] == "Equivalent"
+    if mutating:
+        assert hook["reinvocationPolicy"] == "IfNeeded"
+    else:
+        assert "reinvocationPolicy" not in hook
+    assert hook["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"],
+                              "operations": ["CREATE"], "scope": "Namespaced"}]
+    ref = hook["clientConfig"]["service"]
+    assert "url" not in hook["clientConfig"]
+    path = "/mutate" if mutating else "/validate"
+    assert ref["path"] == path and path in serve_help["webhook_paths"]
+    assert ref["name"] == svc["metadata"]["name"]
+    assert ref["namespace"] == svc["metadata"]["namespace"] == NAMESPACE
+    assert ref.get("port", 443) in {p["port"] for p in svc["spec"]["ports"]}
+
+
+def test_webhook_configurations_can_be_applied_last(render):
+    """README.md installs in two steps: everything but the webhook configurations, then,
+    once the replicas are ready, the configurations (and removes them first)."""
+    staged = [d for d in render
+              if d["metadata"].get("labels", {}).get(STAGE_LABEL) == STAGE_VALUE]
+    assert sorted(d["kind"] for d in staged) == sorted(WEBHOOK_KINDS)
+
+
+def label_selector_matches(selector, labels):
+    """metav1.LabelSelector semantics (matchLabels and In/NotIn/Exists/DoesNotExist)."""
+    for key, value in selector.get("matchLabels", {}).items():
+        if labels.get(key) != value:
+            return False
+    for expr in selector.get("matchExpressions", []):
+        key, op, values = expr["key"], expr["operator"], expr.get("values", [])
+        if op == "In" and labels.get(key) not in values:
+            return False
+        if op == "NotIn" and key in labels and labels[key] in values:
+            return False
+        if op == "Exists" and key not in labels:
+            return False
+        if op == "DoesNotExist" and key in labels:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("kind", WEBHOOK_KINDS)
+def test_namespace_selector(render, kind):
+    hook = one(render, kind, WEBHOOK_CONFIG)["webhooks"][0]
+    selector = hook["namespaceSelector"]
+    assert {"key": "kubernetes.io/metadata.name", "operator": "NotIn",
+            "values": ["kube-system", "gpuguard-system"]} in selector["matchExpressions"]
+    assert {"key": "gpuguard.io/ignore", "operator": "NotIn",
+            "values": ["true"]} in selector["matchExpressions"]
+    assert "objectSelector" not in hook, "users could opt their pods out with a label"
+
+    def ns(name, **labels):
+        return {"kubernetes.io/metadata.name": name, **labels}
+
+    assert label_selector_matches(selector, ns("team-a"))
+    assert label_selector_matches(selector, ns("default"))
+    assert label_selector_matches(selector, ns("team-b", **{"gpuguard.io/ignore": "false"}))
+    assert not label_selector_matches(selector, ns("kube-system"))
+    assert not label_selector_matches(selector, ns(NAMESPACE))
+    assert not label_selector_matches(selector, ns("legacy", **{"gpuguard.io/ignore": "true"}))
+
+
+# ---------------------------------------------------------------- overlays
+
+
+def test_cert_manager_overlay(cert_manager, base):
+    dep = one(cert_manager, "Deployment", SERVICE)
+    tls_volume = [v for v in dep["spec"]["template"]["spec"]["volumes"] if "secret" in v]
+    assert [v["secret"]["secretName"] for v in tls_volume] == [TLS_SECRET]
+    assert not find(cert_manager, "Secret"), "cert-manager writes the Secret"
+
+    certs = {c["metadata"]["name"]: c for c in find(cert_manager, "Certificate")}
+    issuers = {i["metadata"]["name"]: i for i in find(cert_manager, "Issuer")}
+    serving = [c for c in certs.values() if c["spec"]["secretName"] == TLS_SECRET]
+    assert len(serving) == 1, "one Certificate writes the TLS Secret"
+    serving = serving[0]
+    assert f"{SERVICE}.{NAMESPACE}.svc" in serving["spec"]["dnsNames"]
+    assert not serving["spec"].get("isCA", False)
+    assert "server auth" in serving["spec"]["usages"]
+    # The chain: serving <- CA Issuer <- CA Certificate <- self-signed Issuer.
+    ca_issuer = issuers[serving["spec"]["issuerRef"]["name"]]
+    assert serving["spec"]["issuerRef"].get("kind", "Issuer") == "Issuer"
+    ca_cert = [c for c in certs.values()
+               if c["spec"]["secretName"] == ca_issuer["spec"]["ca"]["secretName"]]
+    assert len(ca_cert) == 1 and ca_cert[0]["spec"]["isCA"] is True
+    root = issuers[ca_cert[0]["spec"]["issuerRef"]["name"]]
+    assert root["spec"] == {"selfSigned": {}}
+    # Renewal well before expiry; the CA outlives many serving certificates.
+    hours = lambda d: float(d.rstrip("h"))  # noqa: E731
+    assert hours(serving["spec"]["renewBefore"]) < hours(serving["spec"]["duration"])
+    assert hours(ca_cert[0]["spec"]["duration"]) >= 10 * hours(serving["spec"]["duration"])
+
+    for kind in WEBHOOK_KINDS:
+        cfg = one(cert_manager, kind, WEBHOOK_CONFIG)
+        assert cfg["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == \
+            f"{NAMESPACE}/{serving['metadata']['name']}"
+        assert "caBundle" not in cfg["webhooks"][0]["clientConfig"], "the CA injector sets it"
+        # Otherwise the base's configuration, untouched.
+        want = one(base, kind, WEBHOOK_CONFIG)
+        assert cfg["webhooks"] == want["webhooks"]
+
+
+def test_self_managed_overlay_placeholder(self_managed):
+    """The checked-in patch is a placeholder that the API server cannot decode."""
+    assert not find(self_managed, "Secret"), "the Secret is created with kubectl, not in git"
+    assert not find(self_managed, "Certificate")
+    patch = (OVERLAYS / "self-managed" / "webhook-cabundle.yaml").read_text()
+    assert patch.count(PLACEHOLDER) == 2
+    with pytest.raises(binascii.Error):
+        base64.b64decode(PLACEHOLDER, validate=True)
+    for kind in WEBHOOK_KINDS:
+        hooks = one(self_managed, kind, WEBHOOK_CONFIG)["webhooks"]
+        assert len(hooks) == 1
+        assert hooks[0]["clientConfig"]["caBundle"] == PLACEHOLDER
+
+
+@pytest.fixture
+def repo_copy(tmp_path):
+    """deploy/, policies/ and lua/ copied, so an overlay can be changed and rendered."""
+    root = tmp_path / "repo"
+    for name in ("deploy", "policies", "lua"):
+        shutil.copytree(REPO / name, root / name)
+    return root
+
+
+@needs_kubectl
+def test_self_managed_overlay_with_generated_patch(repo_copy, tmp_path, binary, base):
+    overlay = repo_copy / "deploy" / "overlays" / "self-managed"
+    patch = overlay / "webhook-cabundle.yaml"
+    out = tmp_path / "certs"
+    args = [binary, "certs", "--service", SERVICE, "--namespace", NAMESPACE, "--out", str(out),
+            "--kustomize-patch", str(patch)]
+    # The placeholder is a file like any other: replacing it takes --force.
+    res = subprocess.run(args, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 1 and "--force" in res.stderr
+    assert PLACEHOLDER in patch.read_text() and not out.exists()
+    res = subprocess.run(args + ["--force"], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+
+    docs = kustomize(overlay)
+    ca = (out / "ca.crt").read_bytes()
+    for kind in WEBHOOK_KINDS:
+        cfg = one(docs, kind, WEBHOOK_CONFIG)
+        want = one(base, kind, WEBHOOK_CONFIG)
+        assert len(cfg["webhooks"]) == 1, "the patch merges into the webhook by name"
+        hook = dict(cfg["webhooks"][0])
+        hook["clientConfig"] = dict(hook["clientConfig"])
+        bundle = hook["clientConfig"].pop("caBundle")
+        assert base64.b64decode(bundle, validate=True) == ca
+        assert [hook] == want["webhooks"], "only caBundle changes"
+    if shutil.which("openssl"):
+        bundle_file = tmp_path / "bundle.pem"
+        bundle_file.write_bytes(base64.b64decode(bundle))
+        res = subprocess.run(["openssl", "verify", "-purpose", "sslserver", "-verify_hostname",
+                              f"{SERVICE}.{NAMESPACE}.svc", "-CAfile", str(bundle_file),
+                              str(out / "tls.crt")], capture_output=True, text=True)
+        assert res.returncode == 0, res.stdout + res.stderr
+
+
+# ---------------------------------------------------------------- the pod, run for real
+
+
+def materialize(docs, root, certs):
+    """Lay out the Deployment's volumes under root as the kubelet would mount them;
+    return the container's arguments with /-paths moved under root."""
+    dep = one(docs, "Deployment", SERVICE)
+    volumes = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
+    ctr = container(docs)
+    for m in ctr["volumeMounts"]:
+        vol = volumes[m["name"]]
+        target = root / m["mountPath"].lstrip("/")
+        if "secret" in vol:
+            target.mkdir(parents=True)
+            for name in ("tls.crt", "tls.key"):
+                shutil.copy(certs / name, target / name)
+            continue
+        data = configmap(docs, re.sub(r"-[a-z0-9]{10}$", "", vol["configMap"]["name"]))["data"]
+        if "subPath" in m:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(data[m["subPath"]])
+        else:
+            target.mkdir(parents=True)
+            for key, text in data.items():
+                (target / key).write_text(text)
+    args = []
+    for name, value in split_flags(ctr["args"]).items():
+        if name in ("--listen", "--ops-listen"):
+            value = "127.0.0.1:0"
+        elif value and value.startswith("/"):
+            value = str(root / value.lstrip("/"))
+        args += [name] + ([value] if value is not None else [])
+    return args
+
+
+@needs_kubectl
+def test_rendered_pod_serves(base, binary, certs, tmp_path):
+    """The rendered ConfigMaps and arguments start the real server: ready, and both
+    webhook paths answer a pod review."""
+    args = materialize(base, tmp_path / "pod", certs)
+    server = start_server(binary, certs, tmp_path, *args, ready_timeout=30)
+    try:
+        ctr = container(base)
+        for probe in ("readinessProbe", "livenessProbe"):
+            status, body = server.ops(ctr[probe]["httpGet"]["path"])
+            assert status == 200, (probe, body)
+        review = load_review("pod-create.json")
+        for kind in WEBHOOK_KINDS:
+            path = one(base, kind, WEBHOOK_CONFIG)["webhooks"][0]["clientConfig"]["service"]["path"]
+            conn = server.connect()
+            status, _, answer = conn.review(review, path=path, timeout="5s")
+            conn.close()
+            assert status == 200, answer
+            assert answer["response"]["uid"] == review["request"]["uid"]
+            assert ("patch" in answer["response"]) == (path == "/mutate"), answer
+        log = server.log_lines()
+        assert not [rec for rec in log if rec.get("level") == "error"], log
+        # The policies came from the rendered ConfigMap, all of them.
+        serving = [rec for rec in log if rec.get("msg") == "serving"]
+        loaded = serving[0].get("policies")
+        if isinstance(loaded, list):
+            assert len(loaded) == len(list((REPO / "policies").glob("*.lua"))), loaded
+    finally:
+        assert server.stop() == 0
+
+
+# ---------------------------------------------------------------- Dockerfile
+
+
+def dockerfile_stages():
+    """[(FROM line, [instructions])], continuation lines joined, comments dropped."""
+    text = re.sub(r"\\\n", " ", "\n".join(
+        line for line in (DEPLOY / "Dockerfile").read_text().splitlines()
+        if not line.lstrip().startswith("#")))
+    stages = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        op, _, rest = line.partition(" ")
+        op = op.upper()
+        if op == "FROM":
+            stages.append((rest.strip(), []))
+        else:
+            assert stages, f"{op} before FROM"
+            stages[-1][1].append((op, " ".join(rest.split())))
+    return stages
+
+
+def apt_packages(instructions):
+    pkgs = []
+    for op, rest in instructions:
+        if op != "RUN":
+            continue
+        for cmd in re.split(r"&&|;", rest):
+            words = shlex.split(cmd)
+            if "apt-get" in words and "install" in words:
+                pkgs += [w for w in words[words.index("install") + 1:] if not w.startswith("-")]
+    return pkgs
+
+
+def makefile_var(name):
+    text = (REPO / "Makefile").read_text().replace("\\\n", " ")
+    return re.search(r"^" + name + r"\s*:?=(.*)$", text, re.M).group(1).split()
+
+
+# The -dev packages behind the Makefile's pkg-config modules (PKGS) on bookworm.
+BUILD_DEV_PKGS = {"libmicrohttpd-dev", "libjansson-dev", "liblua5.4-dev", "libssl-dev",
+                  "libyaml-dev", "libcurl4-openssl-dev", "libgnutls28-dev"}
+
+
+RUNTIME_PKGS = {"libmicrohttpd12", "libjansson4", "liblua5.4-0", "libssl3", "libyaml-0-2",
+                "libcurl4", "libgnutls30", "ca-certificates"}
+
+
+def test_dockerfile_stages():
+    stages = dockerfile_stages()
+    assert len(stages) == 2, "a build stage and a runtime stage"
+    (build_from, _), (final_from, final) = stages
+    assert re.fullmatch(r"debian:bookworm\S* AS build", build_from, re.I), build_from
+    assert re.fullmatch(r"debian:bookworm-slim", final_from), final_from
+    users = [rest for op, rest in final if op == "USER"]
+    assert len(users) == 1 and re.fullmatch(r"[1-9]\d*(:\d+)?", users[0]), \
+        "the final stage runs as a numeric non-root user (runAsNonRoot can check it)"
+
+
+def test_dockerfile_build_stage():
+    (_, build), _ = dockerfile_stages()
+    pkgs = set(apt_packages(build))
+    assert BUILD_DEV_PKGS <= set(makefile_var("DEB_PKGS")), "make deps installs them too"
+    assert BUILD_DEV_PKGS <= pkgs, f"missing build packages: {sorted(BUILD_DEV_PKGS - pkgs)}"
+    assert {"build-essential", "pkg-config"} <= pkgs
+    assert any(op == "RUN" and re.search(r"\bmake\b", rest) for op, rest in build)
+
+
+@pytest.mark.skipif(shutil.which("dpkg") is None or shutil.which("pkg-config") is None,
+                    reason="dpkg and pkg-config are needed to map PKGS to Debian packages")
+def test_build_packages_cover_the_makefile_modules():
+    """Each pkg-config module the Makefile builds with (PKGS) comes from a -dev package
+    in BUILD_DEV_PKGS, so a new module shows up here before the image build breaks."""
+    for module in makefile_var("PKGS"):
+        pc = subprocess.run(["pkg-config", "--path", module], capture_output=True, text=True)
+        assert pc.returncode == 0, f"pkg-config does not know {module}"
+        owner = subprocess.run(["dpkg", "-S", pc.stdout.strip()], capture_output=True, text=True)
+        assert owner.returncode == 0, pc.stdout
+        assert owner.stdout.split(":")[0] in BUILD_DEV_PKGS, (module, owner.stdout)
+
+
+def test_dockerfile_final_stage():
+    _, (_, final) = dockerfile_stages()
+    pkgs = apt_packages(final)
+    assert set(pkgs) == RUNTIME_PKGS, sorted(pkgs)
+    assert not [p for p in pkgs if p.endswith("-dev") or p in ("build-essential", "pkg-config")]
+    copies = [rest.split() for op, rest in final if op == "COPY"]
+    sources = {tuple(c[:-1]): c[-1] for c in copies}
+    assert sources[("deploy/gpuguard.yaml",)] == "/etc/gpuguard/gpuguard.yaml"
+    assert sources[("policies/*.lua",)] == "/etc/gpuguard/policies/"
+    assert sources[("lua/*.lua",)] == "/etc/gpuguard/lua/"
+    binary = [c[-1] for c in copies if c[0] == "--from=build"]
+    assert len(binary) == 1
+    entry = [json.loads(rest) for op, rest in final if op == "ENTRYPOINT"]
+    assert entry == [[binary[0], "serve"]]
+
+
+def test_dockerfile_matches_deployment(base, serve_help):
+    """The image's defaults and the manifests agree: same user, same paths, same flags."""
+    _, (_, final) = dockerfile_stages()
+    uid = int([rest for op, rest in final if op == "USER"][0].split(":")[0])
+    dep = one(base, "Deployment", SERVICE)
+    assert dep["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == uid
+    cmd = [json.loads(rest) for op, rest in final if op == "CMD"]
+    assert len(cmd) == 1
+    image_flags = split_flags(cmd[0])
+    assert set(image_flags) <= serve_help["flags"]
+    deploy_flags = split_flags(container(base)["args"])
+    for name, value in image_flags.items():
+        assert deploy_flags[name] == value, name
+    exposed = [rest for op, rest in final if op == "EXPOSE"]
+    assert exposed == [f"{serve_help['webhook_port']} {serve_help['ops_port']}"]
+
+
+def test_dockerignore_keeps_what_the_build_copies():
+    patterns = [l.strip() for l in (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines()
+                if l.strip() and not l.startswith("#")]
+    assert patterns[0] == "*"
+    allowed = [p[1:] for p in patterns if p.startswith("!")]
+    stages = dockerfile_stages()
+    for _, instructions in stages:
+        for op, rest in instructions:
+            if op != "COPY" or rest.startswith("--from"):
+                continue
+            for src in rest.split()[:-1]:
+                src = src.rstrip("/")
+                assert any(fnmatch.fnmatch(src, p) or src == p for p in allowed), src
+
+
+@pytest.mark.skipif(shutil.which("dpkg") is None or shutil.which("readelf") is None,
+                    reason="dpkg and readelf are needed to map the binary's libraries to packages")
+def test_runtime_packages_cover_the_binary(binary):
+    """Every library the binary links (ELF NEEDED) is in a package the final stage installs
+    (or libc6, which the base image has)."""
+    dynamic = subprocess.run(["readelf", "-d", binary], capture_output=True, text=True).stdout
+    needed = re.findall(r"\(NEEDED\)\s+Shared library: \[([^\]]+)\]", dynamic)
+    assert needed
+    cache = subprocess.run(["/sbin/ldconfig", "-p"], capture_output=True, text=True).stdout
+    for lib in needed:
+        paths = re.findall(r"^\s+" + re.escape(lib) + r" \(.*\) => (\S+)$", cache, re.M)
+        assert paths, lib
+        owner = None
+        for path in (paths[0], os.path.realpath(paths[0])):
+            res = subprocess.run(["dpkg", "-S", path], capture_output=True, text=True)
+            if res.returncode == 0:
+                owner = res.stdout.split(":")[0]
+                break
+        assert owner, f"no package owns {lib}"
+        assert owner in RUNTIME_PKGS | {"libc6"}, f"{lib} comes from {owner}, not installed"
