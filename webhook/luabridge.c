@@ -1323,6 +1323,72 @@ static bool is_object_table(lua_State *L, int idx)
  * patch as diffing the whole objects, without converting what is equal.
  */
 static enum gg_status prune_object(lua_State *L, int idx, const json_t *original, struct path *p,
+                                   json_t **orig_out, json_t **edit_out, struct gg_err *err);
+
+static bool is_array_table(lua_State *L, int idx)
+{
+    if (!lua_istable(L, idx) || !lua_getmetatable(L, idx))
+        return false;
+    push_registry(L, &key_array_mt);
+    bool eq = lua_rawequal(L, -1, -2);
+    lua_pop(L, 2);
+    return eq;
+}
+
+static enum gg_status prune_value(lua_State *L, int idx, json_t *ov, struct path *p, json_t **so,
+                                  json_t **se, struct gg_err *err);
+
+/*
+ * Arrays of the same length keep their positions: equal elements become a
+ * null on both sides (the diff sees nothing there), the others are pruned.
+ */
+static enum gg_status prune_array(lua_State *L, int idx, const json_t *original, struct path *p,
+                                  json_t **orig_out, json_t **edit_out, struct gg_err *err)
+{
+    json_t *o = json_array(), *e = json_array();
+    enum gg_status st = GG_OK;
+    idx = lua_absindex(L, idx);
+    for (size_t i = 0; st == GG_OK && i < json_array_size(original); i++) {
+        lua_rawgeti(L, idx, (lua_Integer)i + 1);
+        p->seg[p->depth].key = NULL;
+        p->seg[p->depth].index = i;
+        p->depth++;
+        json_t *so = NULL, *se = NULL;
+        st = prune_value(L, -1, json_array_get(original, i), p, &so, &se, err);
+        p->depth--;
+        lua_pop(L, 1);
+        json_array_append_new(o, so ? so : json_null());
+        json_array_append_new(e, se ? se : json_null());
+    }
+    if (st != GG_OK) {
+        json_decref(o);
+        json_decref(e);
+        return st;
+    }
+    *orig_out = o;
+    *edit_out = e;
+    return GG_OK;
+}
+
+/* The differing parts of one value: both NULL when equal. */
+static enum gg_status prune_value(lua_State *L, int idx, json_t *ov, struct path *p, json_t **so,
+                                  json_t **se, struct gg_err *err)
+{
+    *so = *se = NULL;
+    if (equals_json(L, idx, ov, 0))
+        return GG_OK;
+    if (p->depth < LB_MAX_DEPTH && json_is_object(ov) && is_object_table(L, idx))
+        return prune_object(L, idx, ov, p, so, se, err);
+    if (p->depth < LB_MAX_DEPTH && json_is_array(ov) && is_array_table(L, idx) &&
+        lua_rawlen(L, idx) == json_array_size(ov))
+        return prune_array(L, idx, ov, p, so, se, err);
+    enum gg_status st = to_json(L, idx, p, se, err);
+    if (st == GG_OK)
+        *so = json_incref(ov);
+    return st;
+}
+
+static enum gg_status prune_object(lua_State *L, int idx, const json_t *original, struct path *p,
                                    json_t **orig_out, json_t **edit_out, struct gg_err *err)
 {
     json_t *o = json_object(), *e = json_object();
@@ -1339,12 +1405,8 @@ static enum gg_status prune_object(lua_State *L, int idx, const json_t *original
         json_t *so = NULL, *se = NULL;
         if (lua_isnil(L, -1))
             json_object_set(o, key, ov);
-        else if (equals_json(L, -1, ov, 0))
-            ;
-        else if (json_is_object(ov) && is_object_table(L, -1) && p->depth < LB_MAX_DEPTH)
-            st = prune_object(L, -1, ov, p, &so, &se, err);
-        else if ((st = to_json(L, -1, p, &se, err)) == GG_OK)
-            so = json_incref(ov);
+        else
+            st = prune_value(L, -1, ov, p, &so, &se, err);
         if (so)
             json_object_set_new(o, key, so);
         if (se)
