@@ -62,6 +62,13 @@ enum gg_status adm_decode(const char *body, size_t len, struct adm_request *req,
                           struct gg_err *err);
 void adm_request_clear(struct adm_request *req);
 
+/*
+ * adm_decode for a review that is already JSON (the CLI builds its own):
+ * the same checks; root is stolen, kept in req on success and released on
+ * failure.
+ */
+enum gg_status adm_decode_value(json_t *root, struct adm_request *req, struct gg_err *err);
+
 const char *adm_operation_name(enum adm_operation op);
 
 /*

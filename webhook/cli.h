@@ -7,6 +7,8 @@
 
 int cli_serve(int argc, char **argv);
 int cli_certs(int argc, char **argv);
+int cli_check(int argc, char **argv);
+int cli_test(int argc, char **argv);
 
 /* True when s is "-h" or "--help". */
 int cli_is_help(const char *s);

@@ -16,6 +16,8 @@ static const struct command {
 } commands[] = {
     {"serve", cli_serve, "run the TLS admission webhook and the ops port"},
     {"certs", cli_certs, "create a CA and a serving certificate for the webhook"},
+    {"check", cli_check, "dry-run the policies on manifests (files, directories, stdin) for CI"},
+    {"test", cli_test, "run policy test suites (*.suite.yaml)"},
     {"version", cmd_version, "print the version"},
 };
 

@@ -1,0 +1,292 @@
+"""`gpuguard test` through the real binary: passing and failing suites (with
+the diff), broken suite files (file and line), idempotence checks, every
+kind of expectation, directories, defaults from the flags, and the project's
+own suites under tests/policies when there are any."""
+
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent.parent
+
+POLICY = r'''
+local gg = require "gpuguard"
+local function gpus(pod)
+  local n = 0
+  for _, c in ipairs(pod.spec.containers or {}) do
+    local l = c.resources and c.resources.limits
+    local v = l and l["nvidia.com/gpu"]
+    if v then n = n + tonumber(v) end
+  end
+  return n
+end
+return {
+  name = "gpu-limit",
+  mutate = function(req, pod)
+    if pod == nil then return end  -- DELETE
+    local n = gpus(pod)
+    if n == 0 then return end
+    local meta = pod.metadata
+    if meta.annotations == nil then meta.annotations = gg.object() end
+    meta.annotations["gpuguard.io/decision"] = "exclusive: " .. n .. " GPU"
+  end,
+  validate = function(req, pod)
+    req:audit("op", req.operation .. " " .. req.namespace .. " " .. req.user.username)
+    if pod == nil then return end
+    local n = gpus(pod)
+    if n > 4 then req:deny(("the pod asks for %d GPUs; at most 4 per pod"):format(n)) end
+    if n > 0 and (pod.metadata.labels == nil or pod.metadata.labels.team == nil) then
+      req:warn("no team label")
+    end
+    req:audit("gpus", tostring(n))
+  end,
+}
+'''
+
+# Appends a toleration every time: not idempotent.
+BLIND_APPEND = r'''
+local gg = require "gpuguard"
+return {
+  name = "blind",
+  mutate = function(req, pod)
+    if pod.spec.tolerations == nil then pod.spec.tolerations = gg.array() end
+    local t = pod.spec.tolerations
+    t[#t + 1] = gg.object({ key = "nvidia.com/gpu", operator = "Exists", effect = "NoSchedule" })
+  end,
+}
+'''
+
+
+def pod(name="p", gpus=1, labels=None):
+    meta = {"name": name}
+    if labels:
+        meta["labels"] = labels
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+            "spec": {"containers": [{"name": "c", "image": "cuda",
+                                     "resources": {"limits": {"nvidia.com/gpu": gpus}}}]}}
+
+
+class Suites:
+    def __init__(self, binary, tmp_path):
+        self.binary = binary
+        self.tmp = tmp_path
+        (tmp_path / "policies").mkdir()
+        (tmp_path / "lua").mkdir()
+        (tmp_path / "policies" / "10-gpu.lua").write_text(POLICY)
+
+    def write(self, name, content):
+        path = self.tmp / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(content if isinstance(content, str)
+                        else yaml.safe_dump(content, sort_keys=False))
+        return path
+
+    def run(self, *args, cwd=None):
+        out = subprocess.run([self.binary, "test", *[str(a) for a in args]], capture_output=True,
+                             text=True, timeout=60, cwd=cwd or self.tmp)
+        return out
+
+
+@pytest.fixture
+def suites(binary, tmp_path):
+    return Suites(binary, tmp_path)
+
+
+PASSING = {
+    "name": "gpu limits",
+    "policies": "policies",
+    "lua": "lua",
+    "namespace": "ml",
+    "cases": [
+        {"name": "one GPU is fine",
+         "object": pod("small", labels={"team": "a"}),
+         "expect": {"allowed": True, "warnings": [],
+                    "patch": [{"op": "add", "path": "/metadata/annotations",
+                               "value": {"gpuguard.io/decision": "exclusive: 1 GPU"}}],
+                    "fields": {"/metadata/annotations/gpuguard.io~1decision": "exclusive: 1 GPU",
+                               "/metadata/namespace": "ml", "/spec/nodeName": None},
+                    "decision": "exclusive: 1 GPU",
+                    "audit": {"gpu-limit.gpus": "1", "gpu-limit.op": "CREATE ml gpuguard-check"}}},
+        {"name": "eight GPUs are denied",
+         "object": pod("big", gpus=8),
+         "namespace": "other",
+         "user": "alice",
+         "expect": {"allowed": False,
+                    "message": "gpu-limit: the pod asks for 8 GPUs; at most 4 per pod",
+                    "message_matches": "at most [0-9]+ per pod$",
+                    "warnings_match": ["^gpu-limit: no team"],
+                    "audit": {"gpu-limit.op": "CREATE other alice"}}},
+        {"name": "a deployment and a pod from a file",
+         "manifest": "manifests/two.yaml",
+         "expect_each": [{"allowed": True, "decision": "exclusive: 2 GPU"},
+                         {"allowed": True, "decision": None, "patch": []}]},
+        {"name": "a config map has no pod",
+         "object": {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}},
+         "expect": {"skipped": True}},
+        {"name": "update sees the operation",
+         "object": pod("u", gpus=0),
+         "operation": "UPDATE",
+         "expect": {"allowed": True, "audit": {"gpu-limit.op": "UPDATE ml gpuguard-check"}}},
+    ],
+}
+
+TWO = [
+    {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "d"},
+     "spec": {"template": {"metadata": {"labels": {"team": "x"}},
+                           "spec": pod(gpus=2)["spec"]}}},
+    pod("cpu", gpus=0),
+]
+
+
+def test_help(suites):
+    out = suites.run("--help")
+    assert out.returncode == 0
+    for flag in ["--config FILE", "--policies DIR", "--lua DIR", "--log-level LEVEL",
+                 "-h, --help", "[./policies]", "[./lua]", "[none]"]:
+        assert flag in out.stdout
+
+
+def test_passing_suite(suites):
+    suites.write("manifests/two.yaml", yaml.safe_dump_all(TWO))
+    path = suites.write("gpu.suite.yaml", PASSING)
+    out = suites.run(path)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[:5] == ["PASS gpu limits: one GPU is fine",
+                         "PASS gpu limits: eight GPUs are denied",
+                         "PASS gpu limits: a deployment and a pod from a file",
+                         "PASS gpu limits: a config map has no pod",
+                         "PASS gpu limits: update sees the operation"]
+    assert lines[-1] == "5 passed, 0 failed"
+
+
+def test_failing_suite_shows_a_diff(suites):
+    suite = {
+        "name": "wrong",
+        "policies": "policies",
+        "lua": "lua",
+        "cases": [
+            {"name": "expects the wrong things", "object": pod("big", gpus=8),
+             "expect": {"allowed": True,
+                        "message": "gpu-limit: the pod asks for 9 GPUs; at most 4 per pod",
+                        "warnings": ["gpu-limit: no team label", "another"],
+                        "patch": [{"op": "add", "path": "/metadata/labels", "value": {"a": "b"}}],
+                        "fields": {"/metadata/labels/a": "b", "/spec/containers/0/name": None},
+                        "audit": {"gpu-limit.gpus": "9"}}},
+            {"name": "passes", "object": pod("ok"), "expect": {"allowed": True}},
+            {"name": "wrong count", "manifest": "two.yaml",
+             "expect_each": [{"allowed": True}]},
+        ],
+    }
+    suites.write("two.yaml", yaml.safe_dump_all(TWO))
+    path = suites.write("wrong.suite.yaml", suite)
+    out = suites.run(path)
+    assert out.returncode == 1
+    text = out.stdout
+    assert "FAIL wrong: expects the wrong things" in text
+    assert "PASS wrong: passes" in text
+    assert "FAIL wrong: wrong count" in text
+    assert "expect_each has 1 entries but the manifest has 2" in text
+    assert ("allowed: expected true, got false: gpu-limit: the pod asks for 8 GPUs; "
+            "at most 4 per pod") in text
+    assert "message: (- expected, + actual)" in text
+    assert "- gpu-limit: the pod asks for 9 GPUs; at most 4 per pod" in text
+    assert "+ gpu-limit: the pod asks for 8 GPUs; at most 4 per pod" in text
+    assert re.search(r'^\s+  "gpu-limit: no team label"$', text, re.M)
+    assert re.search(r'^\s+- "another"$', text, re.M)
+    assert re.search(r'^\s+- \{"op":"add","path":"/metadata/labels","value":\{"a":"b"\}\}$',
+                     text, re.M)
+    assert re.search(r'^\s+\+ \{"op":"add","path":"/metadata/annotations",', text, re.M)
+    assert 'fields /metadata/labels/a: expected "b", got (absent)' in text
+    assert 'fields /spec/containers/0/name: expected (absent), got "c"' in text
+    assert 'audit gpu-limit.gpus: expected "9", got "8"' in text
+    assert out.stdout.splitlines()[-1] == "1 passed, 2 failed"
+
+
+def test_idempotence_failure_is_detected(suites):
+    (suites.tmp / "blind").mkdir()
+    (suites.tmp / "blind" / "10-blind.lua").write_text(BLIND_APPEND)
+    suite = {"name": "blind", "policies": "blind", "lua": "lua", "cases": [
+        {"name": "appends twice", "object": pod(), "expect": {"allowed": True}},
+        {"name": "not checked", "object": pod(),
+         "expect": {"allowed": True, "idempotent": False}},
+    ]}
+    out = suites.run(suites.write("blind.suite.yaml", suite))
+    assert out.returncode == 1
+    assert "FAIL blind: appends twice" in out.stdout
+    assert "idempotent: mutating the mutated pod again gives a patch (+), want none" in out.stdout
+    assert re.search(r'^\s+\+ \{"op":"add","path":"/spec/tolerations/-",', out.stdout, re.M)
+    assert "PASS blind: not checked" in out.stdout
+    assert out.stdout.splitlines()[-1] == "1 passed, 1 failed"
+
+
+@pytest.mark.parametrize("content,where,message", [
+    ("name: x\ncases:\n  - name: a\n    object: {kind: Pod}\n    expect:\n      allowd: true\n",
+     ":6:", "cases[0].expect.allowd: unknown key"),
+    ("name: x\ncases:\n  - name: a\n    object: {kind: Pod}\n    expect:\n      allowed: maybe\n",
+     ":6:", "cases[0].expect.allowed: must be a boolean"),
+    ("name: x\ncases:\n  - name: a\n    expect: {allowed: true}\n",
+     ":3:", "cases[0]: a case needs exactly one of manifest"),
+    ("name: x\ncases:\n  - name: a\n    object: {kind: Pod}\n",
+     ":3:", "a case needs exactly one of expect and expect_each"),
+    ("name: x\ncases:\n- name: a\n  object: {kind: Pod}\n  expect: {message_matches: \"(\"}\n",
+     ":5:", "not a POSIX extended regular expression"),
+    ("name: x\ncases:\n- name: a\n  object: {kind: Pod}\n  operation: PATCH\n"
+     "  expect: {allowed: true}\n", ":5:", "must be CREATE, UPDATE, DELETE or CONNECT"),
+    ("name: x\ncases: []\n", ":2:", "a suite needs a list of cases"),
+    ("name: x\ncases:\n  - name: [unclosed\n", ":4:", ""),
+    ("name: x\ncases:\n- name: a\n  manifest: missing.yaml\n  expect: {allowed: true}\n",
+     ":4:", "missing.yaml: cannot open"),
+    ("name: x\ncluster_state: state.json\ncases:\n- name: a\n  object: {kind: Pod}\n"
+     "  expect: {allowed: true}\n", ":2:", "want List or PodList"),
+    ("name: x\npolicies: nowhere\ncases:\n- name: a\n  object: {kind: Pod}\n"
+     "  expect: {allowed: true}\n", "", "cannot load the policies"),
+])
+def test_broken_suite_exits_2_with_file_and_line(suites, content, where, message):
+    suites.write("state.json", '{"kind": "Deployment"}')
+    path = suites.write("broken.suite.yaml", content)
+    out = suites.run("--policies", "policies", "--lua", "lua", path)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert f"broken.suite.yaml{where}" in out.stderr
+    assert message in out.stderr
+
+
+def test_directories_and_defaults_from_flags(suites):
+    simple = {"cases": [{"name": "ok", "object": pod(), "expect": {"allowed": True}}]}
+    suites.write("suites/a.suite.yaml", simple)
+    suites.write("suites/deeper/b.suite.yaml", dict(simple, name="bee"))
+    suites.write("suites/deeper/c.yaml", simple)  # not a suite file name
+    out = suites.run("--policies", "policies", "--lua", "lua", "suites")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.splitlines() == ["PASS a: ok", "PASS bee: ok", "2 passed, 0 failed"]
+    # Without flags: ./policies and ./lua of the working directory.
+    out = suites.run("suites", cwd=suites.tmp)
+    assert out.returncode == 0
+    empty = suites.tmp / "empty"
+    empty.mkdir()
+    out = suites.run(empty)
+    assert out.returncode == 2 and "no *.suite.yaml files" in out.stderr
+
+
+def test_delete_and_groups(suites):
+    suite = {"policies": "policies", "lua": "lua", "cases": [
+        {"name": "delete", "object": pod(), "operation": "DELETE", "groups": ["admins"],
+         "expect": {"allowed": True, "patch": []}}]}
+    out = suites.run(suites.write("del.suite.yaml", suite))
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_project_policy_suites(binary):
+    root = REPO / "tests" / "policies"
+    if not root.is_dir() or not list(root.rglob("*.suite.yaml")):
+        pytest.skip("no *.suite.yaml under tests/policies yet")
+    args = [binary, "test", "--policies", "policies", "--lua", "lua"]
+    if (REPO / "deploy" / "gpuguard.yaml").exists():
+        args += ["--config", "deploy/gpuguard.yaml"]
+    out = subprocess.run(args + ["tests/policies"], capture_output=True, text=True, cwd=REPO,
+                         timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr

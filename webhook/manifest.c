@@ -1,0 +1,1275 @@
+/*
+ * manifest.c - pods and pod templates in Kubernetes manifests, the Pod a
+ * controller would create from each, patches mapped back onto templates,
+ * and the YAML writer for edited manifests.  The coverage and the rules
+ * are documented in manifest.h.
+ *
+ * Pure: libc, libyaml and jansson only; no I/O, no globals.
+ */
+#include "manifest.h"
+
+#include "buf.h"
+#include "jsonpatch.h"
+
+#include <limits.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <yaml.h>
+
+#define MF_MAX_EMIT_DEPTH (MF_MAX_DEPTH + JP_MAX_DEPTH)
+#define MF_MAX_EMIT_BYTES ((size_t)1 << 30)
+
+void mf_yd_limits(struct yd_limits *out)
+{
+    yd_limits_init(out);
+    out->max_bytes = MF_MAX_FILE_BYTES;
+    out->max_depth = MF_MAX_DEPTH;
+    out->max_nodes = MF_MAX_NODES;
+}
+
+/* ---- small helpers ------------------------------------------------------ */
+
+static const char *str_member(const json_t *obj, const char *key)
+{
+    const char *s = json_string_value(json_object_get(obj, key));
+    return s ? s : "";
+}
+
+/* base + "/" + the escaped token, malloc'ed. */
+static char *ptr_key(const char *base, const char *key)
+{
+    size_t klen = strlen(key), blen = strlen(base);
+    size_t elen = jp_escape(key, klen, NULL, 0);
+    char *out = malloc(blen + elen + 2);
+    if (!out)
+        return NULL;
+    memcpy(out, base, blen);
+    out[blen] = '/';
+    jp_escape(key, klen, out + blen + 1, elen + 1);
+    return out;
+}
+
+/* base + "/items/" + i, malloc'ed. */
+static char *ptr_index(const char *base, size_t i)
+{
+    char *out = NULL;
+    return asprintf(&out, "%s/items/%zu", base, i) < 0 ? NULL : out;
+}
+
+/* a + b, malloc'ed. */
+static char *concat(const char *a, const char *b)
+{
+    char *out = NULL;
+    return asprintf(&out, "%s%s", a, b) < 0 ? NULL : out;
+}
+
+/* A field path for people: prefix and suffix joined with a dot when both are non-empty. */
+static char *path_join(const char *prefix, const char *suffix)
+{
+    char *out = NULL;
+    if (!*prefix || !*suffix)
+        return concat(prefix, suffix);
+    return asprintf(&out, "%s.%s", prefix, suffix) < 0 ? NULL : out;
+}
+
+static uint32_t fnv32(const char *s, uint32_t h)
+{
+    for (; *s; s++) {
+        h ^= (unsigned char)*s;
+        h *= 16777619u;
+    }
+    return h;
+}
+
+/* Like Kubernetes' pod-template-hash: the decimal FNV-32a of the template
+ * spelled in the alphabet of rand.SafeEncodeString. */
+static void template_hash(const json_t *tpl, char *out, size_t size)
+{
+    static const char alphabet[] = "bcdfghjklmnpqrstvwxz2456789";
+    char *text = json_dumps(tpl, JSON_COMPACT | JSON_SORT_KEYS);
+    char digits[16];
+    snprintf(digits, sizeof(digits), "%u", fnv32(text ? text : "", 2166136261u));
+    free(text);
+    size_t i;
+    for (i = 0; digits[i] && i + 1 < size; i++)
+        out[i] = alphabet[(unsigned char)digits[i] % (sizeof(alphabet) - 1)];
+    out[i] = '\0';
+}
+
+/* A stable uid for an owner, shaped like a UUID. */
+static void owner_uid(const char *kind, const char *name, char out[37])
+{
+    uint32_t a = fnv32(name, fnv32(kind, 2166136261u));
+    uint32_t b = fnv32(kind, fnv32(name, a));
+    uint32_t c = fnv32("owner", b), d = fnv32("uid", c);
+    snprintf(out, 37, "%08x-%04x-4%03x-8%03x-%04x%08x", a, b >> 16, b & 0xfff, c & 0xfff, c >> 16,
+             d);
+}
+
+/* ---- kinds -------------------------------------------------------------- */
+
+/* Where the one pod template of a built-in kind is, and who owns the pods. */
+struct single_kind {
+    const char *group;
+    const char *kind;
+    const char *tpl_ptr;  /* relative to the object; "" for a Pod */
+    const char *tpl_path; /* field path for people */
+    const char *owner_api;
+    const char *owner_kind; /* NULL: no controller; "" the object itself */
+};
+
+static const struct single_kind singles[] = {
+    {"", "Pod", "", "", NULL, NULL},
+    {"", "PodTemplate", "/template", "template", NULL, NULL},
+    {"", "ReplicationController", "/spec/template", "spec.template", "v1", ""},
+    {"apps", "Deployment", "/spec/template", "spec.template", "apps/v1", "ReplicaSet"},
+    {"apps", "ReplicaSet", "/spec/template", "spec.template", "apps/v1", ""},
+    {"apps", "StatefulSet", "/spec/template", "spec.template", "apps/v1", ""},
+    {"apps", "DaemonSet", "/spec/template", "spec.template", "apps/v1", ""},
+    {"extensions", "Deployment", "/spec/template", "spec.template", "apps/v1", "ReplicaSet"},
+    {"extensions", "ReplicaSet", "/spec/template", "spec.template", "apps/v1", ""},
+    {"extensions", "DaemonSet", "/spec/template", "spec.template", "apps/v1", ""},
+    {"batch", "Job", "/spec/template", "spec.template", "batch/v1", ""},
+    {"batch", "CronJob", "/spec/jobTemplate/spec/template", "spec.jobTemplate.spec.template",
+     "batch/v1", "Job"},
+};
+
+/* The API group assumed for a kind when the object has no apiVersion. */
+static const struct {
+    const char *kind;
+    const char *group;
+} default_groups[] = {
+    {"Pod", ""},
+    {"PodTemplate", ""},
+    {"ReplicationController", ""},
+    {"Deployment", "apps"},
+    {"ReplicaSet", "apps"},
+    {"StatefulSet", "apps"},
+    {"DaemonSet", "apps"},
+    {"Job", "batch"},
+    {"CronJob", "batch"},
+    {"PyTorchJob", "kubeflow.org"},
+    {"TFJob", "kubeflow.org"},
+    {"MPIJob", "kubeflow.org"},
+    {"XGBoostJob", "kubeflow.org"},
+    {"PaddleJob", "kubeflow.org"},
+    {"JAXJob", "kubeflow.org"},
+    {"RayCluster", "ray.io"},
+    {"RayJob", "ray.io"},
+    {"RayService", "ray.io"},
+    {"JobSet", "jobset.x-k8s.io"},
+    {"LeaderWorkerSet", "leaderworkerset.x-k8s.io"},
+};
+
+#define N_ELEMS(a) (sizeof(a) / sizeof((a)[0]))
+
+/* The object's API group into out; false when it cannot be told. */
+static bool object_group(const json_t *obj, const char *kind, char *out, size_t size)
+{
+    const char *av = json_string_value(json_object_get(obj, "apiVersion"));
+    if (av) {
+        const char *slash = strrchr(av, '/');
+        size_t n = slash ? (size_t)(slash - av) : 0;
+        if (n >= size)
+            return false;
+        memcpy(out, av, n);
+        out[n] = '\0';
+        return true;
+    }
+    for (size_t i = 0; i < N_ELEMS(default_groups); i++) {
+        if (strcmp(default_groups[i].kind, kind) == 0) {
+            snprintf(out, size, "%s", default_groups[i].group);
+            return true;
+        }
+    }
+    return false;
+}
+
+/* ---- collecting --------------------------------------------------------- */
+
+struct collector {
+    const char *source;
+    size_t doc, number, line;
+    size_t objects;
+    struct mf_entry *entries;
+    size_t count, cap;
+    size_t templates, skipped;
+    struct gg_err *err;
+};
+
+/* What one object being visited is. */
+struct object_ctx {
+    const json_t *obj;
+    const char *ptr;  /* of the object in the document */
+    const char *path; /* field path prefix for people: "" or "items[2]" */
+    const char *api_version, *kind, *namespace;
+    char base[256]; /* name used to build owner and pod names */
+    size_t found;   /* templates with a spec found in it */
+    size_t seen;    /* templates looked at, with a spec or not */
+};
+
+/* The controller of a pod and the pod's own name. */
+struct owner {
+    const char *api_version; /* NULL: the pod has no controller */
+    const char *kind;
+    char name[512];
+    char pod_name[512]; /* the pod's name, or "" for generateName "<owner name>-" */
+};
+
+static void entry_clear(struct mf_entry *e)
+{
+    free(e->object_ptr);
+    free(e->api_version);
+    free(e->kind);
+    free(e->name);
+    free(e->namespace);
+    free(e->template_ptr);
+    free(e->path);
+    free(e->owner_kind);
+    free(e->owner_name);
+    json_decref(e->pod);
+    memset(e, 0, sizeof(*e));
+}
+
+void mf_set_clear(struct mf_set *set)
+{
+    if (!set)
+        return;
+    for (size_t i = 0; i < set->count; i++)
+        entry_clear(&set->entries[i]);
+    free(set->entries);
+    memset(set, 0, sizeof(*set));
+}
+
+static enum gg_status nomem(struct collector *c)
+{
+    return gg_fail(c->err, GG_ERR_NOMEM, "%s:%zu: out of memory", c->source, c->line);
+}
+
+/* A new entry for the object, with its identity filled in. */
+static enum gg_status new_entry(struct collector *c, const struct object_ctx *o, enum mf_type type,
+                                struct mf_entry **out)
+{
+    if (c->count == c->cap) {
+        size_t cap = c->cap ? c->cap * 2 : 16;
+        struct mf_entry *grown = realloc(c->entries, cap * sizeof(*grown));
+        if (!grown)
+            return nomem(c);
+        c->entries = grown;
+        c->cap = cap;
+    }
+    struct mf_entry *e = &c->entries[c->count];
+    memset(e, 0, sizeof(*e));
+    e->type = type;
+    e->doc = c->doc;
+    e->doc_number = c->number;
+    e->line = c->line;
+    const json_t *meta = json_object_get(o->obj, "metadata");
+    const char *name = str_member(meta, "name");
+    if (!*name)
+        name = str_member(meta, "generateName");
+    e->object_ptr = strdup(o->ptr);
+    e->api_version = strdup(o->api_version);
+    e->kind = strdup(o->kind);
+    e->name = strdup(name);
+    e->namespace = strdup(o->namespace);
+    if (!e->object_ptr || !e->api_version || !e->kind || !e->name || !e->namespace) {
+        entry_clear(e);
+        return nomem(c);
+    }
+    c->count++;
+    *out = e;
+    return GG_OK;
+}
+
+static enum gg_status add_skipped(struct collector *c, const struct object_ctx *o,
+                                  const char *reason)
+{
+    struct mf_entry *e;
+    enum gg_status st = new_entry(c, o, MF_SKIPPED, &e);
+    if (st == GG_OK) {
+        e->reason = reason;
+        c->skipped++;
+    }
+    return st;
+}
+
+/* The Pod the controller makes from tpl (a template, or the Pod itself). */
+static json_t *build_pod(const struct object_ctx *o, const json_t *tpl, const struct owner *w)
+{
+    if (!w->api_version && strcmp(o->kind, "Pod") == 0 && tpl == o->obj) {
+        json_t *pod = json_deep_copy(tpl);
+        json_t *meta = json_object_get(pod, "metadata");
+        if (pod && !json_is_object(meta)) {
+            meta = json_object();
+            json_object_set_new(pod, "metadata", meta);
+        }
+        if (pod && *o->namespace && !json_object_get(meta, "namespace"))
+            json_object_set_new(meta, "namespace", json_string(o->namespace));
+        return pod;
+    }
+    json_t *pod = json_object(), *meta = json_object();
+    const json_t *tmeta = json_object_get(tpl, "metadata");
+    static const char *const copied[] = {"labels", "annotations", "finalizers"};
+    for (size_t i = 0; i < N_ELEMS(copied); i++) {
+        json_t *v = json_object_get(tmeta, copied[i]);
+        if (v)
+            json_object_set_new(meta, copied[i], json_deep_copy(v));
+    }
+    if (*w->pod_name)
+        json_object_set_new(meta, "name", json_string(w->pod_name));
+    else if (w->api_version) {
+        char gen[520];
+        snprintf(gen, sizeof(gen), "%s-", w->name);
+        json_object_set_new(meta, "generateName", json_string(gen));
+    }
+    if (*o->namespace)
+        json_object_set_new(meta, "namespace", json_string(o->namespace));
+    if (w->api_version) {
+        char uid[37];
+        owner_uid(w->kind, w->name, uid);
+        json_object_set_new(meta, "ownerReferences",
+                            json_pack("[{s:s,s:s,s:s,s:s,s:b,s:b}]", "apiVersion", w->api_version,
+                                      "kind", w->kind, "name", w->name, "uid", uid, "controller", 1,
+                                      "blockOwnerDeletion", 1));
+    }
+    json_object_set_new(pod, "apiVersion", json_string("v1"));
+    json_object_set_new(pod, "kind", json_string("Pod"));
+    json_object_set_new(pod, "metadata", meta);
+    json_object_set_new(pod, "spec", json_deep_copy(json_object_get(tpl, "spec")));
+    if (!json_object_get(pod, "spec") || json_object_size(pod) != 4) {
+        json_decref(pod);
+        return NULL;
+    }
+    return pod;
+}
+
+/*
+ * One template found at rel_ptr (relative to the object; rel_path for
+ * people) and owned as w says.  Templates without an object spec only
+ * count as seen.
+ */
+static enum gg_status add_template(struct collector *c, struct object_ctx *o, const json_t *tpl,
+                                   const char *rel_ptr, const char *rel_path, const struct owner *w)
+{
+    o->seen++;
+    if (!json_is_object(tpl) || !json_is_object(json_object_get(tpl, "spec")))
+        return GG_OK;
+    struct mf_entry *e;
+    enum gg_status st = new_entry(c, o, MF_TEMPLATE, &e);
+    if (st != GG_OK)
+        return st;
+    e->template_ptr = concat(o->ptr, rel_ptr);
+    e->path = path_join(o->path, rel_path);
+    e->owner_kind = strdup(w->api_version ? w->kind : "");
+    e->owner_name = strdup(w->api_version ? w->name : "");
+    e->pod = build_pod(o, tpl, w);
+    if (!e->template_ptr || !e->path || !e->owner_kind || !e->owner_name || !e->pod) {
+        c->count--;
+        entry_clear(e);
+        return nomem(c);
+    }
+    o->found++;
+    c->templates++;
+    return GG_OK;
+}
+
+/* An owner: the object itself when kind is "" (owner_api NULL for none). */
+static void set_owner(struct owner *w, const struct object_ctx *o, const char *api,
+                      const char *kind, const char *name)
+{
+    memset(w, 0, sizeof(*w));
+    if (!api)
+        return;
+    w->api_version = api;
+    w->kind = *kind ? kind : o->kind;
+    snprintf(w->name, sizeof(w->name), "%s", name ? name : o->base);
+}
+
+static enum gg_status find_single(struct collector *c, struct object_ctx *o,
+                                  const struct single_kind *k)
+{
+    const json_t *tpl = o->obj;
+    if (*k->tpl_ptr && jp_pointer_get(o->obj, k->tpl_ptr, (json_t **)&tpl, NULL) != GG_OK)
+        tpl = NULL;
+    struct owner w;
+    char name[320];
+    const char *api = k->owner_api;
+    if (api && !*k->owner_kind && strcmp(k->group, "apps") != 0 &&
+        strcmp(k->group, "extensions") != 0 && *o->api_version)
+        api = o->api_version;
+    if (k->owner_kind && strcmp(k->owner_kind, "ReplicaSet") == 0) {
+        char hash[16];
+        template_hash(tpl, hash, sizeof(hash));
+        snprintf(name, sizeof(name), "%s-%s", o->base, hash);
+        set_owner(&w, o, api, k->owner_kind, name);
+    } else if (k->owner_kind && strcmp(k->owner_kind, "Job") == 0) {
+        /* A CronJob's Job is named after its scheduled time in minutes. */
+        snprintf(name, sizeof(name), "%s-%u", o->base, 28000000u + fnv32(o->base, 0) % 1000000u);
+        set_owner(&w, o, api, k->owner_kind, name);
+    } else {
+        set_owner(&w, o, k->owner_kind ? api : NULL, k->owner_kind ? k->owner_kind : "", NULL);
+    }
+    if (strcmp(k->kind, "StatefulSet") == 0)
+        snprintf(w.pod_name, sizeof(w.pod_name), "%s-0", o->base);
+    return add_template(c, o, tpl, k->tpl_ptr, k->tpl_path, &w);
+}
+
+static int cmp_str(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* The keys of obj in byte order (a malloc'ed array of borrowed strings). */
+static const char **sorted_keys(const json_t *obj, size_t *n)
+{
+    size_t count = json_object_size(obj), i = 0;
+    const char **keys = malloc((count ? count : 1) * sizeof(*keys));
+    const char *key;
+    json_t *v;
+    if (!keys)
+        return NULL;
+    json_object_foreach((json_t *)obj, key, v) keys[i++] = key;
+    qsort(keys, i, sizeof(*keys), cmp_str);
+    *n = i;
+    return keys;
+}
+
+static bool has_suffix(const char *s, const char *suffix)
+{
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+/* Kubeflow training operator: spec.<x>ReplicaSpecs.<Role>.template. */
+static enum gg_status find_kubeflow(struct collector *c, struct object_ctx *o, const json_t *spec)
+{
+    size_t nf = 0, nr = 0;
+    enum gg_status st = GG_OK;
+    const char **fields = sorted_keys(spec, &nf);
+    if (!fields)
+        return nomem(c);
+    for (size_t i = 0; st == GG_OK && i < nf; i++) {
+        const json_t *roles = json_object_get(spec, fields[i]);
+        if (!has_suffix(fields[i], "ReplicaSpecs") || !json_is_object(roles))
+            continue;
+        const char **names = sorted_keys(roles, &nr);
+        if (!names) {
+            st = nomem(c);
+            break;
+        }
+        for (size_t j = 0; st == GG_OK && j < nr; j++) {
+            char *fptr = ptr_key("/spec", fields[i]), *rptr = fptr ? ptr_key(fptr, names[j]) : NULL;
+            char *tptr = rptr ? concat(rptr, "/template") : NULL, *path = NULL;
+            if (tptr && asprintf(&path, "spec.%s.%s.template", fields[i], names[j]) < 0)
+                path = NULL;
+            if (!path) {
+                st = nomem(c);
+            } else {
+                struct owner w;
+                set_owner(&w, o, *o->api_version ? o->api_version : "kubeflow.org/v1", "", NULL);
+                snprintf(w.pod_name, sizeof(w.pod_name), "%s-%s-0", o->base, names[j]);
+                for (char *p = w.pod_name; *p; p++)
+                    if (*p >= 'A' && *p <= 'Z')
+                        *p = (char)(*p - 'A' + 'a');
+                const json_t *tpl = json_object_get(json_object_get(roles, names[j]), "template");
+                st = add_template(c, o, tpl, tptr, path, &w);
+            }
+            free(fptr);
+            free(rptr);
+            free(tptr);
+            free(path);
+        }
+        free(names);
+    }
+    free(fields);
+    return st;
+}
+
+/* A RayCluster spec at rel (relative pointer) / rel_path, owned by w. */
+static enum gg_status find_ray_cluster(struct collector *c, struct object_ctx *o, const json_t *rc,
+                                       const char *rel, const char *rel_path, const struct owner *w)
+{
+    char ptr[128], path[128];
+    snprintf(ptr, sizeof(ptr), "%s/headGroupSpec/template", rel);
+    snprintf(path, sizeof(path), "%s.headGroupSpec.template", rel_path);
+    enum gg_status st = GG_OK;
+    const json_t *head = json_object_get(json_object_get(rc, "headGroupSpec"), "template");
+    if (head)
+        st = add_template(c, o, head, ptr, path, w);
+    const json_t *groups = json_object_get(rc, "workerGroupSpecs");
+    for (size_t i = 0; st == GG_OK && i < json_array_size(groups); i++) {
+        snprintf(ptr, sizeof(ptr), "%s/workerGroupSpecs/%zu/template", rel, i);
+        snprintf(path, sizeof(path), "%s.workerGroupSpecs[%zu].template", rel_path, i);
+        st = add_template(c, o, json_object_get(json_array_get(groups, i), "template"), ptr, path,
+                          w);
+    }
+    return st;
+}
+
+static enum gg_status find_multi(struct collector *c, struct object_ctx *o, const char *group,
+                                 bool *known)
+{
+    const json_t *spec = json_object_get(o->obj, "spec");
+    const char *api = *o->api_version ? o->api_version : NULL;
+    struct owner w;
+    char ptr[96], path[96], name[400];
+    enum gg_status st = GG_OK;
+    *known = true;
+    if (strcmp(group, "kubeflow.org") == 0)
+        return find_kubeflow(c, o, spec);
+    if (strcmp(group, "ray.io") == 0 && strcmp(o->kind, "RayCluster") == 0) {
+        set_owner(&w, o, api ? api : "ray.io/v1", "", NULL);
+        return find_ray_cluster(c, o, spec, "/spec", "spec", &w);
+    }
+    if (strcmp(group, "ray.io") == 0 &&
+        (strcmp(o->kind, "RayJob") == 0 || strcmp(o->kind, "RayService") == 0)) {
+        bool job = strcmp(o->kind, "RayJob") == 0;
+        const char *field = job ? "rayClusterSpec" : "rayClusterConfig";
+        snprintf(ptr, sizeof(ptr), "/spec/%s", field);
+        snprintf(path, sizeof(path), "spec.%s", field);
+        set_owner(&w, o, "ray.io/v1", "RayCluster", NULL);
+        st = find_ray_cluster(c, o, json_object_get(spec, field), ptr, path, &w);
+        const json_t *submitter = json_object_get(spec, "submitterPodTemplate");
+        if (st == GG_OK && job && submitter) {
+            set_owner(&w, o, "batch/v1", "Job", NULL);
+            st = add_template(c, o, submitter, "/spec/submitterPodTemplate",
+                              "spec.submitterPodTemplate", &w);
+        }
+        return st;
+    }
+    if (strcmp(group, "jobset.x-k8s.io") == 0 && strcmp(o->kind, "JobSet") == 0) {
+        const json_t *jobs = json_object_get(spec, "replicatedJobs");
+        for (size_t i = 0; st == GG_OK && i < json_array_size(jobs); i++) {
+            const json_t *rj = json_array_get(jobs, i);
+            const char *rj_name = str_member(rj, "name");
+            snprintf(ptr, sizeof(ptr), "/spec/replicatedJobs/%zu/template/spec/template", i);
+            snprintf(path, sizeof(path), "spec.replicatedJobs[%zu].template.spec.template", i);
+            if (*rj_name)
+                snprintf(name, sizeof(name), "%s-%s-0", o->base, rj_name);
+            else
+                snprintf(name, sizeof(name), "%s-%zu-0", o->base, i);
+            set_owner(&w, o, "batch/v1", "Job", name);
+            const json_t *tpl = json_object_get(
+                json_object_get(json_object_get(rj, "template"), "spec"), "template");
+            st = add_template(c, o, tpl, ptr, path, &w);
+        }
+        return st;
+    }
+    if (strcmp(group, "leaderworkerset.x-k8s.io") == 0 && strcmp(o->kind, "LeaderWorkerSet") == 0) {
+        const json_t *lwt = json_object_get(spec, "leaderWorkerTemplate");
+        const json_t *leader = json_object_get(lwt, "leaderTemplate");
+        if (leader) {
+            set_owner(&w, o, "apps/v1", "StatefulSet", NULL);
+            snprintf(w.pod_name, sizeof(w.pod_name), "%s-0", o->base);
+            st = add_template(c, o, leader, "/spec/leaderWorkerTemplate/leaderTemplate",
+                              "spec.leaderWorkerTemplate.leaderTemplate", &w);
+        }
+        if (st == GG_OK) {
+            snprintf(name, sizeof(name), "%s-0", o->base);
+            set_owner(&w, o, "apps/v1", "StatefulSet", name);
+            snprintf(w.pod_name, sizeof(w.pod_name), "%s-0-1", o->base);
+            st = add_template(c, o, json_object_get(lwt, "workerTemplate"),
+                              "/spec/leaderWorkerTemplate/workerTemplate",
+                              "spec.leaderWorkerTemplate.workerTemplate", &w);
+        }
+        return st;
+    }
+    if (strcmp(group, "batch.volcano.sh") == 0 && strcmp(o->kind, "Job") == 0) {
+        const json_t *tasks = json_object_get(spec, "tasks");
+        for (size_t i = 0; st == GG_OK && i < json_array_size(tasks); i++) {
+            const json_t *task = json_array_get(tasks, i);
+            snprintf(ptr, sizeof(ptr), "/spec/tasks/%zu/template", i);
+            snprintf(path, sizeof(path), "spec.tasks[%zu].template", i);
+            set_owner(&w, o, api ? api : "batch.volcano.sh/v1alpha1", "", NULL);
+            const char *task_name = str_member(task, "name");
+            if (*task_name)
+                snprintf(w.pod_name, sizeof(w.pod_name), "%s-%s-0", o->base, task_name);
+            else
+                snprintf(w.pod_name, sizeof(w.pod_name), "%s-%zu-0", o->base, i);
+            st = add_template(c, o, json_object_get(task, "template"), ptr, path, &w);
+        }
+        return st;
+    }
+    *known = false;
+    return GG_OK;
+}
+
+static bool is_list(const json_t *obj, const char *kind)
+{
+    return (strcmp(kind, "List") == 0 || has_suffix(kind, "List")) &&
+           json_is_array(json_object_get(obj, "items"));
+}
+
+static enum gg_status visit(struct collector *c, const json_t *obj, const char *ptr,
+                            const char *path, int nesting);
+
+static enum gg_status visit_list(struct collector *c, struct object_ctx *o, int nesting)
+{
+    const json_t *items = json_object_get(o->obj, "items");
+    if (nesting >= MF_MAX_LIST_NESTING)
+        return add_skipped(c, o, "a List nested too deep");
+    if (json_array_size(items) == 0)
+        return add_skipped(c, o, "an empty List");
+    enum gg_status st = GG_OK;
+    for (size_t i = 0; st == GG_OK && i < json_array_size(items); i++) {
+        char *ptr = ptr_index(o->ptr, i), *path = NULL;
+        if (asprintf(&path, "%s%sitems[%zu]", o->path, *o->path ? "." : "", i) < 0)
+            path = NULL;
+        st = (ptr && path) ? visit(c, json_array_get(items, i), ptr, path, nesting + 1) : nomem(c);
+        free(ptr);
+        free(path);
+    }
+    return st;
+}
+
+static enum gg_status visit(struct collector *c, const json_t *obj, const char *ptr,
+                            const char *path, int nesting)
+{
+    struct object_ctx o = {.obj = obj, .ptr = ptr, .path = path};
+    if (++c->objects > MF_MAX_OBJECTS)
+        return gg_fail(c->err, GG_ERR_TOOBIG, "%s:%zu: more than %d documents and List items",
+                       c->source, c->line, MF_MAX_OBJECTS);
+    o.api_version = str_member(obj, "apiVersion");
+    o.kind = str_member(obj, "kind");
+    const json_t *meta = json_object_get(obj, "metadata");
+    o.namespace = str_member(meta, "namespace");
+    const char *base = str_member(meta, "name");
+    if (!*base)
+        base = str_member(meta, "generateName");
+    snprintf(o.base, sizeof(o.base), "%s", *base ? base : "unnamed");
+    size_t blen = strlen(o.base);
+    while (blen > 1 && o.base[blen - 1] == '-')
+        o.base[--blen] = '\0';
+
+    if (!json_is_object(obj))
+        return add_skipped(c, &o, "not an object");
+    if (!*o.kind)
+        return add_skipped(c, &o, "no kind");
+    if (is_list(obj, o.kind))
+        return visit_list(c, &o, nesting);
+    char group[256];
+    if (!object_group(obj, o.kind, group, sizeof(group)))
+        return add_skipped(c, &o, "no pod template");
+    enum gg_status st = GG_OK;
+    bool known = false;
+    for (size_t i = 0; i < N_ELEMS(singles); i++) {
+        if (strcmp(singles[i].kind, o.kind) == 0 && strcmp(singles[i].group, group) == 0) {
+            known = true;
+            st = find_single(c, &o, &singles[i]);
+            break;
+        }
+    }
+    if (!known)
+        st = find_multi(c, &o, group, &known);
+    if (st != GG_OK || o.found > 0)
+        return st;
+    if (!known)
+        return add_skipped(c, &o, "no pod template");
+    if (strcmp(o.kind, "Pod") == 0 && !*group)
+        return add_skipped(c, &o, "no pod spec");
+    return add_skipped(c, &o, o.seen ? "no pod template with a spec" : "no pod template");
+}
+
+enum gg_status mf_collect(const struct yd_stream *stream, const char *source, struct mf_set *out,
+                          struct gg_err *err)
+{
+    struct collector c = {.source = source ? source : "<input>", .err = err};
+    enum gg_status st = GG_OK;
+    for (size_t i = 0; st == GG_OK && i < stream->count; i++) {
+        c.doc = i;
+        c.number = stream->pos[i].number;
+        c.line = stream->pos[i].line;
+        st = visit(&c, json_array_get(stream->docs, i), "", "", 0);
+    }
+    if (st != GG_OK) {
+        struct mf_set tmp = {c.entries, c.count, 0, 0};
+        mf_set_clear(&tmp);
+        return st;
+    }
+    *out = (struct mf_set){c.entries, c.count, c.templates, c.skipped};
+    return GG_OK;
+}
+
+/* ---- patches back onto templates ---------------------------------------- */
+
+/* Is token (escaped, up to its end) the first token of rest ("/tok..." ) ? */
+static bool first_token_is(const char *rest, const char *token)
+{
+    size_t n = strlen(token);
+    return rest[0] == '/' && strncmp(rest + 1, token, n) == 0 &&
+           (rest[1 + n] == '\0' || rest[1 + n] == '/');
+}
+
+static bool is_pod_doc(const struct mf_entry *e)
+{
+    return !*e->owner_kind && strcmp(e->kind, "Pod") == 0 &&
+           strcmp(e->template_ptr, e->object_ptr) == 0;
+}
+
+enum gg_status mf_map_pointer(const struct mf_entry *e, const char *pod_pointer, char **out)
+{
+    static const char *const controller_set[] = {"namespace", "name", "generateName",
+                                                 "ownerReferences"};
+    if (e->type != MF_TEMPLATE || !pod_pointer || pod_pointer[0] != '/')
+        return GG_ERR_INVALID;
+    bool pod_doc = is_pod_doc(e);
+    if (first_token_is(pod_pointer, "metadata")) {
+        const char *rest = pod_pointer + strlen("/metadata");
+        for (size_t i = 0; i < N_ELEMS(controller_set); i++) {
+            if ((!pod_doc || i == 0) && first_token_is(rest, controller_set[i]))
+                return GG_ERR_INVALID;
+        }
+    } else if (!pod_doc && !first_token_is(pod_pointer, "spec")) {
+        return GG_ERR_INVALID;
+    }
+    *out = concat(e->template_ptr, pod_pointer);
+    return *out ? GG_OK : GG_ERR_NOMEM;
+}
+
+/* A whole metadata value for a template: without what the controller sets. */
+static json_t *template_metadata(const struct mf_entry *e, const json_t *value)
+{
+    json_t *copy = json_deep_copy(value);
+    if (json_is_object(copy)) {
+        json_object_del(copy, "namespace");
+        if (!is_pod_doc(e)) {
+            json_object_del(copy, "name");
+            json_object_del(copy, "generateName");
+            json_object_del(copy, "ownerReferences");
+        }
+    }
+    return copy;
+}
+
+enum gg_status mf_map_patch(const struct mf_entry *e, const json_t *doc, const json_t *patch,
+                            json_t **mapped, json_t **dropped, struct gg_err *err)
+{
+    json_t *ops = json_array(), *left = json_array();
+    bool touches_meta = false;
+    enum gg_status st = GG_OK;
+    size_t i;
+    json_t *op;
+    if (!ops || !left) {
+        st = gg_fail(err, GG_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    if (e->type != MF_TEMPLATE || !json_is_array(patch)) {
+        st = gg_fail(err, GG_ERR_INVALID, "not a patch on a pod template");
+        goto out;
+    }
+    json_array_foreach(patch, i, op)
+    {
+        const char *path = json_string_value(json_object_get(op, "path"));
+        const char *from = json_string_value(json_object_get(op, "from"));
+        char *mpath = NULL, *mfrom = NULL;
+        enum gg_status ps = path ? mf_map_pointer(e, path, &mpath) : GG_ERR_INVALID;
+        enum gg_status fs = from ? mf_map_pointer(e, from, &mfrom) : GG_OK;
+        if (ps == GG_ERR_NOMEM || fs == GG_ERR_NOMEM) {
+            free(mpath);
+            free(mfrom);
+            st = gg_fail(err, GG_ERR_NOMEM, "out of memory");
+            goto out;
+        }
+        if (ps != GG_OK || fs != GG_OK) {
+            json_array_append(left, op);
+        } else {
+            json_t *copy = json_copy(op);
+            json_object_set_new(copy, "path", json_string(mpath));
+            if (mfrom)
+                json_object_set_new(copy, "from", json_string(mfrom));
+            if (strcmp(path, "/metadata") == 0 && json_object_get(op, "value"))
+                json_object_set_new(copy, "value",
+                                    template_metadata(e, json_object_get(op, "value")));
+            json_array_append_new(ops, copy);
+            if (strncmp(path, "/metadata/", 10) == 0 ||
+                (from && strncmp(from, "/metadata/", 10) == 0))
+                touches_meta = true;
+        }
+        free(mpath);
+        free(mfrom);
+    }
+    if (touches_meta) {
+        char *meta_ptr = concat(e->template_ptr, "/metadata");
+        json_t *meta = NULL;
+        if (!meta_ptr) {
+            st = gg_fail(err, GG_ERR_NOMEM, "out of memory");
+            goto out;
+        }
+        if (jp_pointer_get(doc, meta_ptr, &meta, NULL) != GG_OK || !json_is_object(meta))
+            json_array_insert_new(
+                ops, 0, json_pack("{s:s,s:s,s:{}}", "op", "add", "path", meta_ptr, "value"));
+        free(meta_ptr);
+    }
+out:
+    if (st != GG_OK) {
+        json_decref(ops);
+        json_decref(left);
+        return st;
+    }
+    *mapped = ops;
+    if (dropped)
+        *dropped = left;
+    else
+        json_decref(left);
+    return GG_OK;
+}
+
+/* ---- YAML out ----------------------------------------------------------- */
+
+struct emit {
+    yaml_emitter_t em;
+    struct buf out;
+    struct gg_err *err;
+    enum gg_status st;
+};
+
+static int emit_write(void *data, unsigned char *buffer, size_t size)
+{
+    struct emit *x = data;
+    if (buf_append(&x->out, buffer, size) != GG_OK) {
+        x->st = GG_ERR_TOOBIG;
+        return 0;
+    }
+    return 1;
+}
+
+/* Would go-yaml v2 read s, written plain, as this same string?  Conservative. */
+static bool plain_safe(const char *s, size_t n)
+{
+    static const char *const words[] = {"y",  "n",   "yes",  "no", "true", "false",
+                                        "on", "off", "null", "~",  "nan",  "inf"};
+    if (n == 0 || n > 4096)
+        return false;
+    unsigned char first = (unsigned char)s[0];
+    if (!((first >= 'a' && first <= 'z') || (first >= 'A' && first <= 'Z') || first == '/' ||
+          first == '_'))
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)s[i];
+        bool alnum =
+            (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9');
+        if (alnum || (ch && strchr("._/=+@-", ch)))
+            continue;
+        if (ch == ':' && i + 1 < n && s[i + 1] != ' ')
+            continue;
+        if (ch == ' ' && i > 0 && i + 1 < n && s[i + 1] != ' ' && s[i - 1] != ':')
+            continue;
+        return false;
+    }
+    for (size_t i = 0; i < N_ELEMS(words); i++)
+        if (strlen(words[i]) == n && strncasecmp(words[i], s, n) == 0)
+            return false;
+    return true;
+}
+
+static int emit_event(struct emit *x, yaml_event_t *ev)
+{
+    if (yaml_emitter_emit(&x->em, ev))
+        return 0;
+    if (x->st == GG_OK)
+        x->st = gg_fail(x->err, GG_ERR_INVALID, "YAML writer: %s",
+                        x->em.problem ? x->em.problem : "failed");
+    else
+        gg_fail(x->err, x->st, "the YAML output is larger than %zu bytes", MF_MAX_EMIT_BYTES);
+    return -1;
+}
+
+static int emit_scalar(struct emit *x, const char *s, size_t n, bool is_string)
+{
+    yaml_event_t ev;
+    yaml_scalar_style_t style = YAML_PLAIN_SCALAR_STYLE;
+    if (n > INT_MAX) {
+        x->st = gg_fail(x->err, GG_ERR_TOOBIG, "a string of %zu bytes is too long to write", n);
+        return -1;
+    }
+    if (is_string && !plain_safe(s, n))
+        style = memchr(s, '\n', n) ? YAML_LITERAL_SCALAR_STYLE : YAML_DOUBLE_QUOTED_SCALAR_STYLE;
+    if (!yaml_scalar_event_initialize(&ev, NULL, NULL, (const yaml_char_t *)s, (int)n, 1, 1,
+                                      style)) {
+        x->st = gg_fail(x->err, GG_ERR_NOMEM, "out of memory");
+        return -1;
+    }
+    return emit_event(x, &ev);
+}
+
+/* The shortest decimal that reads back as d, always with a '.' or an exponent. */
+static void format_real(double d, char *out, size_t size)
+{
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(out, size, "%.*g", prec, d);
+        if (strtod(out, NULL) == d)
+            break;
+    }
+    if (!strpbrk(out, ".eE")) {
+        size_t n = strlen(out);
+        snprintf(out + n, size - n, ".0");
+    }
+}
+
+static int emit_value(struct emit *x, const json_t *v, size_t depth)
+{
+    yaml_event_t ev;
+    char num[64];
+    if (depth > MF_MAX_EMIT_DEPTH) {
+        x->st = gg_fail(x->err, GG_ERR_TOOBIG, "nesting deeper than %d levels", MF_MAX_EMIT_DEPTH);
+        return -1;
+    }
+    switch (json_typeof(v)) {
+    case JSON_OBJECT: {
+        const char *key;
+        json_t *item;
+        yaml_mapping_start_event_initialize(&ev, NULL, NULL, 1,
+                                            json_object_size(v) ? YAML_BLOCK_MAPPING_STYLE
+                                                                : YAML_FLOW_MAPPING_STYLE);
+        if (emit_event(x, &ev))
+            return -1;
+        json_object_foreach((json_t *)v, key, item)
+        {
+            if (emit_scalar(x, key, strlen(key), true) || emit_value(x, item, depth + 1))
+                return -1;
+        }
+        yaml_mapping_end_event_initialize(&ev);
+        return emit_event(x, &ev);
+    }
+    case JSON_ARRAY: {
+        size_t i;
+        json_t *item;
+        yaml_sequence_start_event_initialize(&ev, NULL, NULL, 1,
+                                             json_array_size(v) ? YAML_BLOCK_SEQUENCE_STYLE
+                                                                : YAML_FLOW_SEQUENCE_STYLE);
+        if (emit_event(x, &ev))
+            return -1;
+        json_array_foreach(v, i, item)
+        {
+            if (emit_value(x, item, depth + 1))
+                return -1;
+        }
+        yaml_sequence_end_event_initialize(&ev);
+        return emit_event(x, &ev);
+    }
+    case JSON_STRING:
+        return emit_scalar(x, json_string_value(v), json_string_length(v), true);
+    case JSON_INTEGER:
+        snprintf(num, sizeof(num), "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+        return emit_scalar(x, num, strlen(num), false);
+    case JSON_REAL:
+        format_real(json_real_value(v), num, sizeof(num));
+        return emit_scalar(x, num, strlen(num), false);
+    case JSON_TRUE:
+        return emit_scalar(x, "true", 4, false);
+    case JSON_FALSE:
+        return emit_scalar(x, "false", 5, false);
+    default:
+        return emit_scalar(x, "null", 4, false);
+    }
+}
+
+enum gg_status mf_emit_yaml(const json_t *docs, char **out, size_t *len, struct gg_err *err)
+{
+    struct emit x = {.err = err, .st = GG_OK};
+    yaml_event_t ev;
+    size_t i;
+    json_t *doc;
+    if (!json_is_array(docs))
+        return gg_fail(err, GG_ERR_INVALID, "the documents must be an array");
+    buf_init(&x.out, MF_MAX_EMIT_BYTES);
+    if (!yaml_emitter_initialize(&x.em)) {
+        buf_clear(&x.out);
+        return gg_fail(err, GG_ERR_NOMEM, "out of memory");
+    }
+    yaml_emitter_set_output(&x.em, emit_write, &x);
+    yaml_emitter_set_unicode(&x.em, 1);
+    yaml_emitter_set_width(&x.em, -1);
+    yaml_emitter_set_indent(&x.em, 2);
+    yaml_stream_start_event_initialize(&ev, YAML_UTF8_ENCODING);
+    if (emit_event(&x, &ev))
+        goto out;
+    json_array_foreach(docs, i, doc)
+    {
+        yaml_document_start_event_initialize(&ev, NULL, NULL, NULL, i == 0);
+        if (emit_event(&x, &ev) || emit_value(&x, doc, 1))
+            goto out;
+        yaml_document_end_event_initialize(&ev, 1);
+        if (emit_event(&x, &ev))
+            goto out;
+    }
+    yaml_stream_end_event_initialize(&ev);
+    if (emit_event(&x, &ev) == 0 && !yaml_emitter_flush(&x.em))
+        emit_event(&x, &ev);
+out:
+    yaml_emitter_delete(&x.em);
+    if (x.st != GG_OK) {
+        buf_clear(&x.out);
+        return x.st;
+    }
+    size_t n = x.out.len;
+    char *text = buf_steal(&x.out, &n);
+    if (!text)
+        text = strdup("");
+    if (!text)
+        return gg_fail(err, GG_ERR_NOMEM, "out of memory");
+    *out = text;
+    *len = n;
+    return GG_OK;
+}
+
+/* ---- node lines --------------------------------------------------------- */
+
+struct line_frame {
+    char *ptr;
+    bool is_map;
+    bool want_key;
+    size_t index;
+    char *key; /* escaped pending key */
+};
+
+struct line_walk {
+    struct line_frame *stack;
+    size_t depth, cap;
+    size_t deep; /* levels below MF_MAX_DEPTH that are not recorded */
+    json_t *doc; /* pointer -> line of the current document */
+    size_t recorded, max_nodes;
+};
+
+static void line_record(struct line_walk *w, const char *ptr, size_t line)
+{
+    if (w->recorded >= w->max_nodes || json_object_get(w->doc, ptr))
+        return;
+    json_object_set_new(w->doc, ptr, json_integer((json_int_t)line));
+    w->recorded++;
+}
+
+/* The pointer of the node that starts now (NULL when not tracked), malloc'ed. */
+static char *line_node_ptr(struct line_walk *w, bool *is_key)
+{
+    *is_key = false;
+    if (w->deep)
+        return NULL;
+    if (w->depth == 0)
+        return strdup("");
+    struct line_frame *f = &w->stack[w->depth - 1];
+    char *out = NULL;
+    if (f->is_map && f->want_key) {
+        *is_key = true;
+        return NULL;
+    }
+    if (f->is_map) {
+        if (asprintf(&out, "%s/%s", f->ptr, f->key ? f->key : "") < 0)
+            out = NULL;
+        f->want_key = true;
+    } else if (asprintf(&out, "%s/%zu", f->ptr, f->index++) < 0) {
+        out = NULL;
+    }
+    return out;
+}
+
+static void line_walk_clear(struct line_walk *w)
+{
+    for (size_t i = 0; i < w->depth; i++) {
+        free(w->stack[i].ptr);
+        free(w->stack[i].key);
+    }
+    free(w->stack);
+}
+
+static enum gg_status line_event(struct line_walk *w, const yaml_event_t *ev)
+{
+    size_t line = ev->start_mark.line + 1;
+    bool is_key;
+    char *ptr;
+    switch (ev->type) {
+    case YAML_SCALAR_EVENT:
+    case YAML_ALIAS_EVENT:
+        ptr = line_node_ptr(w, &is_key);
+        if (is_key) {
+            struct line_frame *f = &w->stack[w->depth - 1];
+            free(f->key);
+            f->key = NULL;
+            f->want_key = false;
+            if (ev->type == YAML_SCALAR_EVENT) {
+                const char *k = (const char *)ev->data.scalar.value;
+                size_t n = ev->data.scalar.length, elen = jp_escape(k, n, NULL, 0);
+                f->key = malloc(elen + 1);
+                if (!f->key)
+                    return GG_ERR_NOMEM;
+                jp_escape(k, n, f->key, elen + 1);
+                char *kp = NULL;
+                if (asprintf(&kp, "%s/%s", f->ptr, f->key) < 0)
+                    return GG_ERR_NOMEM;
+                line_record(w, kp, line);
+                free(kp);
+            }
+            return GG_OK;
+        }
+        if (ptr)
+            line_record(w, ptr, line);
+        free(ptr);
+        return GG_OK;
+    case YAML_SEQUENCE_START_EVENT:
+    case YAML_MAPPING_START_EVENT:
+        ptr = line_node_ptr(w, &is_key);
+        if (is_key) { /* a collection used as a key: not tracked below */
+            w->stack[w->depth - 1].want_key = false;
+            free(w->stack[w->depth - 1].key);
+            w->stack[w->depth - 1].key = NULL;
+            w->deep++;
+            return GG_OK;
+        }
+        if (!ptr || w->depth >= MF_MAX_DEPTH) {
+            free(ptr);
+            w->deep++;
+            return GG_OK;
+        }
+        line_record(w, ptr, line);
+        if (w->depth == w->cap) {
+            size_t cap = w->cap ? w->cap * 2 : 16;
+            struct line_frame *grown = realloc(w->stack, cap * sizeof(*grown));
+            if (!grown) {
+                free(ptr);
+                return GG_ERR_NOMEM;
+            }
+            w->stack = grown;
+            w->cap = cap;
+        }
+        w->stack[w->depth++] = (struct line_frame){
+            .ptr = ptr, .is_map = ev->type == YAML_MAPPING_START_EVENT, .want_key = true};
+        return GG_OK;
+    case YAML_SEQUENCE_END_EVENT:
+    case YAML_MAPPING_END_EVENT:
+        if (w->deep) {
+            w->deep--;
+        } else if (w->depth) {
+            w->depth--;
+            free(w->stack[w->depth].ptr);
+            free(w->stack[w->depth].key);
+        }
+        return GG_OK;
+    default:
+        return GG_OK;
+    }
+}
+
+enum gg_status mf_node_lines(const char *text, size_t len, size_t max_nodes, json_t **out,
+                             struct gg_err *err)
+{
+    yaml_parser_t parser;
+    yaml_event_t ev;
+    struct line_walk w = {.max_nodes = max_nodes};
+    json_t *docs = json_array();
+    enum gg_status st = GG_OK;
+    if (!docs || !yaml_parser_initialize(&parser)) {
+        json_decref(docs);
+        return gg_fail(err, GG_ERR_NOMEM, "out of memory");
+    }
+    yaml_parser_set_input_string(&parser, (const unsigned char *)text, len);
+    for (;;) {
+        if (!yaml_parser_parse(&parser, &ev)) {
+            st = gg_fail(err, GG_ERR_PARSE, "%zu:%zu: %s", parser.problem_mark.line + 1,
+                         parser.problem_mark.column + 1,
+                         parser.problem ? parser.problem : "cannot read YAML");
+            break;
+        }
+        yaml_event_type_t type = ev.type;
+        if (type == YAML_DOCUMENT_START_EVENT) {
+            w.doc = json_object();
+            json_array_append_new(docs, w.doc);
+            w.deep = 0;
+        } else if (w.doc) {
+            st = line_event(&w, &ev);
+        }
+        yaml_event_delete(&ev);
+        if (st != GG_OK) {
+            gg_fail(err, st, "out of memory");
+            break;
+        }
+        if (type == YAML_STREAM_END_EVENT)
+            break;
+    }
+    yaml_parser_delete(&parser);
+    line_walk_clear(&w);
+    if (st != GG_OK) {
+        json_decref(docs);
+        return st;
+    }
+    *out = docs;
+    return GG_OK;
+}
+
+size_t mf_line_of(const json_t *lines, const char *pointer)
+{
+    size_t n = strlen(pointer);
+    char *p = strndup(pointer, n);
+    size_t line = 0;
+    if (!p)
+        return 0;
+    for (;;) {
+        json_t *v = json_object_get(lines, p);
+        if (v) {
+            line = (size_t)json_integer_value(v);
+            break;
+        }
+        char *slash = strrchr(p, '/');
+        if (!slash)
+            break;
+        *slash = '\0';
+    }
+    free(p);
+    return line;
+}
+
+/* ---- cluster state ------------------------------------------------------ */
+
+enum gg_status mf_cluster_state(const char *text, size_t len, const char *source, json_t **state,
+                                struct gg_err *err)
+{
+    json_error_t jerr;
+    const char *src = source ? source : "<cluster state>";
+    if (len > MF_MAX_CLUSTER_STATE)
+        return gg_fail(err, GG_ERR_TOOBIG, "%s: larger than %zu bytes", src, MF_MAX_CLUSTER_STATE);
+    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+    enum gg_status st = GG_OK;
+    if (!root)
+        return gg_fail(err, GG_ERR_PARSE, "%s:%d:%d: not JSON: %s", src, jerr.line, jerr.column,
+                       jerr.text);
+    const char *kind = json_string_value(json_object_get(root, "kind"));
+    json_t *items = json_object_get(root, "items");
+    if (!json_is_object(root)) {
+        st = gg_fail(err, GG_ERR_INVALID,
+                     "%s: want the JSON of 'kubectl get pods -A -o json', an object", src);
+        goto out;
+    }
+    if (!kind || (strcmp(kind, "List") != 0 && strcmp(kind, "PodList") != 0)) {
+        st = gg_fail(err, GG_ERR_INVALID, "%s: kind is \"%.40s\", want List or PodList", src,
+                     kind ? kind : "");
+        goto out;
+    }
+    if (!json_is_array(items)) {
+        st = gg_fail(err, GG_ERR_INVALID, "%s: items must be an array of pods", src);
+        goto out;
+    }
+    size_t i;
+    json_t *item;
+    json_array_foreach(items, i, item)
+    {
+        const char *ik = json_string_value(json_object_get(item, "kind"));
+        if (!json_is_object(item) ||
+            (json_object_get(item, "kind") && (!ik || strcmp(ik, "Pod")))) {
+            st = gg_fail(err, GG_ERR_INVALID, "%s: items[%zu] is not a Pod", src, i);
+            goto out;
+        }
+        if (!json_is_object(json_object_get(item, "metadata"))) {
+            st = gg_fail(err, GG_ERR_INVALID, "%s: items[%zu].metadata must be an object", src, i);
+            goto out;
+        }
+    }
+out:
+    if (st != GG_OK) {
+        json_decref(root);
+        return st;
+    }
+    *state = root;
+    return GG_OK;
+}
