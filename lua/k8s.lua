@@ -45,13 +45,33 @@ local function fail(lvl, fname, fmt, ...)
     error("k8s." .. fname .. ": " .. string.format(fmt, ...), lvl + 1)
 end
 
--- t[k1][k2]...; nil when a step is not a table or the value is JSON null.
-local function get(t, ...)
-    for i = 1, select("#", ...) do
+-- t[k1][k2]...; nil when a step is not a table or the value is JSON null.  Paths of up to three
+-- keys (nearly every call) take the unrolled path: this is the hottest function of a request.
+local function get(t, a, b, c, ...)
+    if a == nil then
+        return t ~= null and t or nil
+    end
+    if type(t) ~= "table" then
+        return nil
+    end
+    t = t[a]
+    if b ~= nil then
         if type(t) ~= "table" then
             return nil
         end
-        t = t[(select(i, ...))]
+        t = t[b]
+        if c ~= nil then
+            if type(t) ~= "table" then
+                return nil
+            end
+            t = t[c]
+            for i = 1, select("#", ...) do
+                if type(t) ~= "table" then
+                    return nil
+                end
+                t = t[(select(i, ...))]
+            end
+        end
     end
     if t == null then
         return nil
@@ -183,6 +203,9 @@ end
 
 -- The template of a built-in pod-bearing object and its field path ("" for a Pod), or nil.
 local function single_template(obj)
+    if type(obj) == "table" and obj.kind == "Pod" and obj.apiVersion == "v1" then
+        return obj, "" -- the common case, without building the type key
+    end
     local keys = SINGLE[type_key(obj)]
     if not keys then
         return nil

@@ -11,7 +11,9 @@ Pod metadata read here:
                                           the same for one container of a pod with several
 
 A pod-level fraction or memory goes to the container that already asks for nvidia.com/gpu when
-exactly one does, else to the first regular container.
+exactly one does, else to the first regular container.  A per-container annotation that names no
+regular container, and nvidia.com/gpu with a request different from its limit, are errors (the
+intent is nil and a message that says what to change), never guessed.
 
 Must not: keep state, or change the pod.
 ]]
@@ -50,6 +52,14 @@ local TRAINING_LABELS = {
     "jobset.sigs.k8s.io/jobset-name", "leaderworkerset.sigs.k8s.io/name", "volcano.sh/job-name",
 }
 
+-- API groups of training operators: their pods are owned by the operator's object (a
+-- PyTorchJob, a RayCluster, a Volcano Job); what `gpuguard check` builds from their manifests
+-- carries that owner but not the labels the operator adds when it creates the pod.
+local TRAINING_GROUPS = {
+    ["kubeflow.org"] = true, ["ray.io"] = true, ["jobset.x-k8s.io"] = true,
+    ["leaderworkerset.x-k8s.io"] = true, ["batch.volcano.sh"] = true,
+}
+
 local function looks_like_notebook(pod)
     if k8s.label(pod, "notebook-name") or k8s.label(pod, "app") == "jupyter" or
         k8s.label(pod, "app.kubernetes.io/name") == "jupyterhub" then
@@ -66,9 +76,10 @@ local function looks_like_notebook(pod)
 end
 
 --[[
-The workload class of a pod and how it was found: the label; else owned by a Job or CronJob ->
-batch; training-operator labels -> training; notebook hints -> interactive; else
-cfg.default_class (or "batch").  Returns class, reason.
+The workload class of a pod and how it was found: the label; else training-operator labels,
+or an owner of a training operator's API group (kubeflow.org, ray.io, jobset.x-k8s.io,
+leaderworkerset.x-k8s.io, batch.volcano.sh) -> training; owned by a batch/v1 Job or CronJob ->
+batch; notebook hints -> interactive; else cfg.default_class (or "batch").  Returns class, reason.
 ]]
 function M.class(pod, cfg)
     return remembered(pod, "class", function() return M.compute_class(pod, cfg) end)
@@ -85,8 +96,12 @@ function M.compute_class(pod, cfg)
             return "training", "label " .. key
         end
     end
-    local owner = k8s.owner_kind(pod)
-    if owner == "Job" or owner == "CronJob" then
+    local owner, ref = k8s.owner_kind(pod)
+    local group = ref and type(ref.apiVersion) == "string" and ref.apiVersion:match("^(.*)/") or ""
+    if owner and TRAINING_GROUPS[group] then
+        return "training", "owned by a " .. owner
+    end
+    if (owner == "Job" or owner == "CronJob") and group == "batch" then
         return "batch", "owned by a " .. owner
     end
     if looks_like_notebook(pod) then
@@ -152,6 +167,30 @@ function M.intent(pod)
         end
         return by_name[c.name]
     end
+    -- A per-container annotation must name a regular container (a typo would drop the request).
+    local names, regular = {}, {}
+    for c in k8s.containers(spec, { regular = true }) do
+        names[#names + 1] = tostring(c.name)
+        regular[c.name] = true
+    end
+    local annotations = k8s.pod_meta(pod) and k8s.pod_meta(pod).annotations
+    local stray, per_container = {}, false
+    for key in pairs(type(annotations) == "table" and annotations or {}) do
+        -- The prefix test first: most pods carry many annotations and none of ours.
+        local target = type(key) == "string" and key:sub(1, 16) == "gpuguard.io/gpu-" and
+            (key:match("^gpuguard%.io/gpu%-fraction%.(.+)$") or key:match("^gpuguard%.io/gpu%-memory%.(.+)$"))
+        if target then
+            per_container = true
+            if not regular[target] then
+                stray[#stray + 1] = key
+            end
+        end
+    end
+    if #stray > 0 then
+        table.sort(stray)
+        return nil, string.format("annotation %s names no container of the pod; use one of %s", stray[1],
+            table.concat(names, ", "))
+    end
     local pod_fraction = k8s.annotation(pod, M.FRACTION)
     local pod_memory = k8s.annotation(pod, M.MEMORY)
     if pod_fraction or pod_memory then
@@ -176,8 +215,11 @@ function M.intent(pod)
         end
     end
     for c in k8s.containers(spec, { regular = true }) do
-        local fkey, mkey = M.FRACTION .. "." .. c.name, M.MEMORY .. "." .. c.name
-        local f, m = k8s.annotation(pod, fkey), k8s.annotation(pod, mkey)
+        local fkey, mkey, f, m
+        if per_container then
+            fkey, mkey = M.FRACTION .. "." .. c.name, M.MEMORY .. "." .. c.name
+            f, m = k8s.annotation(pod, fkey), k8s.annotation(pod, mkey)
+        end
         local msg
         if f then
             entry(c).fraction_milli, msg = fraction_of(f, fkey)
@@ -191,7 +233,13 @@ function M.intent(pod)
                 return nil, msg
             end
         end
-        local whole = k8s.get_resource(c, "limits", "nvidia.com/gpu") or k8s.get_resource(c, "requests", "nvidia.com/gpu")
+        local limit, request = k8s.get_resource(c, "limits", "nvidia.com/gpu"), k8s.get_resource(c, "requests", "nvidia.com/gpu")
+        if limit and request and gg.quantity(limit) ~= gg.quantity(request) then
+            -- Which one was meant is not ours to guess (Kubernetes refuses the pod anyway).
+            return nil, string.format("container %s requests nvidia.com/gpu %s but limits it to %s; make them equal",
+                c.name, request, limit)
+        end
+        local whole = limit or request
         if whole then
             local n = gg.quantity(whole)
             if not n or n % 1000 ~= 0 or n < 0 then
