@@ -252,7 +252,19 @@ function M.choose(cfg, class, asked)
         end
         local pool = M.pool_for_mode(cfg, asked)
         if not pool then
-            return nil, string.format("no GPU pool offers %s; ask for one of %s", asked, table.concat(modes, ", "))
+            -- Suggest only what the class may use and the fleet has.
+            local offered = {}
+            for _, m in ipairs(modes) do
+                if M.pool_for_mode(cfg, m) then
+                    offered[#offered + 1] = m
+                end
+            end
+            if #offered == 0 then
+                return nil, string.format("no GPU pool offers %s, nor any mode of class %s (%s)", asked, class,
+                    table.concat(modes, ", "))
+            end
+            return nil, string.format("no GPU pool offers %s; remove gpuguard.io/sharing or ask for %s", asked,
+                table.concat(offered, " or "))
         end
         return pool, asked
     end

@@ -99,18 +99,6 @@ function backends.mig(e, pool, model)
         return nil, msg .. "; ask for less or use another class"
     end
     local c = e.container
-    if pool.mig_strategy == "single" then
-        local slot = gpu.profile(model, pool.mig_profile)
-        if profile.slices > slot.slices or profile.memory_milli > slot.memory_milli then
-            return nil, string.format("pool %s is split into %s; %s needs %s; ask for less", pool.name,
-                slot.name, c.name, profile.name)
-        end
-        profile = slot
-        set_gpu(c, "nvidia.com/gpu", "1")
-    else
-        drop_gpu(c, "nvidia.com/gpu")
-        set_gpu(c, gpu.mig_resource(profile), "1")
-    end
     local asked = {}
     if e.memory_milli then
         asked[#asked + 1] = gpu.format_memory(e.memory_milli)
@@ -118,10 +106,28 @@ function backends.mig(e, pool, model)
     if e.fraction_milli then
         asked[#asked + 1] = quota.format_gpus(e.fraction_milli) .. " of the compute"
     end
+    local why = string.format("the smallest %s profile with %s", model.name,
+        #asked > 0 and table.concat(asked, " and ") or "a whole GPU")
+    if pool.mig_strategy == "single" then
+        local slot = gpu.profile(model, pool.mig_profile)
+        if profile.slices > slot.slices or profile.memory_milli > slot.memory_milli then
+            return nil, string.format("pool %s is split into %s; %s needs %s; ask for less", pool.name,
+                slot.name, c.name, profile.name)
+        end
+        if slot.name ~= profile.name then
+            -- Every device of the pool is a slot: say what was needed and what it gets.
+            why = string.format("the profile pool %s is split into (%s needs %s, %s)", pool.name, c.name,
+                profile.name, why)
+        end
+        profile = slot
+        set_gpu(c, "nvidia.com/gpu", "1")
+    else
+        drop_gpu(c, "nvidia.com/gpu")
+        set_gpu(c, gpu.mig_resource(profile), "1")
+    end
     return {
         charge = gpu.charge_milli(model, profile.name),
-        detail = string.format("%s, the smallest %s profile with %s", profile.name, model.name,
-            #asked > 0 and table.concat(asked, " and ") or "a whole GPU"),
+        detail = profile.name .. ", " .. why,
         selector = pool.mig_strategy == "single"
             and { ["nvidia.com/gpu.product"] = gpu.mig_product_label(model, profile.name, pool.product) } or nil,
     }

@@ -117,20 +117,23 @@ local function place(req, pod, cfg)
     req:audit("pool", pool.name)
 end
 
--- What ties a pod without a GPU to GPU nodes, or nil.
+-- What ties a pod without a GPU to GPU nodes, or nil: the reason, the fix, and both in a form
+-- short enough for a warning (the API server's limit is 120 characters; longer ones are cut).
 local function gpu_ties(spec, cfg)
     for _, t in ipairs(fleet.gpu_taints(cfg)) do
         for _, tol in ipairs(spec.tolerations or {}) do
             if tolerates(tol, t.taint) then
                 return string.format("it tolerates the GPU taint %s of pool %s", t.taint.key, t.pool),
-                    "remove that toleration"
+                    "remove that toleration",
+                    string.format("tolerates GPU taint %s (pool %s)", t.taint.key, t.pool)
             end
         end
     end
     for _, s in ipairs(fleet.gpu_selectors(cfg)) do
         if k8s.node_selector(spec, s.key) == s.value then
             return string.format("it selects GPU nodes (%s=%s, pool %s)", s.key, s.value, s.pool),
-                "remove that nodeSelector"
+                "remove that nodeSelector",
+                string.format("selects GPU nodes (%s=%s)", s.key, s.value)
         end
     end
     return nil
@@ -141,15 +144,14 @@ local function check(req, pod, cfg)
     if not spec or workload.wants_gpu(pod) or exempt(req, pod, cfg) then
         return
     end
-    local why, fix = gpu_ties(spec, cfg)
+    local why, fix, short = gpu_ties(spec, cfg)
     if not why then
         return
     end
-    local msg = string.format("the pod asks for no GPU but %s; %s, or ask for a GPU", why, fix)
     if cfg.placement and cfg.placement.non_gpu_pods == "warn" then
-        req:warn(msg)
+        req:warn(string.format("asks for no GPU but %s; remove it or ask for a GPU", short))
     else
-        req:deny(msg)
+        req:deny(string.format("the pod asks for no GPU but %s; %s, or ask for a GPU", why, fix))
     end
 end
 

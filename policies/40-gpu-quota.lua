@@ -61,8 +61,8 @@ local function check_limits(req, charge, class, q)
     if per_class ~= nil then
         local max = gpus(per_class, "quotas.per_class." .. class)
         if charge > max then
-            req:deny(string.format("class %s pods may use %s GPUs each and this one needs %s; ask for less",
-                class, quota.format_gpus(max), quota.format_gpus(charge)))
+            req:deny(string.format("class %s pods may use %s %s each and this one needs %s; ask for less",
+                class, quota.format_gpus(max), max == 1000 and "GPU" or "GPUs", quota.format_gpus(charge)))
             return false
         end
     end
