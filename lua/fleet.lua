@@ -211,9 +211,10 @@ function M.pool(cfg, name)
     return nil
 end
 
---- The sharing modes a class may use, preferred first (every mode when the class is unknown).
+--- The sharing modes a class may use, preferred first: an unknown class gets the default
+--- class's modes, and every mode only when the configuration has no classes.
 function M.class_modes(cfg, class)
-    local c = cfg.classes and cfg.classes[class]
+    local c = cfg.classes and (cfg.classes[class] or cfg.classes[cfg.default_class])
     if c then
         local modes = {}
         for _, m in ipairs(c.sharing) do

@@ -103,7 +103,9 @@ function backends.mig(e, pool, model)
     if e.memory_milli then
         asked[#asked + 1] = gpu.format_memory(e.memory_milli)
     end
-    if e.fraction_milli then
+    if e.fraction_milli == 1000 then
+        asked[#asked + 1] = "a whole GPU"
+    elseif e.fraction_milli then
         asked[#asked + 1] = quota.format_gpus(e.fraction_milli) .. " of the compute"
     end
     local why = string.format("the smallest %s profile with %s", model.name,
@@ -197,7 +199,7 @@ function backends.kai(e, pool, model, _, _, pod)
     return { charge = share, detail = string.format("%s of %s through KAI", quota.format_gpus(share), model.name) }
 end
 
-local function rewrite(req, pod, cfg)
+local function decide(req, pod, cfg)
     if #fleet.pools(cfg) == 0 then
         return
     end
@@ -253,10 +255,33 @@ local function rewrite(req, pod, cfg)
     end
     local decision = string.format("%s on pool %s for class %s (%s): %s", mode, pool.name, class, why,
         table.concat(parts, "; "))
+    if mode ~= "exclusive" then
+        -- A whole GPU turned into a share no longer shows as nvidia.com/gpu: write the request
+        -- down as a full share, so the API server's second call decides the same again.
+        for _, e in ipairs(intent) do
+            if e.whole and not e.fraction_milli and not e.memory_milli then
+                k8s.set_annotation(pod, workload.FRACTION .. "." .. e.container.name, "1")
+            end
+        end
+    end
     k8s.set_annotation(pod, DECISION, decision)
     k8s.set_annotation(pod, POOL, pool.name)
     k8s.set_annotation(pod, CHARGE, tostring(total))
     req:audit("decision", decision)
+    return true
+end
+
+--[[
+The decision, pool and charge annotations are gpuguard's own: when this policy decides nothing
+for a pod (no pools, no GPU asked through gpuguard, a denial), any the pod brought with it are
+removed, so nobody can set a charge of their own and slip past the quota.
+]]
+local function rewrite(req, pod, cfg)
+    if not decide(req, pod, cfg) then
+        for _, key in ipairs({ DECISION, POOL, CHARGE }) do
+            k8s.remove_annotation(pod, key)
+        end
+    end
 end
 
 return {
