@@ -5,10 +5,17 @@
  * SIGTERM and SIGINT are blocked in every thread and taken by sigwait in
  * the main thread, which then drains the server: stop accepting, let the
  * requests in flight finish, exit 0.
+ *
+ * With the inventory on (in a cluster, or with --kubeconfig), an informer
+ * thread keeps the pods' GPU usage for gpuguard.usage(); /readyz says
+ * whether it has synced, but readiness is about serving and stays 200.
  */
 #include "arena.h"
 #include "cli.h"
 #include "dirwatch.h"
+#include "informer.h"
+#include "inventory.h"
+#include "kubeclient.h"
 #include "log.h"
 #include "policy.h"
 #include "reload.h"
@@ -39,6 +46,8 @@ struct serve_opts {
     size_t max_body;
     unsigned max_connections;
     unsigned shutdown_grace_s;
+    int inventory; /* -1: on when in a cluster or with --kubeconfig; 0: off; 1: on */
+    const char *kubeconfig;
 };
 
 static void serve_usage(FILE *out)
@@ -63,6 +72,11 @@ static void serve_usage(FILE *out)
             "  --max-body BYTES          larger request bodies get 413 [16777216]\n"
             "  --max-connections N       open connections on the webhook port [4096]\n"
             "  --shutdown-grace SECONDS  on SIGTERM, time for requests in flight [30]\n"
+            "  --inventory on|off        GPU usage per namespace from the API server's pods\n"
+            "                            (list + watch) for quota policies [on in a cluster\n"
+            "                            or with --kubeconfig, else off]\n"
+            "  --kubeconfig FILE         reach the API server with this kubeconfig's current\n"
+            "                            context instead of the pod's service account\n"
             "  --log-level LEVEL         debug, info, warn or error [info]\n"
             "  -h, --help                this help\n"
             "\n"
@@ -101,6 +115,8 @@ enum {
     OPT_MAX_CONN,
     OPT_GRACE,
     OPT_LOG_LEVEL,
+    OPT_INVENTORY,
+    OPT_KUBECONFIG,
 };
 
 static const struct option long_options[] = {
@@ -117,6 +133,8 @@ static const struct option long_options[] = {
     {"max-connections", required_argument, NULL, OPT_MAX_CONN},
     {"shutdown-grace", required_argument, NULL, OPT_GRACE},
     {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
+    {"inventory", required_argument, NULL, OPT_INVENTORY},
+    {"kubeconfig", required_argument, NULL, OPT_KUBECONFIG},
     {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
@@ -159,7 +177,8 @@ static int parse_flags(int argc, char **argv, struct serve_opts *o)
                              .threads = cpus > 0 ? (unsigned)cpus : 1,
                              .max_body = 16 << 20,
                              .max_connections = 4096,
-                             .shutdown_grace_s = 30};
+                             .shutdown_grace_s = 30,
+                             .inventory = -1};
     int opt, level;
     opterr = 0;
     optind = 1;
@@ -191,6 +210,16 @@ static int parse_flags(int argc, char **argv, struct serve_opts *o)
             break;
         case OPT_LUA:
             o->lua = optarg;
+            break;
+        case OPT_INVENTORY:
+            if (strcmp(optarg, "on") != 0 && strcmp(optarg, "off") != 0) {
+                fprintf(stderr, "gpuguard serve: --inventory must be on or off\n");
+                return -1;
+            }
+            o->inventory = strcmp(optarg, "on") == 0;
+            break;
+        case OPT_KUBECONFIG:
+            o->kubeconfig = optarg;
             break;
         case OPT_LOG_LEVEL:
             if ((level = log_level_parse(optarg)) < 0) {
@@ -284,6 +313,47 @@ static enum gg_status start_certificates(const struct serve_opts *o, struct dirw
     return dirwatch_start(dirs, 2, reload_certificate, (void *)o, watch, err);
 }
 
+/*
+ * The inventory and its informer when on: --inventory off, else a
+ * kubeconfig, else the service account when in a cluster; on without
+ * either is an error.  Set on the engine before the first evaluation.
+ */
+static enum gg_status start_inventory(const struct serve_opts *o, struct engine *engine,
+                                      struct inventory **inv, struct informer **inf,
+                                      struct gg_err *err)
+{
+    bool in_cluster = kc_in_cluster(KC_SA_DIR);
+    if (o->inventory == 0 || (o->inventory < 0 && !o->kubeconfig && !in_cluster)) {
+        log_msg(LOG_INFO, "inventory: off (quota policies see no usage)");
+        return GG_OK;
+    }
+    if (!o->kubeconfig && !in_cluster)
+        return gg_fail(err, GG_ERR_INVALID,
+                       "--inventory on needs --kubeconfig FILE or a pod's service account "
+                       "(KUBERNETES_SERVICE_HOST and " KC_SA_DIR "/token)");
+    struct kc_client *client = NULL;
+    enum gg_status st = o->kubeconfig ? kc_new_kubeconfig(o->kubeconfig, &client, err)
+                                      : kc_new_in_cluster(KC_SA_DIR, &client, err);
+    if (st != GG_OK)
+        return st;
+    if (!(*inv = inv_new())) {
+        kc_free(client);
+        return gg_fail(err, GG_ERR_NOMEM, "out of memory");
+    }
+    engine_set_inventory(engine, *inv);
+    return inf_start(client, *inv, NULL, inf, err);
+}
+
+/* The second /readyz line. */
+static void inventory_note(void *ctx, char *out, size_t size)
+{
+    struct informer *inf = ctx;
+    char state[256] = "off";
+    if (inf)
+        inf_describe(inf, state, sizeof(state));
+    snprintf(out, size, "inventory: %s", state);
+}
+
 static void log_serving(const struct serve_opts *o, struct srv *server, struct engine *engine)
 {
     json_t *names = json_array();
@@ -321,10 +391,13 @@ int cli_serve(int argc, char **argv)
     struct reloader *reloader = NULL;
     struct dirwatch *cert_watch = NULL;
     struct srv *server = NULL;
+    struct inventory *inventory = NULL;
+    struct informer *informer = NULL;
     char *client_ca = NULL;
     int rc = 1;
     if (start_certificates(&o, &cert_watch, &client_ca, &err) != GG_OK ||
         engine_new(&paths, &engine, &err) != GG_OK ||
+        start_inventory(&o, engine, &inventory, &informer, &err) != GG_OK ||
         reload_start(engine, &reloader, &err) != GG_OK)
         goto out;
     struct srv_config cfg = {.listen = o.listen,
@@ -334,7 +407,9 @@ int cli_serve(int argc, char **argv)
                              .max_body = o.max_body,
                              .max_connections = o.max_connections,
                              .idle_timeout_s = 120,
-                             .engine = engine};
+                             .engine = engine,
+                             .ready_note = inventory_note,
+                             .ready_note_ctx = informer};
     if (srv_start(&cfg, &server, &err) != GG_OK)
         goto out;
     srv_set_ready(server, true, NULL);
@@ -349,7 +424,9 @@ out:
         log_msg(LOG_ERROR, "%s", err.msg);
     dirwatch_stop(cert_watch);
     reload_stop(reloader);
+    inf_stop(informer);
     engine_free(engine);
+    inv_free(inventory);
     tls_creds_clear();
     free(client_ca);
     return rc;

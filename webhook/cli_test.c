@@ -12,6 +12,7 @@
 #include "cli_files.h"
 #include "dryrun.h"
 #include "gpuguard.h"
+#include "inventory.h"
 #include "jsonpatch.h"
 #include "log.h"
 #include "manifest.h"
@@ -62,6 +63,8 @@ struct test_run {
     struct engine_cache cache;
     size_t passed, failed, broken;
     bool colour;
+    /* Every engine reads usage from it: the suite's cluster_state, not ready without one. */
+    struct inventory *inventory;
 };
 
 static void test_usage(FILE *out)
@@ -885,6 +888,7 @@ static enum gg_status suite_engine(struct test_run *r, const struct suite *s, st
         free(key);
         return st;
     }
+    engine_set_inventory(r->cache.engine, r->inventory);
     r->cache.key = key;
     *out = r->cache.engine;
     return GG_OK;
@@ -917,8 +921,11 @@ static void run_suite(struct test_run *r, const char *file)
             suite_clear(&s);
             return;
         }
-        /* Kept for quota checks once the inventory reads it; nothing else to do here. */
     }
+    json_t *none = json_array();
+    inv_replace(r->inventory, state ? json_object_get(state, "items") : none);
+    inv_set_ready(r->inventory, state != NULL);
+    json_decref(none);
     if (suite_engine(r, &s, &engine, &err) != GG_OK) {
         fprintf(stderr, "gpuguard test: %s: cannot load the policies: %s\n", s.file, err.msg);
         r->broken++;
@@ -929,6 +936,7 @@ static void run_suite(struct test_run *r, const char *file)
     const json_t *cases = json_object_get(s.doc, "cases");
     bool broken = false;
     for (size_t i = 0; i < json_array_size(cases); i++) {
+        inv_clear_reservations(r->inventory); /* cases are independent */
         if (run_case(r, &s, engine, json_array_get(cases, i), i, &broken))
             r->passed++;
         else
@@ -951,6 +959,10 @@ int cli_test(int argc, char **argv)
         if (p < 0)
             fprintf(stderr, "run 'gpuguard test --help' for the flags\n");
         return p > 0 ? 0 : 2;
+    }
+    if (!(r.inventory = inv_new())) {
+        fprintf(stderr, "gpuguard test: out of memory\n");
+        return 2;
     }
     const char *term = getenv("TERM");
     r.colour = isatty(STDOUT_FILENO) && !getenv("NO_COLOR") && !(term && !strcmp(term, "dumb"));
@@ -984,6 +996,7 @@ int cli_test(int argc, char **argv)
     printf("\n");
     fflush(stdout);
     engine_free(r.cache.engine);
+    inv_free(r.inventory);
     free(r.cache.key);
     cli_files_clear(&files);
     return r.broken ? 2 : r.failed ? 1 : 0;

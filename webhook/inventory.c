@@ -3,7 +3,9 @@
  *
  * Records live in an open-addressing map keyed by pod uid; usage is kept as
  * running sums per namespace and per namespace/class, so a quota check is
- * two hash lookups whatever the number of pods.
+ * two hash lookups whatever the number of pods.  A relist builds a whole new
+ * state (records and sums) with no lock held and swaps it in at once, so a
+ * quota check never waits for more than a pointer swap.
  */
 #include "inventory.h"
 
@@ -39,10 +41,15 @@ struct reservation {
     int64_t expires_ms;
 };
 
-struct inventory {
-    pthread_mutex_t lock;
+/* The pods and their sums: what a relist replaces as a whole. */
+struct state {
     struct map pods; /* uid -> record */
     struct map sums; /* "ns" and "ns\x1f" "class" -> milli-GPU */
+};
+
+struct inventory {
+    pthread_mutex_t lock;
+    struct state st;
     struct reservation *res;
     size_t n_res, cap_res;
     bool ready;
@@ -170,12 +177,17 @@ static void clear_reservations(struct inventory *inv)
     inv->n_res = 0;
 }
 
+static void state_clear(struct state *st)
+{
+    map_clear(&st->pods, true);
+    map_clear(&st->sums, false);
+}
+
 void inv_free(struct inventory *inv)
 {
     if (!inv)
         return;
-    map_clear(&inv->pods, true);
-    map_clear(&inv->sums, false);
+    state_clear(&inv->st);
     clear_reservations(inv);
     free(inv->res);
     pthread_mutex_destroy(&inv->lock);
@@ -247,15 +259,15 @@ int64_t inv_pod_charge(const json_t *pod)
 
 /* ---- records and sums --------------------------------------------------- */
 
-static void add_sum(struct inventory *inv, const char *ns, const char *cls, int64_t delta)
+static void add_sum(struct state *st, const char *ns, const char *cls, int64_t delta)
 {
     char key[512];
-    struct slot *s = map_put(&inv->sums, ns);
+    struct slot *s = map_put(&st->sums, ns);
     if (s)
         s->value += delta;
     if (cls && *cls) {
         snprintf(key, sizeof(key), "%s\x1f%s", ns, cls);
-        if ((s = map_put(&inv->sums, key)))
+        if ((s = map_put(&st->sums, key)))
             s->value += delta;
     }
 }
@@ -289,40 +301,49 @@ static void settle_reservation(struct inventory *inv, const char *ns, const char
     }
 }
 
-static void remove_locked(struct inventory *inv, const char *uid)
+static void state_remove(struct state *st, const char *uid)
 {
-    struct slot *s = map_find(&inv->pods, uid);
+    struct slot *s = map_find(&st->pods, uid);
     if (!s)
         return;
     struct record *r = s->ptr;
-    add_sum(inv, r->ns, r->cls, -r->charge);
+    add_sum(st, r->ns, r->cls, -r->charge);
     free_record(r);
-    map_remove(&inv->pods, s);
+    map_remove(&st->pods, s);
 }
 
-static void upsert_locked(struct inventory *inv, const json_t *pod)
+/* Record a pod (replacing the record of its uid); true when it holds GPUs. */
+static bool state_add(struct state *st, const json_t *pod)
 {
     const char *uid = meta_string(pod, "uid"), *ns = meta_string(pod, "namespace");
     if (!*uid)
-        return;
-    remove_locked(inv, uid);
-    settle_reservation(inv, ns, meta_string(pod, "name"));
+        return false;
+    state_remove(st, uid);
     int64_t charge = counts(pod) ? inv_pod_charge(pod) : 0;
     if (charge <= 0)
-        return;
+        return false;
     struct record *r = calloc(1, sizeof(*r));
     const char *cls = json_string_value(json_object_get(
         json_object_get(json_object_get(pod, "metadata"), "labels"), INV_CLASS_LABEL));
-    struct slot *s = r ? map_put(&inv->pods, uid) : NULL;
+    struct slot *s = r ? map_put(&st->pods, uid) : NULL;
     if (!s) {
         free(r);
-        return;
+        return false;
     }
     r->ns = strdup(ns);
     r->cls = strdup(cls ? cls : "");
     r->charge = charge;
     s->ptr = r;
-    add_sum(inv, r->ns, r->cls, charge);
+    add_sum(st, r->ns, r->cls, charge);
+    return true;
+}
+
+static void upsert_locked(struct inventory *inv, const json_t *pod)
+{
+    if (!*meta_string(pod, "uid"))
+        return;
+    settle_reservation(inv, meta_string(pod, "namespace"), meta_string(pod, "name"));
+    state_add(&inv->st, pod);
 }
 
 void inv_upsert(struct inventory *inv, const json_t *pod)
@@ -335,19 +356,89 @@ void inv_upsert(struct inventory *inv, const json_t *pod)
 void inv_delete(struct inventory *inv, const json_t *pod)
 {
     pthread_mutex_lock(&inv->lock);
-    remove_locked(inv, meta_string(pod, "uid"));
+    state_remove(&inv->st, meta_string(pod, "uid"));
     pthread_mutex_unlock(&inv->lock);
+}
+
+/* ---- relists: a new state built aside, then swapped in ------------------- */
+
+struct inv_stage {
+    struct state st;
+    struct map names; /* "ns\x1f" "name" and "ns\x1f" "generateName" of the GPU pods */
+    size_t seen;
+};
+
+struct inv_stage *inv_stage_new(void)
+{
+    return calloc(1, sizeof(struct inv_stage));
+}
+
+void inv_stage_free(struct inv_stage *stage)
+{
+    if (!stage)
+        return;
+    state_clear(&stage->st);
+    map_clear(&stage->names, false);
+    free(stage);
+}
+
+static void stage_name(struct inv_stage *stage, const char *ns, const char *name)
+{
+    char key[512];
+    if (*name && (size_t)snprintf(key, sizeof(key), "%s\x1f%s", ns, name) < sizeof(key))
+        map_put(&stage->names, key);
+}
+
+void inv_stage_add(struct inv_stage *stage, const json_t *pod)
+{
+    stage->seen++;
+    if (!state_add(&stage->st, pod))
+        return;
+    /* Only a pod that holds GPUs can settle a reservation. */
+    const char *ns = meta_string(pod, "namespace");
+    stage_name(stage, ns, meta_string(pod, "name"));
+    stage_name(stage, ns, meta_string(pod, "generateName"));
+}
+
+size_t inv_stage_pods(const struct inv_stage *stage)
+{
+    return stage->st.pods.used;
+}
+
+void inv_stage_commit(struct inventory *inv, struct inv_stage *stage)
+{
+    struct state old;
+    pthread_mutex_lock(&inv->lock);
+    old = inv->st;
+    inv->st = stage->st;
+    for (size_t i = 0; i < inv->n_res;) {
+        struct reservation *r = &inv->res[i];
+        char key[512];
+        snprintf(key, sizeof(key), "%s\x1f%s", r->ns, r->name);
+        if (map_find(&stage->names, key)) {
+            free(r->ns);
+            free(r->name);
+            free(r->cls);
+            inv->res[i] = inv->res[--inv->n_res];
+            continue;
+        }
+        i++;
+    }
+    pthread_mutex_unlock(&inv->lock);
+    memset(&stage->st, 0, sizeof(stage->st));
+    state_clear(&old);
+    inv_stage_free(stage);
 }
 
 void inv_replace(struct inventory *inv, const json_t *items)
 {
-    pthread_mutex_lock(&inv->lock);
-    map_clear(&inv->pods, true);
-    map_clear(&inv->sums, false);
+    struct inv_stage *stage = inv_stage_new();
+    if (!stage)
+        return;
     size_t i;
     json_t *pod;
-    json_array_foreach(items, i, pod) upsert_locked(inv, pod);
-    pthread_mutex_unlock(&inv->lock);
+    json_array_foreach(items, i, pod) inv_stage_add(stage, pod);
+    inv_stage_commit(inv, stage);
 }
 
 void inv_reserve(struct inventory *inv, const char *ns, const char *name, const char *cls,
@@ -375,7 +466,7 @@ int64_t inv_usage(struct inventory *inv, const char *ns, const char *cls)
     if (cls && *cls)
         snprintf(key, sizeof(key), "%s\x1f%s", ns, cls);
     pthread_mutex_lock(&inv->lock);
-    struct slot *s = map_find(&inv->sums, cls && *cls ? key : ns);
+    struct slot *s = map_find(&inv->st.sums, cls && *cls ? key : ns);
     int64_t used = s ? s->value : 0;
     int64_t now = now_ms();
     for (size_t i = 0; i < inv->n_res;) {
@@ -398,8 +489,54 @@ int64_t inv_usage(struct inventory *inv, const char *ns, const char *cls)
 size_t inv_pod_count(struct inventory *inv)
 {
     pthread_mutex_lock(&inv->lock);
-    size_t n = inv->pods.used;
+    size_t n = inv->st.pods.used;
     pthread_mutex_unlock(&inv->lock);
+    return n;
+}
+
+void inv_clear_reservations(struct inventory *inv)
+{
+    pthread_mutex_lock(&inv->lock);
+    clear_reservations(inv);
+    pthread_mutex_unlock(&inv->lock);
+}
+
+static int by_namespace(const void *a, const void *b)
+{
+    return strcmp(((const struct inv_ns_usage *)a)->ns, ((const struct inv_ns_usage *)b)->ns);
+}
+
+size_t inv_usage_by_namespace(struct inventory *inv, struct inv_ns_usage **out)
+{
+    *out = NULL;
+    pthread_mutex_lock(&inv->lock);
+    size_t n = 0, text = 0;
+    for (size_t i = 0; i < inv->st.sums.cap; i++) {
+        const char *key = inv->st.sums.slots[i].key;
+        if (key && !strchr(key, '\x1f')) {
+            n++;
+            text += strlen(key) + 1;
+        }
+    }
+    struct inv_ns_usage *list = n ? malloc(n * sizeof(*list) + text) : NULL;
+    if (list) {
+        char *p = (char *)(list + n);
+        size_t k = 0;
+        for (size_t i = 0; i < inv->st.sums.cap; i++) {
+            const struct slot *s = &inv->st.sums.slots[i];
+            if (!s->key || strchr(s->key, '\x1f'))
+                continue;
+            size_t len = strlen(s->key) + 1;
+            memcpy(p, s->key, len);
+            list[k++] = (struct inv_ns_usage){p, s->value};
+            p += len;
+        }
+    }
+    pthread_mutex_unlock(&inv->lock);
+    if (!list)
+        return 0;
+    qsort(list, n, sizeof(*list), by_namespace);
+    *out = list;
     return n;
 }
 

@@ -40,8 +40,27 @@ int64_t inv_pod_charge(const json_t *pod);
 /* Add or update a pod from its object; pods with no charge are dropped. */
 void inv_upsert(struct inventory *inv, const json_t *pod);
 void inv_delete(struct inventory *inv, const json_t *pod);
-/* Replace everything with the pods of a List's items (a relist). */
+/*
+ * Replace everything with the pods of a List's items (a relist): the new
+ * state is built with no lock held, then swapped in at once.
+ */
 void inv_replace(struct inventory *inv, const json_t *items);
+
+/*
+ * A relist in steps, for lists read a pod at a time: inv_stage_add() each
+ * pod into a stage (private to the caller, no lock), then
+ * inv_stage_commit() swaps the stage in as the whole state at once and
+ * frees it.  Only the compact records are kept, so a caller can free each
+ * pod right after adding it.  The commit settles the reservations of pods
+ * the stage holds (same namespace and name, or generateName).
+ */
+struct inv_stage;
+struct inv_stage *inv_stage_new(void);
+void inv_stage_free(struct inv_stage *stage);
+void inv_stage_add(struct inv_stage *stage, const json_t *pod);
+/* Pods that hold GPUs in the stage so far. */
+size_t inv_stage_pods(const struct inv_stage *stage);
+void inv_stage_commit(struct inventory *inv, struct inv_stage *stage);
 
 /*
  * Count a pod this replica just admitted until a pod with that namespace
@@ -52,7 +71,23 @@ void inv_reserve(struct inventory *inv, const char *ns, const char *name, const 
 
 /* Usage of a namespace (and of one workload class in it when cls is not NULL). */
 int64_t inv_usage(struct inventory *inv, const char *ns, const char *cls);
+/* Pods that hold GPUs (those with a record). */
 size_t inv_pod_count(struct inventory *inv);
+
+/* Usage per namespace from the pods seen (reservations not included). */
+struct inv_ns_usage {
+    const char *ns;
+    int64_t milli;
+};
+/*
+ * Every namespace the inventory has summed, sorted by name: *out is one
+ * malloc'ed block (the names inside it), released with free(); the count
+ * is returned (0 with *out NULL when none or out of memory).
+ */
+size_t inv_usage_by_namespace(struct inventory *inv, struct inv_ns_usage **out);
+
+/* Forget every reservation (for callers whose requests are independent, like test cases). */
+void inv_clear_reservations(struct inventory *inv);
 
 void inv_set_ready(struct inventory *inv, bool ready);
 bool inv_ready(struct inventory *inv);

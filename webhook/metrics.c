@@ -3,6 +3,8 @@
  */
 #include "metrics.h"
 
+#include "informer.h" /* inf_render_metrics: the gpuguard_inventory_* metrics */
+
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -308,5 +310,7 @@ enum gg_status metrics_render(struct buf *out)
         st = render_policies(out);
     if (st == GG_OK)
         st = render_http(out);
+    if (st == GG_OK)
+        st = inf_render_metrics(out);
     return st;
 }

@@ -42,6 +42,8 @@ struct srv {
     struct MHD_Daemon *ops;
     size_t max_body;
     struct engine *engine;
+    void (*ready_note)(void *ctx, char *out, size_t size);
+    void *ready_note_ctx;
     atomic_bool ready;
     pthread_mutex_t reason_lock;
     char not_ready_reason[256];
@@ -243,16 +245,20 @@ static enum MHD_Result on_ops(void *cls, struct MHD_Connection *c, const char *u
     if (strcmp(url, "/healthz") == 0)
         return send_text(c, MHD_HTTP_OK, "ok\n");
     if (strcmp(url, "/readyz") == 0) {
-        char line[400];
+        char line[800], note[300] = "";
+        if (s->ready_note) /* a second line, e.g. "inventory: ready (12 pods)" */
+            s->ready_note(s->ready_note_ctx, note, sizeof(note));
         if (atomic_load(&s->ready)) {
             char last[256];
             engine_last_reload(s->engine, last, sizeof(last));
-            snprintf(line, sizeof(line), "ready: policy generation %llu, last reload: %s\n",
-                     (unsigned long long)engine_generation(s->engine), last);
+            snprintf(line, sizeof(line), "ready: policy generation %llu, last reload: %s\n%s%s",
+                     (unsigned long long)engine_generation(s->engine), last, note,
+                     *note ? "\n" : "");
             return send_text(c, MHD_HTTP_OK, line);
         }
         pthread_mutex_lock(&s->reason_lock);
-        snprintf(line, sizeof(line), "not ready: %s\n", s->not_ready_reason);
+        snprintf(line, sizeof(line), "not ready: %s\n%s%s", s->not_ready_reason, note,
+                 *note ? "\n" : "");
         pthread_mutex_unlock(&s->reason_lock);
         return send_text(c, MHD_HTTP_SERVICE_UNAVAILABLE, line);
     }
@@ -394,6 +400,8 @@ enum gg_status srv_start(const struct srv_config *cfg, struct srv **out, struct 
         return gg_fail(err, GG_ERR_NOMEM, "out of memory");
     s->max_body = cfg->max_body;
     s->engine = cfg->engine;
+    s->ready_note = cfg->ready_note;
+    s->ready_note_ctx = cfg->ready_note_ctx;
     s->require_client_cert = cfg->client_ca_pem != NULL;
     pthread_mutex_init(&s->reason_lock, NULL);
     snprintf(s->not_ready_reason, sizeof(s->not_ready_reason), "starting");

@@ -25,6 +25,10 @@ struct srv_config {
     unsigned max_connections;
     unsigned idle_timeout_s; /* keep-alive idle timeout, above the client's 90 s */
     struct engine *engine;   /* evaluates the reviews; also reported by /readyz */
+    /* Writes a second /readyz line (e.g. the inventory's state); NULL: none.  Called on the
+     * ops thread: it must be quick and must not block. */
+    void (*ready_note)(void *ctx, char *out, size_t size);
+    void *ready_note_ctx;
 };
 
 struct srv;

@@ -103,7 +103,8 @@ def test_policy_edit_is_served_without_restart(policy_server):
     write_atomically(policy_server.policies / "10-stamp.lua", LABEL_POLICY % "v2")
     assert wait_for(lambda: stamp_of(policy_server) == "v2")
     status, text = policy_server.ops("/readyz")
-    assert status == 200 and text == "ready: policy generation 2, last reload: ok\n"
+    assert status == 200 and text == ("ready: policy generation 2, last reload: ok\n"
+                                      "inventory: off\n")
     _, m = policy_server.ops("/metrics")
     assert metric(m, "gpuguard_policy_generation") == 2
     assert metric(m, "gpuguard_policy_reloads_total", result="ok") >= 1

@@ -168,7 +168,7 @@ def test_audit_annotations_name_policy_mode_pool_and_profile(shipped):
 def test_dashboard_uses_only_metrics_the_server_exports(shipped):
     dash = json.loads((REPO / "deploy" / "grafana" / "gpuguard-dashboard.json").read_text())
     exported = set(scrape(shipped))
-    exported |= {"gpuguard_inventory_gpu_usage_milli"}  # present once the inventory runs
+    exported |= {"gpuguard_inventory_usage_gpus"}  # present once the inventory runs
     used = set()
     for panel in dash["panels"]:
         assert panel["targets"], panel["title"]

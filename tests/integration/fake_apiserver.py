@@ -1,0 +1,331 @@
+"""A stand-in Kubernetes API server for the inventory tests: just enough of
+GET /api/v1/pods (paginated LIST, WATCH with bookmarks) over HTTP or HTTPS on
+127.0.0.1, with a pod store whose changes become watch events, and knobs a
+test turns to misbehave on purpose: 401s, 410 Gone (as a status or an ERROR
+event), dropped connections mid-event, slow responses, malformed lines.
+
+Python standard library only (http.server, ssl, threading)."""
+
+import base64
+import json
+import ssl
+import threading
+import time
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+def gpu_pod(ns, name, gpus=1, phase="Running", uid=None, cls=None, charge=None, node="node-1",
+            resource="nvidia.com/gpu"):
+    """A pod object as the API server returns it, with enough noise around
+    the fields the inventory reads (managedFields, env, probes, status)."""
+    labels = {"app": name, "team": ns}
+    if cls:
+        labels["gpuguard.io/workload-class"] = cls
+    annotations = {"kubectl.kubernetes.io/restartedAt": "2024-01-01T00:00:00Z"}
+    if charge is not None:
+        annotations["gpuguard.io/charge"] = str(charge)
+    limits = {"cpu": "2", "memory": "8Gi"}
+    if gpus:
+        limits[resource] = str(gpus)
+    return {
+        "kind": "Pod", "apiVersion": "v1",
+        "metadata": {
+            "name": name, "namespace": ns, "uid": uid or f"uid-{ns}-{name}",
+            "labels": labels, "annotations": annotations,
+            "creationTimestamp": "2024-01-01T00:00:00Z",
+            "managedFields": [{"manager": "kubectl", "operation": "Update",
+                               "fieldsV1": {"f:spec": {"f:containers": {}}}}],
+        },
+        "spec": {
+            "nodeName": node,
+            "containers": [{
+                "name": "main", "image": "pytorch/pytorch:2.3.0",
+                "env": [{"name": "A", "value": "x \"quoted\" \\ \u00e9"}],
+                "resources": {"limits": limits, "requests": dict(limits)},
+            }],
+            "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists"}],
+        },
+        "status": {"phase": phase, "conditions": [{"type": "Ready", "status": "True"}]},
+    }
+
+
+class FakeApiServer:
+    """The pod store, the event log and the behaviour knobs."""
+
+    def __init__(self, tls=None, token=None, page_size=3):
+        self.tls = tls  # None, or dict(cert=, key=, client_ca=)
+        self.token = token  # expected bearer token; None accepts anything
+        self.page_size = page_size  # at most this many items per page (the server may send fewer)
+        self.lock = threading.Condition()
+        self.pods = {}  # uid -> pod, in insertion order
+        self.rv = 100
+        self.events = []  # (rv, type, object)
+        self.compacted = 0  # watches from a resourceVersion below this get 410
+        self.gone_as_event = False  # 410 as HTTP 200 + ERROR event instead of an HTTP status
+        self.list_delay = 0.0  # seconds before each list page
+        self.list_statuses = []  # statuses to answer the next lists with, then normal
+        self.watch_scripts = []  # per watch connection: dict of knobs (see _watch)
+        self.requests = []  # (kind, query dict, authorization header)
+        self.generation = 0  # end_watches() bumps it: open watches end cleanly
+        self.closing = False
+        self.snapshots = {}  # continue token -> remaining items
+        self.expire_continue = False
+        self.httpd = None
+
+    # -- the store --------------------------------------------------------
+
+    def _bump(self, kind, obj):
+        self.rv += 1
+        obj = json.loads(json.dumps(obj))
+        if kind != "BOOKMARK":
+            obj["metadata"]["resourceVersion"] = str(self.rv)
+        self.events.append((self.rv, kind, obj))
+        self.lock.notify_all()
+        return obj
+
+    def add(self, pod):
+        with self.lock:
+            uid = pod["metadata"]["uid"]
+            self.pods[uid] = self._bump("ADDED", pod)
+            return uid
+
+    def modify(self, uid, **status):
+        with self.lock:
+            pod = json.loads(json.dumps(self.pods[uid]))
+            pod["status"].update(status)
+            self.pods[uid] = self._bump("MODIFIED", pod)
+
+    def delete(self, uid):
+        with self.lock:
+            pod = self.pods.pop(uid)
+            self._bump("DELETED", pod)
+
+    def bookmark(self):
+        with self.lock:
+            self._bump("BOOKMARK", {"kind": "Pod", "apiVersion": "v1",
+                                    "metadata": {"resourceVersion": str(self.rv + 1),
+                                                 "creationTimestamp": None},
+                                    "spec": {"containers": None}, "status": {}})
+            return str(self.rv)
+
+    def compact(self):
+        """Forget history: watches from before now get 410 Gone."""
+        with self.lock:
+            self.compacted = self.rv
+
+    def end_watches(self):
+        """Open watches end cleanly (as when timeoutSeconds runs out)."""
+        with self.lock:
+            self.generation += 1
+            self.lock.notify_all()
+
+    def requests_of(self, kind):
+        with self.lock:
+            return [q for k, q, _ in self.requests if k == kind]
+
+    def watch_count(self):
+        return len(self.requests_of("watch"))
+
+    # -- serving ----------------------------------------------------------
+
+    def start(self):
+        fake = self
+
+        class Handler(_Handler):
+            server_fake = fake
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd.daemon_threads = True
+        if self.tls:
+            ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            ctx.load_cert_chain(self.tls["cert"], self.tls["key"])
+            if self.tls.get("client_ca"):
+                ctx.verify_mode = ssl.CERT_REQUIRED
+                ctx.load_verify_locations(self.tls["client_ca"])
+            self.httpd.socket = ctx.wrap_socket(self.httpd.socket, server_side=True)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        return self
+
+    @property
+    def port(self):
+        return self.httpd.server_address[1]
+
+    @property
+    def url(self):
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
+
+    def stop(self):
+        with self.lock:
+            self.closing = True
+            self.lock.notify_all()
+        if self.httpd:
+            self.httpd.shutdown()
+            self.httpd.server_close()
+            self.httpd = None
+
+
+def status_body(code, reason, message):
+    return {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": message, "reason": reason, "code": code}
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_fake = None
+
+    def log_message(self, fmt, *args):  # quiet
+        pass
+
+    def _json(self, code, obj):
+        body = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _status(self, code):
+        reasons = {401: ("Unauthorized", "Unauthorized"),
+                   403: ("Forbidden", "pods is forbidden: cannot list resource pods"),
+                   410: ("Expired", "too old resource version"),
+                   500: ("InternalError", "etcd is unhappy")}
+        reason, msg = reasons.get(code, ("Unknown", "error"))
+        self._json(code, status_body(code, reason, msg))
+
+    def do_GET(self):
+        fake = self.server_fake
+        url = urllib.parse.urlsplit(self.path)
+        query = dict(urllib.parse.parse_qsl(url.query))
+        auth = self.headers.get("Authorization")
+        kind = "watch" if query.get("watch") in ("1", "true") else "list"
+        with fake.lock:
+            fake.requests.append((kind, query, auth))
+        if url.path != "/api/v1/pods":
+            return self._status(404)
+        if fake.token is not None and auth != f"Bearer {fake.token}":
+            return self._status(401)
+        if kind == "list":
+            return self._list(fake, query)
+        return self._watch(fake, query)
+
+    # -- LIST -------------------------------------------------------------
+
+    def _list(self, fake, query):
+        if fake.list_delay:
+            time.sleep(fake.list_delay)
+        with fake.lock:
+            if fake.list_statuses:
+                return self._status(fake.list_statuses.pop(0))
+            limit = min(int(query.get("limit", "0") or 0) or 10**9, fake.page_size)
+            token = query.get("continue")
+            if token:
+                if fake.expire_continue or token not in fake.snapshots:
+                    fake.expire_continue = False
+                    return self._status(410)
+                rv, items = fake.snapshots.pop(token)
+            else:
+                rv, items = str(fake.rv), [p for p in fake.pods.values()]
+            page, rest = items[:limit], items[limit:]
+            meta = {"resourceVersion": rv}
+            if rest:
+                nxt = base64.b64encode(json.dumps({"rv": rv, "n": len(fake.snapshots),
+                                                   "at": time.time()}).encode()).decode()
+                fake.snapshots[nxt] = (rv, rest)
+                meta["continue"] = nxt
+                meta["remainingItemCount"] = len(rest)
+        self._json(200, {"kind": "PodList", "apiVersion": "v1", "metadata": meta,
+                         "items": page})
+
+    # -- WATCH ------------------------------------------------------------
+
+    def _chunk(self, data):
+        if isinstance(data, str):
+            data = data.encode()
+        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
+        self.wfile.flush()
+
+    def _drop(self):
+        """Close the connection without ending the chunked body."""
+        self.close_connection = True
+        try:
+            self.wfile.flush()
+            self.connection.shutdown(2)
+        except OSError:
+            pass
+
+    def _watch(self, fake, query):
+        """One watch connection.  A script (fake.watch_scripts, one per
+        connection, consumed in order) may say:
+          hold:       seconds to wait before answering at all
+          status:     answer with this HTTP error status
+          lines:      raw lines sent first (malformed events)
+          after:      send this many events, then
+          drop:       cut the connection in the middle of the next event
+          error:      send an ERROR event with this code and end
+          slow:       send each event in 3 pieces with this pause between"""
+        with fake.lock:
+            script = fake.watch_scripts.pop(0) if fake.watch_scripts else {}
+        if script.get("hold"):
+            time.sleep(script["hold"])
+        with fake.lock:
+            since = int(query.get("resourceVersion") or 0)
+            gone = since < fake.compacted
+        if script.get("status"):
+            return self._status(script["status"])
+        if gone and not fake.gone_as_event:
+            return self._status(410)
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+        try:
+            if gone:
+                ev = {"type": "ERROR", "object": status_body(
+                    410, "Expired", f"too old resource version: {since} ({fake.compacted})")}
+                self._chunk(json.dumps(ev) + "\n")
+                return self._chunk(b"")
+            for line in script.get("lines", []):
+                self._chunk(line + "\n")
+            if "error" in script:
+                ev = {"type": "ERROR", "object": status_body(script["error"], "InternalError",
+                                                             "scripted error")}
+                self._chunk(json.dumps(ev) + "\n")
+                return self._chunk(b"")
+            self._stream(fake, query, since, script)
+        except (BrokenPipeError, ConnectionResetError, ssl.SSLError, OSError):
+            self.close_connection = True
+
+    def _stream(self, fake, query, since, script):
+        deadline = time.monotonic() + int(query.get("timeoutSeconds") or 60)
+        bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
+        sent = 0
+        with fake.lock:
+            generation = fake.generation
+        while True:
+            with fake.lock:
+                pending = [e for e in fake.events if e[0] > since]
+                while (not pending and fake.generation == generation and not fake.closing
+                       and time.monotonic() < deadline):
+                    fake.lock.wait(0.2)
+                    pending = [e for e in fake.events if e[0] > since]
+                ended = fake.generation != generation or fake.closing
+            if ended or (not pending and time.monotonic() >= deadline):
+                return self._chunk(b"")
+            for rv, kind, obj in pending:
+                since = rv
+                if kind == "BOOKMARK" and not bookmarks:
+                    continue
+                line = json.dumps({"type": kind, "object": obj}) + "\n"
+                if "after" in script and sent >= script["after"]:
+                    if script.get("drop"):
+                        self._chunk(line[: len(line) // 2])
+                        return self._drop()
+                if script.get("slow"):
+                    third = len(line) // 3
+                    for piece in (line[:third], line[third: 2 * third], line[2 * third:]):
+                        self._chunk(piece)
+                        time.sleep(script["slow"])
+                else:
+                    self._chunk(line)
+                sent += 1

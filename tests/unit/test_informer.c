@@ -1,0 +1,345 @@
+/*
+ * test_informer.c - the informer's pure pieces: pods read from text into
+ * trimmed objects (checked against trimming the parsed pod), watch event
+ * lines, and lists cut into items whatever the read sizes.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include "informer.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Pods as the API server could send them: noise, escapes, nulls, numbers. */
+static const char *const pods[] = {
+    ("{\"kind\":\"Pod\",\"apiVersion\":\"v1\",\"metadata\":{\"name\":\"a\",\"namespace\":\"ns\","
+     "\"uid\":\"u-1\",\"resourceVersion\":\"42\",\"labels\":{\"app\":\"x\",\"gpuguard.io/"
+     "workload-class\":\"training\"},\"annotations\":{\"gpuguard.io/charge\":\"250\",\"other\":"
+     "\"{\\\"json\\\": [1,2]}\"},\"managedFields\":[{\"fieldsV1\":{\"f:spec\":{}}}]},\"spec\":{"
+     "\"nodeName\":\"n1\",\"containers\":[{\"name\":\"c\",\"env\":[{\"name\":\"E\",\"value\":"
+     "\"\\u00e9\\n\\\"\"}],\"resources\":{\"limits\":{\"cpu\":\"2\",\"nvidia.com/gpu\":\"1\"},"
+     "\"requests\":{\"memory\":\"1Gi\"}}}]},\"status\":{\"phase\":\"Running\",\"conditions\":[{"
+     "\"type\":\"Ready\",\"status\":true,\"n\":-1.5e3}]}}"),
+    /* limits without a GPU win over requests with one: the limits object stays, emptied. */
+    ("{\"metadata\":{\"uid\":\"u-2\",\"namespace\":\"ns\",\"name\":\"b\"},\"spec\":{\"containers\":"
+     "[{\"resources\":{\"limits\":{\"cpu\":1},\"requests\":{\"nvidia.com/gpu\":2}}},{}],"
+     "\"initContainers\":[{\"resources\":{\"limits\":{\"nvidia.com/mig-3g.40gb\":3}}}]}}"),
+    /* escaped keys, nulls where objects go, a generateName. */
+    ("{\"metadata\":{\"uid\":\"u-3\",\"namespace\":\"ns\",\"name\":\"web-x\",\"generateName\":"
+     "\"web-\",\"labels\":null,\"annotations\":{\"gpuguard.io\\/charge\":\"125\"}},\"spec\":{"
+     "\"containers\":null},\"status\":null}"),
+    ("{\"metadata\":{\"uid\":\"u-4\",\"namespace\":\"ns\"},\"spec\":{\"containers\":[{"
+     "\"resources\":"
+     "{\"limits\":{\"nvidia.com/gpu.shared\":\"1\"}}}]},\"status\":{\"phase\":\"Succeeded\"}}"),
+    "{}",
+};
+
+static void test_read_pod_matches_trimming_the_parsed_pod(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < sizeof(pods) / sizeof(pods[0]); i++) {
+        json_error_t jerr;
+        json_t *full = json_loads(pods[i], 0, &jerr);
+        if (!full)
+            fail_msg("pod %zu: bad fixture: %s", i, jerr.text);
+        json_t *trimmed = inf_trim_pod(full);
+        char rv[INF_RV_MAX];
+        struct gg_err err = {{0}};
+        json_t *read = inf_read_pod(pods[i], strlen(pods[i]), rv, &err);
+        if (!read)
+            fail_msg("pod %zu: %s", i, err.msg);
+        if (!json_equal(trimmed, read)) {
+            char *a = json_dumps(trimmed, JSON_SORT_KEYS), *b = json_dumps(read, JSON_SORT_KEYS);
+            fail_msg("pod %zu:\n trim %s\n read %s", i, a, b);
+        }
+        assert_int_equal(inv_pod_charge(read), inv_pod_charge(full));
+        json_decref(full);
+        json_decref(trimmed);
+        json_decref(read);
+    }
+}
+
+static void test_read_pod_keeps_only_what_accounting_needs(void **state)
+{
+    (void)state;
+    char rv[INF_RV_MAX];
+    json_t *p = inf_read_pod(pods[0], strlen(pods[0]), rv, NULL);
+    assert_non_null(p);
+    assert_string_equal(rv, "42");
+    json_t *want = json_loads(
+        "{\"metadata\":{\"name\":\"a\",\"namespace\":\"ns\",\"uid\":\"u-1\",\"labels\":{"
+        "\"gpuguard.io/workload-class\":\"training\"},\"annotations\":{\"gpuguard.io/charge\":"
+        "\"250\"}},\"spec\":{\"nodeName\":\"n1\",\"containers\":[{\"resources\":{\"limits\":{"
+        "\"nvidia.com/gpu\":\"1\"},\"requests\":{}}}]},\"status\":{\"phase\":\"Running\"}}",
+        0, NULL);
+    assert_true(json_equal(p, want));
+    assert_int_equal(inv_pod_charge(p), 250);
+    json_decref(p);
+    json_decref(want);
+    p = inf_read_pod(pods[1], strlen(pods[1]), NULL, NULL);
+    assert_int_equal(inv_pod_charge(p), 3 * 429); /* the init container's 3 MIG 3g slices */
+    json_decref(p);
+}
+
+static void test_read_pod_refuses_what_is_not_json(void **state)
+{
+    (void)state;
+    static const char *const bad[] = {
+        "",
+        "[]",
+        "{\"metadata\":{}",
+        "{\"metadata\":{}} x",
+        "{\"a\":tru}",
+        "{\"a\":01}",
+        "{\"a\":1.}",
+        "{\"a\":\"\\x\"}",
+        "{\"a\":\"\\u12g4\"}",
+        "{\"a\":\"tab\there\"}",
+        "{\"a\":[1,]}",
+        "{\"a\":1,}",
+        "{\"metadata\":{\"name\":5}}",
+        "{\"metadata\":{\"uid\":\"\xff\"}}",
+        "{\"spec\":{\"containers\":{}}}",
+        ("{\"metadata\":{\"resourceVersion\":"
+         "\"12345678901234567890123456789012345678901234567890123456789012345\"}}"),
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        struct gg_err err = {{0}};
+        json_t *p = inf_read_pod(bad[i], strlen(bad[i]), NULL, &err);
+        if (p)
+            fail_msg("case %zu (%s) was accepted", i, bad[i]);
+        assert_non_null(strstr(err.msg, "byte "));
+    }
+    /* Deep nesting is refused, not recursed into without end. */
+    size_t n = 100000;
+    char *deep = malloc(n * 2 + 16);
+    strcpy(deep, "{\"a\":");
+    size_t k = strlen(deep);
+    for (size_t i = 0; i < n; i++)
+        deep[k++] = '[';
+    for (size_t i = 0; i < n; i++)
+        deep[k++] = ']';
+    deep[k++] = '}';
+    assert_null(inf_read_pod(deep, k, NULL, NULL));
+    free(deep);
+}
+
+static void test_events(void **state)
+{
+    (void)state;
+    struct inf_event ev;
+    struct gg_err err = {{0}};
+    char line[4096];
+    snprintf(line, sizeof(line), "{\"type\":\"ADDED\",\"object\":%s}", pods[0]);
+    assert_int_equal(inf_parse_event(line, strlen(line), &ev, &err), GG_OK);
+    assert_int_equal(ev.type, INF_ADDED);
+    assert_string_equal(ev.rv, "42");
+    assert_int_equal(inv_pod_charge(ev.pod), 250);
+    inf_event_clear(&ev);
+    /* The object may come first. */
+    snprintf(line, sizeof(line), "{\"object\":%s, \"type\":\"DELETED\"}\r\n", pods[1]);
+    assert_int_equal(inf_parse_event(line, strlen(line), &ev, &err), GG_OK);
+    assert_int_equal(ev.type, INF_DELETED);
+    assert_string_equal(
+        json_string_value(json_object_get(json_object_get(ev.pod, "metadata"), "uid")), "u-2");
+    inf_event_clear(&ev);
+    const char *bookmark = "{\"type\":\"BOOKMARK\",\"object\":{\"kind\":\"Pod\",\"apiVersion\":"
+                           "\"v1\",\"metadata\":{\"resourceVersion\":\"12746\","
+                           "\"creationTimestamp\":null},\"spec\":{\"containers\":null},"
+                           "\"status\":{}}}";
+    assert_int_equal(inf_parse_event(bookmark, strlen(bookmark), &ev, &err), GG_OK);
+    assert_int_equal(ev.type, INF_BOOKMARK);
+    assert_string_equal(ev.rv, "12746");
+    assert_null(ev.pod);
+    inf_event_clear(&ev);
+    const char *gone = "{\"type\":\"ERROR\",\"object\":{\"kind\":\"Status\",\"status\":"
+                       "\"Failure\",\"message\":\"too old resource version: 1 (5)\","
+                       "\"reason\":\"Expired\",\"code\":410}}";
+    assert_int_equal(inf_parse_event(gone, strlen(gone), &ev, &err), GG_OK);
+    assert_int_equal(ev.type, INF_ERROR);
+    assert_int_equal(ev.code, 410);
+    assert_string_equal(ev.message, "too old resource version: 1 (5)");
+    inf_event_clear(&ev);
+    static const char *const bad[] = {
+        "nope",
+        "{\"type\":\"ADDED\"}",
+        "{\"type\":\"ADDED\",\"object\":{\"metadata\":{\"name\":\"x\"}}}",
+        "{\"type\":\"MOVED\",\"object\":{}}",
+        "{\"type\":\"ADDED\",\"object\":{\"metadata\":",
+        "{\"type\":\"BOOKMARK\",\"object\":{\"metadata\":{}}}",
+        "{\"type\":\"ADDED\",\"object\":[]}",
+        "{\"type\":7,\"object\":{}}",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+        if (inf_parse_event(bad[i], strlen(bad[i]), &ev, &err) == GG_OK)
+            fail_msg("case %zu (%s) was accepted", i, bad[i]);
+        assert_null(ev.pod);
+    }
+}
+
+struct collected {
+    json_t *uids;
+    size_t stop_after;
+};
+
+static bool collect(void *ctx, json_t *pod, const char *why)
+{
+    struct collected *c = ctx;
+    json_t *uid = json_object_get(json_object_get(pod, "metadata"), "uid");
+    json_array_append_new(c->uids, uid ? json_copy(uid) : json_string(why ? "malformed" : "?"));
+    return !c->stop_after || json_array_size(c->uids) < c->stop_after;
+}
+
+/* Feed text in pieces of step bytes. */
+static enum gg_status feed(const char *text, size_t step, struct collected *c,
+                           struct inf_list_meta *meta, struct gg_err *err)
+{
+    struct inf_list_reader *r = inf_list_reader_new(collect, c);
+    size_t len = strlen(text);
+    enum gg_status st = GG_OK;
+    for (size_t off = 0; off < len && st == GG_OK; off += step)
+        st = inf_list_feed(r, text + off, len - off < step ? len - off : step, err);
+    if (st == GG_OK)
+        st = inf_list_finish(r, meta, err);
+    inf_list_reader_free(r);
+    return st;
+}
+
+static void test_list_reader_any_read_size(void **state)
+{
+    (void)state;
+    char text[8192];
+    snprintf(text, sizeof(text),
+             " {\"kind\":\"PodList\",\"apiVersion\":\"v1\",\"metadata\":{\"resourceVersion\":"
+             "\"777\",\"continue\":\"eyJ2IjoibWV0YS5rOHMuaW8vdjEiLCJydiI6Nzc3fQ==\","
+             "\"remainingItemCount\":3},\"items\":[%s,%s , %s,%s],\"x\":{\"items\":[1]}}\n",
+             pods[0], pods[1], pods[2], pods[3]);
+    for (size_t step = 1; step <= strlen(text); step += step < 40 ? 1 : 97) {
+        struct collected c = {json_array(), 0};
+        struct inf_list_meta meta;
+        struct gg_err err = {{0}};
+        if (feed(text, step, &c, &meta, &err) != GG_OK)
+            fail_msg("step %zu: %s", step, err.msg);
+        json_t *want = json_pack("[ssss]", "u-1", "u-2", "u-3", "u-4");
+        if (!json_equal(c.uids, want))
+            fail_msg("step %zu: %s", step, json_dumps(c.uids, 0));
+        assert_string_equal(meta.resource_version, "777");
+        assert_string_equal(meta.continue_token, "eyJ2IjoibWV0YS5rOHMuaW8vdjEiLCJydiI6Nzc3fQ==");
+        assert_int_equal(meta.items, 4);
+        free(meta.continue_token);
+        json_decref(want);
+        json_decref(c.uids);
+    }
+}
+
+static void test_list_reader_edges(void **state)
+{
+    (void)state;
+    struct collected c = {json_array(), 0};
+    struct inf_list_meta meta;
+    struct gg_err err = {{0}};
+    /* Metadata after the items, no continue, empty and null item lists. */
+    assert_int_equal(
+        feed("{\"items\":[],\"metadata\":{\"resourceVersion\":\"5\"}}", 3, &c, &meta, &err), GG_OK);
+    assert_string_equal(meta.resource_version, "5");
+    assert_null(meta.continue_token);
+    assert_int_equal(feed("{\"items\":null,\"metadata\":{}}", 100, &c, &meta, &err), GG_OK);
+    assert_int_equal(json_array_size(c.uids), 0);
+    static const char *const bad[] = {
+        "[1]",
+        "{\"items\":[1]}",
+        "{\"items\":\"x\"}",
+        "{\"items\":[{}",
+        "{\"items\":[]}}",
+        "{\"items\":[]} {}",
+        "{\"metadata\":{\"resourceVersion\":1,}}",
+    };
+    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+        if (feed(bad[i], 2, &c, &meta, &err) == GG_OK)
+            fail_msg("case %zu (%s) was accepted", i, bad[i]);
+    /* A malformed item is reported and the reading goes on. */
+    for (size_t step = 1; step < 80; step += 7) {
+        json_array_clear(c.uids);
+        assert_int_equal(feed("{\"items\":[{\"metadata\":{\"uid\":\"a\"}},{\"metadata\":tru},"
+                              "{\"metadata\":{\"uid\":\"b\"}}]}",
+                              step, &c, &meta, &err),
+                         GG_OK);
+        json_t *want = json_pack("[sss]", "a", "malformed", "b");
+        assert_true(json_equal(c.uids, want));
+        json_decref(want);
+    }
+    /* on_pod can stop the reading. */
+    json_array_clear(c.uids);
+    c.stop_after = 1;
+    assert_int_not_equal(feed("{\"items\":[{},{},{}]}", 1, &c, &meta, &err), GG_OK);
+    assert_int_equal(json_array_size(c.uids), 1);
+    json_decref(c.uids);
+}
+
+static void test_list_reader_skips_oversized_items(void **state)
+{
+    (void)state;
+    size_t big = INF_MAX_LINE + 10;
+    char *text = malloc(big + 200);
+    int k = sprintf(text, "{\"items\":[{\"metadata\":{\"uid\":\"a\"}},{\"pad\":\"");
+    memset(text + k, 'x', big);
+    k += (int)big;
+    k += sprintf(text + k, "\"},{\"metadata\":{\"uid\":\"b\"}}]}");
+    for (size_t step = 4096; step <= (size_t)k; step *= 64) {
+        struct collected c = {json_array(), 0};
+        struct inf_list_meta meta;
+        struct gg_err err = {{0}};
+        assert_int_equal(feed(text, step, &c, &meta, &err), GG_OK);
+        assert_int_equal(meta.items, 2);
+        assert_int_equal(meta.oversized, 1);
+        assert_string_equal(json_string_value(json_array_get(c.uids, 1)), "b");
+        json_decref(c.uids);
+    }
+    free(text);
+}
+
+static void test_stage_swaps_in_and_settles_reservations(void **state)
+{
+    (void)state;
+    struct inventory *inv = inv_new();
+    inv_reserve(inv, "ns", "web-", "", 125, 60000);
+    inv_reserve(inv, "ns", "other", "", 1000, 60000);
+    struct inv_stage *stage = inv_stage_new();
+    for (size_t i = 0; i < sizeof(pods) / sizeof(pods[0]); i++) {
+        json_t *p = inf_read_pod(pods[i], strlen(pods[i]), NULL, NULL);
+        inv_stage_add(stage, p);
+        json_decref(p);
+    }
+    assert_int_equal(inv_stage_pods(stage), 3); /* the Succeeded pod does not count */
+    assert_int_equal(inv_usage(inv, "ns", NULL), 1125);
+    inv_stage_commit(inv, stage);
+    /* web-x (generateName web-) settled its reservation; "other" still counts. */
+    assert_int_equal(inv_usage(inv, "ns", NULL), 250 + 3 * 429 + 125 + 1000);
+    assert_int_equal(inv_usage(inv, "ns", "training"), 250);
+    struct inv_ns_usage *list;
+    assert_int_equal(inv_usage_by_namespace(inv, &list), 1);
+    assert_string_equal(list[0].ns, "ns");
+    assert_int_equal(list[0].milli, 250 + 3 * 429 + 125);
+    free(list);
+    inv_free(inv);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_read_pod_matches_trimming_the_parsed_pod),
+        cmocka_unit_test(test_read_pod_keeps_only_what_accounting_needs),
+        cmocka_unit_test(test_read_pod_refuses_what_is_not_json),
+        cmocka_unit_test(test_events),
+        cmocka_unit_test(test_list_reader_any_read_size),
+        cmocka_unit_test(test_list_reader_edges),
+        cmocka_unit_test(test_list_reader_skips_oversized_items),
+        cmocka_unit_test(test_stage_swaps_in_and_settles_reservations),
+    };
+    return cmocka_run_group_tests_name("informer", tests, NULL, NULL);
+}
