@@ -214,7 +214,8 @@ static int64_t resource_charge(const char *name, int64_t n)
         return n * 1000;
     int g, mem;
     if (sscanf(name, "nvidia.com/mig-%dg.%dgb", &g, &mem) == 2 && g > 0) {
-        int slices = (mem == 6 || mem == 12 || mem == 24) && g <= 4 ? 4 : 7;
+        /* A30's profiles are 1g.6gb, 2g.12gb and 4g.24gb: four slices; others have seven. */
+        int slices = mem == 6 * g && (g == 1 || g == 2 || g == 4) ? 4 : 7;
         return n * ((g * 1000 + slices - 1) / slices);
     }
     return 0;

@@ -10,8 +10,8 @@
  * A pod's charge is its `gpuguard.io/charge` annotation (milli-GPU, written
  * by the gpu-sharing policy) when present; otherwise it is estimated from
  * its GPU resources: nvidia.com/gpu N counts N x 1000; nvidia.com/mig-<g>g.*
- * counts ceil(g x 1000 / 7) per device (g / 4 for A30 profiles, whose
- * memory is 6, 12 or 24 GB); a shared replica (nvidia.com/gpu.shared)
+ * counts ceil(g x 1000 / 7) per device (g / 4 for the A30 profiles 1g.6gb,
+ * 2g.12gb and 4g.24gb); a shared replica (nvidia.com/gpu.shared)
  * counts 1000, since its share of the GPU is unknown.  Pods that Succeeded
  * or Failed count nothing.
  */

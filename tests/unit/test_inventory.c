@@ -44,6 +44,9 @@ static void test_charges(void **state)
         {"{\"nvidia.com/mig-3g.40gb\":\"2\"}", "{}", 858},
         {"{\"nvidia.com/mig-1g.6gb\":\"1\"}", "{}", 250}, /* A30: 4 slices */
         {"{\"nvidia.com/mig-4g.24gb\":\"1\"}", "{}", 1000},
+        /* H100-94GB's 24 GB profiles have seven slices, not A30's four. */
+        {"{\"nvidia.com/mig-1g.24gb\":\"1\"}", "{}", 143},
+        {"{\"nvidia.com/mig-2g.24gb\":\"1\"}", "{}", 286},
         {"{\"nvidia.com/gpu.shared\":\"1\"}", "{}", 1000},
         {"{\"cpu\":\"4\",\"memory\":\"8Gi\"}", "{}", 0},
         {"{\"nvidia.com/gpu.shared\":\"1\"}", "{\"gpuguard.io/charge\":\"250\"}", 250},
