@@ -3,6 +3,7 @@
 #   make run     install missing packages (as root), build, create dev certs, serve
 #   make test    the same set-up, then unit, Lua, policy and integration tests
 #   make asan    the test suite under AddressSanitizer and UndefinedBehaviorSanitizer
+#   make fuzz    each libFuzzer target for FUZZ_SECONDS (clang); see docs/testing.md
 #   make lint    clang-format check, cppcheck, luac -p on every Lua file
 #   make bench   benchmarks (figures, not pass/fail)
 
@@ -11,17 +12,17 @@ CC      ?= cc
 SAN     ?=
 PKGS    := libmicrohttpd jansson lua5.4 openssl yaml-0.1 libcurl gnutls
 CFLAGS  ?= -O2 -g
-CFLAGS  += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
+override CFLAGS += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
            -Iwebhook $(shell pkg-config --cflags $(PKGS) 2>/dev/null) $(SAN)
 LDLIBS  := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lpthread -lm
-LDFLAGS += $(SAN)
+override LDFLAGS += $(SAN)
 
 # Debian packages for building, testing and linting; `make deps` installs the
 # missing ones when run as root and otherwise prints the apt-get line.
 DEB_PKGS := build-essential pkg-config libmicrohttpd-dev libjansson-dev liblua5.4-dev lua5.4 \
             libssl-dev libyaml-dev libcmocka-dev libcurl4-openssl-dev libgnutls28-dev openssl \
             curl python3 python3-pytest python3-jsonpatch python3-yaml python3-prometheus-client \
-            clang-format cppcheck
+            clang-format cppcheck clang libclang-rt-14-dev wrk nginx-light
 
 # The core library holds everything but the HTTP server and the CLI front ends.
 FRONT_SRC := webhook/main.c webhook/server.c $(wildcard webhook/cli_*.c)
@@ -39,10 +40,23 @@ BENCH_BIN := $(BENCH_SRC:tests/bench/%.c=$(BUILD)/bench/%)
 TOOL_SRC  := $(wildcard tests/tools/*.c)
 TOOL_BIN  := $(TOOL_SRC:tests/tools/%.c=$(BUILD)/tests/tools/%)
 
+# Fuzz targets (tests/fuzz/fuzz_<target>.c): each also links with replay.c into
+# a corpus replayer that `make test` runs over tests/fuzz/corpus/<target>.
+FUZZ_TARGETS ?= admission jsonpatch quantity yaml manifest luabridge
+FUZZ_SECONDS ?= 600
+FUZZ_ARGS    ?=
+FUZZ_DIR     := build/fuzz
+FUZZ_SAN     := -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined
+# luabridge keeps one Lua VM for the whole run and its garbage outlives each
+# input, so libFuzzer's leak check after every input would scan the heap most
+# of the time (60 times slower); its leaks are checked at exit instead.
+FUZZ_FLAGS_luabridge := -detect_leaks=0
+REPLAY_BIN   := $(FUZZ_TARGETS:%=$(BUILD)/fuzz/replay_%)
+
 DEV_CERTS := certs/dev
 PYTHON    := /usr/bin/python3
 
-.PHONY: all deps run test unit integration asan lint bench fuzz install clean
+.PHONY: all deps run test unit integration asan lint bench fuzz fuzz-replay install clean
 
 all: $(BIN)
 
@@ -79,6 +93,15 @@ $(BUILD)/tests/tools/%: tests/tools/%.c $(CORE_LIB)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(CORE_LIB) $(LDLIBS)
 
+$(BUILD)/fuzz/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c $(CORE_LIB)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< tests/fuzz/replay.c $(CORE_LIB) $(LDLIBS)
+
+# libFuzzer binaries; only built by `make fuzz`, in a sub-make with CC=clang.
+$(FUZZ_DIR)/fuzz_%: tests/fuzz/fuzz_%.c $(CORE_LIB)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(LDFLAGS) -fsanitize=fuzzer,address,undefined -o $@ $< $(CORE_LIB) $(LDLIBS)
+
 $(BUILD)/bench/%: tests/bench/%.c $(CORE_LIB)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(CORE_LIB) $(LDLIBS)
@@ -95,10 +118,17 @@ run: deps
 test: deps
 	@$(MAKE) --no-print-directory unit integration
 
-unit: $(UNIT_BIN) $(TOOL_BIN)
+unit: $(UNIT_BIN) $(TOOL_BIN) fuzz-replay
 	@set -e; for t in $(UNIT_BIN); do echo "== $$t"; $$t; done
 	@echo "== Lua library tests (in the policy sandbox)"
 	$(BUILD)/tests/tools/lua_tests --lua lua tests/lua/test_*.lua
+
+# Every fuzz target over its seed and regression corpus (no fuzzing, no clang).
+fuzz-replay: $(REPLAY_BIN)
+	@pass=0; fail=0; for t in $(FUZZ_TARGETS); do \
+	    if $(BUILD)/fuzz/replay_$$t tests/fuzz/corpus/$$t; then pass=$$((pass + 1)); \
+	    else echo "FAIL: fuzz replay $$t (rerun with -v to name each input)"; fail=$$((fail + 1)); fi; \
+	done; echo "fuzz-replay: $$pass passed, $$fail failed"; [ $$fail -eq 0 ]
 
 # Python tests (pytest) under tests/: integration, policies, patch checks.
 integration: $(BIN) $(TOOL_BIN)
@@ -106,19 +136,42 @@ integration: $(BIN) $(TOOL_BIN)
 	    $(PYTHON) -m pytest -q -p no:cacheprovider tests
 
 asan:
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	$(MAKE) BUILD=build/asan CC=clang CFLAGS="-O1 -g -fno-omit-frame-pointer" \
 	    SAN="-fsanitize=address,undefined -fno-sanitize-recover=undefined" test
+
+# Each target in FUZZ_TARGETS for FUZZ_SECONDS with its dictionary, on a copy
+# of its corpus in build/fuzz/corpus/<target> (new inputs land there);
+# crashes go to build/fuzz/crashes/.  Extra libFuzzer flags: FUZZ_ARGS.
+fuzz: deps
+	@$(MAKE) --no-print-directory BUILD=$(FUZZ_DIR)/san CC=clang \
+	    CFLAGS="-O1 -g -fno-omit-frame-pointer" SAN="$(FUZZ_SAN)" \
+	    $(FUZZ_TARGETS:%=$(FUZZ_DIR)/fuzz_%)
+	@mkdir -p $(FUZZ_DIR)/crashes; failed=""; for t in $(FUZZ_TARGETS); do \
+	    mkdir -p $(FUZZ_DIR)/corpus/$$t && cp -R tests/fuzz/corpus/$$t/. $(FUZZ_DIR)/corpus/$$t/; \
+	    echo "== fuzz $$t for $(FUZZ_SECONDS) s"; flags=""; \
+	    case $$t in luabridge) flags="$(FUZZ_FLAGS_luabridge)";; esac; \
+	    $(FUZZ_DIR)/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -timeout=10 -print_final_stats=1 \
+	        -dict=tests/fuzz/$$t.dict -artifact_prefix=$(FUZZ_DIR)/crashes/$$t- $$flags $(FUZZ_ARGS) \
+	        $(FUZZ_DIR)/corpus/$$t || failed="$$failed $$t"; \
+	done; if [ -n "$$failed" ]; then echo "fuzz: crashes in$$failed (see $(FUZZ_DIR)/crashes)"; \
+	    exit 1; fi
 
 # Figures, not pass/fail: the in-process engine benchmark on the shipped policies.
 bench: deps
 	@$(MAKE) --no-print-directory $(BIN) $(BENCH_BIN)
 	$(BUILD)/bench/bench_engine --policies policies --lua lua --config deploy/gpuguard.yaml \
 	    -n 20000 tests/data/reviews/bench-pod.json
+	$(PYTHON) tests/bench/bench_check.py --bin $(BIN) --policies policies --lua lua --config deploy/gpuguard.yaml -n 10000
+	$(BUILD)/bench/bench_inventory -n 50000
+	@echo "== gpuguard serve under wrk against nginx (BENCH_SECONDS per run, default 20)"
+	$(PYTHON) tests/bench/bench_server.py --bin $(BIN) --bench-engine $(BUILD)/bench/bench_engine \
+	    --policies policies --lua lua --config deploy/gpuguard.yaml --report $(BUILD)/bench/report.md
 
 lint:
-	clang-format --dry-run --Werror webhook/*.c webhook/*.h tests/unit/*.c
+	clang-format --dry-run --Werror webhook/*.c webhook/*.h tests/unit/*.c tests/fuzz/*.c
 	cppcheck --quiet --error-exitcode=1 --enable=warning,portability --inline-suppr \
-	    --suppress=missingIncludeSystem --include=/usr/include/jansson.h -Iwebhook webhook tests/unit tests/tools tests/bench
+	    --suppress=missingIncludeSystem --include=/usr/include/jansson.h -Iwebhook webhook tests/unit tests/tools tests/bench tests/fuzz
 	@for f in $$(find lua policies tests -name '*.lua'); do luac5.4 -p $$f || exit 1; done
 
 install: $(BIN)

@@ -4,6 +4,7 @@
 #include "arena.h"
 
 #include <jansson.h>
+#include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -25,6 +26,22 @@ struct arena {
 };
 
 static _Thread_local struct arena arena;
+
+/* The kept chunk is also a thread-specific value, so it is freed when its
+ * thread exits (server worker threads at shutdown). */
+static pthread_key_t keep_key;
+static pthread_once_t keep_once = PTHREAD_ONCE_INIT;
+static bool keep_key_ok;
+
+static void keep_free(void *chunk)
+{
+    free(chunk);
+}
+
+static void keep_key_create(void)
+{
+    keep_key_ok = pthread_key_create(&keep_key, keep_free) == 0;
+}
 
 static struct chunk *new_chunk(size_t size)
 {
@@ -79,8 +96,12 @@ void arena_install(void)
 
 void arena_begin(void)
 {
-    if (!arena.keep)
+    if (!arena.keep) {
         arena.keep = new_chunk(FIRST_CHUNK);
+        pthread_once(&keep_once, keep_key_create);
+        if (arena.keep && keep_key_ok)
+            pthread_setspecific(keep_key, arena.keep);
+    }
     arena.head = arena.keep;
     if (arena.head)
         arena.head->used = 0;

@@ -594,8 +594,11 @@ static void add_denial(struct gather *g, const char *policy, int mode, const cha
         json_array_append_new(g->denials, json_string(text));
     else if (mode == POLICY_WARN)
         json_array_append_new(g->warnings, json_string(text));
-    else
-        add_audit(g, policy, "would-deny", json_string(msg));
+    else {
+        json_t *value = json_string(msg); /* add_audit takes its own reference */
+        add_audit(g, policy, "would-deny", value);
+        json_decref(value);
+    }
     free(text);
     add_fired(g, policy, mode);
 }

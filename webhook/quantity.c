@@ -535,6 +535,16 @@ static enum gg_status parse(const char *s, struct dec *v, enum qty_format *forma
         if (w.n > 0 && w.n + w.exp <= 0)
             f = QTY_DECIMAL_SI;
     }
+    /* The limits hold for the value too, or its canonical form would not
+     * parse back: rounding up to nano can add digits, and the exponent of
+     * the last digit can pass int32 ("1000e2147483647" is "10e2147483649"). */
+    if (w.n > QTY_MAX_DIGITS)
+        return too_many_digits(err, s);
+    if (w.n > 0 && w.exp > INT32_MAX) {
+        char q[QUOTE_MAX + 4];
+        return gg_fail(err, GG_ERR_TOOBIG, "quantity \"%s\": exponent out of range",
+                       quote(s, q, sizeof(q)));
+    }
     *v = w;
     *format = f;
     return GG_OK;

@@ -24,8 +24,10 @@
  * a binarySI value strictly between -1 and 1 reports QTY_DECIMAL_SI.
  *
  * Limits (apimachinery has none): a number with more than QTY_MAX_DIGITS
- * significant digits, or a decimal exponent outside int32 (apimachinery
- * truncates it to int32), is refused with GG_ERR_TOOBIG.  Digits far below
+ * significant digits (also after rounding to nano), or a decimal exponent
+ * outside int32 (apimachinery truncates it to int32), or a value whose last
+ * non-zero digit is above 10^INT32_MAX ("1000e2147483647"), is refused with
+ * GG_ERR_TOOBIG, so every canonical string parses back.  Digits far below
  * nano are not stored, but rounding stays exact (see DEC_CUT in the .c).
  * Canonical strings are exact, never rounded further.
  *

@@ -833,7 +833,7 @@ static void test_invalid(void **state)
 static void test_too_big(void **state)
 {
     (void)state;
-    char a[1100];
+    char a[1100], b[300];
     /* value past int64 milli-units; the canonical form still exists */
     static const char *const milli_cases[][2] = {
         {"12E", "12E"},
@@ -882,6 +882,10 @@ static void test_too_big(void **state)
         "1e-9223372036854775808",
         "1e9223372036854775807",
         build(a, sizeof(a), "1", '1', QTY_MAX_DIGITS, ""),
+        /* found by fuzzing: the canonical forms would not parse back */
+        "1000e2147483647", /* "10e2147483649" */
+        build(b, sizeof(b), "1", '1', QTY_MAX_DIGITS - 9,
+              ".00000000000000000000000000000000000000000000000000000000000000000000001"),
     };
     for (size_t i = 0; i < NELEM(limits); i++) {
         int64_t milli = 12345;
