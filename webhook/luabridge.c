@@ -36,6 +36,7 @@ struct lb_vm {
     size_t n_modules;
     struct inventory *inventory; /* borrowed; NULL without one */
     size_t mem, mem_peak;
+    size_t mem_settled;  /* after the last full collection at a request's end */
     int64_t used;        /* instructions counted in the current budget window */
     int64_t deadline_us; /* 0: none */
     bool running;        /* inside a policy call: budget kills are armed */
@@ -297,22 +298,28 @@ static bool is_null(lua_State *L, int idx)
     return lua_touserdata(L, idx) == (void *)&key_null_marker;
 }
 
-static int push_json(lua_State *L, const json_t *v, int depth)
+/*
+ * The conversion keeps the two marking metatables at fixed stack slots
+ * (mts, mts + 1: object, array) rather than fetching them from the registry
+ * for every table, and hands keys over with their length.
+ */
+static int push_json(lua_State *L, const json_t *v, int depth, int mts)
 {
     if (depth > LB_MAX_DEPTH)
         return -1;
     luaL_checkstack(L, 4, "JSON too deep");
-    size_t i, n;
+    size_t i, n, key_len;
     const char *key;
     json_t *item;
     switch (json_typeof(v)) {
     case JSON_OBJECT:
         lua_createtable(L, 0, (int)json_object_size(v));
-        mark(L, &key_object_mt);
-        json_object_foreach((json_t *)v, key, item)
+        lua_pushvalue(L, mts);
+        lua_setmetatable(L, -2);
+        json_object_keylen_foreach((json_t *)v, key, key_len, item)
         {
-            lua_pushstring(L, key);
-            if (push_json(L, item, depth + 1))
+            lua_pushlstring(L, key, key_len);
+            if (push_json(L, item, depth + 1, mts))
                 return -1;
             lua_rawset(L, -3);
         }
@@ -320,9 +327,10 @@ static int push_json(lua_State *L, const json_t *v, int depth)
     case JSON_ARRAY:
         n = json_array_size(v);
         lua_createtable(L, (int)n, 0);
-        mark(L, &key_array_mt);
+        lua_pushvalue(L, mts + 1);
+        lua_setmetatable(L, -2);
         for (i = 0; i < n; i++) {
-            if (push_json(L, json_array_get(v, i), depth + 1))
+            if (push_json(L, json_array_get(v, i), depth + 1, mts))
                 return -1;
             lua_rawseti(L, -2, (lua_Integer)i + 1);
         }
@@ -350,10 +358,14 @@ static int push_json(lua_State *L, const json_t *v, int depth)
 static void push_json_or_raise(lua_State *L, const json_t *v, const char *what)
 {
     int top = lua_gettop(L);
-    if (push_json(L, v, 0)) {
+    push_registry(L, &key_object_mt);
+    push_registry(L, &key_array_mt);
+    if (push_json(L, v, 0, top + 1)) {
         lua_settop(L, top);
         luaL_error(L, "%s nests deeper than %d levels", what, LB_MAX_DEPTH);
     }
+    lua_remove(L, top + 1); /* the two metatables under the value */
+    lua_remove(L, top + 1);
 }
 
 /* ---- Lua -> JSON ------------------------------------------------------- */
@@ -1466,6 +1478,9 @@ enum gg_status lb_request_patch(struct lb_vm *vm, const json_t *original, json_t
     return GG_OK;
 }
 
+/* Growth past twice the settled size plus this triggers a full collection. */
+#define GC_SLACK (4u << 20)
+
 void lb_request_end(struct lb_vm *vm)
 {
     luaL_unref(vm->L, LUA_REGISTRYINDEX, vm->obj_ref);
@@ -1473,6 +1488,14 @@ void lb_request_end(struct lb_vm *vm)
     vm->obj_ref = vm->req_ref = LUA_NOREF;
     vm->used = 0;
     lb_report_clear(&vm->report);
+    /* A big object (a 10 MB annotation) is copied into the VM, and once the
+     * generational collector has aged the copy only a major collection frees
+     * it, which may not come for thousands of requests: each worker's VM
+     * would keep its largest request's garbage.  Collect it now instead. */
+    if (vm->mem > 2 * vm->mem_settled + GC_SLACK) {
+        lua_gc(vm->L, LUA_GCCOLLECT);
+        vm->mem_settled = vm->mem;
+    }
 }
 
 /* ---- Lua test files --------------------------------------------------- */
