@@ -1,0 +1,96 @@
+"""`make bench`'s server benchmark (tests/bench/bench_server.py) end to end, briefly
+(BENCH_SECONDS=2, a few connections), to prove that it runs, reports and cleans up.
+It asserts nothing about the figures: benchmarks are figures, not tests."""
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+SCRIPT = REPO / "tests" / "bench" / "bench_server.py"
+SBIN_PATH = os.environ.get("PATH", "") + ":/usr/local/sbin:/usr/sbin:/sbin"
+
+
+@pytest.fixture
+def tools():
+    for name, package in (("wrk", "wrk"), ("nginx", "nginx-light")):
+        if not shutil.which(name, path=SBIN_PATH):
+            pytest.skip(f"{name} is not installed (Debian package {package}; `make deps` "
+                        "installs it): the server benchmark cannot run")
+
+
+def bench_cmd(binary, tmp_path, *extra):
+    return ["/usr/bin/python3", str(SCRIPT), "--bin", binary, "--connections", "4",
+            "--idle-connections", "20", "--engine-n", "20", "--events", "2",
+            "--report", str(tmp_path / "report.md"), *extra]
+
+
+def temp_dir_of(output):
+    for line in output.splitlines():
+        if "temporary directory " in line:
+            return line.rsplit("temporary directory ", 1)[1].strip()
+    return None
+
+
+def processes_mentioning(text):
+    """PIDs whose command line contains text (the run's temporary directory)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(
+                errors="replace")
+        except OSError:
+            continue
+        if text in cmdline:
+            pids.append(int(entry.name))
+    return pids
+
+
+def test_bench_server_runs_end_to_end(binary, tools, tmp_path):
+    env = dict(os.environ, BENCH_SECONDS="2")
+    out = subprocess.run(bench_cmd(binary, tmp_path), env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stdout[-4000:] + out.stderr[-4000:]
+    report = (tmp_path / "report.md").read_text()
+    for row in ("| machine |", "| load average", "gpuguard requests/s",
+                "gpuguard latency p50 / p99 / p99.9 / max", "nginx ceiling requests/s",
+                "gpuguard / nginx requests/s", "policy reload under load",
+                "certificate rotation under load", "server RSS under load",
+                "server RSS with 20 open idle TLS connections"):
+        assert row in report, f"{row!r} missing from the report:\n{report}"
+    assert report.split("\n\n", 1)[1] in out.stdout  # the table, printed at the end
+    tmp = temp_dir_of(out.stdout)
+    assert tmp and not Path(tmp).exists()
+    assert processes_mentioning(tmp) == []
+
+
+def test_bench_server_stops_everything_on_ctrl_c(binary, tools, tmp_path):
+    log = tmp_path / "bench.log"
+    env = dict(os.environ, BENCH_SECONDS="30")
+    with open(log, "wb") as f:
+        proc = subprocess.Popen(bench_cmd(binary, tmp_path), env=env, stdout=f,
+                                stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and "gpuguard steady" not in log.read_text():
+            assert proc.poll() is None, log.read_text()
+            time.sleep(0.1)
+        assert "gpuguard steady" in log.read_text()
+        tmp = temp_dir_of(log.read_text())
+        assert processes_mentioning(tmp), "wrk and gpuguard serve should be running"
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130, log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert processes_mentioning(tmp) == []
+    assert not Path(tmp).exists()
