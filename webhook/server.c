@@ -10,6 +10,12 @@
  * deadline), so there is no hand-off between threads.  Refusals that need
  * no body (404, 405, 415, 413 by Content-Length) are answered from the
  * headers, before a byte of the body is buffered.
+ *
+ * --max-connections is enforced here, not by libmicrohttpd's own limit: a
+ * worker at that limit stops polling the listen socket, so a connection
+ * past it would sit in the kernel's backlog, its handshake hung, until
+ * some idle connection times out (120 s).  Instead the library's limit is
+ * set above ours and a connection past ours is accepted and closed at once.
  */
 #include "server.h"
 
@@ -20,6 +26,7 @@
 #include "tlscreds.h"
 
 #include <arpa/inet.h>
+#include <malloc.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <pthread.h>
@@ -33,6 +40,16 @@
 
 /* The API server's default webhook timeout, used when ?timeout= is absent. */
 #define DEFAULT_TIMEOUT_MS 10000
+/*
+ * Blocks from this size up are mmapped, and so given back to the system
+ * when freed.  glibc's default threshold rises to the largest block freed
+ * (up to 32 MiB), after which a big review's buffers (a 10 MB annotation
+ * is copied several times: body, JSON, Lua) land in the workers' heaps,
+ * which then keep tens of MB each: the resident size would not return.
+ */
+#define MMAP_THRESHOLD (1 << 20)
+/* On SIGTERM, how long kept-alive connections may stay open without a request. */
+#define LINGER_MS 1000
 /* TLS 1.2 and 1.3 only, GnuTLS's default ciphers otherwise. */
 #define TLS_PRIORITIES "NORMAL:-VERS-ALL:+VERS-TLS1.3:+VERS-TLS1.2"
 
@@ -41,6 +58,8 @@ struct srv {
     struct MHD_Daemon *webhook;
     struct MHD_Daemon *ops;
     size_t max_body;
+    unsigned max_connections;
+    atomic_uint open_connections;
     struct engine *engine;
     void (*ready_note)(void *ctx, char *out, size_t size);
     void *ready_note_ctx;
@@ -59,6 +78,24 @@ struct request {
     struct buf body;
 };
 
+/*
+ * Set by srv_stop: from then on every answer says Connection: close, so a
+ * client on a kept-alive connection takes its next request elsewhere instead
+ * of sending it on a connection about to be cut.  Process-wide, like the
+ * in-flight count srv_stop waits on: one server per process.
+ */
+static atomic_bool draining;
+
+static enum MHD_Result queue_response(struct MHD_Connection *c, unsigned status,
+                                      struct MHD_Response *r)
+{
+    if (atomic_load(&draining))
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
+    enum MHD_Result ret = MHD_queue_response(c, status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
 static enum MHD_Result send_text(struct MHD_Connection *c, unsigned status, const char *text)
 {
     struct MHD_Response *r =
@@ -68,9 +105,7 @@ static enum MHD_Result send_text(struct MHD_Connection *c, unsigned status, cons
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; charset=utf-8");
     if (status == MHD_HTTP_METHOD_NOT_ALLOWED)
         MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "POST");
-    enum MHD_Result ret = MHD_queue_response(c, status, r);
-    MHD_destroy_response(r);
-    return ret;
+    return queue_response(c, status, r);
 }
 
 /* Refuse a request with a one-line reason, counted and logged. */
@@ -172,9 +207,7 @@ static enum MHD_Result answer_review(struct srv *s, struct MHD_Connection *c, st
         return MHD_NO;
     }
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
-    enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, r);
-    MHD_destroy_response(r);
-    return ret;
+    return queue_response(c, MHD_HTTP_OK, r);
 }
 
 static enum MHD_Result on_webhook(void *cls, struct MHD_Connection *c, const char *url,
@@ -278,9 +311,7 @@ static enum MHD_Result on_ops(void *cls, struct MHD_Connection *c, const char *u
         }
         MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE,
                                 "text/plain; version=0.0.4; charset=utf-8");
-        enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, r);
-        MHD_destroy_response(r);
-        return ret;
+        return queue_response(c, MHD_HTTP_OK, r);
     }
     return send_text(c, MHD_HTTP_NOT_FOUND, "no such path: use /healthz, /readyz or /metrics\n");
 }
@@ -353,7 +384,30 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
     (void)socket_context;
     if (toe == MHD_CONNECTION_NOTIFY_STARTED && s->require_client_cert)
         require_client_cert(c);
-    metrics_connections_add(toe == MHD_CONNECTION_NOTIFY_STARTED ? 1 : -1);
+    bool started = toe == MHD_CONNECTION_NOTIFY_STARTED;
+    if (started)
+        atomic_fetch_add(&s->open_connections, 1);
+    else
+        atomic_fetch_sub(&s->open_connections, 1);
+    metrics_connections_add(started ? 1 : -1);
+}
+
+/*
+ * Called on the worker that accepted the connection, before it is set up:
+ * past --max-connections the socket is closed at once, so the client sees
+ * its connection closed instead of a hung handshake.  Workers accepting at
+ * the same moment may overshoot by a connection each; the library's own
+ * limit (threads x (max + 1)) stays the hard bound.
+ */
+static enum MHD_Result accept_policy(void *cls, const struct sockaddr *addr, socklen_t len)
+{
+    (void)addr;
+    (void)len;
+    struct srv *s = cls;
+    if (atomic_load(&s->open_connections) < s->max_connections)
+        return MHD_YES;
+    log_msg(LOG_DEBUG, "connection refused: %u connections open, the limit", s->max_connections);
+    return MHD_NO;
 }
 
 static struct MHD_Daemon *start_webhook(struct srv *s, const struct srv_config *cfg,
@@ -367,10 +421,14 @@ static struct MHD_Daemon *start_webhook(struct srv *s, const struct srv_config *
         {cfg->client_ca_pem ? MHD_OPTION_HTTPS_MEM_TRUST : MHD_OPTION_END, 0,
          (void *)cfg->client_ca_pem},
         {MHD_OPTION_END, 0, NULL}};
+    /* The library splits its limit between the workers; each must keep polling
+     * the listen socket up to ours (see accept_policy). */
+    unsigned workers = cfg->threads > 1 ? cfg->threads : 1;
+    unsigned mhd_limit = (cfg->max_connections + 1) * workers;
     return MHD_start_daemon(
-        flags, 0, NULL, NULL, on_webhook, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
+        flags, 0, accept_policy, s, on_webhook, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
         MHD_OPTION_SOCK_ADDR, (struct sockaddr *)addr, MHD_OPTION_THREAD_POOL_SIZE,
-        cfg->threads > 1 ? cfg->threads : 0, MHD_OPTION_CONNECTION_LIMIT, cfg->max_connections,
+        cfg->threads > 1 ? cfg->threads : 0, MHD_OPTION_CONNECTION_LIMIT, mhd_limit,
         MHD_OPTION_CONNECTION_TIMEOUT, cfg->idle_timeout_s, MHD_OPTION_HTTPS_CERT_CALLBACK,
         tls_creds_retrieve, MHD_OPTION_HTTPS_PRIORITIES, TLS_PRIORITIES,
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection,
@@ -398,7 +456,9 @@ enum gg_status srv_start(const struct srv_config *cfg, struct srv **out, struct 
     struct srv *s = calloc(1, sizeof(*s));
     if (!s)
         return gg_fail(err, GG_ERR_NOMEM, "out of memory");
+    mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD);
     s->max_body = cfg->max_body;
+    s->max_connections = cfg->max_connections;
     s->engine = cfg->engine;
     s->ready_note = cfg->ready_note;
     s->ready_note_ctx = cfg->ready_note_ctx;
@@ -457,12 +517,20 @@ void srv_stop(struct srv *s, int64_t grace_ms)
     if (!s)
         return;
     srv_set_ready(s, false, "shutting down");
+    atomic_store(&draining, true);
     MHD_socket listener = MHD_quiesce_daemon(s->webhook);
     if (listener != MHD_INVALID_SOCKET)
         close(listener);
-    int64_t until = review_now_us() + grace_ms * 1000;
-    while (metrics_inflight() > 0 && review_now_us() < until)
+    /* Wait for the requests in flight and, for a moment, for the kept-alive
+     * connections to send their next request and be answered with
+     * Connection: close; only the idle ones are left for the stop to cut. */
+    int64_t now = review_now_us(), until = now + grace_ms * 1000;
+    int64_t linger = now + (LINGER_MS < grace_ms ? LINGER_MS : grace_ms) * 1000;
+    while (now < until &&
+           (metrics_inflight() > 0 || (now < linger && atomic_load(&s->open_connections) > 0))) {
         usleep(10 * 1000);
+        now = review_now_us();
+    }
     if (metrics_inflight() > 0)
         log_msg(LOG_WARN, "shutdown: %ld requests still in flight after %lld ms",
                 metrics_inflight(), (long long)grace_ms);
