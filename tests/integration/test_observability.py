@@ -4,6 +4,7 @@ checked against the API server's rules."""
 
 import json
 import re
+import time
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -76,6 +77,11 @@ def test_metrics_parse_and_move_with_traffic(shipped):
     assert sample(after, "gpuguard_policy_generation") == 1
     assert sample(after, "gpuguard_tls_certificate_expiry_timestamp_seconds") > 1.7e9
     assert sample(after, "gpuguard_open_connections") == 1
+    # The answer is on the wire a moment before the request's bookkeeping ends.
+    deadline = time.monotonic() + 2
+    while sample(after, "gpuguard_inflight_requests") != 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+        after = scrape(shipped)
     assert sample(after, "gpuguard_inflight_requests") == 0
 
 
