@@ -124,7 +124,7 @@ static const struct option long_options[] = {
 static int parse_flags(int argc, char **argv, struct check_opts *o)
 {
     *o = (struct check_opts){.policies = "./policies", .lua = "./lua", .format = OUT_TEXT};
-    int opt, level;
+    int opt;
     opterr = 0;
     optind = 1;
     log_set_level(LOG_WARN);
@@ -175,11 +175,8 @@ static int parse_flags(int argc, char **argv, struct check_opts *o)
             o->emit_mutated = true;
             break;
         case OPT_LOG_LEVEL:
-            if ((level = log_level_parse(optarg)) < 0) {
-                fprintf(stderr, "gpuguard check: --log-level must be debug, info, warn or error\n");
+            if (cli_set_log_level("check", optarg))
                 return -1;
-            }
-            log_set_level((enum log_level)level);
             break;
         default:
             fprintf(stderr, "gpuguard check: unknown flag or missing value: %s\n",

@@ -179,7 +179,7 @@ static int parse_flags(int argc, char **argv, struct serve_opts *o)
                              .max_connections = 4096,
                              .shutdown_grace_s = 30,
                              .inventory = -1};
-    int opt, level;
+    int opt;
     opterr = 0;
     optind = 1;
     while ((opt = getopt_long(argc, argv, "h", long_options, NULL)) != -1) {
@@ -222,11 +222,8 @@ static int parse_flags(int argc, char **argv, struct serve_opts *o)
             o->kubeconfig = optarg;
             break;
         case OPT_LOG_LEVEL:
-            if ((level = log_level_parse(optarg)) < 0) {
-                fprintf(stderr, "gpuguard serve: --log-level must be debug, info, warn or error\n");
+            if (cli_set_log_level("serve", optarg))
                 return -1;
-            }
-            log_set_level((enum log_level)level);
             break;
         case '?':
             fprintf(stderr, "gpuguard serve: unknown flag or missing value: %s\n",

@@ -103,7 +103,7 @@ static const struct option long_options[] = {
 
 static int parse_flags(int argc, char **argv, struct test_opts *o)
 {
-    int opt, level;
+    int opt;
     *o = (struct test_opts){0};
     opterr = 0;
     optind = 1;
@@ -123,11 +123,8 @@ static int parse_flags(int argc, char **argv, struct test_opts *o)
             o->lua = optarg;
             break;
         case OPT_LOG_LEVEL:
-            if ((level = log_level_parse(optarg)) < 0) {
-                fprintf(stderr, "gpuguard test: --log-level must be debug, info, warn or error\n");
+            if (cli_set_log_level("test", optarg))
                 return -1;
-            }
-            log_set_level((enum log_level)level);
             break;
         default:
             fprintf(stderr, "gpuguard test: unknown flag or missing value: %s\n", argv[optind - 1]);

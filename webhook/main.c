@@ -3,6 +3,7 @@
  */
 #include "cli.h"
 #include "gpuguard.h"
+#include "log.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -26,6 +27,17 @@ static const struct command {
 int cli_is_help(const char *s)
 {
     return strcmp(s, "-h") == 0 || strcmp(s, "--help") == 0;
+}
+
+int cli_set_log_level(const char *command, const char *value)
+{
+    int level = log_level_parse(value);
+    if (level < 0) {
+        fprintf(stderr, "gpuguard %s: --log-level must be debug, info, warn or error\n", command);
+        return -1;
+    }
+    log_set_level((enum log_level)level);
+    return 0;
 }
 
 static void usage(FILE *out)
