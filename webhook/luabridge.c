@@ -1043,14 +1043,17 @@ static enum gg_status read_decl(lua_State *L, const char *file, struct lb_policy
     return GG_OK;
 }
 
-enum gg_status lb_policy_load(struct lb_vm *vm, const struct lb_source *src,
-                              struct lb_policy_info *info, struct gg_err *err)
+/*
+ * Load src under chunkname and run it once under the load-time budgets (a
+ * policy file, a test file).  On success its result is on the stack; on
+ * failure err has the file name and the error's first line, and the stack
+ * is as it was.
+ */
+static enum gg_status run_file(struct lb_vm *vm, const char *chunkname, const struct lb_source *src,
+                               struct gg_err *err)
 {
     lua_State *L = vm->L;
     int top = lua_gettop(L);
-    char chunkname[160];
-    snprintf(chunkname, sizeof(chunkname), "@policies/%s", src->name);
-    memset(info, 0, sizeof(*info));
     if (load_chunk(L, chunkname, src->text, src->len) != LUA_OK) {
         gg_fail(err, GG_ERR_POLICY, "%s", lua_tostring(L, -1));
         lua_settop(L, top);
@@ -1070,6 +1073,20 @@ enum gg_status lb_policy_load(struct lb_vm *vm, const struct lb_source *src,
         lua_settop(L, top);
         return GG_ERR_POLICY;
     }
+    lua_remove(L, -2); /* the message handler */
+    return GG_OK;
+}
+
+enum gg_status lb_policy_load(struct lb_vm *vm, const struct lb_source *src,
+                              struct lb_policy_info *info, struct gg_err *err)
+{
+    lua_State *L = vm->L;
+    int top = lua_gettop(L);
+    char chunkname[160];
+    snprintf(chunkname, sizeof(chunkname), "@policies/%s", src->name);
+    memset(info, 0, sizeof(*info));
+    if (run_file(vm, chunkname, src, err) != GG_OK)
+        return GG_ERR_POLICY;
     if (!lua_istable(L, -1)) {
         gg_fail(err, GG_ERR_POLICY, "%s: must return a table (got %s)", src->name,
                 luaL_typename(L, -1));
@@ -1513,22 +1530,10 @@ enum gg_status lb_run_tests(struct lb_vm *vm, const struct lb_source *src, json_
     char chunkname[256];
     snprintf(chunkname, sizeof(chunkname), "@%s", src->name);
     struct gg_err sub = {{0}};
-    if (load_chunk(L, chunkname, src->text, src->len) != LUA_OK) {
-        gg_fail(err, GG_ERR_POLICY, "%s", lua_tostring(L, -1));
-        lua_settop(L, top);
+    if (run_file(vm, chunkname, src, err) != GG_OK)
         return GG_ERR_POLICY;
-    }
-    lua_pushcfunction(L, traceback_handler);
-    lua_insert(L, -2);
-    vm->used = 0;
-    budget_start(vm, now_us() + vm->limits.load_time_us);
-    vm->running = true;
-    int st = lua_pcall(L, 0, 1, -2);
-    vm->running = false;
-    lua_sethook(L, NULL, 0, 0);
-    if (st != LUA_OK || !lua_istable(L, -1)) {
-        gg_fail(err, GG_ERR_POLICY, "%s: %s", src->name,
-                st != LUA_OK ? lua_tostring(L, -1) : "must return a table of test functions");
+    if (!lua_istable(L, -1)) {
+        gg_fail(err, GG_ERR_POLICY, "%s: must return a table of test functions", src->name);
         lua_settop(L, top);
         return GG_ERR_POLICY;
     }
