@@ -7,6 +7,11 @@
  * checks the budget every LB_HOOK_STEP instructions; once a budget is
  * broken the hook fires on every instruction and raises again, so a policy
  * that catches the error with pcall is stopped at its next instruction.
+ *
+ * The hook is not set while a request is young: Lua 5.4 traps every
+ * instruction while any count hook is set (about a fifth of a short
+ * request's time).  A watchdog timer sets it LB_GRACE_US into the request
+ * (or at the deadline, if sooner); instructions count from then on.
  */
 #include "luabridge.h"
 
@@ -14,6 +19,7 @@
 #include "jsonpatch.h"
 #include "log.h"
 #include "quantity.h"
+#include "watchdog.h"
 
 #include <lauxlib.h>
 #include <lua.h>
@@ -24,6 +30,8 @@
 #include <time.h>
 
 #define LB_HOOK_STEP 1000
+/* Run time before the count hook is set (see the top of the file). */
+#define LB_GRACE_US 1000
 
 /* Registry keys (addresses of these statics are unique light userdata). */
 static const char key_array_mt, key_object_mt, key_ro_target, key_ro_cache;
@@ -35,6 +43,7 @@ struct lb_vm {
     const struct lb_source *modules; /* borrowed from the policy set */
     size_t n_modules;
     struct inventory *inventory; /* borrowed; NULL without one */
+    struct watchdog *watchdog;   /* NULL: the hook is set from the start */
     size_t mem, mem_peak;
     size_t mem_settled;  /* after the last full collection at a request's end */
     int64_t used;        /* instructions counted in the current budget window */
@@ -102,12 +111,34 @@ static void budget_hook(lua_State *L, lua_Debug *ar)
     luaL_error(L, "%s", kill_message(vm->kill));
 }
 
-/* Arm the hook; the instruction count goes on from vm->used. */
-static void budget_start(struct lb_vm *vm, int64_t deadline_us)
+/* Signal context: only set the hook (lua_sethook is safe there). */
+static void watchdog_fired(void *arg)
 {
+    struct lb_vm *vm = arg;
+    if (!lua_gethook(vm->L))
+        lua_sethook(vm->L, budget_hook, LUA_MASKCOUNT, LB_HOOK_STEP);
+}
+
+/* Start a budget: a request's policy calls, or one load-time call. */
+static void budget_open(struct lb_vm *vm, int64_t deadline_us)
+{
+    vm->used = 0;
     vm->deadline_us = deadline_us;
     vm->kill = LB_DONE;
-    lua_sethook(vm->L, budget_hook, LUA_MASKCOUNT, LB_HOOK_STEP);
+    int64_t delay = LB_GRACE_US;
+    if (deadline_us && deadline_us - now_us() < delay)
+        delay = deadline_us - now_us();
+    if (vm->watchdog && delay > 0 && watchdog_owned(vm->watchdog))
+        watchdog_arm(vm->watchdog, delay, vm);
+    else
+        lua_sethook(vm->L, budget_hook, LUA_MASKCOUNT, LB_HOOK_STEP);
+}
+
+static void budget_close(struct lb_vm *vm)
+{
+    if (vm->watchdog)
+        watchdog_disarm(vm->watchdog);
+    lua_sethook(vm->L, NULL, 0, 0);
 }
 
 static void *lb_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
@@ -912,8 +943,10 @@ enum gg_status lb_vm_new(const struct lb_limits *limits, const struct lb_source 
     vm->n_modules = n_modules;
     vm->inventory = inventory;
     vm->obj_ref = vm->req_ref = LUA_NOREF;
+    vm->watchdog = watchdog_new(watchdog_fired);
     vm->L = lua_newstate(lb_alloc, vm);
     if (!vm->L) {
+        watchdog_free(vm->watchdog);
         free(vm);
         return gg_fail(err, GG_ERR_NOMEM, "cannot create a Lua VM within %zu bytes",
                        limits->memory);
@@ -939,7 +972,8 @@ void lb_vm_free(struct lb_vm *vm)
         return;
     /* Nothing a policy left behind may run while the VM closes. */
     vm->running = false;
-    lua_sethook(vm->L, NULL, 0, 0);
+    budget_close(vm);
+    watchdog_free(vm->watchdog);
     lua_close(vm->L);
     lb_report_clear(&vm->report);
     free(vm);
@@ -980,18 +1014,16 @@ static int traceback_handler(lua_State *L)
  * Call the function below nargs arguments under the budgets.  On failure
  * err gets the error's first line and *traceback the whole text.
  */
-static enum lb_outcome protected_call(struct lb_vm *vm, int nargs, int64_t deadline_us,
-                                      struct gg_err *err, char **traceback)
+static enum lb_outcome protected_call(struct lb_vm *vm, int nargs, struct gg_err *err,
+                                      char **traceback)
 {
     lua_State *L = vm->L;
     int base = lua_gettop(L) - nargs;
     lua_pushcfunction(L, traceback_handler);
     lua_insert(L, base);
-    budget_start(vm, deadline_us);
     vm->running = true;
     int st = lua_pcall(L, nargs, 0, base);
     vm->running = false;
-    lua_sethook(L, NULL, 0, 0);
     enum lb_outcome outcome = LB_DONE;
     if (st != LUA_OK) {
         outcome = vm->kill != LB_DONE ? vm->kill : st == LUA_ERRMEM ? LB_OUT_OF_MEMORY : LB_RAISED;
@@ -1061,12 +1093,11 @@ static enum gg_status run_file(struct lb_vm *vm, const char *chunkname, const st
     }
     lua_pushcfunction(L, traceback_handler);
     lua_insert(L, -2);
-    vm->used = 0;
-    budget_start(vm, now_us() + vm->limits.load_time_us);
+    budget_open(vm, now_us() + vm->limits.load_time_us);
     vm->running = true;
     int st = lua_pcall(L, 0, 1, -2);
     vm->running = false;
-    lua_sethook(L, NULL, 0, 0);
+    budget_close(vm);
     if (st != LUA_OK) {
         const char *text = vm->kill != LB_DONE ? kill_message(vm->kill) : lua_tostring(L, -1);
         gg_fail(err, GG_ERR_POLICY, "%s: %.*s", src->name, (int)strcspn(text, "\n"), text);
@@ -1097,8 +1128,10 @@ enum gg_status lb_policy_load(struct lb_vm *vm, const struct lb_source *src,
     if (gst == GG_OK && lua_getfield(L, -1, "check") == LUA_TFUNCTION) {
         lua_getfield(L, LUA_REGISTRYINDEX, "gpuguard.config");
         struct gg_err sub = {{0}};
-        vm->used = 0;
-        if (protected_call(vm, 1, now_us() + vm->limits.load_time_us, &sub, NULL) != LB_DONE) {
+        budget_open(vm, now_us() + vm->limits.load_time_us);
+        enum lb_outcome outcome = protected_call(vm, 1, &sub, NULL);
+        budget_close(vm);
+        if (outcome != LB_DONE) {
             const char *name = json_string_value(json_object_get(info->decl, "name"));
             gst = gg_fail(err, GG_ERR_POLICY, "policy %s: configuration check failed: %s",
                           name ? name : src->name, sub.msg);
@@ -1229,8 +1262,6 @@ enum gg_status lb_request_begin(struct lb_vm *vm, const struct adm_request *req,
 {
     lua_State *L = vm->L;
     lb_request_end(vm);
-    vm->deadline_us = deadline_us;
-    vm->used = 0;
     lua_pushcfunction(L, build_request);
     lua_pushlightuserdata(L, (void *)req);
     lua_pushlightuserdata(L, object);
@@ -1241,6 +1272,7 @@ enum gg_status lb_request_begin(struct lb_vm *vm, const struct adm_request *req,
     }
     vm->req_ref = luaL_ref(L, LUA_REGISTRYINDEX);
     vm->obj_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    budget_open(vm, deadline_us);
     return GG_OK;
 }
 
@@ -1267,8 +1299,8 @@ enum lb_outcome lb_policy_call(struct lb_vm *vm, int index, enum lb_phase phase,
     lua_rawgeti(L, LUA_REGISTRYINDEX, vm->req_ref);
     lua_rawgeti(L, LUA_REGISTRYINDEX, vm->obj_ref);
     lua_getfield(L, LUA_REGISTRYINDEX, "gpuguard.config");
-    /* One budget for the whole request: vm->used goes on across calls. */
-    enum lb_outcome outcome = protected_call(vm, 3, vm->deadline_us, err, traceback);
+    /* One budget for the whole request, opened by lb_request_begin. */
+    enum lb_outcome outcome = protected_call(vm, 3, err, traceback);
     *report = vm->report;
     memset(&vm->report, 0, sizeof(vm->report));
     return outcome;
@@ -1500,10 +1532,10 @@ enum gg_status lb_request_patch(struct lb_vm *vm, const json_t *original, json_t
 
 void lb_request_end(struct lb_vm *vm)
 {
+    budget_close(vm);
     luaL_unref(vm->L, LUA_REGISTRYINDEX, vm->obj_ref);
     luaL_unref(vm->L, LUA_REGISTRYINDEX, vm->req_ref);
     vm->obj_ref = vm->req_ref = LUA_NOREF;
-    vm->used = 0;
     lb_report_clear(&vm->report);
     /* A big object (a 10 MB annotation) is copied into the VM, and once the
      * generational collector has aged the copy only a major collection frees
@@ -1554,9 +1586,10 @@ enum gg_status lb_run_tests(struct lb_vm *vm, const struct lb_source *src, json_
     for (size_t i = 0; i < n && !vm->broken; i++) {
         const char *name = json_string_value(sorted[i]);
         lua_getfield(L, tests, name);
-        vm->used = 0;
         memset(&sub, 0, sizeof(sub));
-        enum lb_outcome o = protected_call(vm, 0, now_us() + vm->limits.load_time_us, &sub, NULL);
+        budget_open(vm, now_us() + vm->limits.load_time_us);
+        enum lb_outcome o = protected_call(vm, 0, &sub, NULL);
+        budget_close(vm);
         json_array_append_new(out, json_pack("{s:s,s:b,s:s?}", "name", name, "ok", o == LB_DONE,
                                              "error", o == LB_DONE ? NULL : sub.msg));
     }
