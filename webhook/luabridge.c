@@ -35,10 +35,15 @@
 
 /* Registry keys (addresses of these statics are unique light userdata). */
 static const char key_array_mt, key_object_mt, key_ro_target, key_ro_cache;
+static const char key_lazy_object_mt, key_lazy_array_mt, key_lazy_src;
 static const char key_loaded, key_globals, key_policies, key_module, key_null_marker;
+
+/* What a table's metatable says it is (see shape_of). */
+enum shape { SHAPE_NONE, SHAPE_OBJECT, SHAPE_ARRAY, SHAPE_LAZY_OBJECT, SHAPE_LAZY_ARRAY, N_SHAPES };
 
 struct lb_vm {
     lua_State *L;
+    const void *marks[N_SHAPES]; /* the marking metatables, by shape */
     struct lb_limits limits;
     const struct lb_source *modules; /* borrowed from the policy set */
     size_t n_modules;
@@ -59,6 +64,29 @@ struct lb_vm {
 static struct lb_vm *vm_of(lua_State *L)
 {
     return *(struct lb_vm **)lua_getextraspace(L);
+}
+
+/*
+ * The JSON shape of the value at idx.  The marking metatables are known by
+ * address, so this costs no registry lookup (it runs for every table the
+ * diff visits and every gpuguard.is_array call).
+ */
+static enum shape shape_of(lua_State *L, int idx)
+{
+    if (!lua_istable(L, idx) || !lua_getmetatable(L, idx))
+        return SHAPE_NONE;
+    const void *mt = lua_topointer(L, -1);
+    lua_pop(L, 1);
+    const struct lb_vm *vm = vm_of(L);
+    for (int s = SHAPE_OBJECT; s < N_SHAPES; s++)
+        if (vm->marks[s] == mt)
+            return (enum shape)s;
+    return SHAPE_NONE;
+}
+
+static bool is_lazy(enum shape s)
+{
+    return s == SHAPE_LAZY_OBJECT || s == SHAPE_LAZY_ARRAY;
 }
 
 static int64_t now_us(void)
@@ -329,6 +357,28 @@ static bool is_null(lua_State *L, int idx)
     return lua_touserdata(L, idx) == (void *)&key_null_marker;
 }
 
+static void push_scalar(lua_State *L, const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_STRING:
+        lua_pushlstring(L, json_string_value(v), json_string_length(v));
+        break;
+    case JSON_INTEGER:
+        lua_pushinteger(L, (lua_Integer)json_integer_value(v));
+        break;
+    case JSON_REAL:
+        lua_pushnumber(L, json_real_value(v));
+        break;
+    case JSON_TRUE:
+    case JSON_FALSE:
+        lua_pushboolean(L, json_is_true(v));
+        break;
+    default:
+        lua_pushlightuserdata(L, (void *)&key_null_marker);
+        break;
+    }
+}
+
 /*
  * The conversion keeps the two marking metatables at fixed stack slots
  * (mts, mts + 1: object, array) rather than fetching them from the registry
@@ -366,21 +416,8 @@ static int push_json(lua_State *L, const json_t *v, int depth, int mts)
             lua_rawseti(L, -2, (lua_Integer)i + 1);
         }
         return 0;
-    case JSON_STRING:
-        lua_pushlstring(L, json_string_value(v), json_string_length(v));
-        return 0;
-    case JSON_INTEGER:
-        lua_pushinteger(L, (lua_Integer)json_integer_value(v));
-        return 0;
-    case JSON_REAL:
-        lua_pushnumber(L, json_real_value(v));
-        return 0;
-    case JSON_TRUE:
-    case JSON_FALSE:
-        lua_pushboolean(L, json_is_true(v));
-        return 0;
     default:
-        lua_pushlightuserdata(L, (void *)&key_null_marker);
+        push_scalar(L, v);
         return 0;
     }
 }
@@ -397,6 +434,222 @@ static void push_json_or_raise(lua_State *L, const json_t *v, const char *what)
     }
     lua_remove(L, top + 1); /* the two metatables under the value */
     lua_remove(L, top + 1);
+}
+
+/* ---- lazy tables ------------------------------------------------------ */
+
+/*
+ * The request's object reaches Lua lazily: an object or array is first an
+ * empty "stub" table with a lazy metatable, its JSON source recorded in the
+ * request's source table (registry key_lazy_src).  The first read, write,
+ * length or pairs on a stub fills it one level deep (children are stubs in
+ * turn) and gives it its plain mark, after which it is an ordinary table.
+ * Policies read a fraction of a pod, so most of it is never converted, and
+ * the diff knows without looking that a stub still holding its original
+ * source is unchanged.  next, rawget and rawlen are wrapped to fill a stub
+ * first; nothing else in the sandbox reads a table raw.  The source table is
+ * dropped when the request ends: a stub kept past it fills as empty.
+ */
+
+/* Stack slots materialize() keeps while it fills a table. */
+enum { LAZY_OBJECT_MT = 1, LAZY_ARRAY_MT, LAZY_SRC, LAZY_SLOTS = LAZY_SRC };
+
+/* Push v, a container as a stub; slots is the first of the LAZY_SLOTS. */
+static void push_lazy_at(lua_State *L, const json_t *v, int slots)
+{
+    if (!json_is_object(v) && !json_is_array(v)) {
+        push_scalar(L, v);
+        return;
+    }
+    bool array = json_is_array(v);
+    /* Sized now: filling an empty table later would grow it step by step. */
+    int n = (int)(array ? json_array_size(v) : json_object_size(v));
+    lua_createtable(L, array ? n : 0, array ? 0 : n);
+    lua_pushvalue(L, slots - 1 + (array ? LAZY_ARRAY_MT : LAZY_OBJECT_MT));
+    lua_setmetatable(L, -2);
+    lua_pushvalue(L, -1);
+    lua_pushlightuserdata(L, (void *)v);
+    lua_rawset(L, slots - 1 + LAZY_SRC);
+}
+
+static int push_lazy_slots(lua_State *L)
+{
+    luaL_checkstack(L, LAZY_SLOTS + 4, "object too deep");
+    int slots = lua_gettop(L) + 1;
+    push_registry(L, &key_lazy_object_mt);
+    push_registry(L, &key_lazy_array_mt);
+    push_registry(L, &key_lazy_src);
+    return slots;
+}
+
+/* The JSON source of the stub at idx, NULL when its request is over. */
+static const json_t *lazy_source(lua_State *L, int idx, int slots)
+{
+    if (!lua_istable(L, slots - 1 + LAZY_SRC))
+        return NULL;
+    lua_pushvalue(L, idx);
+    const json_t *v =
+        lua_rawget(L, slots - 1 + LAZY_SRC) == LUA_TLIGHTUSERDATA ? lua_touserdata(L, -1) : NULL;
+    lua_pop(L, 1);
+    return v;
+}
+
+/* Fill the stub at idx one level deep and give it its plain mark. */
+static void materialize(lua_State *L, int idx, enum shape shape)
+{
+    idx = lua_absindex(L, idx);
+    int top = lua_gettop(L), slots = push_lazy_slots(L);
+    const json_t *v = lazy_source(L, idx, slots), *item;
+    push_registry(L, shape == SHAPE_LAZY_ARRAY ? &key_array_mt : &key_object_mt);
+    lua_setmetatable(L, idx);
+    const char *key;
+    size_t key_len, i;
+    if (json_is_object(v)) {
+        json_object_keylen_foreach((json_t *)v, key, key_len, item)
+        {
+            lua_pushlstring(L, key, key_len);
+            push_lazy_at(L, item, slots);
+            lua_rawset(L, idx);
+        }
+    } else if (json_is_array(v)) {
+        json_array_foreach(v, i, item)
+        {
+            push_lazy_at(L, item, slots);
+            lua_rawseti(L, idx, (lua_Integer)i + 1);
+        }
+    }
+    lua_settop(L, top);
+}
+
+static void materialize_if_lazy(lua_State *L, int idx)
+{
+    enum shape s = shape_of(L, idx);
+    if (is_lazy(s))
+        materialize(L, idx, s);
+}
+
+/* Push the request's object, lazily. */
+static void push_lazy(lua_State *L, const json_t *v)
+{
+    int slots = push_lazy_slots(L);
+    push_lazy_at(L, v, slots);
+    lua_replace(L, slots);
+    lua_settop(L, slots);
+}
+
+/* A stub's metamethods: fill it, then do the raw operation. */
+static int lazy_index(lua_State *L)
+{
+    materialize_if_lazy(L, 1);
+    lua_settop(L, 2);
+    lua_rawget(L, 1);
+    return 1;
+}
+
+static int lazy_newindex(lua_State *L)
+{
+    materialize_if_lazy(L, 1);
+    lua_settop(L, 3);
+    lua_rawset(L, 1);
+    return 0;
+}
+
+static int lazy_len(lua_State *L)
+{
+    materialize_if_lazy(L, 1);
+    lua_pushinteger(L, (lua_Integer)lua_rawlen(L, 1));
+    return 1;
+}
+
+static int raw_next(lua_State *L)
+{
+    lua_settop(L, 2);
+    if (lua_next(L, 1))
+        return 2;
+    lua_pushnil(L);
+    return 1;
+}
+
+static int lazy_pairs(lua_State *L)
+{
+    materialize_if_lazy(L, 1);
+    lua_pushcfunction(L, raw_next);
+    lua_pushvalue(L, 1);
+    lua_pushnil(L);
+    return 3;
+}
+
+/* The sandbox's next, rawget and rawlen: as Lua's, after filling a stub. */
+static int l_next(lua_State *L)
+{
+    luaL_checktype(L, 1, LUA_TTABLE);
+    materialize_if_lazy(L, 1);
+    return raw_next(L);
+}
+
+static int l_rawget(lua_State *L)
+{
+    luaL_checktype(L, 1, LUA_TTABLE);
+    luaL_checkany(L, 2);
+    materialize_if_lazy(L, 1);
+    lua_settop(L, 2);
+    lua_rawget(L, 1);
+    return 1;
+}
+
+static int l_rawlen(lua_State *L)
+{
+    int t = lua_type(L, 1);
+    luaL_argexpected(L, t == LUA_TTABLE || t == LUA_TSTRING, 1, "table or string");
+    materialize_if_lazy(L, 1);
+    lua_pushinteger(L, (lua_Integer)lua_rawlen(L, 1));
+    return 1;
+}
+
+/* The four marking metatables, each hiding itself behind its shape's name. */
+static void make_marks(lua_State *L, struct lb_vm *vm)
+{
+    static const luaL_Reg lazy[] = {{"__index", lazy_index},
+                                    {"__newindex", lazy_newindex},
+                                    {"__len", lazy_len},
+                                    {"__pairs", lazy_pairs},
+                                    {NULL, NULL}};
+    const struct {
+        const void *key;
+        const char *name;
+        enum shape shape;
+    } marks[] = {{&key_object_mt, "object", SHAPE_OBJECT},
+                 {&key_array_mt, "array", SHAPE_ARRAY},
+                 {&key_lazy_object_mt, "object", SHAPE_LAZY_OBJECT},
+                 {&key_lazy_array_mt, "array", SHAPE_LAZY_ARRAY}};
+    for (size_t i = 0; i < sizeof(marks) / sizeof(marks[0]); i++) {
+        lua_newtable(L);
+        if (is_lazy(marks[i].shape))
+            luaL_setfuncs(L, lazy, 0);
+        lua_pushstring(L, marks[i].name);
+        lua_setfield(L, -2, "__metatable");
+        vm->marks[marks[i].shape] = lua_topointer(L, -1);
+        lua_rawsetp(L, LUA_REGISTRYINDEX, marks[i].key);
+    }
+}
+
+/* True when a value inside v sits deeper than LB_MAX_DEPTH (v is at depth). */
+static bool too_deep(const json_t *v, int depth)
+{
+    size_t i;
+    const char *key;
+    json_t *item;
+    if (json_is_array(v)) {
+        json_array_foreach(v, i, item) if (depth >= LB_MAX_DEPTH ||
+                                           too_deep(item, depth + 1)) return true;
+    } else if (json_is_object(v)) {
+        json_object_foreach((json_t *)v, key, item)
+        {
+            if (depth >= LB_MAX_DEPTH || too_deep(item, depth + 1))
+                return true;
+        }
+    }
+    return false;
 }
 
 /* ---- Lua -> JSON ------------------------------------------------------- */
@@ -518,11 +771,11 @@ static enum gg_status table_to_json(lua_State *L, int idx, struct path *p, json_
     unproxy(L, -1);
     int t = lua_gettop(L);
     luaL_checkstack(L, 6, "object too deep");
+    materialize_if_lazy(L, t); /* moved from elsewhere: convert what it holds */
     int shape;
     if (lua_getmetatable(L, t)) {
-        push_registry(L, &key_array_mt);
-        shape = lua_rawequal(L, -1, -2) ? 1 : 0;
-        lua_pop(L, 2);
+        lua_pop(L, 1);
+        shape = shape_of(L, t) == SHAPE_ARRAY ? 1 : 0;
     } else {
         shape = infer_shape(L, t);
     }
@@ -604,27 +857,24 @@ static int l_object(lua_State *L)
     return l_mark(L, &key_object_mt);
 }
 
-static int has_mark(lua_State *L, const void *mt_key)
+static enum shape arg_shape(lua_State *L)
 {
     lua_settop(L, 1);
     unproxy(L, 1);
-    if (!lua_istable(L, 1) || !lua_getmetatable(L, 1)) {
-        lua_pushboolean(L, 0);
-        return 1;
-    }
-    push_registry(L, mt_key);
-    lua_pushboolean(L, lua_rawequal(L, -1, -2));
-    return 1;
+    enum shape s = shape_of(L, 1);
+    return s == SHAPE_LAZY_OBJECT ? SHAPE_OBJECT : s == SHAPE_LAZY_ARRAY ? SHAPE_ARRAY : s;
 }
 
 static int l_is_array(lua_State *L)
 {
-    return has_mark(L, &key_array_mt);
+    lua_pushboolean(L, arg_shape(L) == SHAPE_ARRAY);
+    return 1;
 }
 
 static int l_is_object(lua_State *L)
 {
-    return has_mark(L, &key_object_mt);
+    lua_pushboolean(L, arg_shape(L) == SHAPE_OBJECT);
+    return 1;
 }
 
 static int l_quantity(lua_State *L)
@@ -679,9 +929,9 @@ static int l_usage(lua_State *L)
 
 static int l_print(lua_State *L)
 {
+    int n = lua_gettop(L); /* before luaL_buffinit, which may push a placeholder */
     luaL_Buffer b;
     luaL_buffinit(L, &b);
-    int n = lua_gettop(L);
     for (int i = 1; i <= n; i++) {
         if (i > 1)
             luaL_addchar(&b, '\t');
@@ -764,20 +1014,22 @@ static int l_require(lua_State *L);
 static void build_globals(lua_State *L)
 {
     static const char *const base_names[] = {
-        "assert",       "error",    "ipairs", "next",     "pairs",    "pcall", "rawequal",
-        "rawget",       "rawlen",   "select", "tonumber", "tostring", "type",  "xpcall",
-        "getmetatable", "_VERSION", "string", "table",    "math",     "utf8"};
+        "assert", "error",    "ipairs",   "pairs", "pcall",   "rawequal",
+        "select", "tonumber", "tostring", "type",  "xpcall",  "getmetatable",
+        "string", "table",    "math",     "utf8",  "_VERSION"};
+    static const luaL_Reg wrapped[] = {{"next", l_next},
+                                       {"rawget", l_rawget},
+                                       {"rawlen", l_rawlen},
+                                       {"setmetatable", l_setmetatable},
+                                       {"require", l_require},
+                                       {"print", l_print},
+                                       {NULL, NULL}};
     lua_newtable(L);
     for (size_t i = 0; i < sizeof(base_names) / sizeof(base_names[0]); i++) {
         lua_getglobal(L, base_names[i]);
         lua_setfield(L, -2, base_names[i]);
     }
-    lua_pushcfunction(L, l_setmetatable);
-    lua_setfield(L, -2, "setmetatable");
-    lua_pushcfunction(L, l_require);
-    lua_setfield(L, -2, "require");
-    lua_pushcfunction(L, l_print);
-    lua_setfield(L, -2, "print");
+    luaL_setfuncs(L, wrapped, 0);
     lua_rawsetp(L, LUA_REGISTRYINDEX, &key_globals);
 }
 
@@ -890,7 +1142,7 @@ static int l_require(lua_State *L)
 
 static int open_sandbox(lua_State *L)
 {
-    const struct lb_vm *vm = lua_touserdata(L, 1);
+    struct lb_vm *vm = lua_touserdata(L, 1);
     const json_t *config = lua_touserdata(L, 2);
     static const luaL_Reg libs[] = {
         {LUA_GNAME, luaopen_base},       {LUA_STRLIBNAME, luaopen_string},
@@ -902,16 +1154,7 @@ static int open_sandbox(lua_State *L)
     }
     guard_string_library(L);
     make_ro_metatable(L);
-    const struct {
-        const void *key;
-        const char *name;
-    } marks[] = {{&key_array_mt, "array"}, {&key_object_mt, "object"}};
-    for (int i = 0; i < 2; i++) {
-        lua_newtable(L);
-        lua_pushstring(L, marks[i].name);
-        lua_setfield(L, -2, "__metatable");
-        lua_rawsetp(L, LUA_REGISTRYINDEX, marks[i].key);
-    }
+    make_marks(L, vm);
     open_gpuguard_module(L);
     build_globals(L);
     lua_newtable(L);
@@ -927,7 +1170,6 @@ static int open_sandbox(lua_State *L)
     }
     push_readonly(L, -1);
     lua_setfield(L, LUA_REGISTRYINDEX, "gpuguard.config");
-    (void)vm;
     return 0;
 }
 
@@ -1233,8 +1475,12 @@ static int build_request(lua_State *L)
     const struct adm_request *req = lua_touserdata(L, 1);
     json_t *object = lua_touserdata(L, 2);
     lua_settop(L, 0);
+    lua_createtable(L, 0, 64);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &key_lazy_src);
+    if (object && too_deep(object, 0))
+        luaL_error(L, "the object nests deeper than %d levels", LB_MAX_DEPTH);
     if (object)
-        push_json_or_raise(L, object, "the object");
+        push_lazy(L, object);
     else
         lua_pushnil(L);
     static const luaL_Reg methods[] = {
@@ -1330,14 +1576,19 @@ static bool equals_json(lua_State *L, int idx, const json_t *v, int depth)
     default:
         return false;
     }
-    if (depth > LB_MAX_DEPTH || !lua_getmetatable(L, idx))
+    enum shape shape = shape_of(L, idx);
+    if (depth > LB_MAX_DEPTH || shape == SHAPE_NONE)
         return false; /* unmarked tables are new: let the conversion judge them */
-    push_registry(L, &key_array_mt);
-    bool is_array = lua_rawequal(L, -1, -2);
-    lua_pop(L, 2);
     luaL_checkstack(L, 4, "object too deep");
     idx = lua_absindex(L, idx);
-    if (is_array) {
+    if (is_lazy(shape)) {
+        /* Never touched: equal when it still stands where it came from. */
+        int slots = push_lazy_slots(L);
+        const json_t *src = lazy_source(L, idx, slots);
+        lua_settop(L, slots - 1);
+        return src && (src == v || json_equal(src, v));
+    }
+    if (shape == SHAPE_ARRAY) {
         size_t n = lua_rawlen(L, idx);
         if (!json_is_array(v) || json_array_size(v) != n)
             return false;
@@ -1369,12 +1620,7 @@ static bool equals_json(lua_State *L, int idx, const json_t *v, int depth)
 
 static bool is_object_table(lua_State *L, int idx)
 {
-    if (!lua_istable(L, idx) || !lua_getmetatable(L, idx))
-        return false;
-    push_registry(L, &key_object_mt);
-    bool eq = lua_rawequal(L, -1, -2);
-    lua_pop(L, 2);
-    return eq;
+    return shape_of(L, idx) == SHAPE_OBJECT;
 }
 
 /*
@@ -1388,12 +1634,7 @@ static enum gg_status prune_object(lua_State *L, int idx, const json_t *original
 
 static bool is_array_table(lua_State *L, int idx)
 {
-    if (!lua_istable(L, idx) || !lua_getmetatable(L, idx))
-        return false;
-    push_registry(L, &key_array_mt);
-    bool eq = lua_rawequal(L, -1, -2);
-    lua_pop(L, 2);
-    return eq;
+    return shape_of(L, idx) == SHAPE_ARRAY;
 }
 
 static enum gg_status prune_value(lua_State *L, int idx, json_t *ov, struct path *p, json_t **so,
@@ -1513,6 +1754,11 @@ enum gg_status lb_request_patch(struct lb_vm *vm, const json_t *original, json_t
     struct gg_err sub = {{0}};
     json_t *o = NULL, *e = NULL;
     enum gg_status st;
+    if (shape_of(L, -1) == SHAPE_LAZY_OBJECT) { /* no policy looked at it */
+        lua_pop(L, 1);
+        *patch = json_array();
+        return GG_OK;
+    }
     if (!is_object_table(L, -1))
         st = gg_fail(&sub, GG_ERR_INVALID, "the object was replaced by something else");
     else
@@ -1533,6 +1779,8 @@ enum gg_status lb_request_patch(struct lb_vm *vm, const json_t *original, json_t
 void lb_request_end(struct lb_vm *vm)
 {
     budget_close(vm);
+    lua_pushnil(vm->L); /* stubs kept past the request must not reach its JSON */
+    lua_rawsetp(vm->L, LUA_REGISTRYINDEX, &key_lazy_src);
     luaL_unref(vm->L, LUA_REGISTRYINDEX, vm->obj_ref);
     luaL_unref(vm->L, LUA_REGISTRYINDEX, vm->req_ref);
     vm->obj_ref = vm->req_ref = LUA_NOREF;

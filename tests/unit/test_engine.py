@@ -214,6 +214,79 @@ end }
     assert v["mutated"]["metadata"]["annotations"] == {"seen": "yes"}
 
 
+# ---- lazy conversion: tables a policy has not touched yet ---------------------
+
+def test_untouched_tables_behave_like_tables(engine):
+    # Each of these reaches a table no policy has read: it must see the JSON.
+    engine.policy("10-probe.lua", """
+local gg = require "gpuguard"
+return { name = "probe", mutate = function(req, pod)
+  local x, out = pod.spec.x, {}
+  out[#out + 1] = "next:" .. tostring(next(x.nested[2]) ~= nil)
+  out[#out + 1] = "rawget:" .. tostring(rawget(x, "int"))
+  out[#out + 1] = "rawlen:" .. rawlen(x.nested)
+  out[#out + 1] = "len:" .. #x.nested[4]
+  local keys = {}
+  for k in pairs(pod.metadata.annotations) do keys[#keys + 1] = k end
+  out[#out + 1] = "pairs:" .. table.concat(keys, ",")
+  local n = 0
+  for _, v in ipairs(x.nested[4]) do n = n + 1 end
+  out[#out + 1] = "ipairs:" .. n
+  out[#out + 1] = "concat:" .. table.concat(x.nested[4], "|", 1, 2)
+  out[#out + 1] = "unpack:" .. select("#", table.unpack(x.nested[4]))
+  out[#out + 1] = "shape:" .. tostring(gg.is_array(pod.spec.volumes)) .. tostring(gg.is_object(pod.spec.nodeSelector))
+  out[#out + 1] = "mt:" .. getmetatable(pod.spec.volumes) .. "," .. getmetatable(pod.metadata.labels)
+  out[#out + 1] = "protected:" .. tostring(pcall(setmetatable, pod.spec.containers, {}))
+  pod.metadata.annotations.probe = table.concat(out, " ")
+end }
+""")
+    v = engine.run(review(TRICKY), phases="mutate")
+    assert v["patch"] == [{"op": "add", "path": "/metadata/annotations/probe", "value": (
+        "next:true rawget:1 rawlen:4 len:3 pairs:a/b~c ipairs:3 concat:1|2.5 unpack:3 "
+        "shape:truetrue mt:array,object protected:false")}]
+
+
+def test_untouched_tables_moved_copied_and_deleted(engine):
+    engine.policy("10-move.lua", """
+local gg = require "gpuguard"
+return { name = "move", mutate = function(req, pod)
+  local spec = pod.spec
+  spec.copy = spec.x.nested          -- an untouched array, now in two places
+  spec.volumes, spec.nodeSelector = spec.nodeSelector, spec.volumes
+  spec.containers = nil              -- deleted without being read
+  table.insert(spec.x.nested[4], "t")  -- appended to through a stub
+  pod.metadata.annotations = gg.object({ kept = pod.metadata.annotations })
+end }
+""")
+    obj = copy.deepcopy(TRICKY)
+    v = engine.run(review(obj), phases="mutate")
+    want = copy.deepcopy(TRICKY)
+    spec = want["spec"]
+    spec["x"]["nested"][3].append("t")
+    spec["copy"] = copy.deepcopy(spec["x"]["nested"])
+    spec["volumes"], spec["nodeSelector"] = spec["nodeSelector"], spec["volumes"]
+    del spec["containers"]
+    want["metadata"]["annotations"] = {"kept": TRICKY["metadata"]["annotations"]}
+    assert v["mutated"] == want
+    assert apply(obj, v["patch"]) == want
+
+
+def test_untouched_table_kept_past_its_request_is_empty(engine):
+    # A stub a policy keeps in an upvalue must not reach a finished request's JSON.
+    engine.policy("10-keep.lua", """
+local kept
+return { name = "keep", mutate = function(req, pod)
+  if kept then
+    pod.metadata.annotations.kept = tostring(next(kept)) .. "/" .. #kept
+  end
+  kept = pod.spec.containers
+end }
+""")
+    obj = pod(annotations={})
+    v = engine.run(review(obj), phases="mutate", repeat=3)
+    assert v["patch"] == [{"op": "add", "path": "/metadata/annotations/kept", "value": "nil/0"}]
+
+
 def test_new_tables_must_be_unambiguous(engine):
     engine.policy("10-bad.lua", """
 return { name = "bad", mutate = function(req, pod) pod.spec.tolerations = {} end }
@@ -599,3 +672,12 @@ end }
     v = engine.run(review(pod()), phases="validate")
     assert v["warnings"] == ['q: 19327352832000 | 1536Mi | 1500m | nil | invalid quantity '
                              '"1.1.M": unexpected \'.\' at offset 3 | true | true']
+
+
+def test_print_logs_its_arguments_tab_separated(engine):
+    engine.policy("10-print.lua", """
+return { name = "p", validate = function(req) print("pod", 1, nil, true) end }
+""")
+    engine.run(review(pod()), phases="validate")
+    lines = [json.loads(line) for line in engine.stderr.splitlines() if line.startswith("{")]
+    assert [line["msg"] for line in lines if line["level"] == "info"] == ["pod\t1\tnil\ttrue"]
