@@ -394,6 +394,27 @@ end }
     assert v["warnings"] == ["req: u-1,CREATE,default,Pod,true,alice,status,nil"]
 
 
+def test_request_user_options_and_old_object_are_read_only_and_listed(engine):
+    engine.policy("10-req.lua", """
+return { name = "req", validate = function(req, obj)
+  local keys = {}
+  for k in pairs(req) do keys[#keys + 1] = k end
+  table.sort(keys)
+  local ok, err = pcall(function() req.user.groups[1] = "admin" end)
+  req:warn(table.concat(keys, ","))
+  req:warn(req.user.groups[1] .. "," .. req.options.fieldManager .. "," ..
+           req.old_object.metadata.name .. "," .. tostring(ok) .. "," .. err:match("attempt to modify a read%-only table"))
+end }
+""")
+    old = pod(name="before")
+    v = engine.run(review(pod(), operation="UPDATE", oldObject=old,
+                          options={"fieldManager": "kubectl"}), phases="validate")
+    assert v["warnings"] == [
+        "req: audit,deny,dry_run,group,kind,name,namespace,old_object,operation,options,"
+        "sub_resource,uid,user,warn",
+        "req: dev,kubectl,before,false,attempt to modify a read-only table"]
+
+
 def test_delete_with_null_object_runs(engine):
     engine.policy("10-del.lua", """
 return { name = "del", validate = function(req, obj)
