@@ -15,6 +15,7 @@
  */
 #include "luabridge.h"
 
+#include "blockpool.h"
 #include "inventory.h"
 #include "jsonpatch.h"
 #include "log.h"
@@ -31,6 +32,8 @@
 #include <time.h>
 
 #define LB_HOOK_STEP 1000
+/* Address space for a VM's small blocks (see blockpool.h). */
+#define LB_POOL_RESERVE (8u << 20)
 /* Run time before the count hook is set (see the top of the file). */
 #define LB_GRACE_US 1000
 
@@ -51,6 +54,7 @@ struct lb_vm {
     size_t n_modules;
     struct inventory *inventory; /* borrowed; NULL without one */
     struct watchdog *watchdog;   /* NULL: the hook is set from the start */
+    struct blockpool *pool;      /* NULL: every block from malloc */
     size_t mem, mem_peak;
     size_t mem_settled;  /* after the last full collection at a request's end */
     int64_t used;        /* instructions counted in the current budget window */
@@ -172,12 +176,27 @@ static void budget_close(struct lb_vm *vm)
     lua_sethook(vm->L, NULL, 0, 0);
 }
 
+static void *new_block(struct lb_vm *vm, size_t size)
+{
+    void *p = vm->pool && size <= BLOCKPOOL_MAX ? blockpool_get(vm->pool, size) : NULL;
+    return p ? p : malloc(size);
+}
+
+/*
+ * Lua's allocator.  A pooled block that shrinks stays where it is (Lua
+ * requires shrinking never to fail; the block is big enough for the smaller
+ * class it is given back to later).
+ */
 static void *lb_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
 {
     struct lb_vm *vm = ud;
     size_t old = ptr ? osize : 0;
+    bool pooled = ptr && blockpool_owns(vm->pool, ptr);
     if (nsize == 0) {
-        free(ptr);
+        if (pooled)
+            blockpool_put(vm->pool, ptr, osize);
+        else
+            free(ptr);
         vm->mem -= old;
         return NULL;
     }
@@ -186,7 +205,15 @@ static void *lb_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
             arm_kill(vm, LB_OUT_OF_MEMORY);
         return NULL;
     }
-    void *p = realloc(ptr, nsize);
+    void *p;
+    if (!pooled) {
+        p = ptr ? realloc(ptr, nsize) : new_block(vm, nsize);
+    } else if (nsize <= osize || (nsize <= BLOCKPOOL_MAX && blockpool_same_class(osize, nsize))) {
+        p = ptr;
+    } else if ((p = new_block(vm, nsize)) != NULL) {
+        memcpy(p, ptr, osize);
+        blockpool_put(vm->pool, ptr, osize);
+    }
     if (!p)
         return NULL;
     vm->mem = vm->mem - old + nsize;
@@ -1286,9 +1313,11 @@ enum gg_status lb_vm_new(const struct lb_limits *limits, const struct lb_source 
     vm->inventory = inventory;
     vm->obj_ref = vm->req_ref = LUA_NOREF;
     vm->watchdog = watchdog_new(watchdog_fired);
+    vm->pool = blockpool_new(LB_POOL_RESERVE);
     vm->L = lua_newstate(lb_alloc, vm);
     if (!vm->L) {
         watchdog_free(vm->watchdog);
+        blockpool_free(vm->pool);
         free(vm);
         return gg_fail(err, GG_ERR_NOMEM, "cannot create a Lua VM within %zu bytes",
                        limits->memory);
@@ -1317,6 +1346,7 @@ void lb_vm_free(struct lb_vm *vm)
     budget_close(vm);
     watchdog_free(vm->watchdog);
     lua_close(vm->L);
+    blockpool_free(vm->pool);
     lb_report_clear(&vm->report);
     free(vm);
 }
