@@ -11,6 +11,7 @@
 
 #include "buf.h"
 #include "jsonfast.h"
+#include "jsonwrite.h"
 
 #include <stdint.h>
 #include <stdlib.h>
@@ -161,101 +162,68 @@ enum gg_status adm_decode_value(json_t *root, struct adm_request *req, struct gg
     return GG_OK;
 }
 
-enum gg_status adm_base64(const unsigned char *data, size_t len, char **out)
+enum gg_status adm_base64(struct buf *b, size_t from)
 {
     static const char alphabet[] =
         "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    if (len > (SIZE_MAX - 1) / 4 * 3 - 3)
-        return GG_ERR_TOOBIG;
-    char *text = malloc((len + 2) / 3 * 4 + 1);
-    if (!text)
-        return GG_ERR_NOMEM;
-    char *p = text;
-    size_t i = 0;
-    for (; i + 2 < len; i += 3) {
-        unsigned v = (unsigned)data[i] << 16 | (unsigned)data[i + 1] << 8 | data[i + 2];
-        *p++ = alphabet[v >> 18];
-        *p++ = alphabet[(v >> 12) & 63];
-        *p++ = alphabet[(v >> 6) & 63];
-        *p++ = alphabet[v & 63];
+    size_t len = b->len - from, groups = len / 3, tail = len % 3;
+    char *out;
+    /* Each group of 3 bytes grows by one character, a tail to 4. */
+    enum gg_status st = buf_extend(b, groups + (tail ? 4 - tail : 0), &out);
+    if (st != GG_OK)
+        return st;
+    out = b->data + b->len;
+    const unsigned char *in = (const unsigned char *)b->data + from;
+    /*
+     * Last group first: group k's text starts at 4k, at or after its bytes
+     * at 3k, so every byte is read before a character overwrites it.
+     */
+    if (tail) {
+        const unsigned char *g = in + groups * 3;
+        unsigned v = (unsigned)g[0] << 16 | (tail == 2 ? (unsigned)g[1] << 8 : 0);
+        out -= 4;
+        out[0] = alphabet[v >> 18];
+        out[1] = alphabet[(v >> 12) & 63];
+        out[2] = tail == 2 ? alphabet[(v >> 6) & 63] : '=';
+        out[3] = '=';
     }
-    if (i < len) {
-        unsigned v = (unsigned)data[i] << 16 | (i + 1 < len ? (unsigned)data[i + 1] << 8 : 0);
-        *p++ = alphabet[v >> 18];
-        *p++ = alphabet[(v >> 12) & 63];
-        *p++ = i + 1 < len ? alphabet[(v >> 6) & 63] : '=';
-        *p++ = '=';
+    for (size_t k = groups; k-- > 0;) {
+        const unsigned char *g = in + k * 3;
+        unsigned v = (unsigned)g[0] << 16 | (unsigned)g[1] << 8 | g[2];
+        out -= 4;
+        out[0] = alphabet[v >> 18];
+        out[1] = alphabet[(v >> 12) & 63];
+        out[2] = alphabet[(v >> 6) & 63];
+        out[3] = alphabet[v & 63];
     }
-    *p = '\0';
-    *out = text;
     return GG_OK;
-}
-
-/* Append a C string literal (its length known at compile time). */
-#define PUT_LITERAL(b, lit) buf_append((b), (lit), sizeof(lit) - 1)
-
-/* A JSON string literal for s (valid UTF-8: every string here came through jansson). */
-static void put_string(struct buf *b, const char *s, size_t len)
-{
-    static const char hex[] = "0123456789abcdef";
-    PUT_LITERAL(b, "\"");
-    size_t run = 0;
-    for (size_t i = 0; i < len; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c >= 0x20 && c != '"' && c != '\\')
-            continue;
-        buf_append(b, s + run, i - run);
-        run = i + 1;
-        char esc[6] = {'\\', (char)c, 0, 0, 0, 0};
-        size_t n = 2;
-        if (c == '\n')
-            esc[1] = 'n';
-        else if (c == '\t')
-            esc[1] = 't';
-        else if (c == '\r')
-            esc[1] = 'r';
-        else if (c < 0x20) {
-            esc[1] = 'u';
-            esc[2] = '0';
-            esc[3] = '0';
-            esc[4] = hex[c >> 4];
-            esc[5] = hex[c & 15];
-            n = 6;
-        }
-        buf_append(b, esc, n);
-    }
-    buf_append(b, s + run, len - run);
-    PUT_LITERAL(b, "\"");
 }
 
 static void put_cstring(struct buf *b, const char *s)
 {
-    put_string(b, s, strlen(s));
+    jw_string(b, s, strlen(s));
 }
 
+/* The patch's JSON text goes into the answer and is then base64-encoded where it lies. */
 static enum gg_status put_patch(struct buf *b, const json_t *patch, struct gg_err *err)
 {
-    char *text = NULL, *b64 = NULL;
-    size_t len = 0;
-    if (gg_json_dump(patch, JSON_COMPACT, &text, &len) != GG_OK)
-        return gg_fail(err, GG_ERR_NOMEM, "cannot serialize the patch");
-    enum gg_status st = adm_base64((const unsigned char *)text, len, &b64);
-    free(text);
-    if (st != GG_OK)
-        return gg_fail(err, st, "cannot encode the patch: %s", gg_strerror(st));
-    buf_appendf(b, ",\"patch\":\"%s\",\"patchType\":\"JSONPatch\"", b64);
-    free(b64);
-    return GG_OK;
+    enum gg_status st = BUF_LITERAL(b, ",\"patch\":\"");
+    size_t from = b->len;
+    if (st == GG_OK && (st = jw_value(b, patch)) == GG_OK && (st = adm_base64(b, from)) == GG_OK)
+        st = BUF_LITERAL(b, "\",\"patchType\":\"JSONPatch\"");
+    return st == GG_OK ? GG_OK : gg_fail(err, st, "cannot encode the patch: %s", gg_strerror(st));
 }
 
 static void put_status(struct buf *b, const struct adm_verdict *v)
 {
     /* The API server forces codes below 400 to 400; say what we mean. */
-    buf_appendf(b, ",\"status\":{\"code\":%d,\"message\":", v->code >= 400 ? v->code : 403);
+    BUF_LITERAL(b, ",\"status\":{\"code\":");
+    jw_integer(b, v->code >= 400 ? v->code : 403);
+    BUF_LITERAL(b, ",\"message\":");
     put_cstring(b, v->message ? v->message : "denied");
-    PUT_LITERAL(b, ",\"reason\":");
+    BUF_LITERAL(b, ",\"reason\":");
     put_cstring(b, v->reason ? v->reason : "Forbidden");
-    buf_appendf(b, ",\"status\":\"Failure\"}");
+    BUF_LITERAL(b, ",\"status\":\"Failure\"}");
 }
 
 static void put_warnings_and_audit(struct buf *b, const struct adm_verdict *v)
@@ -264,36 +232,37 @@ static void put_warnings_and_audit(struct buf *b, const struct adm_verdict *v)
     json_t *item;
     const char *key;
     if (json_array_size(v->warnings) > 0) {
-        PUT_LITERAL(b, ",\"warnings\":[");
+        BUF_LITERAL(b, ",\"warnings\":[");
         json_array_foreach(v->warnings, i, item)
         {
             if (i)
-                PUT_LITERAL(b, ",");
-            put_string(b, json_string_value(item), json_string_length(item));
+                BUF_LITERAL(b, ",");
+            jw_string(b, json_string_value(item), json_string_length(item));
         }
-        PUT_LITERAL(b, "]");
+        BUF_LITERAL(b, "]");
     }
     if (json_object_size(v->audit) > 0) {
-        PUT_LITERAL(b, ",\"auditAnnotations\":{");
+        BUF_LITERAL(b, ",\"auditAnnotations\":{");
         int first = 1;
         json_object_foreach(v->audit, key, item)
         {
             if (!first)
-                PUT_LITERAL(b, ",");
+                BUF_LITERAL(b, ",");
             first = 0;
             put_cstring(b, key);
-            PUT_LITERAL(b, ":");
-            put_string(b, json_string_value(item), json_string_length(item));
+            BUF_LITERAL(b, ":");
+            jw_string(b, json_string_value(item), json_string_length(item));
         }
-        PUT_LITERAL(b, "}");
+        BUF_LITERAL(b, "}");
     }
 }
 
 /*
  * The answer is written directly rather than built as jansson values and
  * dumped: its shape is fixed, and the patch's base64 text is long enough
- * that jansson's character-by-character escaping showed in profiles.  The
- * text comes from plain malloc (buf), as the HTTP layer frees it.
+ * that jansson's character-by-character escaping showed in profiles (as
+ * did json_dumpb of the patch itself, hence jsonwrite).  The text comes
+ * from plain malloc (buf), as the HTTP layer frees it.
  */
 enum gg_status adm_encode(const struct adm_request *req, const struct adm_verdict *verdict,
                           enum adm_endpoint endpoint, char **out, size_t *out_len,
@@ -301,18 +270,21 @@ enum gg_status adm_encode(const struct adm_request *req, const struct adm_verdic
 {
     struct buf b;
     buf_init(&b, (size_t)1 << 30);
-    PUT_LITERAL(&b, "{\"apiVersion\":");
+    BUF_LITERAL(&b, "{\"apiVersion\":");
     put_cstring(&b, req->api_version);
-    buf_appendf(&b, ",\"kind\":\"AdmissionReview\",\"response\":{\"uid\":");
+    BUF_LITERAL(&b, ",\"kind\":\"AdmissionReview\",\"response\":{\"uid\":");
     put_cstring(&b, req->uid);
-    buf_appendf(&b, ",\"allowed\":%s", verdict->allowed ? "true" : "false");
     enum gg_status st = GG_OK;
-    if (!verdict->allowed)
+    if (!verdict->allowed) {
+        BUF_LITERAL(&b, ",\"allowed\":false");
         put_status(&b, verdict);
-    if (endpoint == ADM_MUTATING && verdict->allowed && json_array_size(verdict->patch) > 0)
-        st = put_patch(&b, verdict->patch, err);
+    } else {
+        BUF_LITERAL(&b, ",\"allowed\":true");
+        if (endpoint == ADM_MUTATING && json_array_size(verdict->patch) > 0)
+            st = put_patch(&b, verdict->patch, err);
+    }
     put_warnings_and_audit(&b, verdict);
-    PUT_LITERAL(&b, "}}");
+    BUF_LITERAL(&b, "}}");
     if (st == GG_OK && !b.data)
         st = gg_fail(err, GG_ERR_NOMEM, "cannot serialize the response");
     if (st != GG_OK) {

@@ -79,8 +79,13 @@ enum gg_status adm_encode(const struct adm_request *req, const struct adm_verdic
                           enum adm_endpoint endpoint, char **out, size_t *out_len,
                           struct gg_err *err);
 
-/* Standard base64 with padding, no line breaks; *out is malloc'ed. */
-enum gg_status adm_base64(const unsigned char *data, size_t len, char **out);
+/*
+ * Replace b's bytes from offset from to the end with their standard base64
+ * (padded, no line breaks), in place: the patch is encoded where its JSON
+ * text was written.
+ */
+struct buf;
+enum gg_status adm_base64(struct buf *b, size_t from);
 
 /*
  * Parse a Go duration as the API server sends in ?timeout= ("10s", "1m30s",

@@ -43,16 +43,24 @@ static enum gg_status reserve(struct buf *b, size_t extra)
     return GG_OK;
 }
 
-enum gg_status buf_append(struct buf *b, const void *data, size_t len)
+enum gg_status buf_extend(struct buf *b, size_t len, char **at)
 {
     enum gg_status st = reserve(b, len);
     if (st != GG_OK)
         return st;
-    if (len)
-        memcpy(b->data + b->len, data, len);
+    *at = b->data + b->len;
     b->len += len;
     b->data[b->len] = '\0';
     return GG_OK;
+}
+
+enum gg_status buf_append(struct buf *b, const void *data, size_t len)
+{
+    char *at;
+    enum gg_status st = buf_extend(b, len, &at);
+    if (st == GG_OK && len)
+        memcpy(at, data, len);
+    return st;
 }
 
 enum gg_status buf_appendf(struct buf *b, const char *fmt, ...)

@@ -228,6 +228,11 @@ static inline const unsigned char *scan_plain(const unsigned char *q, const unsi
 #endif
 }
 
+const char *jf_scan_plain(const char *p, const char *end)
+{
+    return (const char *)scan_plain((const unsigned char *)p, (const unsigned char *)end);
+}
+
 /* Length of the valid UTF-8 sequence at q (lead byte >= 0x80), 0 if invalid. */
 static inline size_t utf8_seq(const unsigned char *q, const unsigned char *end)
 {

@@ -61,4 +61,10 @@ struct jf_error {
  */
 json_t *jf_loadb(const char *text, size_t len, size_t max_depth, struct jf_error *err);
 
+/*
+ * The first byte in [p, end) that is '"', '\\', below 0x20 or above 0x7f,
+ * or end if none: the string scan of the parser, for jsonwrite's escaping.
+ */
+const char *jf_scan_plain(const char *p, const char *end);
+
 #endif

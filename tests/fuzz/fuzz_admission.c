@@ -6,13 +6,15 @@
  * can give (allowed, allowed with a patch, denied with a message taken from
  * the input) are encoded for both endpoints, and each answer must be JSON
  * that json_loads accepts, echo apiVersion and uid, and carry patch and
- * patchType together and only on an allowed mutating answer.  Everything
+ * patchType together and only on an allowed mutating answer, the patch
+ * being the base64 of JSON equal to the verdict's.  Everything
  * runs twice: on plain malloc (so ASan sees every byte) and inside a
  * request arena, as review.c runs it.  Short inputs also go through
  * adm_parse_timeout.  A broken invariant aborts.
  */
 #include "admission.h"
 #include "arena.h"
+#include "kubeclient.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -49,6 +51,16 @@ static void check_answer(const struct adm_request *req, const struct adm_verdict
     check(has_patch == (json_object_get(resp, "patchType") != NULL),
           "patch and patchType not together");
     check(!has_patch || (ep == ADM_MUTATING && v->allowed), "a patch where none may be");
+    if (has_patch) {
+        size_t n = 0;
+        unsigned char *text =
+            kc_base64_decode(json_string_value(json_object_get(resp, "patch")), &n);
+        check(text != NULL, "the patch is not base64");
+        json_t *back = json_loadb((const char *)text, n, 0, &jerr);
+        check(back && json_equal(back, v->patch), "the patch does not decode to the one given");
+        json_decref(back);
+        free(text);
+    }
     check(v->allowed || json_is_object(json_object_get(resp, "status")), "a denial has no status");
     json_decref(doc);
     free(out);

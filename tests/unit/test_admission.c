@@ -8,6 +8,7 @@
 #include <cmocka.h>
 
 #include "admission.h"
+#include "buf.h"
 
 #include <stdlib.h>
 #include <string.h>
@@ -279,13 +280,50 @@ static void test_base64(void **state)
         {"foobar", "Zm9vYmFy"},
         {"\xff\xfe", "//4="},
     };
+    /* In place after what the buf already holds, which stays as it is. */
     for (size_t i = 0; i < sizeof(vectors) / sizeof(vectors[0]); i++) {
-        char *out = NULL;
-        assert_int_equal(
-            adm_base64((const unsigned char *)vectors[i][0], strlen(vectors[i][0]), &out), GG_OK);
-        assert_string_equal(out, vectors[i][1]);
-        free(out);
+        struct buf b;
+        buf_init(&b, 64);
+        assert_int_equal(buf_append(&b, "p=", 2), GG_OK);
+        assert_int_equal(buf_append(&b, vectors[i][0], strlen(vectors[i][0])), GG_OK);
+        assert_int_equal(adm_base64(&b, 2), GG_OK);
+        assert_int_equal(b.len, 2 + strlen(vectors[i][1]));
+        assert_memory_equal(b.data, "p=", 2);
+        assert_string_equal(b.data + 2, vectors[i][1]);
+        buf_clear(&b);
     }
+    /* Every byte value, and every length mod 3, against a plain encoder. */
+    static const char alphabet[] =
+        "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    for (size_t len = 254; len <= 256; len++) {
+        struct buf b;
+        buf_init(&b, 1024);
+        char want[400];
+        size_t n = 0;
+        for (size_t i = 0; i < len; i++) {
+            unsigned char c = (unsigned char)(255 - i);
+            assert_int_equal(buf_append(&b, &c, 1), GG_OK);
+        }
+        for (size_t i = 0; i < len * 8; i += 6) {
+            unsigned bits = 0;
+            for (size_t j = i; j < i + 6; j++)
+                bits = bits << 1 | (j < len * 8 ? (unsigned)(255 - j / 8) >> (7 - j % 8) & 1 : 0);
+            want[n++] = alphabet[bits];
+        }
+        while (n % 4)
+            want[n++] = '=';
+        want[n] = '\0';
+        assert_int_equal(adm_base64(&b, 0), GG_OK);
+        assert_string_equal(b.data, want);
+        buf_clear(&b);
+    }
+    /* Past the buf's limit the data is left as it was. */
+    struct buf b;
+    buf_init(&b, 3);
+    assert_int_equal(buf_append(&b, "abc", 3), GG_OK);
+    assert_int_equal(adm_base64(&b, 0), GG_ERR_TOOBIG);
+    assert_string_equal(b.data, "abc");
+    buf_clear(&b);
 }
 
 static void test_parse_timeout(void **state)
