@@ -39,7 +39,6 @@
 
 /* Registry keys (addresses of these statics are unique light userdata). */
 static const char key_array_mt, key_object_mt, key_ro_target, key_ro_cache;
-static const char key_lazy_object_mt, key_lazy_array_mt, key_lazy_src;
 static const char key_req_proxy, key_req_proxy_mt, key_req_shadow_mt;
 static const char key_loaded, key_globals, key_policies, key_module, key_null_marker;
 
@@ -49,6 +48,8 @@ enum shape { SHAPE_NONE, SHAPE_OBJECT, SHAPE_ARRAY, SHAPE_LAZY_OBJECT, SHAPE_LAZ
 struct lb_vm {
     lua_State *L;
     const void *marks[N_SHAPES]; /* the marking metatables, by shape */
+    int lazy_mt_ref[2];          /* registry refs of the lazy object and array metatables */
+    lua_Integer epoch;           /* the current request's number, for its stubs */
     struct lb_limits limits;
     const struct lb_source *modules; /* borrowed from the policy set */
     size_t n_modules;
@@ -469,23 +470,30 @@ static void push_json_or_raise(lua_State *L, const json_t *v, const char *what)
 /* ---- lazy tables ------------------------------------------------------ */
 
 /*
- * The request's object reaches Lua lazily: an object or array is first an
- * empty "stub" table with a lazy metatable, its JSON source recorded in the
- * request's source table (registry key_lazy_src).  The first read, write,
- * length or pairs on a stub fills it one level deep (children are stubs in
- * turn) and gives it its plain mark, after which it is an ordinary table.
- * Policies read a fraction of a pod, so most of it is never converted, and
- * the diff knows without looking that a stub still holding its original
- * source is unchanged.  next, rawget and rawlen are wrapped to fill a stub
- * first; nothing else in the sandbox reads a table raw.  The source table is
- * dropped when the request ends: a stub kept past it fills as empty.
+ * The request's object reaches Lua lazily: an object or array is first a
+ * "stub", a table with a lazy metatable whose only entry is hidden: its
+ * JSON source (a light userdata key) and the request it belongs to (an
+ * integer value, vm->epoch).  The first read, write, length or pairs on a
+ * stub drops that entry, fills the table one level deep (children are stubs
+ * in turn) and gives it its plain mark, after which it is an ordinary
+ * table.  Policies read a fraction of a pod, so most of it is never
+ * converted, and the diff knows without looking that a stub still holding
+ * its original source is unchanged.  next, rawget and rawlen are wrapped to
+ * fill a stub first; nothing else in the sandbox reads a table raw.  A stub
+ * kept past its request fills as empty: its epoch is over.
  */
 
-/* Stack slots materialize() keeps while it fills a table. */
-enum { LAZY_OBJECT_MT = 1, LAZY_ARRAY_MT, LAZY_SRC, LAZY_SLOTS = LAZY_SRC };
+/* The two lazy metatables, pushed by integer registry refs (array lookups). */
+static void push_lazy_mts(lua_State *L)
+{
+    const struct lb_vm *vm = vm_of(L);
+    luaL_checkstack(L, 6, "object too deep");
+    lua_rawgeti(L, LUA_REGISTRYINDEX, vm->lazy_mt_ref[0]);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, vm->lazy_mt_ref[1]);
+}
 
-/* Push v, a container as a stub; slots is the first of the LAZY_SLOTS. */
-static void push_lazy_at(lua_State *L, const json_t *v, int slots)
+/* Push v, a container as a stub; mts is where push_lazy_mts put the object one. */
+static void push_lazy_at(lua_State *L, const json_t *v, int mts)
 {
     if (!json_is_object(v) && !json_is_array(v)) {
         push_scalar(L, v);
@@ -494,33 +502,33 @@ static void push_lazy_at(lua_State *L, const json_t *v, int slots)
     bool array = json_is_array(v);
     /* Sized now: filling an empty table later would grow it step by step. */
     int n = (int)(array ? json_array_size(v) : json_object_size(v));
-    lua_createtable(L, array ? n : 0, array ? 0 : n);
-    lua_pushvalue(L, slots - 1 + (array ? LAZY_ARRAY_MT : LAZY_OBJECT_MT));
+    lua_createtable(L, array ? n : 0, array ? 1 : n + 1);
+    lua_pushvalue(L, mts + array);
     lua_setmetatable(L, -2);
-    lua_pushvalue(L, -1);
     lua_pushlightuserdata(L, (void *)v);
-    lua_rawset(L, slots - 1 + LAZY_SRC);
+    lua_pushinteger(L, vm_of(L)->epoch);
+    lua_rawset(L, -3);
 }
 
-static int push_lazy_slots(lua_State *L)
+/*
+ * The JSON source of the stub at idx, NULL when its request is over.  With
+ * take, the hidden entry is removed.
+ */
+static const json_t *stub_source(lua_State *L, int idx, bool take)
 {
-    luaL_checkstack(L, LAZY_SLOTS + 4, "object too deep");
-    int slots = lua_gettop(L) + 1;
-    push_registry(L, &key_lazy_object_mt);
-    push_registry(L, &key_lazy_array_mt);
-    push_registry(L, &key_lazy_src);
-    return slots;
-}
-
-/* The JSON source of the stub at idx, NULL when its request is over. */
-static const json_t *lazy_source(lua_State *L, int idx, int slots)
-{
-    if (!lua_istable(L, slots - 1 + LAZY_SRC))
+    lua_pushnil(L);
+    if (!lua_next(L, idx))
         return NULL;
-    lua_pushvalue(L, idx);
-    const json_t *v =
-        lua_rawget(L, slots - 1 + LAZY_SRC) == LUA_TLIGHTUSERDATA ? lua_touserdata(L, -1) : NULL;
+    const json_t *v = lua_touserdata(L, -2);
+    if (lua_tointeger(L, -1) != vm_of(L)->epoch)
+        v = NULL;
     lua_pop(L, 1);
+    if (take) {
+        lua_pushnil(L);
+        lua_rawset(L, idx);
+    } else {
+        lua_pop(L, 1);
+    }
     return v;
 }
 
@@ -528,23 +536,24 @@ static const json_t *lazy_source(lua_State *L, int idx, int slots)
 static void materialize(lua_State *L, int idx, enum shape shape)
 {
     idx = lua_absindex(L, idx);
-    int top = lua_gettop(L), slots = push_lazy_slots(L);
-    const json_t *v = lazy_source(L, idx, slots), *item;
+    int top = lua_gettop(L);
+    const json_t *v = stub_source(L, idx, true), *item;
     push_registry(L, shape == SHAPE_LAZY_ARRAY ? &key_array_mt : &key_object_mt);
     lua_setmetatable(L, idx);
+    push_lazy_mts(L);
     const char *key;
     size_t key_len, i;
     if (json_is_object(v)) {
         json_object_keylen_foreach((json_t *)v, key, key_len, item)
         {
             lua_pushlstring(L, key, key_len);
-            push_lazy_at(L, item, slots);
+            push_lazy_at(L, item, top + 1);
             lua_rawset(L, idx);
         }
     } else if (json_is_array(v)) {
         json_array_foreach(v, i, item)
         {
-            push_lazy_at(L, item, slots);
+            push_lazy_at(L, item, top + 1);
             lua_rawseti(L, idx, (lua_Integer)i + 1);
         }
     }
@@ -561,10 +570,11 @@ static void materialize_if_lazy(lua_State *L, int idx)
 /* Push the request's object, lazily. */
 static void push_lazy(lua_State *L, const json_t *v)
 {
-    int slots = push_lazy_slots(L);
-    push_lazy_at(L, v, slots);
-    lua_replace(L, slots);
-    lua_settop(L, slots);
+    int top = lua_gettop(L);
+    push_lazy_mts(L);
+    push_lazy_at(L, v, top + 1);
+    lua_replace(L, top + 1);
+    lua_settop(L, top + 1);
 }
 
 /* A stub's metamethods: fill it, then do the raw operation. */
@@ -650,8 +660,8 @@ static void make_marks(lua_State *L, struct lb_vm *vm)
         enum shape shape;
     } marks[] = {{&key_object_mt, "object", SHAPE_OBJECT},
                  {&key_array_mt, "array", SHAPE_ARRAY},
-                 {&key_lazy_object_mt, "object", SHAPE_LAZY_OBJECT},
-                 {&key_lazy_array_mt, "array", SHAPE_LAZY_ARRAY}};
+                 {NULL, "object", SHAPE_LAZY_OBJECT},
+                 {NULL, "array", SHAPE_LAZY_ARRAY}};
     for (size_t i = 0; i < sizeof(marks) / sizeof(marks[0]); i++) {
         lua_newtable(L);
         if (is_lazy(marks[i].shape))
@@ -659,7 +669,10 @@ static void make_marks(lua_State *L, struct lb_vm *vm)
         lua_pushstring(L, marks[i].name);
         lua_setfield(L, -2, "__metatable");
         vm->marks[marks[i].shape] = lua_topointer(L, -1);
-        lua_rawsetp(L, LUA_REGISTRYINDEX, marks[i].key);
+        if (is_lazy(marks[i].shape))
+            vm->lazy_mt_ref[marks[i].shape == SHAPE_LAZY_ARRAY] = luaL_ref(L, LUA_REGISTRYINDEX);
+        else
+            lua_rawsetp(L, LUA_REGISTRYINDEX, marks[i].key);
     }
 }
 
@@ -1596,8 +1609,6 @@ static int build_request(lua_State *L)
     const struct adm_request *req = lua_touserdata(L, 1);
     json_t *object = lua_touserdata(L, 2);
     lua_settop(L, 0);
-    lua_createtable(L, 0, 64);
-    lua_rawsetp(L, LUA_REGISTRYINDEX, &key_lazy_src);
     if (object && too_deep(object, 0))
         luaL_error(L, "the object nests deeper than %d levels", LB_MAX_DEPTH);
     for (size_t i = 0; i < sizeof(lazy_req_fields) / sizeof(lazy_req_fields[0]); i++)
@@ -1705,9 +1716,7 @@ static bool equals_json(lua_State *L, int idx, const json_t *v, int depth)
     idx = lua_absindex(L, idx);
     if (is_lazy(shape)) {
         /* Never touched: equal when it still stands where it came from. */
-        int slots = push_lazy_slots(L);
-        const json_t *src = lazy_source(L, idx, slots);
-        lua_settop(L, slots - 1);
+        const json_t *src = stub_source(L, idx, false);
         return src && (src == v || json_equal(src, v));
     }
     if (shape == SHAPE_ARRAY) {
@@ -1902,8 +1911,7 @@ void lb_request_end(struct lb_vm *vm)
 {
     budget_close(vm);
     vm->req = NULL;
-    lua_pushnil(vm->L); /* stubs kept past the request must not reach its JSON */
-    lua_rawsetp(vm->L, LUA_REGISTRYINDEX, &key_lazy_src);
+    vm->epoch++; /* stubs kept past the request must not reach its JSON */
     luaL_unref(vm->L, LUA_REGISTRYINDEX, vm->obj_ref);
     luaL_unref(vm->L, LUA_REGISTRYINDEX, vm->req_ref);
     vm->obj_ref = vm->req_ref = LUA_NOREF;
