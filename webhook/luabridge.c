@@ -1757,19 +1757,25 @@ static bool is_object_table(lua_State *L, int idx)
 /*
  * Reduce original and the edited Lua object at idx to the parts that
  * differ: *orig_out borrows the original's differing members, *edit_out
- * holds the Lua side converted to JSON.  Diffing the two gives the same
- * patch as diffing the whole objects, without converting what is equal.
+ * holds the Lua side converted to JSON; both are NULL when nothing differs.
+ * Diffing the two gives the same patch as diffing the whole objects,
+ * without converting what is equal.  Each table is walked once: equality
+ * is what is left when pruning finds no difference.
  */
-static enum gg_status prune_object(lua_State *L, int idx, const json_t *original, struct path *p,
-                                   json_t **orig_out, json_t **edit_out, struct gg_err *err);
-
-static bool is_array_table(lua_State *L, int idx)
-{
-    return shape_of(L, idx) == SHAPE_ARRAY;
-}
-
 static enum gg_status prune_value(lua_State *L, int idx, json_t *ov, struct path *p, json_t **so,
                                   json_t **se, struct gg_err *err);
+
+/* The two halves of a pruned container, made at its first difference. */
+struct pruned {
+    json_t *o, *e;
+};
+
+static void pruned_drop(struct pruned *r)
+{
+    json_decref(r->o);
+    json_decref(r->e);
+    r->o = r->e = NULL;
+}
 
 /*
  * Arrays of the same length keep their positions: equal elements become a
@@ -1778,10 +1784,11 @@ static enum gg_status prune_value(lua_State *L, int idx, json_t *ov, struct path
 static enum gg_status prune_array(lua_State *L, int idx, const json_t *original, struct path *p,
                                   json_t **orig_out, json_t **edit_out, struct gg_err *err)
 {
-    json_t *o = json_array(), *e = json_array();
+    struct pruned r = {NULL, NULL};
     enum gg_status st = GG_OK;
     idx = lua_absindex(L, idx);
-    for (size_t i = 0; st == GG_OK && i < json_array_size(original); i++) {
+    size_t n = json_array_size(original);
+    for (size_t i = 0; st == GG_OK && i < n; i++) {
         lua_rawgeti(L, idx, (lua_Integer)i + 1);
         p->seg[p->depth].key = NULL;
         p->seg[p->depth].index = i;
@@ -1790,17 +1797,96 @@ static enum gg_status prune_array(lua_State *L, int idx, const json_t *original,
         st = prune_value(L, -1, json_array_get(original, i), p, &so, &se, err);
         p->depth--;
         lua_pop(L, 1);
-        json_array_append_new(o, so ? so : json_null());
-        json_array_append_new(e, se ? se : json_null());
+        if (st == GG_OK && (so || se) && !r.o) {
+            r.o = json_array();
+            r.e = json_array();
+            for (size_t k = 0; k < i; k++) {
+                json_array_append_new(r.o, json_null());
+                json_array_append_new(r.e, json_null());
+            }
+        }
+        if (r.o) {
+            json_array_append_new(r.o, so ? so : json_null());
+            json_array_append_new(r.e, se ? se : json_null());
+        }
     }
-    if (st != GG_OK) {
-        json_decref(o);
-        json_decref(e);
-        return st;
+    if (st != GG_OK)
+        pruned_drop(&r);
+    *orig_out = r.o;
+    *edit_out = r.e;
+    return st;
+}
+
+static void pruned_start(struct pruned *r)
+{
+    if (!r->o) {
+        r->o = json_object();
+        r->e = json_object();
     }
-    *orig_out = o;
-    *edit_out = e;
-    return GG_OK;
+}
+
+/* Members of original whose key the Lua table at idx no longer has. */
+static void prune_removed(lua_State *L, int idx, const json_t *original, struct pruned *r)
+{
+    const char *key;
+    size_t key_len;
+    json_t *ov;
+    json_object_keylen_foreach((json_t *)original, key, key_len, ov)
+    {
+        lua_pushlstring(L, key, key_len);
+        if (lua_rawget(L, idx) == LUA_TNIL) {
+            pruned_start(r);
+            json_object_setn(r->o, key, key_len, ov);
+        }
+        lua_pop(L, 1);
+    }
+}
+
+static enum gg_status prune_object(lua_State *L, int idx, const json_t *original, struct path *p,
+                                   json_t **orig_out, json_t **edit_out, struct gg_err *err)
+{
+    struct pruned r = {NULL, NULL};
+    enum gg_status st = GG_OK;
+    size_t matched = 0; /* Lua keys the original has: fewer than its size means removals */
+    idx = lua_absindex(L, idx);
+    luaL_checkstack(L, 4, "object too deep");
+    lua_pushnil(L);
+    while (st == GG_OK && lua_next(L, idx)) {
+        if (lua_type(L, -2) != LUA_TSTRING) {
+            st = path_fail(p, err, "an object has a key that is not a string");
+            lua_pop(L, 2);
+            break;
+        }
+        size_t key_len;
+        const char *key = lua_tolstring(L, -2, &key_len);
+        json_t *ov = json_object_getn(original, key, key_len), *so = NULL, *se = NULL;
+        p->seg[p->depth].key = key;
+        p->depth++;
+        if (ov) {
+            matched++;
+            st = prune_value(L, -1, ov, p, &so, &se, err);
+        } else {
+            st = to_json(L, -1, p, &se, err);
+        }
+        if (st == GG_OK && (so || se)) {
+            pruned_start(&r);
+            if (so)
+                json_object_setn_new(r.o, key, key_len, so);
+            if (se && json_object_setn_new(r.e, key, key_len, se) != 0)
+                st = path_fail(p, err, "an object key is not valid UTF-8");
+        }
+        p->depth--;
+        lua_pop(L, 1);
+        if (st != GG_OK)
+            lua_pop(L, 1);
+    }
+    if (st == GG_OK && matched < json_object_size(original))
+        prune_removed(L, idx, original, &r);
+    if (st != GG_OK)
+        pruned_drop(&r);
+    *orig_out = r.o;
+    *edit_out = r.e;
+    return st;
 }
 
 /* The differing parts of one value: both NULL when equal. */
@@ -1808,72 +1894,18 @@ static enum gg_status prune_value(lua_State *L, int idx, json_t *ov, struct path
                                   json_t **se, struct gg_err *err)
 {
     *so = *se = NULL;
-    if (equals_json(L, idx, ov, 0))
-        return GG_OK;
-    if (p->depth < LB_MAX_DEPTH && json_is_object(ov) && is_object_table(L, idx))
+    enum shape shape = shape_of(L, idx);
+    if (p->depth < LB_MAX_DEPTH && shape == SHAPE_OBJECT && json_is_object(ov))
         return prune_object(L, idx, ov, p, so, se, err);
-    if (p->depth < LB_MAX_DEPTH && json_is_array(ov) && is_array_table(L, idx) &&
+    if (p->depth < LB_MAX_DEPTH && shape == SHAPE_ARRAY && json_is_array(ov) &&
         lua_rawlen(L, idx) == json_array_size(ov))
         return prune_array(L, idx, ov, p, so, se, err);
+    if (equals_json(L, idx, ov, 0))
+        return GG_OK;
     enum gg_status st = to_json(L, idx, p, se, err);
     if (st == GG_OK)
         *so = json_incref(ov);
     return st;
-}
-
-static enum gg_status prune_object(lua_State *L, int idx, const json_t *original, struct path *p,
-                                   json_t **orig_out, json_t **edit_out, struct gg_err *err)
-{
-    json_t *o = json_object(), *e = json_object();
-    enum gg_status st = GG_OK;
-    const char *key;
-    json_t *ov;
-    idx = lua_absindex(L, idx);
-    luaL_checkstack(L, 4, "object too deep");
-    json_object_foreach((json_t *)original, key, ov)
-    {
-        lua_getfield(L, idx, key); /* object tables have no __index: a raw read */
-        p->seg[p->depth].key = key;
-        p->depth++;
-        json_t *so = NULL, *se = NULL;
-        if (lua_isnil(L, -1))
-            json_object_set(o, key, ov);
-        else
-            st = prune_value(L, -1, ov, p, &so, &se, err);
-        if (so)
-            json_object_set_new(o, key, so);
-        if (se)
-            json_object_set_new(e, key, se);
-        p->depth--;
-        lua_pop(L, 1);
-        if (st != GG_OK)
-            break;
-    }
-    lua_pushnil(L);
-    while (st == GG_OK && lua_next(L, idx)) {
-        if (lua_type(L, -2) == LUA_TSTRING && !json_object_get(original, lua_tostring(L, -2))) {
-            json_t *se = NULL;
-            p->seg[p->depth].key = lua_tostring(L, -2);
-            p->depth++;
-            st = to_json(L, -1, p, &se, err);
-            p->depth--;
-            if (st == GG_OK && json_object_set_new(e, lua_tostring(L, -2), se) != 0)
-                st = path_fail(p, err, "an object key is not valid UTF-8");
-        } else if (lua_type(L, -2) != LUA_TSTRING) {
-            st = path_fail(p, err, "an object has a key that is not a string");
-        }
-        lua_pop(L, 1);
-        if (st != GG_OK)
-            lua_pop(L, 1);
-    }
-    if (st != GG_OK) {
-        json_decref(o);
-        json_decref(e);
-        return st;
-    }
-    *orig_out = o;
-    *edit_out = e;
-    return GG_OK;
 }
 
 enum gg_status lb_request_patch(struct lb_vm *vm, const json_t *original, json_t **patch,
@@ -1895,7 +1927,9 @@ enum gg_status lb_request_patch(struct lb_vm *vm, const json_t *original, json_t
     else
         st = prune_object(L, -1, original, &p, &o, &e, &sub);
     lua_pop(L, 1);
-    if (st == GG_OK)
+    if (st == GG_OK && !o)
+        *patch = json_array(); /* nothing differs */
+    else if (st == GG_OK)
         st = jp_diff(o, e, patch, &sub);
     json_decref(o);
     json_decref(e);
