@@ -9,6 +9,7 @@
  */
 #include "admission.h"
 
+#include "arena.h"
 #include "buf.h"
 #include "jsonfast.h"
 #include "jsonwrite.h"
@@ -28,7 +29,9 @@ void adm_request_clear(struct adm_request *req)
 {
     if (!req)
         return;
-    json_decref(req->root);
+    /* Walking a whole review to drop it is wasted inside an arena scope. */
+    if (!arena_active())
+        json_decref(req->root);
     memset(req, 0, sizeof(*req));
 }
 

@@ -119,3 +119,8 @@ void arena_end(void)
     arena.head = arena.keep;
     arena.active = false;
 }
+
+bool arena_active(void)
+{
+    return arena.active;
+}

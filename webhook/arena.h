@@ -14,10 +14,14 @@
 #ifndef GG_ARENA_H
 #define GG_ARENA_H
 
+#include <stdbool.h>
+
 /* Route jansson's allocations through the arena; call once at start-up. */
 void arena_install(void);
 
 void arena_begin(void);
 void arena_end(void);
+/* True inside a scope: a value allocated now needs no release (arena_end drops it). */
+bool arena_active(void);
 
 #endif
