@@ -136,9 +136,28 @@ function M.catalog(cfg)
     return c
 end
 
+-- Models by name, per catalog: a lookup normalises the name through several patterns.
+local found = setmetatable({}, { __mode = "k" })
+
 --- The model a pool (or a model name) names, from the configuration's catalog.
 function M.model(cfg, pool_or_name)
-    return gpu.model(type(pool_or_name) == "table" and pool_or_name.model or pool_or_name, M.catalog(cfg))
+    local name = type(pool_or_name) == "table" and pool_or_name.model or pool_or_name
+    local catalog = M.catalog(cfg)
+    local models = found[catalog]
+    if not models then
+        models = {}
+        found[catalog] = models
+    end
+    local m = models[name]
+    if m == nil and type(name) == "string" and name ~= "" then
+        m = gpu.model(name, catalog) -- raises nothing for a non-empty string
+        models[name] = m
+    end
+    if m then
+        return m
+    end
+    -- An unknown or bad name: the message, or the error blaming the caller (a tail call).
+    return gpu.model(name, catalog)
 end
 
 --- Check the fleet part of the configuration; raises error(msg, 0) with the key path.

@@ -815,6 +815,11 @@ function M.parse_profile(name)
     return parse_profile_name(name)
 end
 
+-- The memory of profile p that a request is held against: the usable figure when usable.
+local function memory_of(p, usable)
+    return usable and p.usable_milli or p.memory_milli
+end
+
 --- The smallest MIG profile of model that covers want = { memory_milli = bytes*1000 or nil,
 --- fraction_milli = 0..1000 or nil, allow_me = false, usable = false }: fewest compute slices,
 --- then least memory, among profiles with at least want.memory_milli of memory (nominal memory,
@@ -847,19 +852,13 @@ function M.pick_profile(model, want)
                                   m.name)
     end
     local need = frac and (frac * m.slices + 999) // 1000 or 0
-    local function memory_of(p)
-        return want.usable and p.usable_milli or p.memory_milli
-    end
-    local best, largest
+    local usable, allow_me = want.usable, want.allow_me
+    local best
     for _, p in ipairs(m.profiles) do
-        if p.suffix == "" or (want.allow_me and p.me) then
-            if (mem == nil or memory_of(p) >= mem) and p.slices >= need
-                and (best == nil or profile_order(p, best)) then
-                best = p
-            end
-            if largest == nil or profile_order(largest, p) then
-                largest = p
-            end
+        if (p.suffix == "" or (allow_me and p.me))
+            and (mem == nil or memory_of(p, usable) >= mem)
+            and p.slices >= need and (best == nil or profile_order(p, best)) then
+            best = p
         end
     end
     if best then
@@ -867,16 +866,24 @@ function M.pick_profile(model, want)
         out.model = m.name
         return out
     end
+    -- Nothing fits: the largest candidate, for the message (a second pass only here).
+    local largest
+    for _, p in ipairs(m.profiles) do
+        if (p.suffix == "" or (allow_me and p.me))
+            and (largest == nil or profile_order(largest, p)) then
+            largest = p
+        end
+    end
     if largest == nil then
         return nil, string.format("GPU model %s has no MIG profile without attributes (+me, "
                                   .. "+gfx, ...) to pick from", m.name)
     end
     local memword = want.usable and "usable memory" or "memory"
     local asks, has = {}, {}
-    if mem ~= nil and memory_of(largest) < mem then
+    if mem ~= nil and memory_of(largest, usable) < mem then
         asks[#asks + 1] = fmt_mem(mem) .. " of " .. memword
         has[#has + 1] = want.usable and largest.usable_gib and largest.usable_gib .. "Gi usable"
-            or fmt_mem(memory_of(largest))
+            or fmt_mem(memory_of(largest, usable))
     end
     if largest.slices < need then
         asks[#asks + 1] = string.format("%d of %d compute slices", need, m.slices)
@@ -1005,6 +1012,8 @@ local OTHER = {
     ["volcano.sh/gpu-memory"] = { "volcano", "MiB" },
 }
 
+local SECTIONS = { "limits", "requests" }
+
 -- kind, unit and MIG profile of a resource name, or nil when it is not a GPU resource.
 local function classify(name)
     if name == "nvidia.com/gpu" then
@@ -1042,7 +1051,7 @@ function M.requested(container)
         return out
     end
     local names, seen = {}, {}
-    for _, section in ipairs({ "limits", "requests" }) do
+    for _, section in ipairs(SECTIONS) do
         local map = res[section]
         if type(map) == "table" then
             for name in pairs(map) do

@@ -45,12 +45,9 @@ local function fail(lvl, fname, fmt, ...)
     error("k8s." .. fname .. ": " .. string.format(fmt, ...), lvl + 1)
 end
 
--- t[k1][k2]...; nil when a step is not a table or the value is JSON null.  Paths of up to three
--- keys (nearly every call) take the unrolled path: this is the hottest function of a request.
-local function get(t, a, b, c, ...)
-    if a == nil then
-        return t ~= null and t or nil
-    end
+-- t[a][b][c] (b and c optional); nil when a step is not a table or the value is JSON null.
+-- The hottest function of a request: fixed parameters, as a vararg call costs more.
+local function get(t, a, b, c)
     if type(t) ~= "table" then
         return nil
     end
@@ -65,12 +62,6 @@ local function get(t, a, b, c, ...)
                 return nil
             end
             t = t[c]
-            for i = 1, select("#", ...) do
-                if type(t) ~= "table" then
-                    return nil
-                end
-                t = t[(select(i, ...))]
-            end
         end
     end
     if t == null then
@@ -104,8 +95,11 @@ local function is_empty(t)
     return true
 end
 
+-- v, or a shared empty table to walk when v is no table (callers only read it).
+local NONE = {}
+
 local function list_of(v)
-    return type(v) == "table" and v or {}
+    return type(v) == "table" and v or NONE
 end
 
 -- 'container "name"' for messages.
@@ -115,15 +109,17 @@ local function cname(c)
 end
 
 -- parent[key] as a JSON "object" or "array" (shape), created when missing or null; an error
--- naming where .. key when it is something else.
-local function child(lvl, fname, parent, key, shape, where)
+-- naming where .. key when it is something else, after 'container "name": ' when c is given
+-- (named only then: cname formats a string).
+local function child(lvl, fname, parent, key, shape, where, c)
     local v = parent[key]
     if v == nil or v == null then
         v = shape == "array" and gg.array() or gg.object()
         parent[key] = v
     elseif type(v) ~= "table" or (shape == "object" and gg.is_array(v))
         or (shape == "array" and gg.is_object(v)) then
-        fail(lvl + 1, fname, "%s%s is %s, want an %s", where, key, what(v), shape)
+        fail(lvl + 1, fname, "%s%s%s is %s, want an %s", c and cname(c) .. ": " or "", where,
+             key, what(v), shape)
     end
     return v
 end
@@ -210,7 +206,10 @@ local function single_template(obj)
     if not keys then
         return nil
     end
-    local tpl = get(obj, table.unpack(keys))
+    local tpl = obj
+    for _, key in ipairs(keys) do
+        tpl = get(tpl, key)
+    end
     if type(tpl) ~= "table" then
         return nil
     end
@@ -220,14 +219,16 @@ end
 --- The PodSpec of a Pod, Deployment, ReplicaSet, StatefulSet, DaemonSet, ReplicationController,
 --- Job, CronJob or PodTemplate; nil for other kinds or when it is missing.
 function M.pod_spec(obj)
-    local spec = get((single_template(obj)), "spec")
+    local tpl = single_template(obj) -- nil or a table
+    local spec = tpl and tpl.spec
     return type(spec) == "table" and spec or nil
 end
 
 --- The metadata of the pod: the object's own for a Pod, the template's for a controller; nil
 --- when missing or for other kinds.  Creates nothing.
 function M.pod_meta(obj)
-    local meta = get((single_template(obj)), "metadata")
+    local tpl = single_template(obj) -- nil or a table
+    local meta = tpl and tpl.metadata
     return type(meta) == "table" and meta or nil
 end
 
@@ -344,12 +345,21 @@ end
 
 -- Containers ---------------------------------------------------------------------------------
 
-local LISTS = {
-    { field = "initContainers", kind = "init" },
-    { field = "containers", kind = "regular" },
-    { field = "ephemeralContainers", kind = "ephemeral" },
-}
-local ALL_KINDS = { init = true, regular = true, ephemeral = true }
+-- The container lists of a PodSpec in walking order: field and kind.
+local FIELDS = { "initContainers", "containers", "ephemeralContainers" }
+local KINDS = { "init", "regular", "ephemeral" }
+local FIELD_OF = { init = "initContainers", regular = "containers",
+                   ephemeral = "ephemeralContainers" }
+
+-- The kinds to walk as WANTS[mask][list number], mask bits from BIT: one shared table per set
+-- of kinds, so choosing kinds allocates nothing.
+local BIT = { init = 1, regular = 2, ephemeral = 4 }
+local WANTS = {}
+for mask = 0, 7 do
+    WANTS[mask] = { mask & 1 ~= 0, mask & 2 ~= 0, mask & 4 ~= 0 }
+end
+local ALL_KINDS = WANTS[7]
+local INIT_AND_REGULAR = WANTS[BIT.init | BIT.regular]
 
 -- The set of kinds opts asks for.
 local function wanted_kinds(lvl, fname, opts)
@@ -359,31 +369,41 @@ local function wanted_kinds(lvl, fname, opts)
     if not is_map(opts) then
         fail(lvl + 1, fname, "opts must be a table such as {regular = true}, got %s", what(opts))
     end
-    local want = {}
+    local mask = 0
     for k, v in pairs(opts) do
-        if not ALL_KINDS[k] then
+        local bit = BIT[k]
+        if not bit then
             fail(lvl + 1, fname, "unknown option %q (want init, regular or ephemeral)",
                  tostring(k))
         end
-        want[k] = v and true or nil
+        if v then
+            mask = mask | bit
+        end
     end
-    return want
+    return WANTS[mask]
 end
 
+local function no_containers()
+    return nil
+end
+
+-- Each step reads the list from spec again (a caller may edit the spec while it walks).
 local function iterate(spec, want)
+    if type(spec) ~= "table" then
+        return no_containers
+    end
     local li, i = 1, 0
     return function()
-        while li <= #LISTS do
-            local l = LISTS[li]
-            local list = want[l.kind] and get(spec, l.field)
+        while li <= 3 do
+            local list = want[li] and spec[FIELDS[li]]
             local c = type(list) == "table" and list[i + 1] or nil
-            if c == nil then
-                li, i = li + 1, 0
-            else
+            if c ~= nil then
                 i = i + 1
                 if type(c) == "table" then -- skip nulls
-                    return c, l.kind, i
+                    return c, KINDS[li], i
                 end
+            else
+                li, i = li + 1, 0
             end
         end
         return nil
@@ -420,10 +440,9 @@ end
 --- path), its kind and its 1-based index as containers() yields them:
 --- container_path("spec.template.spec", "init", 1) -> "spec.template.spec.initContainers[0]".
 function M.container_path(spec_path, kind, index)
-    for _, l in ipairs(LISTS) do
-        if l.kind == kind then
-            return index_path(spec_path .. "." .. l.field, index, "")
-        end
+    local field = FIELD_OF[kind]
+    if field then
+        return index_path(spec_path .. "." .. field, index, "")
     end
     fail(2, "container_path", "kind must be \"init\", \"regular\" or \"ephemeral\", got %s",
          type(kind) == "string" and string.format("%q", kind) or what(kind))
@@ -439,17 +458,24 @@ end
 
 local SECTIONS = { requests = true, limits = true }
 
-local function check_section(lvl, fname, section)
-    if not SECTIONS[section] then
-        fail(lvl + 1, fname, "section must be \"requests\" or \"limits\", got %s",
-             type(section) == "string" and string.format("%q", section) or what(section))
-    end
+-- Callers test SECTIONS[section] themselves: a call only when it fails keeps reads cheap.
+local function bad_section(lvl, fname, section)
+    fail(lvl + 1, fname, "section must be \"requests\" or \"limits\", got %s",
+         type(section) == "string" and string.format("%q", section) or what(section))
 end
 
 -- The quantity string at resources.<section>[name]; numbers (from YAML manifests) as strings.
+-- The walk is get()'s, written out: policies read resources more than anything else.
 local function resource_string(lvl, fname, c, section, name)
-    local v = get(c, "resources", section, name)
-    if v == nil or type(v) == "string" then
+    local map = type(c) == "table" and c.resources or nil
+    map = type(map) == "table" and map[section] or nil
+    local v = nil
+    if type(map) == "table" then
+        v = map[name]
+    end
+    if v == nil or v == null then
+        return nil
+    elseif type(v) == "string" then
         return v
     elseif math.type(v) then
         return tostring(v)
@@ -481,13 +507,17 @@ end
 
 --- The quantity string of resources.<section>[name] (section "requests" or "limits"), or nil.
 function M.get_resource(container, section, name)
-    check_section(2, "get_resource", section)
+    if not SECTIONS[section] then
+        bad_section(2, "get_resource", section)
+    end
     return (resource_string(2, "get_resource", container, section, name))
 end
 
 --- resources.<section>[name] in integer milli-units ("2" -> 2000, "500m" -> 500), or nil.
 function M.resource_milli(container, section, name)
-    check_section(2, "resource_milli", section)
+    if not SECTIONS[section] then
+        bad_section(2, "resource_milli", section)
+    end
     return (resource_milli(2, "resource_milli", container, section, name))
 end
 
@@ -502,7 +532,7 @@ end
 --- before it) plus spec.overhead[name].  Ephemeral containers do not count.  0 when unused.
 function M.pod_request_milli(spec, name)
     local sum, init_max, sidecars = 0, 0, 0
-    for c, kind in iterate(spec, { init = true, regular = true }) do
+    for c, kind in iterate(spec, INIT_AND_REGULAR) do
         local r = request_milli(2, "pod_request_milli", c, name) or 0
         if kind == "regular" then
             sum = sum + r
@@ -532,7 +562,9 @@ end
 function M.set_resource(container, section, name, value)
     local f = "set_resource"
     check_table(2, f, "container", container)
-    check_section(2, f, section)
+    if not SECTIONS[section] then
+        bad_section(2, f, section)
+    end
     check_string(2, f, "resource name", name)
     if math.type(value) == "integer" then
         value = tostring(value)
@@ -549,16 +581,17 @@ function M.set_resource(container, section, name, value)
     if old == value or (old ~= nil and gg.quantity(tostring(old)) == milli) then
         return false
     end
-    local where = cname(container) .. ": "
-    local res = child(2, f, container, "resources", "object", where)
-    child(2, f, res, section, "object", where .. "resources.")[name] = value
+    local res = child(2, f, container, "resources", "object", "", container)
+    child(2, f, res, section, "object", "resources.", container)[name] = value
     return true
 end
 
 --- Remove resources.<section>[name]; a section left empty is removed, then resources when it
 --- is left empty.  Returns the removed value or nil.
 function M.remove_resource(container, section, name)
-    check_section(2, "remove_resource", section)
+    if not SECTIONS[section] then
+        bad_section(2, "remove_resource", section)
+    end
     local res = get(container, "resources")
     if type(res) ~= "table" then
         return nil
@@ -575,14 +608,13 @@ end
 -- The metadata of t: t.metadata when t is an object (it has metadata, spec, kind or
 -- apiVersion), else t itself.  With create, a missing metadata is created.
 local function meta_of(lvl, fname, t, create)
-    if t.metadata ~= nil or t.spec ~= nil or t.kind ~= nil or t.apiVersion ~= nil then
-        if create then
-            return (child(lvl + 1, fname, t, "metadata", "object", ""))
-        end
-        local meta = get(t, "metadata")
-        return type(meta) == "table" and meta or nil
+    local meta = t.metadata
+    if meta == nil and t.spec == nil and t.kind == nil and t.apiVersion == nil then
+        return t
+    elseif create then
+        return (child(lvl + 1, fname, t, "metadata", "object", ""))
     end
-    return t
+    return type(meta) == "table" and meta or nil
 end
 
 local function meta_get(t, field, key)
@@ -666,6 +698,7 @@ end
 -- Tolerations --------------------------------------------------------------------------------
 
 local EFFECTS = { [""] = true, NoSchedule = true, PreferNoSchedule = true, NoExecute = true }
+local TOLERATION_FIELDS = { "key", "operator", "value", "effect" }
 
 local function str(v)
     return (v == nil or v == null) and "" or v
@@ -683,15 +716,21 @@ local function norm(t)
     }
 end
 
--- True when toleration have tolerates every taint that want tolerates (both normalised).
+-- True when toleration have, as written in a spec, tolerates every taint that want (normalised)
+-- tolerates.  have is read field by field as norm would fill it in, without a table for it.
 local function covers(have, want)
-    if have.effect ~= "" and have.effect ~= want.effect then
+    local effect, key = str(have.effect), str(have.key)
+    if effect ~= "" and effect ~= want.effect then
         return false
-    elseif have.key ~= "" and have.key ~= want.key then
+    elseif key ~= "" and key ~= want.key then
         return false
-    elseif have.operator ~= "Exists" and (want.operator ~= "Equal" or have.value ~= want.value) then
+    elseif str(have.operator) ~= "Exists"
+        and (want.operator ~= "Equal" or str(have.value) ~= want.value) then
         return false
-    elseif have.seconds ~= nil and (want.seconds == nil or want.seconds > have.seconds) then
+    end
+    local secs = have.tolerationSeconds
+    secs = secs ~= null and secs or nil
+    if secs ~= nil and (want.seconds == nil or want.seconds > secs) then
         return false
     end
     return true
@@ -722,7 +761,7 @@ end
 
 local function tolerated(spec, want)
     for _, have in ipairs(list_of(get(spec, "tolerations"))) do
-        if type(have) == "table" and covers(norm(have), want) then
+        if type(have) == "table" and covers(have, want) then
             return true
         end
     end
@@ -746,7 +785,7 @@ function M.add_toleration(spec, tol)
         return false
     end
     local copy = gg.object()
-    for _, field in ipairs({ "key", "operator", "value", "effect" }) do
+    for _, field in ipairs(TOLERATION_FIELDS) do
         if t[field] ~= "" then
             copy[field] = tol[field]
         end
@@ -821,7 +860,7 @@ function M.set_env(container, name, value)
         fail(2, f, "%s: value of %s must be a string, got %s", cname(container), name,
              what(value))
     end
-    local env = child(2, f, container, "env", "array", cname(container) .. ": ")
+    local env = child(2, f, container, "env", "array", "", container)
     local found, changed = false, false
     for _, e in ipairs(env) do
         if get(e, "name") == name then

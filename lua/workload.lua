@@ -25,20 +25,22 @@ local gg = require "gpuguard"
 
 local M = {}
 
+-- Arguments of the calls below, made once (the callees only read these tables).
+local REGULAR = { regular = true }
+local NONE = {}
+local GPU = "nvidia.com/gpu"
+
 -- Answers that do not change while policies edit a pod (its class, whether it wants a GPU),
 -- kept per pod table for the request; weak keys let them go with the pod.
 local memo = setmetatable({}, { __mode = "k" })
 
-local function remembered(pod, key, compute)
+local function memo_of(pod)
     local m = memo[pod]
     if not m then
         m = {}
         memo[pod] = m
     end
-    if m[key] == nil then
-        m[key] = table.pack(compute())
-    end
-    return table.unpack(m[key], 1, m[key].n)
+    return m
 end
 
 M.CLASS_LABEL = "gpuguard.io/workload-class"
@@ -66,7 +68,7 @@ local function looks_like_notebook(pod)
         return true
     end
     local spec = k8s.pod_spec(pod)
-    for c in k8s.containers(spec or {}, { regular = true }) do
+    for c in k8s.containers(spec or NONE, REGULAR) do
         local image = type(c.image) == "string" and c.image:lower() or ""
         if image:find("jupyter", 1, true) or image:find("notebook", 1, true) then
             return true
@@ -82,7 +84,11 @@ leaderworkerset.x-k8s.io, batch.volcano.sh) -> training; owned by a batch/v1 Job
 batch; notebook hints -> interactive; else cfg.default_class (or "batch").  Returns class, reason.
 ]]
 function M.class(pod, cfg)
-    return remembered(pod, "class", function() return M.compute_class(pod, cfg) end)
+    local m = memo_of(pod)
+    if m.class == nil then
+        m.class, m.class_reason = M.compute_class(pod, cfg)
+    end
+    return m.class, m.class_reason
 end
 
 --- M.class without the per-request memory.
@@ -125,27 +131,46 @@ local function memory_of(text, key)
     return milli
 end
 
+local FRACTION_OPTS = { allow_above_one = true }
+
 local function fraction_of(text, key)
-    local milli, msg = quota.parse_fraction(text, { allow_above_one = true })
+    local milli, msg = quota.parse_fraction(text, FRACTION_OPTS)
     if not milli then
         return nil, string.format("annotation %s: %s", key, msg)
     end
     return milli
 end
 
--- The container a pod-level fraction or memory belongs to.
-local function pod_level_target(spec)
-    local with_gpu, first
-    for c in k8s.containers(spec, { regular = true }) do
-        first = first or c
-        if k8s.get_resource(c, "limits", "nvidia.com/gpu") or k8s.get_resource(c, "requests", "nvidia.com/gpu") then
+-- The container a pod-level fraction or memory belongs to, from the list of regular ones.  What
+-- it reads of container i's nvidia.com/gpu goes to limits[i] and requests[i] (false for none),
+-- where intent finds it again.
+local function pod_level_target(regular, limits, requests)
+    local with_gpu
+    for i = 1, #regular do
+        local c = regular[i]
+        limits[i] = k8s.get_resource(c, "limits", GPU) or false
+        if not limits[i] then
+            requests[i] = k8s.get_resource(c, "requests", GPU) or false
+        end
+        if limits[i] or requests[i] then
             if with_gpu then
                 return nil -- several: ambiguous, the per-container form is needed
             end
             with_gpu = c
         end
     end
-    return with_gpu or first
+    return with_gpu or regular[1]
+end
+
+-- The intent entry of container c, added to out when new.
+local function entry(out, by_name, c)
+    local e = by_name[c.name]
+    if not e then
+        e = { container = c }
+        by_name[c.name] = e
+        out[#out + 1] = e
+    end
+    return e
 end
 
 --[[
@@ -159,47 +184,47 @@ function M.intent(pod)
     if not spec then
         return {}
     end
-    local out, by_name = {}, {}
-    local function entry(c)
-        if not by_name[c.name] then
-            by_name[c.name] = { container = c }
-            out[#out + 1] = by_name[c.name]
-        end
-        return by_name[c.name]
+    -- The regular containers, walked once and then read as a list.
+    local regular, is_regular = {}, {}
+    for c in k8s.containers(spec, REGULAR) do
+        regular[#regular + 1] = c
+        is_regular[c.name] = true
     end
     -- A per-container annotation must name a regular container (a typo would drop the request).
-    local names, regular = {}, {}
-    for c in k8s.containers(spec, { regular = true }) do
-        names[#names + 1] = tostring(c.name)
-        regular[c.name] = true
-    end
-    local annotations = k8s.pod_meta(pod) and k8s.pod_meta(pod).annotations
-    local stray, per_container = {}, false
-    for key in pairs(type(annotations) == "table" and annotations or {}) do
+    local meta = k8s.pod_meta(pod)
+    local annotations = meta and meta.annotations
+    local stray, per_container = nil, false
+    for key in pairs(type(annotations) == "table" and annotations or NONE) do
         -- The prefix test first: most pods carry many annotations and none of ours.
         local target = type(key) == "string" and key:sub(1, 16) == "gpuguard.io/gpu-" and
             (key:match("^gpuguard%.io/gpu%-fraction%.(.+)$") or key:match("^gpuguard%.io/gpu%-memory%.(.+)$"))
         if target then
             per_container = true
-            if not regular[target] then
+            if not is_regular[target] then
+                stray = stray or {}
                 stray[#stray + 1] = key
             end
         end
     end
-    if #stray > 0 then
+    if stray then
         table.sort(stray)
+        local names = {}
+        for i, c in ipairs(regular) do
+            names[i] = tostring(c.name)
+        end
         return nil, string.format("annotation %s names no container of the pod; use one of %s", stray[1],
             table.concat(names, ", "))
     end
+    local out, by_name, limits, requests = {}, {}, {}, {}
     local pod_fraction = k8s.annotation(pod, M.FRACTION)
     local pod_memory = k8s.annotation(pod, M.MEMORY)
     if pod_fraction or pod_memory then
-        local target = pod_level_target(spec)
+        local target = pod_level_target(regular, limits, requests)
         if not target then
             return nil, string.format("several containers ask for nvidia.com/gpu; use %s.<container> or %s.<container>",
                 M.FRACTION, M.MEMORY)
         end
-        local e = entry(target)
+        local e = entry(out, by_name, target)
         local msg
         if pod_fraction then
             e.fraction_milli, msg = fraction_of(pod_fraction, M.FRACTION)
@@ -214,7 +239,8 @@ function M.intent(pod)
             end
         end
     end
-    for c in k8s.containers(spec, { regular = true }) do
+    for i = 1, #regular do
+        local c = regular[i]
         local fkey, mkey, f, m
         if per_container then
             fkey, mkey = M.FRACTION .. "." .. c.name, M.MEMORY .. "." .. c.name
@@ -222,18 +248,26 @@ function M.intent(pod)
         end
         local msg
         if f then
-            entry(c).fraction_milli, msg = fraction_of(f, fkey)
-            if not entry(c).fraction_milli then
+            local e = entry(out, by_name, c)
+            e.fraction_milli, msg = fraction_of(f, fkey)
+            if not e.fraction_milli then
                 return nil, msg
             end
         end
         if m then
-            entry(c).memory_milli, msg = memory_of(m, mkey)
-            if not entry(c).memory_milli then
+            local e = entry(out, by_name, c)
+            e.memory_milli, msg = memory_of(m, mkey)
+            if not e.memory_milli then
                 return nil, msg
             end
         end
-        local limit, request = k8s.get_resource(c, "limits", "nvidia.com/gpu"), k8s.get_resource(c, "requests", "nvidia.com/gpu")
+        local limit, request = limits[i], requests[i]
+        if limit == nil then
+            limit = k8s.get_resource(c, "limits", GPU)
+        end
+        if request == nil then
+            request = k8s.get_resource(c, "requests", GPU)
+        end
         if limit and request and gg.quantity(limit) ~= gg.quantity(request) then
             -- Which one was meant is not ours to guess (Kubernetes refuses the pod anyway).
             return nil, string.format("container %s requests nvidia.com/gpu %s but limits it to %s; make them equal",
@@ -246,7 +280,7 @@ function M.intent(pod)
                 return nil, string.format("container %s: nvidia.com/gpu must be a whole number, got %s", c.name, whole)
             end
             if n > 0 then
-                entry(c).whole = n // 1000
+                entry(out, by_name, c).whole = n // 1000
             end
         end
     end
@@ -256,7 +290,11 @@ end
 --- True when the pod asks for a GPU in any way gpuguard or a device plugin understands (a
 --- malformed request counts as asking).
 function M.wants_gpu(pod)
-    return remembered(pod, "wants_gpu", function() return M.compute_wants_gpu(pod) end)
+    local m = memo_of(pod)
+    if m.wants_gpu == nil then
+        m.wants_gpu = M.compute_wants_gpu(pod)
+    end
+    return m.wants_gpu
 end
 
 --- M.wants_gpu without the per-request memory.

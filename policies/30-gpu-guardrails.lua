@@ -28,6 +28,8 @@ local workload = require "workload"
 
 local DEFAULT_EXEMPT = { "gpu-operator", "nvidia-device-plugin", "kube-system" }
 local GPU_ENV = { "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES" }
+local SECTIONS = { "requests", "limits" }
+local NONE = {}
 
 local function exempt(req, pod, cfg)
     if k8s.owner_kind(pod) == "DaemonSet" then
@@ -98,15 +100,16 @@ end
 
 local function equal_requests_rules(req, spec)
     for c in k8s.containers(spec) do
-        local names = {}
-        for _, section in ipairs({ "requests", "limits" }) do
-            for name in pairs(c.resources and c.resources[section] or {}) do
+        local names -- made only for a container with NVIDIA resources, as most have none
+        for _, section in ipairs(SECTIONS) do
+            for name in pairs(c.resources and c.resources[section] or NONE) do
                 if name:match("^nvidia%.com/") then
+                    names = names or {}
                     names[name] = true
                 end
             end
         end
-        for name in pairs(names) do
+        for name in pairs(names or NONE) do
             local r, l = k8s.get_resource(c, "requests", name), k8s.get_resource(c, "limits", name)
             if l == nil then
                 req:deny(string.format("container %s requests %s without a limit; set limits.%s to %s", c.name, name,

@@ -23,11 +23,20 @@ local quota = require "quota"
 local fleet = require "fleet"
 local workload = require "workload"
 
+local AMOUNT = { allow_above_one = true, allow_zero = true }
+
+-- Amounts from the configuration, parsed once per VM: validate reads them on every review.
+local parsed = {}
+
 local function gpus(v, where)
-    local milli, msg = quota.parse_fraction(v, { allow_above_one = true, allow_zero = true })
+    if parsed[v] then
+        return parsed[v]
+    end
+    local milli, msg = quota.parse_fraction(v, AMOUNT)
     if not milli then
         error(where .. ": " .. msg, 0)
     end
+    parsed[v] = milli
     return milli
 end
 
