@@ -137,11 +137,14 @@ enum gg_status adm_decode(const char *body, size_t len, struct adm_request *req,
 {
     memset(req, 0, sizeof(*req));
     struct jf_error jerr;
-    json_t *root = jf_loadb(body, len, JF_DEFAULT_MAX_DEPTH, &jerr);
+    size_t depth = 0;
+    json_t *root = jf_loadb_depth(body, len, JF_DEFAULT_MAX_DEPTH, &depth, &jerr);
     if (!root)
         return gg_fail(err, GG_ERR_PARSE, "malformed JSON at line %d column %d: %s", jerr.line,
                        jerr.column, jerr.text);
-    return adm_decode_value(root, req, err);
+    enum gg_status st = adm_decode_value(root, req, err);
+    req->depth = depth;
+    return st;
 }
 
 enum gg_status adm_decode_value(json_t *root, struct adm_request *req, struct gg_err *err)

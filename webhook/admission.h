@@ -39,6 +39,7 @@ struct adm_request {
     json_t *old_object; /* NULL when null or absent */
     json_t *options;    /* NULL when null or absent */
     json_t *user_info;  /* NULL when absent */
+    size_t depth;       /* a bound on the review's nesting (it is depth 1); 0: unknown */
 };
 
 /* What to answer.  All json_t members are borrowed; NULL means none. */

@@ -577,6 +577,13 @@ out:
 
 json_t *jf_loadb(const char *text, size_t len, size_t max_depth, struct jf_error *err)
 {
+    size_t deepest;
+    return jf_loadb_depth(text, len, max_depth, &deepest, err);
+}
+
+json_t *jf_loadb_depth(const char *text, size_t len, size_t max_depth, size_t *deepest,
+                       struct jf_error *err)
+{
     struct jf_parser P;
     P.text = (const unsigned char *)(text ? text : "");
     P.end = P.text + (text ? len : 0);
@@ -593,7 +600,7 @@ json_t *jf_loadb(const char *text, size_t len, size_t max_depth, struct jf_error
     const unsigned char *p = P.text, *end = P.end, *q;
     json_t *root = NULL, *v;
     struct jf_frame *top = NULL;
-    size_t depth = 0; /* open containers */
+    size_t depth = 0, most = 0; /* open containers, and their most at once */
     const char *key = NULL;
     size_t klen = 0;
     int esc;
@@ -644,6 +651,8 @@ value:
         if (JF_UNLIKELY(depth == P.cap) && grow_stack(&P, max_depth))
             goto nomem;
         top = &P.stack[depth++];
+        if (depth > most)
+            most = depth;
         top->node = v;
         top->is_object = *p++ == '{';
         SKIP_WS(p, end);
@@ -770,6 +779,7 @@ done:
         set_error(&P, p, "end of file expected after the value");
         goto fail;
     }
+    *deepest = most + 1;
 out:
     if (P.stack != P.stack_inline)
         free(P.stack);

@@ -62,6 +62,14 @@ struct jf_error {
 json_t *jf_loadb(const char *text, size_t len, size_t max_depth, struct jf_error *err);
 
 /*
+ * jf_loadb that also sets *deepest (on success) to a bound on the depth of
+ * the deepest value: one more than the deepest container's depth.  Callers
+ * that must refuse deep documents skip their own walk when it is small.
+ */
+json_t *jf_loadb_depth(const char *text, size_t len, size_t max_depth, size_t *deepest,
+                       struct jf_error *err);
+
+/*
  * The first byte in [p, end) that is '"', '\\', below 0x20 or above 0x7f,
  * or end if none: the string scan of the parser, for jsonwrite's escaping.
  */

@@ -1609,11 +1609,16 @@ static int build_request(lua_State *L)
     const struct adm_request *req = lua_touserdata(L, 1);
     json_t *object = lua_touserdata(L, 2);
     lua_settop(L, 0);
-    if (object && too_deep(object, 0))
-        luaL_error(L, "the object nests deeper than %d levels", LB_MAX_DEPTH);
-    for (size_t i = 0; i < sizeof(lazy_req_fields) / sizeof(lazy_req_fields[0]); i++)
-        if (too_deep(req_json(req, i), 0))
-            luaL_error(L, "%s nests deeper than %d levels", lazy_req_fields[i].what, LB_MAX_DEPTH);
+    /* The object and the lazy fields sit at depth 3 of a review: no walk
+     * when the decoder saw nothing deeper than the limit below them. */
+    if (!req->depth || req->depth > LB_MAX_DEPTH + 3) {
+        if (object && too_deep(object, 0))
+            luaL_error(L, "the object nests deeper than %d levels", LB_MAX_DEPTH);
+        for (size_t i = 0; i < sizeof(lazy_req_fields) / sizeof(lazy_req_fields[0]); i++)
+            if (too_deep(req_json(req, i), 0))
+                luaL_error(L, "%s nests deeper than %d levels", lazy_req_fields[i].what,
+                           LB_MAX_DEPTH);
+    }
     if (object)
         push_lazy(L, object);
     else

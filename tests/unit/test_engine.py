@@ -179,6 +179,22 @@ def test_nesting_at_the_cap_converts_and_beyond_fails_cleanly(engine):
     assert v["message"] == "gpuguard: the object nests deeper than 100 levels"
 
 
+def test_nesting_limit_is_exact_at_one_hundred_levels(engine):
+    # A value 100 levels below the object is fine, 101 is not, whatever the
+    # decoder's own depth bookkeeping lets the engine skip.
+    engine.policy("10-noop.lua", NOOP)
+    for levels, allowed in ((100, True), (101, False)):
+        obj = pod()
+        inner = 1
+        for _ in range(levels - 1):
+            inner = {"a": inner}
+        obj["spec"] = inner  # spec is one level below the object
+        v = engine.run(review(obj))
+        assert v["allowed"] is allowed, levels
+        if not allowed:
+            assert v["message"] == "gpuguard: the object nests deeper than 100 levels"
+
+
 # ---- mutation and patches ---------------------------------------------------
 
 def test_mutation_patch_is_exact_and_applies(engine):

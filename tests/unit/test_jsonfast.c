@@ -1361,6 +1361,23 @@ static void test_differential_mutations(void **state)
     corpus_clear(&c);
 }
 
+/* jf_loadb_depth's bound: one more than the deepest container (jansson's counting). */
+static void test_depth_bound(void **state)
+{
+    (void)state;
+    static const struct {
+        const char *doc;
+        size_t deepest;
+    } cases[] = {{"1", 1}, {"[]", 2}, {"[[1]]", 3}, {"{\"a\":[{}]}", 4}, {"[1,[2],{}]", 3}};
+    for (size_t i = 0; i < N_ELEMS(cases); i++) {
+        size_t deepest = 0;
+        json_t *v = jf_loadb_depth(cases[i].doc, strlen(cases[i].doc), 0, &deepest, NULL);
+        assert_non_null(v);
+        assert_int_equal(deepest, cases[i].deepest);
+        json_decref(v);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1374,6 +1391,7 @@ int main(void)
         cmocka_unit_test(test_numbers),
         cmocka_unit_test(test_reals_match_strtod),
         cmocka_unit_test(test_depth),
+        cmocka_unit_test(test_depth_bound),
         cmocka_unit_test(test_out_of_memory),
         cmocka_unit_test(test_differential_data_files),
         cmocka_unit_test(test_differential_random),
