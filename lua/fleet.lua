@@ -297,23 +297,36 @@ function M.choose(cfg, class, asked)
     return nil, string.format("no GPU pool offers the sharing modes of class %s (%s)", class, table.concat(modes, ", "))
 end
 
---- Every taint of every pool, and every node selector entry of every pool (placement checks).
+-- The lists below, built once per configuration (placement checks read them on every review).
+local taint_lists = setmetatable({}, { __mode = "k" })
+local selector_lists = setmetatable({}, { __mode = "k" })
+
+--- Every taint of every pool, and every node selector entry of every pool (placement checks);
+--- built once and shared: do not edit them.
 function M.gpu_taints(cfg)
-    local out = {}
-    for _, p in ipairs(M.pools(cfg)) do
-        for _, t in ipairs(p.taints or {}) do
-            out[#out + 1] = { pool = p.name, taint = t }
+    local out = taint_lists[cfg]
+    if not out then
+        out = {}
+        for _, p in ipairs(M.pools(cfg)) do
+            for _, t in ipairs(p.taints or {}) do
+                out[#out + 1] = { pool = p.name, taint = t }
+            end
         end
+        taint_lists[cfg] = out
     end
     return out
 end
 
 function M.gpu_selectors(cfg)
-    local out = {}
-    for _, p in ipairs(M.pools(cfg)) do
-        for k, v in pairs(p.node_selector or {}) do
-            out[#out + 1] = { pool = p.name, key = k, value = v }
+    local out = selector_lists[cfg]
+    if not out then
+        out = {}
+        for _, p in ipairs(M.pools(cfg)) do
+            for k, v in pairs(p.node_selector or {}) do
+                out[#out + 1] = { pool = p.name, key = k, value = v }
+            end
         end
+        selector_lists[cfg] = out
     end
     return out
 end

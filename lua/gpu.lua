@@ -853,10 +853,11 @@ function M.pick_profile(model, want)
     end
     local need = frac and (frac * m.slices + 999) // 1000 or 0
     local usable, allow_me = want.usable, want.allow_me
-    local best
-    for _, p in ipairs(m.profiles) do
+    local profiles, best = m.profiles, nil
+    for i = 1, #profiles do -- memory_of written out: this loop runs on every MIG pod
+        local p = profiles[i]
         if (p.suffix == "" or (allow_me and p.me))
-            and (mem == nil or memory_of(p, usable) >= mem)
+            and (mem == nil or (usable and p.usable_milli or p.memory_milli) >= mem)
             and p.slices >= need and (best == nil or profile_order(p, best)) then
             best = p
         end

@@ -387,26 +387,32 @@ local function no_containers()
     return nil
 end
 
--- Each step reads the list from spec again (a caller may edit the spec while it walks).
+-- A list is read from spec when the walk reaches it and its entries one by one: a caller may
+-- edit containers and the lists in place while it walks, but a list it puts into spec in place
+-- of one being walked is not seen.  (No caller in lua/ or policies/ edits what it walks.)
 local function iterate(spec, want)
     if type(spec) ~= "table" then
         return no_containers
     end
-    local li, i = 1, 0
+    local li, i, list = 0, 0, NONE
     return function()
-        while li <= 3 do
-            local list = want[li] and spec[FIELDS[li]]
-            local c = type(list) == "table" and list[i + 1] or nil
-            if c ~= nil then
-                i = i + 1
-                if type(c) == "table" then -- skip nulls
-                    return c, KINDS[li], i
-                end
-            else
-                li, i = li + 1, 0
-            end
+        while true do
+            i = i + 1
+            local c = list[i]
+            if type(c) == "table" then
+                return c, KINDS[li], i
+            elseif c == nil then -- on to the next list wanted and present
+                repeat
+                    li = li + 1
+                    if li > 3 then
+                        list = NONE -- and so on every later call
+                        return nil
+                    end
+                    list = want[li] and spec[FIELDS[li]]
+                until type(list) == "table"
+                i = 0
+            end -- else a null: skipped
         end
-        return nil
     end
 end
 
@@ -577,12 +583,13 @@ function M.set_resource(container, section, name, value)
         fail(2, f, "%s: %s[%q]: %q is not a quantity: %s", cname(container), section, name,
              value, tostring(err))
     end
-    local old = get(container, "resources", section, name)
-    if old == value or (old ~= nil and gg.quantity(tostring(old)) == milli) then
+    local res = child(2, f, container, "resources", "object", "", container)
+    local map = child(2, f, res, section, "object", "resources.", container)
+    local old = map[name]
+    if old == value or (old ~= nil and old ~= null and gg.quantity(tostring(old)) == milli) then
         return false
     end
-    local res = child(2, f, container, "resources", "object", "", container)
-    child(2, f, res, section, "object", "resources.", container)[name] = value
+    map[name] = value
     return true
 end
 
@@ -617,11 +624,31 @@ local function meta_of(lvl, fname, t, create)
     return type(meta) == "table" and meta or nil
 end
 
+-- get(meta_of(t), field, key), written out: policies read labels and annotations often.
 local function meta_get(t, field, key)
     if type(t) ~= "table" then
         return nil
     end
-    return get(meta_of(2, "", t, false), field, key)
+    local meta = t.metadata
+    if meta == nil then
+        if t.spec ~= nil or t.kind ~= nil or t.apiVersion ~= nil then
+            return nil
+        end
+        meta = t
+    elseif type(meta) ~= "table" then
+        return nil
+    end
+    local v = meta[field]
+    if key ~= nil then
+        if type(v) ~= "table" then
+            return nil
+        end
+        v = v[key]
+    end
+    if v == null then
+        return nil
+    end
+    return v
 end
 
 local function meta_set(lvl, fname, t, field, key, value)
@@ -724,7 +751,7 @@ local function covers(have, want)
         return false
     elseif key ~= "" and key ~= want.key then
         return false
-    elseif str(have.operator) ~= "Exists"
+    elseif have.operator ~= "Exists"
         and (want.operator ~= "Equal" or str(have.value) ~= want.value) then
         return false
     end
@@ -785,7 +812,8 @@ function M.add_toleration(spec, tol)
         return false
     end
     local copy = gg.object()
-    for _, field in ipairs(TOLERATION_FIELDS) do
+    for i = 1, #TOLERATION_FIELDS do
+        local field = TOLERATION_FIELDS[i]
         if t[field] ~= "" then
             copy[field] = tol[field]
         end

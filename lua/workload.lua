@@ -30,8 +30,8 @@ local REGULAR = { regular = true }
 local NONE = {}
 local GPU = "nvidia.com/gpu"
 
--- Answers that do not change while policies edit a pod (its class, whether it wants a GPU),
--- kept per pod table for the request; weak keys let them go with the pod.
+-- Answers that do not change while policies edit a pod (its class, whether it wants a GPU,
+-- whether it is exempt), kept per pod table for the request; weak keys let them go with the pod.
 local memo = setmetatable({}, { __mode = "k" })
 
 local function memo_of(pod)
@@ -116,6 +116,35 @@ function M.compute_class(pod, cfg)
     return cfg.default_class or "batch", "default class"
 end
 
+-- Namespaces of the GPU plumbing (operator, device plugin) when placement.exempt_namespaces is
+-- not set.
+local DEFAULT_EXEMPT = { "gpu-operator", "nvidia-device-plugin", "kube-system" }
+
+--- True for a pod of the GPU plumbing, which the placement and guardrail rules leave alone: a
+--- DaemonSet's pod, or one in placement.exempt_namespaces (default gpu-operator,
+--- nvidia-device-plugin, kube-system).  namespace is the request's (req.namespace).
+function M.exempt(pod, namespace, cfg)
+    local m = memo_of(pod)
+    if m.exempt == nil then
+        m.exempt = M.compute_exempt(pod, namespace, cfg)
+    end
+    return m.exempt
+end
+
+--- M.exempt without the per-request memory.
+function M.compute_exempt(pod, namespace, cfg)
+    if k8s.owner_kind(pod) == "DaemonSet" then
+        return true
+    end
+    local list = cfg.placement and cfg.placement.exempt_namespaces or DEFAULT_EXEMPT
+    for _, ns in ipairs(list) do
+        if ns == namespace then
+            return true
+        end
+    end
+    return false
+end
+
 --- The sharing mode the pod asks for with gpuguard.io/sharing, or nil.
 function M.asked_sharing(pod)
     return k8s.annotation(pod, M.SHARING_ANNOTATION)
@@ -177,18 +206,27 @@ end
 The GPU intent of a pod: a list of { container = c, fraction_milli = n or nil, memory_milli = n
 or nil, whole = n or nil } for every container that asks for a GPU by annotation or by
 nvidia.com/gpu; an empty list for a pod that asks for none.  Returns nil and a message that says
-what to change for a malformed annotation.
+what to change for a malformed annotation.  (M.intent is this and a word to wants_gpu.)
 ]]
-function M.intent(pod)
+local function intent_of(pod)
     local spec = k8s.pod_spec(pod)
     if not spec then
         return {}
     end
-    -- The regular containers, walked once and then read as a list.
+    -- The regular containers (spec.containers without nulls, as k8s.containers(spec, REGULAR)
+    -- yields them, without its option checks), walked once and then read as a list.
     local regular, is_regular = {}, {}
-    for c in k8s.containers(spec, REGULAR) do
-        regular[#regular + 1] = c
-        is_regular[c.name] = true
+    local list = spec.containers
+    if type(list) == "table" then
+        local i, c = 1, list[1]
+        while c ~= nil do
+            if type(c) == "table" then
+                regular[#regular + 1] = c
+                is_regular[c.name] = true
+            end
+            i = i + 1
+            c = list[i]
+        end
     end
     -- A per-container annotation must name a regular container (a typo would drop the request).
     local meta = k8s.pod_meta(pod)
@@ -287,6 +325,20 @@ function M.intent(pod)
     return out
 end
 
+--- The GPU intent of a pod (intent_of).  When it shows the pod asks for a GPU, that settles
+--- wants_gpu for the request: 10-gpu-sharing edits the pod only after asking, and whatever it
+--- writes keeps the pod asking for a GPU.
+function M.intent(pod)
+    local out, msg = intent_of(pod)
+    if out == nil or #out > 0 then
+        local m = memo_of(pod)
+        if m.wants_gpu == nil then
+            m.wants_gpu = true
+        end
+    end
+    return out, msg
+end
+
 --- True when the pod asks for a GPU in any way gpuguard or a device plugin understands (a
 --- malformed request counts as asking).
 function M.wants_gpu(pod)
@@ -303,8 +355,8 @@ function M.compute_wants_gpu(pod)
     if not spec then
         return false
     end
-    local intent = M.intent(pod)
-    if intent == nil or #intent > 0 then
+    local wanted = intent_of(pod)
+    if wanted == nil or #wanted > 0 then
         return true
     end
     for c in k8s.containers(spec) do

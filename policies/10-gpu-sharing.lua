@@ -39,6 +39,8 @@ local DECISION = "gpuguard.io/decision"
 local POOL = "gpuguard.io/pool"
 local CHARGE = "gpuguard.io/charge"
 local MIB_MILLI = 1024 * 1024 * 1000
+local OWN = { DECISION, POOL, CHARGE } -- the annotations this policy owns
+local NONE = {}
 
 local function ceil_div(a, b)
     return (a + b - 1) // b
@@ -242,7 +244,7 @@ local function decide(req, pod, cfg)
         end
         total = total + got.charge
         parts[#parts + 1] = e.container.name .. " gets " .. got.detail
-        for k, v in pairs(got.selector or {}) do
+        for k, v in pairs(got.selector or NONE) do
             selector[k] = v
         end
     end
@@ -278,7 +280,7 @@ removed, so nobody can set a charge of their own and slip past the quota.
 ]]
 local function rewrite(req, pod, cfg)
     if not decide(req, pod, cfg) then
-        for _, key in ipairs({ DECISION, POOL, CHARGE }) do
+        for _, key in ipairs(OWN) do
             k8s.remove_annotation(pod, key)
         end
     end

@@ -22,7 +22,6 @@ local workload = require "workload"
 
 local POOL = "gpuguard.io/pool"
 local CHECKPOINTABLE = "gpuguard.io/checkpointable"
-local DEFAULT_EXEMPT = { "gpu-operator", "nvidia-device-plugin", "kube-system" }
 
 local function toleration_for(taint)
     local t = { key = taint.key, effect = taint.effect }
@@ -32,19 +31,6 @@ local function toleration_for(taint)
         t.operator = "Exists"
     end
     return t
-end
-
-local function exempt(req, pod, cfg)
-    if k8s.owner_kind(pod) == "DaemonSet" then
-        return true
-    end
-    local list = cfg.placement and cfg.placement.exempt_namespaces or DEFAULT_EXEMPT
-    for _, ns in ipairs(list) do
-        if ns == req.namespace then
-            return true
-        end
-    end
-    return false
 end
 
 -- Does toleration tol tolerate taint?  (The scheduler's rule.)
@@ -141,7 +127,7 @@ end
 
 local function check(req, pod, cfg)
     local spec = k8s.pod_spec(pod)
-    if not spec or workload.wants_gpu(pod) or exempt(req, pod, cfg) then
+    if not spec or workload.wants_gpu(pod) or workload.exempt(pod, req.namespace, cfg) then
         return
     end
     local why, fix, short = gpu_ties(spec, cfg)

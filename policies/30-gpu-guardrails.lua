@@ -26,26 +26,12 @@ local gpu = require "gpu"
 local fleet = require "fleet"
 local workload = require "workload"
 
-local DEFAULT_EXEMPT = { "gpu-operator", "nvidia-device-plugin", "kube-system" }
 local GPU_ENV = { "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES" }
 local SECTIONS = { "requests", "limits" }
 local NONE = {}
 
-local function exempt(req, pod, cfg)
-    if k8s.owner_kind(pod) == "DaemonSet" then
-        return true
-    end
-    local list = cfg.placement and cfg.placement.exempt_namespaces or DEFAULT_EXEMPT
-    for _, ns in ipairs(list) do
-        if ns == req.namespace then
-            return true
-        end
-    end
-    return false
-end
-
--- Is the pod on a shared GPU (anything but whole exclusive GPUs)?
-local function on_shared_gpu(pod, spec)
+-- Is the pod, with these containers, on a shared GPU (anything but whole exclusive GPUs)?
+local function on_shared_gpu(pod, containers)
     local decision = k8s.annotation(pod, "gpuguard.io/decision")
     if decision and not decision:match("^exclusive ") then
         return true
@@ -53,9 +39,9 @@ local function on_shared_gpu(pod, spec)
     if k8s.annotation(pod, "gpu-fraction") or k8s.annotation(pod, "gpu-memory") then
         return true
     end
-    for c in k8s.containers(spec) do
-        local ok, got = pcall(gpu.requested, c)
-        for _, r in ipairs(ok and got or {}) do
+    for i = 1, #containers do
+        local ok, got = pcall(gpu.requested, containers[i])
+        for _, r in ipairs(ok and got or NONE) do
             if r.kind ~= "whole" then
                 return true
             end
@@ -86,11 +72,37 @@ local function host_path_rules(req, spec)
     end
 end
 
-local function privileged_rules(req, pod, spec)
-    if not on_shared_gpu(pod, spec) then
+-- False when host_path_rules would neither deny nor raise (on a malformed volume) for spec;
+-- never raises itself.  A GPU pod needs exempt (which reads ownerReferences) only otherwise.
+local function host_path_matters(spec)
+    local volumes = spec.volumes
+    if not volumes then
+        return false
+    elseif type(volumes) ~= "table" then
+        return true
+    end
+    local i, v = 1, volumes[1]
+    while v ~= nil do
+        if type(v) ~= "table" then
+            return true
+        end
+        local host = v.hostPath
+        if host and (type(host) ~= "table"
+            or type(host.path) == "string" and host.path:match("^/dev/nvidia")) then
+            return true
+        end
+        i = i + 1
+        v = volumes[i]
+    end
+    return false
+end
+
+local function privileged_rules(req, pod, containers)
+    if not on_shared_gpu(pod, containers) then
         return
     end
-    for c in k8s.containers(spec) do
+    for i = 1, #containers do
+        local c = containers[i]
         if c.securityContext and c.securityContext.privileged == true then
             req:deny(string.format("container %s is privileged on a shared GPU and would see every GPU of the node; drop privileged or use exclusive GPUs",
                 c.name))
@@ -98,11 +110,12 @@ local function privileged_rules(req, pod, spec)
     end
 end
 
-local function equal_requests_rules(req, spec)
-    for c in k8s.containers(spec) do
+local function equal_requests_rules(req, containers)
+    for i = 1, #containers do
+        local c = containers[i]
         local names -- made only for a container with NVIDIA resources, as most have none
-        for _, section in ipairs(SECTIONS) do
-            for name in pairs(c.resources and c.resources[section] or NONE) do
+        for j = 1, #SECTIONS do
+            for name in pairs(c.resources and c.resources[SECTIONS[j]] or NONE) do
                 if name:match("^nvidia%.com/") then
                     names = names or {}
                     names[name] = true
@@ -154,18 +167,20 @@ local function validate(req, pod, cfg)
     if not spec then
         return
     end
-    local wants = workload.wants_gpu(pod)
-    if not exempt(req, pod, cfg) then
-        if not wants then
+    if not workload.wants_gpu(pod) then
+        if not workload.exempt(pod, req.namespace, cfg) then
             no_gpu_rules(req, pod, spec)
+            host_path_rules(req, spec)
         end
-        host_path_rules(req, spec)
-    end
-    if not wants then
         return
     end
-    privileged_rules(req, pod, spec)
-    equal_requests_rules(req, spec)
+    if host_path_matters(spec) and not workload.exempt(pod, req.namespace, cfg) then
+        host_path_rules(req, spec)
+    end
+    -- The containers walked once, for rules that each go through all of them in turn.
+    local containers = k8s.all_containers(spec)
+    privileged_rules(req, pod, containers)
+    equal_requests_rules(req, containers)
     label_rules(req, pod, cfg)
     runtime_rules(req, pod, spec, cfg)
 end
