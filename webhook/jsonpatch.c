@@ -442,7 +442,7 @@ static enum gg_status emit(struct differ *d, const char *op, const json_t *value
     o = json_object();
     bad = !o || json_object_set_new(o, "op", json_string(op)) ||
           json_object_set_new(o, "path", json_stringn(d->path.data, d->path.len)) ||
-          (value && json_object_set_new(o, "value", json_deep_copy(value)));
+          (value && json_object_set_new(o, "value", json_incref((json_t *)value)));
     if (bad) {
         json_decref(o);
         return gg_fail(d->err, GG_ERR_NOMEM, "diff: out of memory (or a key is not UTF-8)");

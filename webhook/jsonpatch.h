@@ -78,6 +78,9 @@ enum gg_status jp_pointer_get(const json_t *doc, const char *pointer, json_t **v
  * equal prefix, truncated with removes from the highest index down when it
  * is an equal prefix, and otherwise replaced whole.  Keys containing a NUL
  * byte are GG_ERR_INVALID.
+ *
+ * The ops' values are edited's own (new references, not copies): change
+ * neither while the other is in use.  (jp_apply copies what it inserts.)
  */
 enum gg_status jp_diff(const json_t *original, const json_t *edited, json_t **patch,
                        struct gg_err *err);
