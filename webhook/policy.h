@@ -81,7 +81,7 @@ enum policy_phases {
 
 /* Where the time of one evaluation went, in nanoseconds. */
 struct policy_timing {
-    int64_t to_lua;   /* request and object into Lua */
+    int64_t to_lua;   /* the request into Lua (the object is filled in lazily) */
     int64_t mutate;   /* mutate functions */
     int64_t diff;     /* edited object back to JSON and the patch */
     int64_t validate; /* validate functions */

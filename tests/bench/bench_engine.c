@@ -6,6 +6,9 @@
  *
  * Prints microseconds per review for decode, JSON->Lua, mutate, diff,
  * validate and encode, and their total (one thread, one VM, warm).
+ * JSON->Lua is the request's set-up only: the object is converted lazily,
+ * table by table as policies read it, so that cost is part of mutate and
+ * validate (see "The object in Lua" in policies/README.md).
  */
 #include "admission.h"
 #include "arena.h"
