@@ -222,7 +222,9 @@ end
 
 --- The pool named name, or nil.
 function M.pool(cfg, name)
-    for _, p in ipairs(M.pools(cfg)) do
+    local pools = M.pools(cfg)
+    for i = 1, #pools do -- not ipairs: a C call per pool (here and below)
+        local p = pools[i]
         if p.name == name then
             return p
         end
@@ -230,23 +232,34 @@ function M.pool(cfg, name)
     return nil
 end
 
---- The sharing modes a class may use, preferred first: an unknown class gets the default
---- class's modes, and every mode only when the configuration has no classes.
-function M.class_modes(cfg, class)
+-- class_modes without the copy: the configuration's own list, for callers that only read it.
+local function modes_of(cfg, class)
     local c = cfg.classes and (cfg.classes[class] or cfg.classes[cfg.default_class])
     if c then
-        local modes = {}
-        for _, m in ipairs(c.sharing) do
-            modes[#modes + 1] = m
-        end
-        return modes
+        return c.sharing
     end
     return M.MODES
 end
 
+--- The sharing modes a class may use, preferred first: an unknown class gets the default
+--- class's modes, and every mode only when the configuration has no classes.
+function M.class_modes(cfg, class)
+    local modes = modes_of(cfg, class)
+    if modes == M.MODES then
+        return modes
+    end
+    local out = {}
+    for i, m in ipairs(modes) do
+        out[i] = m
+    end
+    return out
+end
+
 --- The first pool of the given sharing mode, or nil.
 function M.pool_for_mode(cfg, mode)
-    for _, p in ipairs(M.pools(cfg)) do
+    local pools = M.pools(cfg)
+    for i = 1, #pools do
+        local p = pools[i]
         if p.sharing == mode then
             return p
         end
@@ -260,7 +273,7 @@ the class's first mode the fleet has a pool for.  Returns pool, mode; or nil and
 says what to change.
 ]]
 function M.choose(cfg, class, asked)
-    local modes = M.class_modes(cfg, class)
+    local modes = modes_of(cfg, class)
     if asked ~= nil then
         local allowed = false
         for _, m in ipairs(modes) do
@@ -288,7 +301,8 @@ function M.choose(cfg, class, asked)
         end
         return pool, asked
     end
-    for _, m in ipairs(modes) do
+    for i = 1, #modes do
+        local m = modes[i]
         local pool = M.pool_for_mode(cfg, m)
         if pool then
             return pool, m

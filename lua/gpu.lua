@@ -343,12 +343,16 @@ local function copy_list(l)
     return out
 end
 
+-- Field by field (every field make_profile and cfg_profile set): a constructor sizes the table
+-- once, where a pairs loop calls next per field and grows the table four times.
 local function copy_profile(p)
-    local out = {}
-    for k, v in pairs(p) do
-        out[k] = v
-    end
-    return out
+    return {
+        name = p.name, slices = p.slices, memory_mib = p.memory_mib,
+        memory_milli = p.memory_milli, max = p.max, me = p.me, suffix = p.suffix,
+        resource = p.resource, charge_milli = p.charge_milli, memory_slices = p.memory_slices,
+        driver = p.driver, usable_gib = p.usable_gib, usable_mib = p.usable_mib,
+        usable_milli = p.usable_milli,
+    }
 end
 
 local function copy_model(m)
@@ -854,11 +858,13 @@ function M.pick_profile(model, want)
     local need = frac and (frac * m.slices + 999) // 1000 or 0
     local usable, allow_me = want.usable, want.allow_me
     local profiles, best = m.profiles, nil
-    for i = 1, #profiles do -- memory_of written out: this loop runs on every MIG pod
+    -- memory_of and profile_order's first test written out: this loop runs on every MIG pod.
+    for i = 1, #profiles do
         local p = profiles[i]
         if (p.suffix == "" or (allow_me and p.me))
             and (mem == nil or (usable and p.usable_milli or p.memory_milli) >= mem)
-            and p.slices >= need and (best == nil or profile_order(p, best)) then
+            and p.slices >= need and (best == nil or p.slices < best.slices
+                or (p.slices == best.slices and profile_order(p, best))) then
             best = p
         end
     end

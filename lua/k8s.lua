@@ -113,7 +113,9 @@ end
 -- (named only then: cname formats a string).
 local function child(lvl, fname, parent, key, shape, where, c)
     local v = parent[key]
-    if v == nil or v == null then
+    if getmetatable(v) == shape then
+        return v -- a JSON table of that shape, the common case: one C call instead of two
+    elseif v == nil or v == null then
         v = shape == "array" and gg.array() or gg.object()
         parent[key] = v
     elseif type(v) ~= "table" or (shape == "object" and gg.is_array(v))
@@ -141,16 +143,14 @@ local function remove_from(parent, field, key)
     return old
 end
 
-local function check_table(lvl, fname, name, v)
-    if type(v) ~= "table" then
-        fail(lvl + 1, fname, "%s must be a table, got %s", name, what(v))
-    end
+-- Argument errors.  Callers test the argument themselves and call these only when it is wrong:
+-- writers run on every GPU pod, and a Lua call per check is most of a check's cost.
+local function not_table(lvl, fname, name, v)
+    fail(lvl + 1, fname, "%s must be a table, got %s", name, what(v))
 end
 
-local function check_string(lvl, fname, name, v)
-    if type(v) ~= "string" or v == "" then
-        fail(lvl + 1, fname, "%s must be a non-empty string, got %s", name, what(v))
-    end
+local function not_string(lvl, fname, name, v)
+    fail(lvl + 1, fname, "%s must be a non-empty string, got %s", name, what(v))
 end
 
 -- Pods and pod templates ----------------------------------------------------------------------
@@ -219,7 +219,10 @@ end
 --- The PodSpec of a Pod, Deployment, ReplicaSet, StatefulSet, DaemonSet, ReplicationController,
 --- Job, CronJob or PodTemplate; nil for other kinds or when it is missing.
 function M.pod_spec(obj)
-    local tpl = single_template(obj) -- nil or a table
+    local tpl = obj -- a v1 Pod tested here as in single_template: policies ask for it often
+    if type(obj) ~= "table" or obj.kind ~= "Pod" or obj.apiVersion ~= "v1" then
+        tpl = single_template(obj) -- nil or a table
+    end
     local spec = tpl and tpl.spec
     return type(spec) == "table" and spec or nil
 end
@@ -567,11 +570,15 @@ end
 --- already there ("1000m" for "1") is left as it is.  Returns true when the container changed.
 function M.set_resource(container, section, name, value)
     local f = "set_resource"
-    check_table(2, f, "container", container)
+    if type(container) ~= "table" then
+        not_table(2, f, "container", container)
+    end
     if not SECTIONS[section] then
         bad_section(2, f, section)
     end
-    check_string(2, f, "resource name", name)
+    if type(name) ~= "string" or name == "" then
+        not_string(2, f, "resource name", name)
+    end
     if math.type(value) == "integer" then
         value = tostring(value)
     elseif type(value) ~= "string" then
@@ -652,8 +659,12 @@ local function meta_get(t, field, key)
 end
 
 local function meta_set(lvl, fname, t, field, key, value)
-    check_table(lvl + 1, fname, "object or metadata", t)
-    check_string(lvl + 1, fname, "key", key)
+    if type(t) ~= "table" then
+        not_table(lvl + 1, fname, "object or metadata", t)
+    end
+    if type(key) ~= "string" or key == "" then
+        not_string(lvl + 1, fname, "key", key)
+    end
     if type(value) ~= "string" then
         fail(lvl + 1, fname, "value of %s %q must be a string, got %s", field:sub(1, -2), key,
              what(value))
@@ -746,10 +757,10 @@ end
 -- True when toleration have, as written in a spec, tolerates every taint that want (normalised)
 -- tolerates.  have is read field by field as norm would fill it in, without a table for it.
 local function covers(have, want)
-    local effect, key = str(have.effect), str(have.key)
-    if effect ~= "" and effect ~= want.effect then
+    local effect, key = have.effect, have.key -- str(...) ~= "" written out for these two
+    if effect ~= nil and effect ~= null and effect ~= "" and effect ~= want.effect then
         return false
-    elseif key ~= "" and key ~= want.key then
+    elseif key ~= nil and key ~= null and key ~= "" and key ~= want.key then
         return false
     elseif have.operator ~= "Exists"
         and (want.operator ~= "Equal" or str(have.value) ~= want.value) then
@@ -787,10 +798,14 @@ local function check_toleration(lvl, fname, tol)
 end
 
 local function tolerated(spec, want)
-    for _, have in ipairs(list_of(get(spec, "tolerations"))) do
+    local list = list_of(get(spec, "tolerations"))
+    local i, have = 1, list[1]
+    while have ~= nil do -- ipairs without a C call per entry
         if type(have) == "table" and covers(have, want) then
             return true
         end
+        i = i + 1
+        have = list[i]
     end
     return false
 end
@@ -807,7 +822,9 @@ end
 --- has_toleration(spec, tol).  Returns true when it was added.
 function M.add_toleration(spec, tol)
     local t = check_toleration(2, "add_toleration", tol)
-    check_table(2, "add_toleration", "spec", spec)
+    if type(spec) ~= "table" then
+        not_table(2, "add_toleration", "spec", spec)
+    end
     if tolerated(spec, t) then
         return false
     end
@@ -835,8 +852,12 @@ end
 --- missing.  Returns true when it changed.
 function M.set_node_selector(spec, key, value)
     local f = "set_node_selector"
-    check_table(2, f, "spec", spec)
-    check_string(2, f, "key", key)
+    if type(spec) ~= "table" then
+        not_table(2, f, "spec", spec)
+    end
+    if type(key) ~= "string" or key == "" then
+        not_string(2, f, "key", key)
+    end
     if type(value) ~= "string" then
         fail(2, f, "value of node selector %q must be a string, got %s", key, what(value))
     end
@@ -882,8 +903,12 @@ end
 --- env (created as an array when missing).  Returns true when the container changed.
 function M.set_env(container, name, value)
     local f = "set_env"
-    check_table(2, f, "container", container)
-    check_string(2, f, "name", name)
+    if type(container) ~= "table" then
+        not_table(2, f, "container", container)
+    end
+    if type(name) ~= "string" or name == "" then
+        not_string(2, f, "name", name)
+    end
     if type(value) ~= "string" then
         fail(2, f, "%s: value of %s must be a string, got %s", cname(container), name,
              what(value))

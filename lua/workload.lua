@@ -34,12 +34,10 @@ local GPU = "nvidia.com/gpu"
 -- whether it is exempt), kept per pod table for the request; weak keys let them go with the pod.
 local memo = setmetatable({}, { __mode = "k" })
 
+-- Callers write "memo[pod] or memo_of(pod)": a call only for the first answer of a request.
 local function memo_of(pod)
-    local m = memo[pod]
-    if not m then
-        m = {}
-        memo[pod] = m
-    end
+    local m = {}
+    memo[pod] = m
     return m
 end
 
@@ -84,7 +82,7 @@ leaderworkerset.x-k8s.io, batch.volcano.sh) -> training; owned by a batch/v1 Job
 batch; notebook hints -> interactive; else cfg.default_class (or "batch").  Returns class, reason.
 ]]
 function M.class(pod, cfg)
-    local m = memo_of(pod)
+    local m = memo[pod] or memo_of(pod)
     if m.class == nil then
         m.class, m.class_reason = M.compute_class(pod, cfg)
     end
@@ -124,7 +122,7 @@ local DEFAULT_EXEMPT = { "gpu-operator", "nvidia-device-plugin", "kube-system" }
 --- DaemonSet's pod, or one in placement.exempt_namespaces (default gpu-operator,
 --- nvidia-device-plugin, kube-system).  namespace is the request's (req.namespace).
 function M.exempt(pod, namespace, cfg)
-    local m = memo_of(pod)
+    local m = memo[pod] or memo_of(pod)
     if m.exempt == nil then
         m.exempt = M.compute_exempt(pod, namespace, cfg)
     end
@@ -233,10 +231,13 @@ local function intent_of(pod)
     local annotations = meta and meta.annotations
     local stray, per_container = nil, false
     for key in pairs(type(annotations) == "table" and annotations or NONE) do
-        -- The prefix test first: most pods carry many annotations and none of ours.
-        local target = type(key) == "string" and key:sub(1, 16) == "gpuguard.io/gpu-" and
-            (key:match("^gpuguard%.io/gpu%-fraction%.(.+)$") or key:match("^gpuguard%.io/gpu%-memory%.(.+)$"))
-        if target then
+        -- The prefix test first: most pods carry many annotations and none of ours; then one
+        -- pattern from after the prefix for "fraction.<container>" and "memory.<container>".
+        local word, target
+        if type(key) == "string" and key:sub(1, 16) == "gpuguard.io/gpu-" then
+            word, target = key:match("^(%a+)%.(.+)$", 17)
+        end
+        if word == "fraction" or word == "memory" then
             per_container = true
             if not is_regular[target] then
                 stray = stray or {}
@@ -331,7 +332,7 @@ end
 function M.intent(pod)
     local out, msg = intent_of(pod)
     if out == nil or #out > 0 then
-        local m = memo_of(pod)
+        local m = memo[pod] or memo_of(pod)
         if m.wants_gpu == nil then
             m.wants_gpu = true
         end
@@ -342,7 +343,7 @@ end
 --- True when the pod asks for a GPU in any way gpuguard or a device plugin understands (a
 --- malformed request counts as asking).
 function M.wants_gpu(pod)
-    local m = memo_of(pod)
+    local m = memo[pod] or memo_of(pod)
     if m.wants_gpu == nil then
         m.wants_gpu = M.compute_wants_gpu(pod)
     end

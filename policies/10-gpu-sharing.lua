@@ -127,10 +127,10 @@ function backends.mig(e, pool, model)
         set_gpu(c, "nvidia.com/gpu", "1")
     else
         drop_gpu(c, "nvidia.com/gpu")
-        set_gpu(c, gpu.mig_resource(profile), "1")
+        set_gpu(c, profile.resource, "1") -- gpu.mig_resource(profile), already in the profile
     end
     return {
-        charge = gpu.charge_milli(model, profile.name),
+        charge = profile.charge_milli, -- gpu.charge_milli(model, profile.name), without the lookup
         detail = profile.name .. ", " .. why,
         selector = pool.mig_strategy == "single"
             and { ["nvidia.com/gpu.product"] = gpu.mig_product_label(model, profile.name, pool.product) } or nil,
@@ -215,7 +215,8 @@ local function decide(req, pod, cfg)
     end
     local class, why = workload.class(pod, cfg)
     local fractional = false
-    for _, e in ipairs(intent) do
+    for i = 1, #intent do -- numeric loops over intent: ipairs costs a C call per entry
+        local e = intent[i]
         fractional = fractional or e.fraction_milli ~= nil or e.memory_milli ~= nil
     end
     local asked = workload.asked_sharing(pod)
@@ -236,7 +237,8 @@ local function decide(req, pod, cfg)
     end
     local model = fleet.model(cfg, pool)
     local total, parts, notes, selector = 0, {}, {}, {}
-    for _, e in ipairs(intent) do
+    for i = 1, #intent do
+        local e = intent[i]
         local got, err = backends[mode](e, pool, model, cfg, notes, pod)
         if not got then
             req:deny(string.format("container %s: %s", e.container.name, err))
@@ -260,7 +262,8 @@ local function decide(req, pod, cfg)
     if mode ~= "exclusive" then
         -- A whole GPU turned into a share no longer shows as nvidia.com/gpu: write the request
         -- down as a full share, so the API server's second call decides the same again.
-        for _, e in ipairs(intent) do
+        for i = 1, #intent do
+            local e = intent[i]
             if e.whole and not e.fraction_milli and not e.memory_milli then
                 k8s.set_annotation(pod, workload.FRACTION .. "." .. e.container.name, "1")
             end

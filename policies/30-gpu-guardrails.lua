@@ -33,7 +33,7 @@ local NONE = {}
 -- Is the pod, with these containers, on a shared GPU (anything but whole exclusive GPUs)?
 local function on_shared_gpu(pod, containers)
     local decision = k8s.annotation(pod, "gpuguard.io/decision")
-    if decision and not decision:match("^exclusive ") then
+    if decision and decision:sub(1, 10) ~= "exclusive " then
         return true
     end
     if k8s.annotation(pod, "gpu-fraction") or k8s.annotation(pod, "gpu-memory") then
@@ -116,7 +116,7 @@ local function equal_requests_rules(req, containers)
         local names -- made only for a container with NVIDIA resources, as most have none
         for j = 1, #SECTIONS do
             for name in pairs(c.resources and c.resources[SECTIONS[j]] or NONE) do
-                if name:match("^nvidia%.com/") then
+                if name:sub(1, 11) == "nvidia.com/" then -- no pattern: most names are not
                     names = names or {}
                     names[name] = true
                 end
@@ -137,7 +137,8 @@ end
 
 local function label_rules(req, pod, cfg)
     local required = cfg.guardrails and cfg.guardrails.required_labels or {}
-    for _, key in ipairs(required) do
+    for i = 1, #required do -- not ipairs: a C call per label
+        local key = required[i]
         if not k8s.label(pod, key) then
             req:deny(string.format("GPU pods need the label %s for cost attribution; add metadata.labels.%s", key, key))
         end
