@@ -223,11 +223,14 @@ end
 --- The pool named name, or nil.
 function M.pool(cfg, name)
     local pools = M.pools(cfg)
-    for i = 1, #pools do -- not ipairs: a C call per pool (here and below)
-        local p = pools[i]
+    -- Not # nor ipairs, here and below: on the configuration's read-only lists each is a C call.
+    local i, p = 1, pools[1]
+    while p ~= nil do
         if p.name == name then
             return p
         end
+        i = i + 1
+        p = pools[i]
     end
     return nil
 end
@@ -258,11 +261,13 @@ end
 --- The first pool of the given sharing mode, or nil.
 function M.pool_for_mode(cfg, mode)
     local pools = M.pools(cfg)
-    for i = 1, #pools do
-        local p = pools[i]
+    local i, p = 1, pools[1]
+    while p ~= nil do
         if p.sharing == mode then
             return p
         end
+        i = i + 1
+        p = pools[i]
     end
     return nil
 end
@@ -301,12 +306,14 @@ function M.choose(cfg, class, asked)
         end
         return pool, asked
     end
-    for i = 1, #modes do
-        local m = modes[i]
+    local i, m = 1, modes[1]
+    while m ~= nil do
         local pool = M.pool_for_mode(cfg, m)
         if pool then
             return pool, m
         end
+        i = i + 1
+        m = modes[i]
     end
     return nil, string.format("no GPU pool offers the sharing modes of class %s (%s)", class, table.concat(modes, ", "))
 end

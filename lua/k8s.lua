@@ -126,9 +126,10 @@ local function child(lvl, fname, parent, key, shape, where, c)
     return v
 end
 
--- Remove parent[field][key]; drop parent[field] when that leaves it empty.  Returns the value.
+-- Remove parent[field][key] (parent a table); drop parent[field] when that leaves it empty.
+-- Returns the value.
 local function remove_from(parent, field, key)
-    local map = get(parent, field)
+    local map = parent[field]
     if type(map) ~= "table" or map[key] == nil then
         return nil
     end
@@ -402,9 +403,7 @@ local function iterate(spec, want)
         while true do
             i = i + 1
             local c = list[i]
-            if type(c) == "table" then
-                return c, KINDS[li], i
-            elseif c == nil then -- on to the next list wanted and present
+            if c == nil then -- on to the next list wanted and present
                 repeat
                     li = li + 1
                     if li > 3 then
@@ -412,8 +411,10 @@ local function iterate(spec, want)
                         return nil
                     end
                     list = want[li] and spec[FIELDS[li]]
-                until type(list) == "table"
+                until list and type(list) == "table" -- no type() call for a missing list
                 i = 0
+            elseif type(c) == "table" then
+                return c, KINDS[li], i
             end -- else a null: skipped
         end
     end
@@ -579,11 +580,12 @@ function M.set_resource(container, section, name, value)
     if type(name) ~= "string" or name == "" then
         not_string(2, f, "resource name", name)
     end
-    if math.type(value) == "integer" then
+    if type(value) ~= "string" then -- tested first: a string, the common case, is one C call
+        if math.type(value) ~= "integer" then
+            fail(2, f, "%s: %s[%q] must be a quantity string such as \"1\" or \"500m\", got %s",
+                 cname(container), section, name, what(value))
+        end
         value = tostring(value)
-    elseif type(value) ~= "string" then
-        fail(2, f, "%s: %s[%q] must be a quantity string such as \"1\" or \"500m\", got %s",
-             cname(container), section, name, what(value))
     end
     local milli, err = gg.quantity(value)
     if not milli then
@@ -606,7 +608,8 @@ function M.remove_resource(container, section, name)
     if not SECTIONS[section] then
         bad_section(2, "remove_resource", section)
     end
-    local res = get(container, "resources")
+    -- get(container, "resources") written out: drop_gpu runs this on every MIG pod
+    local res = type(container) == "table" and container.resources or nil
     if type(res) ~= "table" then
         return nil
     end

@@ -189,6 +189,18 @@ local function pod_level_target(regular, limits, requests)
     return with_gpu or regular[1]
 end
 
+-- k8s.annotation(pod, key), read from annotations (those of meta, the pod template's metadata,
+-- as a table) when that template is the object itself, a Pod: no second walk to them.
+local function annotation(pod, meta, annotations, key)
+    if meta ~= pod.metadata then
+        return k8s.annotation(pod, key) -- a controller: its own annotations, not the template's
+    end
+    local v = annotations[key]
+    if v ~= gg.null then
+        return v
+    end
+end
+
 -- The intent entry of container c, added to out when new.
 local function entry(out, by_name, c)
     local e = by_name[c.name]
@@ -229,8 +241,11 @@ local function intent_of(pod)
     -- A per-container annotation must name a regular container (a typo would drop the request).
     local meta = k8s.pod_meta(pod)
     local annotations = meta and meta.annotations
+    if type(annotations) ~= "table" then
+        annotations = NONE
+    end
     local stray, per_container = nil, false
-    for key in pairs(type(annotations) == "table" and annotations or NONE) do
+    for key in pairs(annotations) do
         -- The prefix test first: most pods carry many annotations and none of ours; then one
         -- pattern from after the prefix for "fraction.<container>" and "memory.<container>".
         local word, target
@@ -254,10 +269,11 @@ local function intent_of(pod)
         return nil, string.format("annotation %s names no container of the pod; use one of %s", stray[1],
             table.concat(names, ", "))
     end
-    local out, by_name, limits, requests = {}, {}, {}, {}
-    local pod_fraction = k8s.annotation(pod, M.FRACTION)
-    local pod_memory = k8s.annotation(pod, M.MEMORY)
+    local out, by_name, limits, requests = {}, {}, NONE, NONE
+    local pod_fraction = annotation(pod, meta, annotations, M.FRACTION)
+    local pod_memory = annotation(pod, meta, annotations, M.MEMORY)
     if pod_fraction or pod_memory then
+        limits, requests = {}, {} -- filled here for the loop below, which reads the rest
         local target = pod_level_target(regular, limits, requests)
         if not target then
             return nil, string.format("several containers ask for nvidia.com/gpu; use %s.<container> or %s.<container>",
@@ -283,7 +299,7 @@ local function intent_of(pod)
         local fkey, mkey, f, m
         if per_container then
             fkey, mkey = M.FRACTION .. "." .. c.name, M.MEMORY .. "." .. c.name
-            f, m = k8s.annotation(pod, fkey), k8s.annotation(pod, mkey)
+            f, m = annotation(pod, meta, annotations, fkey), annotation(pod, meta, annotations, mkey)
         end
         local msg
         if f then

@@ -40,7 +40,6 @@ local POOL = "gpuguard.io/pool"
 local CHARGE = "gpuguard.io/charge"
 local MIB_MILLI = 1024 * 1024 * 1000
 local OWN = { DECISION, POOL, CHARGE } -- the annotations this policy owns
-local NONE = {}
 
 local function ceil_div(a, b)
     return (a + b - 1) // b
@@ -92,26 +91,24 @@ function backends.mig(e, pool, model)
     if e.whole and e.whole > 1 and not e.fraction_milli and not e.memory_milli then
         return nil, "a MIG slice is at most one GPU; ask for a fraction or an amount of GPU memory, or use a training class for several GPUs"
     end
-    local want = { memory_milli = e.memory_milli, fraction_milli = e.fraction_milli }
-    if not want.memory_milli and not want.fraction_milli then
-        want.fraction_milli = 1000
+    -- e itself when it asks for memory or compute: pick_profile reads no other field of it.
+    local want = e
+    if not e.memory_milli and not e.fraction_milli then
+        want = { fraction_milli = 1000 }
     end
     local profile, msg = gpu.pick_profile(model, want)
     if not profile then
         return nil, msg .. "; ask for less or use another class"
     end
     local c = e.container
-    local asked = {}
-    if e.memory_milli then
-        asked[#asked + 1] = gpu.format_memory(e.memory_milli)
+    -- What it asked for in words, memory and compute joined by " and " (no table to concat).
+    local asked = e.memory_milli and gpu.format_memory(e.memory_milli)
+    local compute = e.fraction_milli == 1000 and "a whole GPU"
+        or e.fraction_milli and quota.format_gpus(e.fraction_milli) .. " of the compute"
+    if compute then
+        asked = asked and asked .. " and " .. compute or compute
     end
-    if e.fraction_milli == 1000 then
-        asked[#asked + 1] = "a whole GPU"
-    elseif e.fraction_milli then
-        asked[#asked + 1] = quota.format_gpus(e.fraction_milli) .. " of the compute"
-    end
-    local why = string.format("the smallest %s profile with %s", model.name,
-        #asked > 0 and table.concat(asked, " and ") or "a whole GPU")
+    local why = string.format("the smallest %s profile with %s", model.name, asked or "a whole GPU")
     if pool.mig_strategy == "single" then
         local slot = gpu.profile(model, pool.mig_profile)
         if profile.slices > slot.slices or profile.memory_milli > slot.memory_milli then
@@ -202,7 +199,7 @@ function backends.kai(e, pool, model, _, _, pod)
 end
 
 local function decide(req, pod, cfg)
-    if #fleet.pools(cfg) == 0 then
+    if fleet.pools(cfg)[1] == nil then -- not #: a C call on the configuration's list
         return
     end
     local intent, msg = workload.intent(pod)
@@ -236,7 +233,7 @@ local function decide(req, pod, cfg)
         end
     end
     local model = fleet.model(cfg, pool)
-    local total, parts, notes, selector = 0, {}, {}, {}
+    local total, parts, notes, selector = 0, {}, {}, nil -- selector made when a backend gives one
     for i = 1, #intent do
         local e = intent[i]
         local got, err = backends[mode](e, pool, model, cfg, notes, pod)
@@ -246,16 +243,21 @@ local function decide(req, pod, cfg)
         end
         total = total + got.charge
         parts[#parts + 1] = e.container.name .. " gets " .. got.detail
-        for k, v in pairs(got.selector or NONE) do
-            selector[k] = v
+        if got.selector then
+            selector = selector or {}
+            for k, v in pairs(got.selector) do
+                selector[k] = v
+            end
         end
     end
-    local spec = k8s.pod_spec(pod)
-    for k, v in pairs(selector) do
-        k8s.set_node_selector(spec, k, v)
+    if selector then -- not for mixed MIG, exclusive, HAMi or KAI
+        local spec = k8s.pod_spec(pod)
+        for k, v in pairs(selector) do
+            k8s.set_node_selector(spec, k, v)
+        end
     end
-    for _, n in ipairs(notes) do
-        req:warn(n)
+    for i = 1, #notes do
+        req:warn(notes[i])
     end
     local decision = string.format("%s on pool %s for class %s (%s): %s", mode, pool.name, class, why,
         table.concat(parts, "; "))

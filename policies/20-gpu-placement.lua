@@ -23,12 +23,19 @@ local workload = require "workload"
 local POOL = "gpuguard.io/pool"
 local CHECKPOINTABLE = "gpuguard.io/checkpointable"
 
+-- The toleration of each configured taint, made once per VM: add_toleration only reads it.
+local tolerations = setmetatable({}, { __mode = "k" })
+
 local function toleration_for(taint)
-    local t = { key = taint.key, effect = taint.effect }
-    if taint.value ~= nil then
-        t.operator, t.value = "Equal", taint.value
-    else
-        t.operator = "Exists"
+    local t = tolerations[taint]
+    if not t then
+        t = { key = taint.key, effect = taint.effect }
+        if taint.value ~= nil then
+            t.operator, t.value = "Equal", taint.value
+        else
+            t.operator = "Exists"
+        end
+        tolerations[taint] = t
     end
     return t
 end
@@ -97,8 +104,11 @@ local function place(req, pod, cfg)
         k8s.set_node_selector(spec, k, v)
     end
     local taints = pool.taints or {}
-    for i = 1, #taints do -- not ipairs: a C call per taint
-        k8s.add_toleration(spec, toleration_for(taints[i]))
+    local i, taint = 1, taints[1]
+    while taint ~= nil do -- not # nor ipairs: on a configuration list each is a C call
+        k8s.add_toleration(spec, toleration_for(taint))
+        i = i + 1
+        taint = taints[i]
     end
     add_spot(pod, spec, cfg)
     req:audit("pool", pool.name)
@@ -127,8 +137,11 @@ local function gpu_ties(spec, cfg)
 end
 
 local function check(req, pod, cfg)
+    if workload.wants_gpu(pod) then -- first: settled for a GPU pod, which needs no pod_spec call
+        return
+    end
     local spec = k8s.pod_spec(pod)
-    if not spec or workload.wants_gpu(pod) or workload.exempt(pod, req.namespace, cfg) then
+    if not spec or workload.exempt(pod, req.namespace, cfg) then
         return
     end
     local why, fix, short = gpu_ties(spec, cfg)

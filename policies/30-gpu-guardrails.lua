@@ -110,13 +110,17 @@ local function privileged_rules(req, pod, containers)
     end
 end
 
+-- Resource names that are not NVIDIA's, told without a string call: most containers ask for
+-- only these.
+local PLAIN = { cpu = true, memory = true, ["ephemeral-storage"] = true }
+
 local function equal_requests_rules(req, containers)
     for i = 1, #containers do
         local c = containers[i]
         local names -- made only for a container with NVIDIA resources, as most have none
         for j = 1, #SECTIONS do
             for name in pairs(c.resources and c.resources[SECTIONS[j]] or NONE) do
-                if name:sub(1, 11) == "nvidia.com/" then -- no pattern: most names are not
+                if not PLAIN[name] and name:sub(1, 11) == "nvidia.com/" then -- no pattern
                     names = names or {}
                     names[name] = true
                 end
@@ -137,11 +141,13 @@ end
 
 local function label_rules(req, pod, cfg)
     local required = cfg.guardrails and cfg.guardrails.required_labels or {}
-    for i = 1, #required do -- not ipairs: a C call per label
-        local key = required[i]
+    local i, key = 1, required[1]
+    while key ~= nil do -- not # nor ipairs: on a configuration list each is a C call
         if not k8s.label(pod, key) then
             req:deny(string.format("GPU pods need the label %s for cost attribution; add metadata.labels.%s", key, key))
         end
+        i = i + 1
+        key = required[i]
     end
 end
 
