@@ -282,6 +282,20 @@ static int ro_pairs(lua_State *L)
     return 3;
 }
 
+/* A read-only proxy's metatable, but for its __index (the shadow). */
+static void push_ro_metatable(lua_State *L, lua_CFunction pairs)
+{
+    lua_createtable(L, 0, 5);
+    lua_pushcfunction(L, ro_newindex);
+    lua_setfield(L, -2, "__newindex");
+    lua_pushcfunction(L, ro_len);
+    lua_setfield(L, -2, "__len");
+    lua_pushcfunction(L, pairs);
+    lua_setfield(L, -2, "__pairs");
+    lua_pushliteral(L, "read-only");
+    lua_setfield(L, -2, "__metatable");
+}
+
 /*
  * Push a read-only view of the table at idx (other values are pushed as is).
  *
@@ -331,17 +345,9 @@ static void push_readonly_at(lua_State *L, int idx, int depth)
     lua_pushvalue(L, shadow);
     lua_rawset(L, -3);
     lua_pop(L, 1);
-    lua_createtable(L, 0, 5);
+    push_ro_metatable(L, ro_pairs);
     lua_pushvalue(L, shadow);
     lua_setfield(L, -2, "__index");
-    lua_pushcfunction(L, ro_newindex);
-    lua_setfield(L, -2, "__newindex");
-    lua_pushcfunction(L, ro_len);
-    lua_setfield(L, -2, "__len");
-    lua_pushcfunction(L, ro_pairs);
-    lua_setfield(L, -2, "__pairs");
-    lua_pushliteral(L, "read-only");
-    lua_setfield(L, -2, "__metatable");
     lua_setmetatable(L, proxy);
     lua_pushnil(L);
     while (lua_next(L, idx)) {
@@ -1245,15 +1251,7 @@ static void make_req_proxy(lua_State *L)
     lua_setfield(L, -2, "__index");
     lua_rawsetp(L, LUA_REGISTRYINDEX, &key_req_shadow_mt);
     lua_newtable(L); /* the proxy */
-    lua_createtable(L, 0, 5);
-    lua_pushcfunction(L, ro_newindex);
-    lua_setfield(L, -2, "__newindex");
-    lua_pushcfunction(L, ro_len);
-    lua_setfield(L, -2, "__len");
-    lua_pushcfunction(L, req_pairs);
-    lua_setfield(L, -2, "__pairs");
-    lua_pushliteral(L, "read-only");
-    lua_setfield(L, -2, "__metatable");
+    push_ro_metatable(L, req_pairs);
     lua_pushvalue(L, -1);
     lua_rawsetp(L, LUA_REGISTRYINDEX, &key_req_proxy_mt);
     lua_setmetatable(L, -2);
