@@ -161,9 +161,9 @@ static void budget_open(struct lb_vm *vm, int64_t deadline_us)
     vm->used = 0;
     vm->deadline_us = deadline_us;
     vm->kill = LB_DONE;
-    int64_t delay = LB_GRACE_US;
-    if (deadline_us && deadline_us - now_us() < delay)
-        delay = deadline_us - now_us();
+    int64_t delay = LB_GRACE_US, left = deadline_us ? deadline_us - now_us() : delay;
+    if (left < delay)
+        delay = left;
     if (vm->watchdog && delay > 0 && watchdog_owned(vm->watchdog))
         watchdog_arm(vm->watchdog, delay, vm);
     else
