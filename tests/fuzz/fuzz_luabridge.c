@@ -4,7 +4,8 @@
  *
  * The input is a JSON object, the object of an admission request.  It goes
  * through lb_request_begin into one sandboxed VM per process, in which a
- * no-op policy (it reads the object but changes nothing) runs its mutate.
+ * no-op policy (it reads every table of the object, so every lazily
+ * converted table is filled, but changes nothing) runs its mutate.
  * An untouched object must give an empty patch from lb_request_patch.  A
  * broken invariant aborts.
  */
@@ -17,11 +18,20 @@
 #include <time.h>
 
 static char noop_name[] = "noop.lua";
-static char noop_policy[] = "-- reads the object, changes nothing\n"
+/* Fills every lazily converted table (pairs, #, ipairs, next), changing nothing. */
+static char noop_policy[] = "-- reads the whole object, changes nothing\n"
+                            "local function walk(v, depth)\n"
+                            "  if type(v) ~= 'table' or depth > 120 then return end\n"
+                            "  local n = #v\n"
+                            "  for _, x in ipairs(v) do walk(x, depth + 1) end\n"
+                            "  for _, x in pairs(v) do walk(x, depth + 1) end\n"
+                            "  return n, next(v)\n"
+                            "end\n"
                             "return {\n"
                             "  name = 'noop',\n"
                             "  mutate = function(req, obj, cfg)\n"
                             "    local _ = obj.metadata, obj.spec, req.uid, cfg\n"
+                            "    walk(obj, 0)\n"
                             "  end,\n"
                             "}\n";
 
