@@ -62,37 +62,18 @@ local function no_gpu_rules(req, pod, spec)
     end
 end
 
+-- Volumes that mount /dev/nvidia* from the host: each denied through req or, with req nil,
+-- whether there is one.  Raises on a malformed volume list.
 local function host_path_rules(req, spec)
-    for _, v in ipairs(spec.volumes or {}) do
+    for _, v in ipairs(spec.volumes or NONE) do
         local path = v.hostPath and v.hostPath.path
         if type(path) == "string" and path:match("^/dev/nvidia") then
+            if not req then
+                return true
+            end
             req:deny(string.format("volume %s mounts %s from the host; remove it and ask for a GPU through the device plugin",
                 tostring(v.name), path))
         end
-    end
-end
-
--- False when host_path_rules would neither deny nor raise (on a malformed volume) for spec;
--- never raises itself.  A GPU pod needs exempt (which reads ownerReferences) only otherwise.
-local function host_path_matters(spec)
-    local volumes = spec.volumes
-    if not volumes then
-        return false
-    elseif type(volumes) ~= "table" then
-        return true
-    end
-    local i, v = 1, volumes[1]
-    while v ~= nil do
-        if type(v) ~= "table" then
-            return true
-        end
-        local host = v.hostPath
-        if host and (type(host) ~= "table"
-            or type(host.path) == "string" and host.path:match("^/dev/nvidia")) then
-            return true
-        end
-        i = i + 1
-        v = volumes[i]
     end
     return false
 end
@@ -181,7 +162,10 @@ local function validate(req, pod, cfg)
         end
         return
     end
-    if host_path_matters(spec) and not workload.exempt(pod, req.namespace, cfg) then
+    -- A GPU pod asks exempt (which reads ownerReferences) only when the rule could act: a
+    -- matching volume, or a malformed list the rule would raise on.
+    local ok, found = pcall(host_path_rules, nil, spec)
+    if (not ok or found) and not workload.exempt(pod, req.namespace, cfg) then
         host_path_rules(req, spec)
     end
     -- The containers walked once, for rules that each go through all of them in turn.
