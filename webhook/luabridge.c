@@ -637,19 +637,14 @@ static int l_rawget(lua_State *L)
 {
     luaL_checktype(L, 1, LUA_TTABLE);
     luaL_checkany(L, 2);
-    materialize_if_lazy(L, 1);
-    lua_settop(L, 2);
-    lua_rawget(L, 1);
-    return 1;
+    return lazy_index(L);
 }
 
 static int l_rawlen(lua_State *L)
 {
     int t = lua_type(L, 1);
     luaL_argexpected(L, t == LUA_TTABLE || t == LUA_TSTRING, 1, "table or string");
-    materialize_if_lazy(L, 1);
-    lua_pushinteger(L, (lua_Integer)lua_rawlen(L, 1));
-    return 1;
+    return lazy_len(L);
 }
 
 /* The four marking metatables, each hiding itself behind its shape's name. */
@@ -1752,11 +1747,6 @@ static bool equals_json(lua_State *L, int idx, const json_t *v, int depth)
     return count == json_object_size(v);
 }
 
-static bool is_object_table(lua_State *L, int idx)
-{
-    return shape_of(L, idx) == SHAPE_OBJECT;
-}
-
 /*
  * Reduce original and the edited Lua object at idx to the parts that
  * differ: *orig_out borrows the original's differing members, *edit_out
@@ -1920,12 +1910,13 @@ enum gg_status lb_request_patch(struct lb_vm *vm, const json_t *original, json_t
     struct gg_err sub = {{0}};
     json_t *o = NULL, *e = NULL;
     enum gg_status st;
-    if (shape_of(L, -1) == SHAPE_LAZY_OBJECT) { /* no policy looked at it */
+    enum shape shape = shape_of(L, -1);
+    if (shape == SHAPE_LAZY_OBJECT) { /* no policy looked at it */
         lua_pop(L, 1);
         *patch = json_array();
         return GG_OK;
     }
-    if (!is_object_table(L, -1))
+    if (shape != SHAPE_OBJECT)
         st = gg_fail(&sub, GG_ERR_INVALID, "the object was replaced by something else");
     else
         st = prune_object(L, -1, original, &p, &o, &e, &sub);
