@@ -220,19 +220,24 @@ function M.pools(cfg)
     return cfg.pools or {}
 end
 
---- The pool named name, or nil.
-function M.pool(cfg, name)
+-- The first pool whose field is value, or nil.
+local function find_pool(cfg, field, value)
     local pools = M.pools(cfg)
     -- Not # nor ipairs, here and below: on the configuration's read-only lists each is a C call.
     local i, p = 1, pools[1]
     while p ~= nil do
-        if p.name == name then
+        if p[field] == value then
             return p
         end
         i = i + 1
         p = pools[i]
     end
     return nil
+end
+
+--- The pool named name, or nil.
+function M.pool(cfg, name)
+    return find_pool(cfg, "name", name)
 end
 
 -- class_modes without the copy: the configuration's own list, for callers that only read it.
@@ -260,16 +265,7 @@ end
 
 --- The first pool of the given sharing mode, or nil.
 function M.pool_for_mode(cfg, mode)
-    local pools = M.pools(cfg)
-    local i, p = 1, pools[1]
-    while p ~= nil do
-        if p.sharing == mode then
-            return p
-        end
-        i = i + 1
-        p = pools[i]
-    end
-    return nil
+    return find_pool(cfg, "sharing", mode)
 end
 
 --[[
