@@ -16,8 +16,8 @@ Configuration keys (see deploy/gpuguard.yaml for a complete example):
       node_selector: {gpuguard.io/pool: a100-mig}
       taints: [{key: nvidia.com/gpu, value: a100-mig, effect: NoSchedule}]
   classes:                       # workload class -> sharing modes it may use, preferred first
-    inference: {sharing: [mig, time-slicing]}
-    interactive: {sharing: [time-slicing], max_runtime: 8h}
+    inference: {sharing: [mig, time-slicing, exclusive]}   # whole GPUs: exclusive (see choose)
+    interactive: {sharing: [time-slicing], max_runtime: 8h, namespaces: [notebooks, team-*]}
   default_class: batch
   exclusive: {fractions: round-up}   # round-up (with a warning) | deny
 
@@ -191,6 +191,16 @@ function M.check(cfg)
             if c.max_runtime ~= nil and M.seconds(c.max_runtime) == nil then
                 fail("%s.max_runtime: must be a duration such as 8h or 30m", at)
             end
+            if c.namespaces ~= nil then
+                if type(c.namespaces) ~= "table" or not gg.is_array(c.namespaces) then
+                    fail("%s.namespaces: must be a list of namespaces (a trailing * matches a prefix)", at)
+                end
+                for j, ns in ipairs(c.namespaces) do
+                    if type(ns) ~= "string" or ns == "" then
+                        fail("%s.namespaces[%d]: must be a namespace name or a prefix ending in *", at, j)
+                    end
+                end
+            end
         end
     end
     if cfg.default_class ~= nil and (cfg.classes == nil or cfg.classes[cfg.default_class] == nil) then
@@ -269,12 +279,27 @@ function M.pool_for_mode(cfg, mode)
 end
 
 --[[
-Choose the sharing mode and pool for a class: the mode asked for (when the class allows it), else
-the class's first mode the fleet has a pool for.  Returns pool, mode; or nil and a message that
-says what to change.
+Choose the sharing mode and pool for a class: the mode asked for (when the class allows it); else,
+for a request of whole GPUs only (whole is true), exclusive when the class allows it and a pool
+offers it, since no share holds several GPUs and one GPU is better given whole; else the class's
+first mode the fleet has a pool for.  Returns pool, mode, and true when the size of the request
+decided (exclusive is not the class's first mode); or nil and a message that says what to change.
 ]]
-function M.choose(cfg, class, asked)
+function M.choose(cfg, class, asked, whole)
     local modes = modes_of(cfg, class)
+    if asked == nil and whole then
+        -- sized: a mode before exclusive has a pool, so without the size it would have won.
+        local sized, i, m = false, 1, modes[1]
+        while m ~= nil and m ~= "exclusive" do
+            sized = sized or M.pool_for_mode(cfg, m) ~= nil
+            i = i + 1
+            m = modes[i]
+        end
+        local pool = m and M.pool_for_mode(cfg, m)
+        if pool then
+            return pool, m, sized
+        end
+    end
     if asked ~= nil then
         local allowed = false
         for _, m in ipairs(modes) do

@@ -4,6 +4,7 @@ requests, and its GPU intent per container (whole GPUs, a fraction, an amount of
 
 Pod metadata read here:
   label      gpuguard.io/workload-class   training | inference | batch | interactive | ...
+                                          (else the class of what the pod is: M.WORKLOADS)
   annotation gpuguard.io/sharing          a sharing mode the pod asks for (see fleet.MODES)
   annotation gpuguard.io/gpu-fraction     "0.25": part of one GPU, 0 < f <= 1 (whole pod)
   annotation gpuguard.io/gpu-memory       "18Gi": GPU memory (whole pod)
@@ -46,23 +47,77 @@ M.SHARING_ANNOTATION = "gpuguard.io/sharing"
 M.FRACTION = "gpuguard.io/gpu-fraction"
 M.MEMORY = "gpuguard.io/gpu-memory"
 
--- Labels that training operators put on their pods.
-local TRAINING_LABELS = {
-    "training.kubeflow.org/job-name", "training.kubeflow.org/replica-type", "ray.io/node-type",
-    "jobset.sigs.k8s.io/jobset-name", "leaderworkerset.sigs.k8s.io/name", "volcano.sh/job-name",
+--[[
+What a workload is, from what its operator puts on the pods it creates: the first row with a
+matching controller owner ("<API group>/<kind>") or label (any value when true, else that value)
+gives the class, and the reason is the owner's kind or the row's name.  Rows before the Job rule
+below, so a JobSet's pods (owned by a batch/v1 Job) are training.  Where each label comes from
+upstream: docs/gpu-policies.md, "Workload classes".
+]]
+M.WORKLOADS = {
+    { class = "inference", name = "LeaderWorkerSet",
+      owners = { "leaderworkerset.x-k8s.io/LeaderWorkerSet" },
+      labels = { ["leaderworkerset.sigs.k8s.io/name"] = true } },
+    { class = "inference", name = "RayService",
+      owners = { "ray.io/RayService" },
+      labels = { ["ray.io/serve"] = true, ["ray.io/originated-from-crd"] = "RayService" } },
+    { class = "inference", name = "InferenceService",
+      owners = { "serving.kserve.io/InferenceService" },
+      labels = { ["serving.kserve.io/inferenceservice"] = true } },
+    { class = "training", name = "RayJob",
+      owners = { "ray.io/RayJob" },
+      labels = { ["ray.io/originated-from-crd"] = "RayJob" } },
+    { class = "training", name = "TrainJob",
+      owners = { "trainer.kubeflow.org/TrainJob" },
+      labels = { ["trainer.kubeflow.org/trainjob-name"] = true } },
+    { class = "training", name = "JobSet",
+      owners = { "jobset.x-k8s.io/JobSet" },
+      labels = { ["jobset.sigs.k8s.io/jobset-name"] = true } },
+    { class = "training", name = "MPIJob",
+      owners = { "kubeflow.org/MPIJob" },
+      labels = { ["training.kubeflow.org/operator-name"] = "mpi-operator" } },
+    { class = "training", name = "Kubeflow training job",
+      owners = { "kubeflow.org/PyTorchJob", "kubeflow.org/TFJob", "kubeflow.org/XGBoostJob",
+                 "kubeflow.org/PaddleJob", "kubeflow.org/JAXJob" },
+      labels = { ["training.kubeflow.org/job-name"] = true, ["training.kubeflow.org/replica-type"] = true } },
+    { class = "training", name = "Volcano Job",
+      owners = { "batch.volcano.sh/Job" },
+      labels = { ["volcano.sh/job-name"] = true } },
+    { class = "interactive", name = "Kubeflow Notebook",
+      owners = { "kubeflow.org/Notebook" },
+      labels = { ["notebook-name"] = true } },
 }
 
--- API groups of training operators: their pods are owned by the operator's object (a
--- PyTorchJob, a RayCluster, a Volcano Job); what `gpuguard check` builds from their manifests
--- carries that owner but not the labels the operator adds when it creates the pod.
-local TRAINING_GROUPS = {
-    ["kubeflow.org"] = true, ["ray.io"] = true, ["jobset.x-k8s.io"] = true,
-    ["leaderworkerset.x-k8s.io"] = true, ["batch.volcano.sh"] = true,
-}
+-- Rows by owner, "<group>/<kind>" -> row, built once from the table above.
+local BY_OWNER = {}
+for _, row in ipairs(M.WORKLOADS) do
+    for _, owner in ipairs(row.owners) do
+        BY_OWNER[owner] = row
+    end
+end
 
+-- The row a pod's labels match, or nil.
+local function row_by_labels(pod)
+    local meta = k8s.pod_meta(pod)
+    local labels = meta and meta.labels
+    if type(labels) ~= "table" then
+        return nil
+    end
+    for _, row in ipairs(M.WORKLOADS) do
+        for key, want in pairs(row.labels) do
+            local v = labels[key]
+            if type(v) == "string" and (want == true or v == want) then
+                return row
+            end
+        end
+    end
+    return nil
+end
+
+-- Jupyter hints: labels of JupyterHub's single-user servers, or a Jupyter image.
 local function looks_like_notebook(pod)
-    if k8s.label(pod, "notebook-name") or k8s.label(pod, "app") == "jupyter" or
-        k8s.label(pod, "app.kubernetes.io/name") == "jupyterhub" then
+    if k8s.label(pod, "app") == "jupyter" or k8s.label(pod, "app.kubernetes.io/name") == "jupyterhub" or
+        k8s.label(pod, "component") == "singleuser-server" then
         return true
     end
     local spec = k8s.pod_spec(pod)
@@ -76,10 +131,11 @@ local function looks_like_notebook(pod)
 end
 
 --[[
-The workload class of a pod and how it was found: the label; else training-operator labels,
-or an owner of a training operator's API group (kubeflow.org, ray.io, jobset.x-k8s.io,
-leaderworkerset.x-k8s.io, batch.volcano.sh) -> training; owned by a batch/v1 Job or CronJob ->
-batch; notebook hints -> interactive; else cfg.default_class (or "batch").  Returns class, reason.
+The workload class of a pod and how it was found: the label gpuguard.io/workload-class; else the
+first row of M.WORKLOADS whose owner or labels match (reason: the owner's kind, or the row's
+name); else owned by a batch/v1 Job or CronJob -> batch; Jupyter hints -> interactive; else
+cfg.default_class (or "batch").  Returns class, reason.  Whether the pod's namespace may use the
+class is class_allowed's question.
 ]]
 function M.class(pod, cfg)
     local m = memo[pod] or memo_of(pod)
@@ -95,15 +151,15 @@ function M.compute_class(pod, cfg)
     if label then
         return label, "label " .. M.CLASS_LABEL
     end
-    for _, key in ipairs(TRAINING_LABELS) do
-        if k8s.label(pod, key) then
-            return "training", "label " .. key
-        end
-    end
     local owner, ref = k8s.owner_kind(pod)
     local group = ref and type(ref.apiVersion) == "string" and ref.apiVersion:match("^(.*)/") or ""
-    if owner and TRAINING_GROUPS[group] then
-        return "training", "owned by a " .. owner
+    local row = owner and BY_OWNER[group .. "/" .. owner]
+    if row then
+        return row.class, owner
+    end
+    row = row_by_labels(pod)
+    if row then
+        return row.class, row.name
     end
     if (owner == "Job" or owner == "CronJob") and group == "batch" then
         return "batch", "owned by a " .. owner
@@ -112,6 +168,53 @@ function M.compute_class(pod, cfg)
         return "interactive", "notebook"
     end
     return cfg.default_class or "batch", "default class"
+end
+
+-- Does namespace match an entry of classes.<name>.namespaces (a name, or a prefix ending in *)?
+local function namespace_in(list, namespace)
+    for _, pattern in ipairs(list) do
+        if pattern == namespace or
+            (pattern:sub(-1) == "*" and namespace:sub(1, #pattern - 1) == pattern:sub(1, -2)) then
+            return true
+        end
+    end
+    return false
+end
+
+--[[
+Whether pods in namespace may be of class (found as why says): true when the configuration has
+no classes, or has this one without classes.<class>.namespaces or with the namespace in it.
+Otherwise false and a message naming the classes the namespace may use: a class label, and the
+labels operators put on pods, are the user's to set, so an unknown class is no way around the
+limits of a known one.
+]]
+function M.class_allowed(class, why, namespace, cfg)
+    local classes = cfg.classes
+    if classes == nil then
+        return true
+    end
+    local ns = namespace or ""
+    local c = classes[class]
+    local problem
+    if c == nil then
+        problem = "is not a class of the configuration"
+    elseif c.namespaces ~= nil and not namespace_in(c.namespaces, ns) then
+        problem = "is not for namespace " .. ns
+    else
+        return true
+    end
+    local usable = {}
+    for name, other in pairs(classes) do
+        if other.namespaces == nil or namespace_in(other.namespaces, ns) then
+            usable[#usable + 1] = name
+        end
+    end
+    table.sort(usable)
+    local msg = string.format("class %s (%s) %s", class, why, problem)
+    if #usable == 0 then
+        return false, msg .. ", and no class is for namespace " .. ns .. "; ask for one in classes.<name>.namespaces"
+    end
+    return false, string.format("%s; set the label %s to one of %s", msg, M.CLASS_LABEL, table.concat(usable, ", "))
 end
 
 -- Namespaces of the GPU plumbing (operator, device plugin) when placement.exempt_namespaces is

@@ -4,9 +4,9 @@
 A pod says what it needs: whole GPUs (nvidia.com/gpu), or a fraction or an amount of GPU memory
 (gpuguard.io/gpu-fraction, gpuguard.io/gpu-memory, per container with .<container>), and
 optionally a workload class (label gpuguard.io/workload-class) and a sharing mode
-(annotation gpuguard.io/sharing).  This policy picks the sharing mode the class gets and the
-pool that offers it (fleet.choose), rewrites the containers into the backend's own resource
-names, and records on the pod:
+(annotation gpuguard.io/sharing).  This policy picks the sharing mode the class gets (whole GPUs
+go to exclusive when the class allows it) and the pool that offers it (fleet.choose), rewrites
+the containers into the backend's own resource names, and records on the pod:
 
   gpuguard.io/decision  what was chosen and why, for people
   gpuguard.io/pool      the pool (20-gpu-placement adds its selector and tolerations)
@@ -23,7 +23,8 @@ Backends:
   hami          nvidia.com/gpu: 1, nvidia.com/gpumem (MiB), nvidia.com/gpucores (percent)
   kai           the gpu-fraction or gpu-memory annotation and schedulerName kai-scheduler
 
-Config keys: pools, classes, default_class, exclusive.fractions, gpu_models (see fleet.lua).
+Config keys: pools, classes (with classes.<name>.namespaces: workload.class_allowed),
+default_class, exclusive.fractions, gpu_models (see fleet.lua).
 Idempotent: everything is recomputed from the pod's own request annotations and set, never
 appended, so a pod it already rewrote comes out unchanged.
 ]]
@@ -211,13 +212,19 @@ local function decide(req, pod, cfg)
         return
     end
     local class, why = workload.class(pod, cfg)
-    local fractional = false
+    local allowed, refusal = workload.class_allowed(class, why, req.namespace, cfg)
+    if not allowed then
+        req:deny(refusal)
+        return
+    end
+    local fractional, whole_gpus = false, 0
     for i = 1, #intent do -- numeric loops over intent: ipairs costs a C call per entry
         local e = intent[i]
         fractional = fractional or e.fraction_milli ~= nil or e.memory_milli ~= nil
+        whole_gpus = whole_gpus + (e.whole or 0)
     end
     local asked = workload.asked_sharing(pod)
-    local pool, mode = fleet.choose(cfg, class, asked)
+    local pool, mode, sized = fleet.choose(cfg, class, asked, not fractional)
     if not pool then
         req:deny(mode)
         return
@@ -261,6 +268,9 @@ local function decide(req, pod, cfg)
     end
     local decision = string.format("%s on pool %s for class %s (%s): %s", mode, pool.name, class, why,
         table.concat(parts, "; "))
+    if sized then -- the size of the request, not the class's first mode, chose exclusive GPUs
+        decision = string.format("%d whole GPU%s: %s", whole_gpus, whole_gpus == 1 and "" or "s", decision)
+    end
     if mode ~= "exclusive" then
         -- A whole GPU turned into a share no longer shows as nvidia.com/gpu: write the request
         -- down as a full share, so the API server's second call decides the same again.
