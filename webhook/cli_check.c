@@ -268,11 +268,11 @@ static enum gg_status check_template(struct check_run *r, const char *file, stru
     if (json_array_size(res.warnings))
         r->warned++;
     json_t *rec = json_pack(
-        "{s:s,s:s,s:I,s:I,s:s,s:s,s:s,s:s,s:s,s:s,s:o,s:b,s:o,s:o,s:O,s:O,s:O,s:o,s:O}", "type",
-        "template", "file", file, "document", (json_int_t)e->doc_number, "line",
+        "{s:s,s:s,s:I,s:I,s:s,s:s,s:s,s:s,s:s,s:s,s:o,s:O,s:b,s:o,s:o,s:O,s:O,s:O,s:o,s:O}",
+        "type", "template", "file", file, "document", (json_int_t)e->doc_number, "line",
         (json_int_t)e->line, "apiVersion", e->api_version, "kind", e->kind, "name", e->name,
         "namespace", res.namespace, "path", e->path, "pointer", e->template_ptr, "owner",
-        owner_json(e), "allowed", res.allowed, "message", str_or_null(res.message), "denied_in",
+        owner_json(e), "owners", e->owners, "allowed", res.allowed, "message", str_or_null(res.message), "denied_in",
         str_or_null(res.denied_by), "warnings", res.warnings, "audit", res.audit, "policies",
         res.fired, "decision", str_or_null(res.decision), "patch", res.patch);
     if (rec && r->o.format == OUT_JUNIT) /* testcase time; not part of the JSON output */
@@ -378,6 +378,16 @@ static void print_text_template(const struct check_run *r, const json_t *rec)
     {
         fprintf(f, "         %swarning:%s %s\n", col(r, C_YELLOW), col(r, C_RESET),
                 json_string_value(w));
+    }
+    json_t *owners = json_object_get(rec, "owners");
+    if (json_array_size(owners) > 1) { /* a chain, as the cluster has it: LWS > StatefulSet */
+        fprintf(f, "         owners:");
+        json_array_foreach(owners, i, w)
+        {
+            fprintf(f, "%s %s/%s", i ? " >" : "", json_string_value(json_object_get(w, "kind")),
+                    json_string_value(json_object_get(w, "name")));
+        }
+        fprintf(f, "\n");
     }
     const char *decision = json_string_value(json_object_get(rec, "decision"));
     if (decision)

@@ -12,6 +12,7 @@
 #include "jsonpatch.h"
 
 #include <limits.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -161,6 +162,8 @@ static const struct {
     {"RayService", "ray.io"},
     {"JobSet", "jobset.x-k8s.io"},
     {"LeaderWorkerSet", "leaderworkerset.x-k8s.io"},
+    {"Notebook", "kubeflow.org"},
+    {"InferenceService", "serving.kserve.io"},
 };
 
 #define N_ELEMS(a) (sizeof(a) / sizeof((a)[0]))
@@ -210,12 +213,37 @@ struct object_ctx {
     size_t seen;    /* templates looked at, with a spec or not */
 };
 
-/* The controller of a pod and the pod's own name. */
+#define MF_MAX_OP_LABELS 12 /* the most labels one operator adds to a pod, below */
+#define MF_MAX_CHAIN 3       /* owners above a pod's controller: LWS > StatefulSet > Pod */
+
+/* A label the operator adds to the pods it creates; it wins over the template's. */
+struct op_label {
+    const char *key;
+    char value[64]; /* a label value is at most 63 characters */
+};
+
+/* A link of the owner chain. */
+struct link {
+    const char *kind;
+    char name[512];
+};
+
+/*
+ * The controller of a pod, the pod's own name, the labels its operator adds
+ * (documented in docs/gpu-policies.md, "Workload classes", with the upstream
+ * sources) and the owners above the controller, root first.
+ */
 struct owner {
     const char *api_version; /* NULL: the pod has no controller */
     const char *kind;
     char name[512];
     char pod_name[512]; /* the pod's name, or "" for generateName "<owner name>-" */
+    struct op_label labels[MF_MAX_OP_LABELS];
+    size_t n_labels;
+    struct link chain[MF_MAX_CHAIN];
+    size_t n_chain;
+    const json_t *meta; /* metadata the pod gets instead of the template's (a Notebook's own) */
+    bool unmapped;      /* the template is assembled: no patch maps back onto the object */
 };
 
 static void entry_clear(struct mf_entry *e)
@@ -229,6 +257,7 @@ static void entry_clear(struct mf_entry *e)
     free(e->path);
     free(e->owner_kind);
     free(e->owner_name);
+    json_decref(e->owners);
     json_decref(e->pod);
     memset(e, 0, sizeof(*e));
 }
@@ -311,12 +340,21 @@ static json_t *build_pod(const struct object_ctx *o, const json_t *tpl, const st
         return pod;
     }
     json_t *pod = json_object(), *meta = json_object();
-    const json_t *tmeta = json_object_get(tpl, "metadata");
+    const json_t *tmeta = w->meta ? w->meta : json_object_get(tpl, "metadata");
     static const char *const copied[] = {"labels", "annotations", "finalizers"};
     for (size_t i = 0; i < N_ELEMS(copied); i++) {
         json_t *v = json_object_get(tmeta, copied[i]);
         if (v)
             json_object_set_new(meta, copied[i], json_deep_copy(v));
+    }
+    if (w->n_labels) {
+        json_t *labels = json_object_get(meta, "labels");
+        if (!json_is_object(labels)) {
+            labels = json_object();
+            json_object_set_new(meta, "labels", labels);
+        }
+        for (size_t i = 0; i < w->n_labels; i++)
+            json_object_set_new(labels, w->labels[i].key, json_string(w->labels[i].value));
     }
     if (*w->pod_name)
         json_object_set_new(meta, "name", json_string(w->pod_name));
@@ -346,6 +384,25 @@ static json_t *build_pod(const struct object_ctx *o, const json_t *tpl, const st
     return pod;
 }
 
+/* The owners of a pod, root first, as [{kind, name}]; [] for none. */
+static json_t *owner_chain(const struct owner *w)
+{
+    json_t *out = json_array();
+    for (size_t i = 0; out && i < w->n_chain; i++) {
+        if (json_array_append_new(out, json_pack("{s:s,s:s}", "kind", w->chain[i].kind, "name",
+                                                 w->chain[i].name))) {
+            json_decref(out);
+            return NULL;
+        }
+    }
+    if (out && w->api_version &&
+        json_array_append_new(out, json_pack("{s:s,s:s}", "kind", w->kind, "name", w->name))) {
+        json_decref(out);
+        return NULL;
+    }
+    return out;
+}
+
 /*
  * One template found at rel_ptr (relative to the object; rel_path for
  * people) and owned as w says.  Templates without an object spec only
@@ -365,8 +422,12 @@ static enum gg_status add_template(struct collector *c, struct object_ctx *o, co
     e->path = path_join(o->path, rel_path);
     e->owner_kind = strdup(w->api_version ? w->kind : "");
     e->owner_name = strdup(w->api_version ? w->name : "");
+    e->owners = owner_chain(w);
+    e->unmapped = w->unmapped;
+    e->meta_elsewhere = w->meta != NULL;
     e->pod = build_pod(o, tpl, w);
-    if (!e->template_ptr || !e->path || !e->owner_kind || !e->owner_name || !e->pod) {
+    if (!e->template_ptr || !e->path || !e->owner_kind || !e->owner_name || !e->owners ||
+        !e->pod) {
         c->count--;
         entry_clear(e);
         return nomem(c);
@@ -376,7 +437,8 @@ static enum gg_status add_template(struct collector *c, struct object_ctx *o, co
     return GG_OK;
 }
 
-/* An owner: the object itself when kind is "" (owner_api NULL for none). */
+/* An owner: the object itself when kind is "" (owner_api NULL for none).  A
+ * controller other than the object has the object at the root of its chain. */
 static void set_owner(struct owner *w, const struct object_ctx *o, const char *api,
                       const char *kind, const char *name)
 {
@@ -386,6 +448,35 @@ static void set_owner(struct owner *w, const struct object_ctx *o, const char *a
     w->api_version = api;
     w->kind = *kind ? kind : o->kind;
     snprintf(w->name, sizeof(w->name), "%s", name ? name : o->base);
+    if (*kind) {
+        w->chain[0].kind = o->kind;
+        snprintf(w->chain[0].name, sizeof(w->chain[0].name), "%s", o->base);
+        w->n_chain = 1;
+    }
+}
+
+/* Add a link to the chain of owners above the controller. */
+static void add_link(struct owner *w, const char *kind, const char *name)
+{
+    if (w->n_chain < MF_MAX_CHAIN) {
+        w->chain[w->n_chain].kind = kind;
+        snprintf(w->chain[w->n_chain].name, sizeof(w->chain[0].name), "%s", name);
+        w->n_chain++;
+    }
+}
+
+/* Add an operator label; values are cut to a label value's 63 characters. */
+__attribute__((format(printf, 3, 4))) static void op_label(struct owner *w, const char *key,
+                                                           const char *fmt, ...)
+{
+    if (w->n_labels == MF_MAX_OP_LABELS)
+        return; /* not reached: MF_MAX_OP_LABELS is the most any kind below adds */
+    struct op_label *l = &w->labels[w->n_labels++];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(l->value, sizeof(l->value), fmt, ap);
+    va_end(ap);
+    l->key = key;
 }
 
 static enum gg_status find_single(struct collector *c, struct object_ctx *o,
@@ -395,7 +486,7 @@ static enum gg_status find_single(struct collector *c, struct object_ctx *o,
     if (*k->tpl_ptr && jp_pointer_get(o->obj, k->tpl_ptr, (json_t **)&tpl, NULL) != GG_OK)
         tpl = NULL;
     struct owner w;
-    char name[320];
+    char name[512];
     const char *api = k->owner_api;
     if (api && !*k->owner_kind && strcmp(k->group, "apps") != 0 &&
         strcmp(k->group, "extensions") != 0 && *o->api_version)
@@ -443,6 +534,38 @@ static bool has_suffix(const char *s, const char *suffix)
     return n >= m && strcmp(s + n - m, suffix) == 0;
 }
 
+/* a, lowercased, into out. */
+static void lower(const char *a, char *out, size_t size)
+{
+    size_t i = 0;
+    for (; a[i] && i + 1 < size; i++)
+        out[i] = (char)(a[i] >= 'A' && a[i] <= 'Z' ? a[i] - 'A' + 'a' : a[i]);
+    out[i] = '\0';
+}
+
+/*
+ * The labels of the training operator (kubeflow/training-operator,
+ * pkg/apis/kubeflow.org/v1/common_types.go) and of mpi-operator for MPIJob
+ * v2: job name, replica type and index, operator name, and the job role of
+ * the master (or of the MPI launcher and workers).
+ */
+static void kubeflow_labels(struct owner *w, const struct object_ctx *o, const char *role)
+{
+    char rtype[64], kind[64];
+    lower(role, rtype, sizeof(rtype));
+    lower(o->kind, kind, sizeof(kind));
+    bool mpi = strcmp(o->kind, "MPIJob") == 0;
+    op_label(w, "training.kubeflow.org/job-name", "%s", o->base);
+    op_label(w, "training.kubeflow.org/replica-type", "%s", rtype);
+    op_label(w, "training.kubeflow.org/replica-index", "0");
+    if (mpi)
+        op_label(w, "training.kubeflow.org/operator-name", "mpi-operator");
+    else
+        op_label(w, "training.kubeflow.org/operator-name", "%s-controller", kind);
+    if (mpi || strcmp(rtype, "master") == 0 || strcmp(rtype, "chief") == 0)
+        op_label(w, "training.kubeflow.org/job-role", "%s", mpi ? rtype : "master");
+}
+
 /* Kubeflow training operator: spec.<x>ReplicaSpecs.<Role>.template. */
 static enum gg_status find_kubeflow(struct collector *c, struct object_ctx *o, const json_t *spec)
 {
@@ -474,6 +597,7 @@ static enum gg_status find_kubeflow(struct collector *c, struct object_ctx *o, c
                 for (char *p = w.pod_name; *p; p++)
                     if (*p >= 'A' && *p <= 'Z')
                         *p = (char)(*p - 'A' + 'a');
+                kubeflow_labels(&w, o, names[j]);
                 const json_t *tpl = json_object_get(json_object_get(roles, names[j]), "template");
                 st = add_template(c, o, tpl, tptr, path, &w);
             }
@@ -488,23 +612,182 @@ static enum gg_status find_kubeflow(struct collector *c, struct object_ctx *o, c
     return st;
 }
 
-/* A RayCluster spec at rel (relative pointer) / rel_path, owned by w. */
+/*
+ * The labels KubeRay puts on the pods of a RayCluster (labelPod and BuildPod
+ * in ray-operator/controllers/ray/common/pod.go): ray.io/serve on a
+ * RayService's pods ("false" on the head, "true" on workers) and the
+ * originated-from labels of a RayJob's or RayService's cluster.  w already
+ * has the owner; group is the worker group's name or NULL for the head.
+ */
+static void ray_labels(struct owner *w, const struct object_ctx *o, const char *group)
+{
+    const char *type = group ? "worker" : "head";
+    op_label(w, "ray.io/cluster", "%s", w->name);
+    op_label(w, "ray.io/node-type", "%s", type);
+    op_label(w, "ray.io/group", "%s", group ? group : "headgroup");
+    op_label(w, "ray.io/is-ray-node", "yes");
+    op_label(w, "ray.io/identifier", "%s-%s", w->name, type);
+    op_label(w, "app.kubernetes.io/name", "kuberay");
+    op_label(w, "app.kubernetes.io/created-by", "kuberay-operator");
+    if (strcmp(o->kind, "RayService") == 0)
+        op_label(w, "ray.io/serve", "%s", group ? "true" : "false");
+    if (strcmp(o->kind, "RayCluster") != 0) {
+        op_label(w, "ray.io/originated-from-crd", "%s", o->kind);
+        op_label(w, "ray.io/originated-from-cr-name", "%s", o->base);
+    }
+}
+
+/* A RayCluster spec at rel (relative pointer) / rel_path, owned by base. */
 static enum gg_status find_ray_cluster(struct collector *c, struct object_ctx *o, const json_t *rc,
-                                       const char *rel, const char *rel_path, const struct owner *w)
+                                       const char *rel, const char *rel_path,
+                                       const struct owner *base)
 {
     char ptr[128], path[128];
+    struct owner w = *base;
     snprintf(ptr, sizeof(ptr), "%s/headGroupSpec/template", rel);
     snprintf(path, sizeof(path), "%s.headGroupSpec.template", rel_path);
     enum gg_status st = GG_OK;
     const json_t *head = json_object_get(json_object_get(rc, "headGroupSpec"), "template");
-    if (head)
-        st = add_template(c, o, head, ptr, path, w);
+    if (head) {
+        ray_labels(&w, o, NULL);
+        st = add_template(c, o, head, ptr, path, &w);
+    }
     const json_t *groups = json_object_get(rc, "workerGroupSpecs");
     for (size_t i = 0; st == GG_OK && i < json_array_size(groups); i++) {
+        const json_t *group = json_array_get(groups, i);
+        const char *name = str_member(group, "groupName");
+        char fallback[32];
+        snprintf(fallback, sizeof(fallback), "group-%zu", i);
         snprintf(ptr, sizeof(ptr), "%s/workerGroupSpecs/%zu/template", rel, i);
         snprintf(path, sizeof(path), "%s.workerGroupSpecs[%zu].template", rel_path, i);
-        st = add_template(c, o, json_object_get(json_array_get(groups, i), "template"), ptr, path,
-                          w);
+        w = *base;
+        ray_labels(&w, o, *name ? name : fallback);
+        st = add_template(c, o, json_object_get(group, "template"), ptr, path, &w);
+    }
+    return st;
+}
+
+/* The labels of LeaderWorkerSet pods (lws api/leaderworkerset/v1/leaderworkerset_types.go)
+ * of group 0; worker is "0" for the leader.  The group key and revision hash are left out. */
+static void lws_labels(struct owner *w, const struct object_ctx *o, const char *worker)
+{
+    op_label(w, "leaderworkerset.sigs.k8s.io/name", "%s", o->base);
+    op_label(w, "leaderworkerset.sigs.k8s.io/group-index", "0");
+    op_label(w, "leaderworkerset.sigs.k8s.io/worker-index", "%s", worker);
+}
+
+/*
+ * A Kubeflow Notebook: the notebook controller (kubeflow components/
+ * notebook-controller/controllers/notebook_controller.go, generateStatefulSet)
+ * makes a StatefulSet of the notebook's name whose pod has the template's
+ * spec, the labels statefulset and notebook-name, and the Notebook's own
+ * labels and annotations (the template's metadata is not used).
+ */
+static enum gg_status find_notebook(struct collector *c, struct object_ctx *o, const json_t *spec)
+{
+    struct owner w;
+    set_owner(&w, o, "apps/v1", "StatefulSet", NULL);
+    snprintf(w.pod_name, sizeof(w.pod_name), "%s-0", o->base);
+    op_label(&w, "statefulset", "%s", o->base);
+    op_label(&w, "notebook-name", "%s", o->base);
+    w.meta = json_object_get(o->obj, "metadata");
+    return add_template(c, o, json_object_get(spec, "template"), "/spec/template", "spec.template",
+                        &w);
+}
+
+/* Fields of a KServe component that are not a PodSpec's (ComponentExtensionSpec, multi-node
+ * workers), and its model specs: "model" or a framework's, each a container. */
+static const char *const kserve_not_pod[] = {
+    "minReplicas", "maxReplicas", "scaleTarget", "scaleMetric", "scaleMetricType", "autoScaling",
+    "containerConcurrency", "timeout", "canaryTrafficPercent", "logger", "batcher", "labels",
+    "annotations", "deploymentStrategy", "workerSpec",
+};
+static const char *const kserve_models[] = {
+    "model", "sklearn", "xgboost", "tensorflow", "pytorch", "triton",
+    "onnx",  "huggingface", "pmml", "lightgbm", "paddle",
+};
+
+/* Fields of a KServe model spec that are not its container's. */
+static const char *const kserve_not_container[] = {
+    "modelFormat", "runtime", "runtimeVersion", "protocolVersion", "storageUri", "storage",
+};
+
+/*
+ * The pod template of one KServe component (spec.predictor, ...): its PodSpec
+ * fields, with the model spec (or a framework's) as the container
+ * "kserve-container" KServe merges into the serving runtime's; labels and
+ * annotations from the InferenceService and the component.  NULL when the
+ * component has no container at all.
+ */
+static json_t *kserve_template(const json_t *obj, const json_t *comp)
+{
+    json_t *spec = json_deep_copy(comp), *model = NULL;
+    if (!spec)
+        return NULL;
+    for (size_t i = 0; i < N_ELEMS(kserve_not_pod); i++)
+        json_object_del(spec, kserve_not_pod[i]);
+    for (size_t i = 0; i < N_ELEMS(kserve_models); i++) {
+        json_t *v = json_object_get(comp, kserve_models[i]);
+        if (json_is_object(v) && !model)
+            model = v; /* the first one given */
+        json_object_del(spec, kserve_models[i]);
+    }
+    if (model && !json_object_get(spec, "containers")) {
+        json_t *ctr = json_deep_copy(model);
+        for (size_t i = 0; ctr && i < N_ELEMS(kserve_not_container); i++)
+            json_object_del(ctr, kserve_not_container[i]);
+        if (ctr && !json_object_get(ctr, "name"))
+            json_object_set_new(ctr, "name", json_string("kserve-container"));
+        json_object_set_new(spec, "containers", json_pack("[o]", ctr));
+    }
+    const json_t *ometa = json_object_get(obj, "metadata");
+    json_t *meta = json_object();
+    static const char *const maps[] = {"labels", "annotations"};
+    for (size_t i = 0; meta && i < N_ELEMS(maps); i++) {
+        json_t *m = json_object();
+        if (json_is_object(json_object_get(ometa, maps[i])))
+            json_object_update(m, json_object_get(ometa, maps[i]));
+        if (json_is_object(json_object_get(comp, maps[i])))
+            json_object_update(m, json_object_get(comp, maps[i]));
+        json_object_set_new(meta, maps[i], m);
+    }
+    return json_pack("{s:o?,s:o?}", "metadata", meta, "spec", spec);
+}
+
+/*
+ * A KServe InferenceService in raw deployment mode: each component
+ * (predictor, transformer, explainer) is a Deployment <name>-<component>
+ * whose pods (owned by its ReplicaSet) carry serving.kserve.io/
+ * inferenceservice, component and app (kserve pkg/constants/constants.go).
+ * The template is assembled from the component, so patches are not mapped
+ * back onto the manifest.
+ */
+static enum gg_status find_kserve(struct collector *c, struct object_ctx *o, const json_t *spec)
+{
+    static const char *const components[] = {"predictor", "transformer", "explainer"};
+    enum gg_status st = GG_OK;
+    for (size_t i = 0; st == GG_OK && i < N_ELEMS(components); i++) {
+        const json_t *comp = json_object_get(spec, components[i]);
+        if (!json_is_object(comp))
+            continue;
+        json_t *tpl = kserve_template(o->obj, comp);
+        if (!tpl)
+            return nomem(c);
+        char deploy[400], rs[420], ptr[64], path[64], hash[16];
+        snprintf(deploy, sizeof(deploy), "%s-%s", o->base, components[i]);
+        template_hash(tpl, hash, sizeof(hash));
+        snprintf(rs, sizeof(rs), "%s-%s", deploy, hash);
+        snprintf(ptr, sizeof(ptr), "/spec/%s", components[i]);
+        snprintf(path, sizeof(path), "spec.%s", components[i]);
+        struct owner w;
+        set_owner(&w, o, "apps/v1", "ReplicaSet", rs);
+        add_link(&w, "Deployment", deploy);
+        w.unmapped = true;
+        op_label(&w, "serving.kserve.io/inferenceservice", "%s", o->base);
+        op_label(&w, "component", "%s", components[i]);
+        op_label(&w, "app", "isvc.%s", deploy);
+        st = add_template(c, o, tpl, ptr, path, &w);
+        json_decref(tpl);
     }
     return st;
 }
@@ -518,8 +801,12 @@ static enum gg_status find_multi(struct collector *c, struct object_ctx *o, cons
     char ptr[96], path[96], name[400];
     enum gg_status st = GG_OK;
     *known = true;
+    if (strcmp(group, "kubeflow.org") == 0 && strcmp(o->kind, "Notebook") == 0)
+        return find_notebook(c, o, spec);
     if (strcmp(group, "kubeflow.org") == 0)
         return find_kubeflow(c, o, spec);
+    if (strcmp(group, "serving.kserve.io") == 0 && strcmp(o->kind, "InferenceService") == 0)
+        return find_kserve(c, o, spec);
     if (strcmp(group, "ray.io") == 0 && strcmp(o->kind, "RayCluster") == 0) {
         set_owner(&w, o, api ? api : "ray.io/v1", "", NULL);
         return find_ray_cluster(c, o, spec, "/spec", "spec", &w);
@@ -552,6 +839,11 @@ static enum gg_status find_multi(struct collector *c, struct object_ctx *o, cons
             else
                 snprintf(name, sizeof(name), "%s-%zu-0", o->base, i);
             set_owner(&w, o, "batch/v1", "Job", name);
+            /* jobset api/jobset/v1alpha2/jobset_types.go */
+            op_label(&w, "jobset.sigs.k8s.io/jobset-name", "%s", o->base);
+            op_label(&w, "jobset.sigs.k8s.io/replicatedjob-name", "%s", *rj_name ? rj_name : "0");
+            op_label(&w, "jobset.sigs.k8s.io/job-index", "0");
+            op_label(&w, "jobset.sigs.k8s.io/restart-attempt", "0");
             const json_t *tpl = json_object_get(
                 json_object_get(json_object_get(rj, "template"), "spec"), "template");
             st = add_template(c, o, tpl, ptr, path, &w);
@@ -564,13 +856,18 @@ static enum gg_status find_multi(struct collector *c, struct object_ctx *o, cons
         if (leader) {
             set_owner(&w, o, "apps/v1", "StatefulSet", NULL);
             snprintf(w.pod_name, sizeof(w.pod_name), "%s-0", o->base);
+            lws_labels(&w, o, "0");
             st = add_template(c, o, leader, "/spec/leaderWorkerTemplate/leaderTemplate",
                               "spec.leaderWorkerTemplate.leaderTemplate", &w);
         }
         if (st == GG_OK) {
+            /* Each group's workers: a StatefulSet owned by the group's leader pod. */
             snprintf(name, sizeof(name), "%s-0", o->base);
             set_owner(&w, o, "apps/v1", "StatefulSet", name);
+            add_link(&w, "StatefulSet", o->base);
+            add_link(&w, "Pod", name);
             snprintf(w.pod_name, sizeof(w.pod_name), "%s-0-1", o->base);
+            lws_labels(&w, o, "1");
             st = add_template(c, o, json_object_get(lwt, "workerTemplate"),
                               "/spec/leaderWorkerTemplate/workerTemplate",
                               "spec.leaderWorkerTemplate.workerTemplate", &w);
@@ -589,6 +886,13 @@ static enum gg_status find_multi(struct collector *c, struct object_ctx *o, cons
                 snprintf(w.pod_name, sizeof(w.pod_name), "%s-%s-0", o->base, task_name);
             else
                 snprintf(w.pod_name, sizeof(w.pod_name), "%s-%zu-0", o->base, i);
+            /* volcano pkg/controllers/job/job_controller_util.go (createJobPod) */
+            const char *queue = str_member(spec, "queue");
+            op_label(&w, "volcano.sh/job-name", "%s", o->base);
+            if (*o->namespace)
+                op_label(&w, "volcano.sh/job-namespace", "%s", o->namespace);
+            op_label(&w, "volcano.sh/queue-name", "%s", *queue ? queue : "default");
+            op_label(&w, "volcano.sh/task-spec", "%s", *task_name ? task_name : "");
             st = add_template(c, o, json_object_get(task, "template"), ptr, path, &w);
         }
         return st;
@@ -713,10 +1017,12 @@ enum gg_status mf_map_pointer(const struct mf_entry *e, const char *pod_pointer,
 {
     static const char *const controller_set[] = {"namespace", "name", "generateName",
                                                  "ownerReferences"};
-    if (e->type != MF_TEMPLATE || !pod_pointer || pod_pointer[0] != '/')
+    if (e->type != MF_TEMPLATE || !pod_pointer || pod_pointer[0] != '/' || e->unmapped)
         return GG_ERR_INVALID;
     bool pod_doc = is_pod_doc(e);
     if (first_token_is(pod_pointer, "metadata")) {
+        if (e->meta_elsewhere)
+            return GG_ERR_INVALID;
         const char *rest = pod_pointer + strlen("/metadata");
         for (size_t i = 0; i < N_ELEMS(controller_set); i++) {
             if ((!pod_doc || i == 0) && first_token_is(rest, controller_set[i]))

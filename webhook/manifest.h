@@ -35,6 +35,9 @@
  *   LeaderWorkerSet (leaderworkerset.x-k8s.io) /spec/leaderWorkerTemplate/leaderTemplate,
  *                                             /spec/leaderWorkerTemplate/workerTemplate StatefulSet
  *   Job (batch.volcano.sh)                    /spec/tasks/<i>/template  itself
+ *   Notebook (kubeflow.org)                   /spec/template            StatefulSet
+ *   InferenceService (serving.kserve.io)      /spec/predictor, /spec/transformer,
+ *                                             /spec/explainer (assembled)  ReplicaSet
  *   List, and any kind ending in "List" with an items array: each item as above
  *
  * A template counts only when its spec is an object.  Every other document
@@ -45,6 +48,15 @@
  * object's namespace when it has one, a name or generateName as the
  * controller would make it, an ownerReference (controller: true) to the
  * object that really owns the pod, and a deep copy of the template's spec.
+ * The labels the operator adds to its pods are added (they win over the
+ * template's): LeaderWorkerSet, KubeRay (with ray.io/serve and the
+ * originated-from labels of RayService and RayJob clusters), the Kubeflow
+ * training operator and mpi-operator, JobSet, Volcano, the notebook
+ * controller (whose pods take the Notebook's own labels and annotations,
+ * not the template's) and KServe (raw deployment: the component's PodSpec
+ * fields, its model spec as the container kserve-container).  The entry's
+ * owners list the chain above the pod as the cluster has it, root first:
+ * LeaderWorkerSet > StatefulSet > Pod > StatefulSet for an LWS worker.
  * The API server's defaulting is not applied.  A Pod document is copied as
  * it is.
  */
@@ -89,6 +101,9 @@ struct mf_entry {
     char *path;         /* its field path for people: "spec.template", "items[2]", "" */
     char *owner_kind;   /* kind of the pod's controller; "" for none */
     char *owner_name;   /* name of that controller; "" for none */
+    json_t *owners;     /* [{kind, name}]: the pod's owners, root first, the controller last */
+    bool unmapped;      /* the template is assembled from the object: patches do not map back */
+    bool meta_elsewhere; /* the pod's metadata is not the template's: /metadata does not map */
     json_t *pod;        /* the Pod the controller would create */
     /* MF_SKIPPED only */
     const char *reason; /* static text: "no pod template", "not an object", ... */

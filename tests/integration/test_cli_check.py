@@ -306,8 +306,8 @@ end }
 # ---- JSON output -----------------------------------------------------------------
 
 TEMPLATE_FIELDS = {"type", "file", "document", "line", "apiVersion", "kind", "name", "namespace",
-                   "path", "pointer", "owner", "allowed", "message", "denied_in", "warnings",
-                   "audit", "policies", "decision", "patch"}
+                   "path", "pointer", "owner", "owners", "allowed", "message", "denied_in",
+                   "warnings", "audit", "policies", "decision", "patch"}
 SKIPPED_FIELDS = {"type", "file", "document", "line", "apiVersion", "kind", "name", "namespace",
                   "pointer", "reason"}
 SUMMARY_FIELDS = {"type", "checked", "allowed", "denied", "warned", "skipped", "errors",
@@ -325,7 +325,7 @@ def test_json_output_fields(check):
     assert pod == {
         "type": "template", "file": "mix.yaml", "document": 1, "line": 1, "apiVersion": "v1",
         "kind": "Pod", "name": "big", "namespace": "default", "path": "", "pointer": "",
-        "owner": None, "allowed": False,
+        "owner": None, "owners": [], "allowed": False,
         "message": "gpu-limit: the pod asks for 8 GPUs; at most 4 per pod",
         "denied_in": "validate",
         "warnings": ["gpu-limit: no team label; add metadata.labels.team"],
@@ -340,6 +340,7 @@ def test_json_output_fields(check):
     assert dep["document"] == 2 and dep["path"] == "spec.template"
     assert dep["pointer"] == "/spec/template" and dep["owner"]["kind"] == "ReplicaSet"
     assert dep["owner"]["name"].startswith("d-") and dep["allowed"] is True
+    assert dep["owners"] == [{"kind": "Deployment", "name": "d"}, dep["owner"]]
     assert dep["warnings"] == [] and dep["message"] is None
     assert cm == {"type": "skipped", "file": "mix.yaml", "document": 3, "line": cm["line"],
                   "apiVersion": "v1", "kind": "ConfigMap", "name": "cfg", "namespace": None,

@@ -403,6 +403,105 @@ static void test_pod_from_template(void **state)
     yd_stream_clear(&s);
 }
 
+/* The labels an operator adds and the owner chain of the pods built for its kinds. */
+static const struct {
+    const char *text;
+    size_t n;             /* which template */
+    const char *labels;   /* the pod's labels, exactly */
+    const char *owners;   /* the entry's owner chain, exactly */
+    const char *pod_name; /* metadata.name, or NULL for generateName */
+} operator_cases[] = {
+    {"apiVersion: leaderworkerset.x-k8s.io/v1\nkind: LeaderWorkerSet\nmetadata: {name: vllm}\n"
+     "spec:\n  leaderWorkerTemplate:\n    leaderTemplate:\n      metadata: {labels: {role: l}}\n"
+     "      spec: " CONTAINERS "\n    workerTemplate:\n      spec: " CONTAINERS "\n",
+     1,
+     "{\"leaderworkerset.sigs.k8s.io/name\":\"vllm\",\"leaderworkerset.sigs.k8s.io/group-index\":"
+     "\"0\",\"leaderworkerset.sigs.k8s.io/worker-index\":\"1\"}",
+     "[{\"kind\":\"LeaderWorkerSet\",\"name\":\"vllm\"},{\"kind\":\"StatefulSet\",\"name\":\"vllm\"},"
+     "{\"kind\":\"Pod\",\"name\":\"vllm-0\"},{\"kind\":\"StatefulSet\",\"name\":\"vllm-0\"}]",
+     "vllm-0-1"},
+    {"apiVersion: ray.io/v1\nkind: RayService\nmetadata: {name: llm}\nspec:\n  rayClusterConfig:\n"
+     "    headGroupSpec:\n      template:\n        spec: " CONTAINERS "\n    workerGroupSpecs:\n"
+     "    - groupName: gpu\n      template:\n        metadata: {labels: {ray.io/group: forged}}\n"
+     "        spec: " CONTAINERS "\n",
+     1,
+     "{\"ray.io/group\":\"gpu\",\"ray.io/cluster\":\"llm\",\"ray.io/node-type\":\"worker\","
+     "\"ray.io/is-ray-node\":\"yes\",\"ray.io/identifier\":\"llm-worker\","
+     "\"app.kubernetes.io/name\":\"kuberay\",\"app.kubernetes.io/created-by\":\"kuberay-operator\","
+     "\"ray.io/serve\":\"true\",\"ray.io/originated-from-crd\":\"RayService\","
+     "\"ray.io/originated-from-cr-name\":\"llm\"}",
+     "[{\"kind\":\"RayService\",\"name\":\"llm\"},{\"kind\":\"RayCluster\",\"name\":\"llm\"}]", NULL},
+    {"apiVersion: kubeflow.org/v1\nkind: PyTorchJob\nmetadata: {name: ft}\nspec:\n"
+     "  pytorchReplicaSpecs:\n    Master:\n      template:\n        spec: " CONTAINERS "\n",
+     0,
+     "{\"training.kubeflow.org/job-name\":\"ft\",\"training.kubeflow.org/replica-type\":\"master\","
+     "\"training.kubeflow.org/replica-index\":\"0\",\"training.kubeflow.org/operator-name\":"
+     "\"pytorchjob-controller\",\"training.kubeflow.org/job-role\":\"master\"}",
+     "[{\"kind\":\"PyTorchJob\",\"name\":\"ft\"}]", "ft-master-0"},
+    {"apiVersion: kubeflow.org/v1\nkind: Notebook\nmetadata: {name: nb, labels: {team: a}}\n"
+     "spec:\n  template:\n    metadata: {labels: {dropped: x}}\n    spec: " CONTAINERS "\n",
+     0, "{\"team\":\"a\",\"statefulset\":\"nb\",\"notebook-name\":\"nb\"}",
+     "[{\"kind\":\"Notebook\",\"name\":\"nb\"},{\"kind\":\"StatefulSet\",\"name\":\"nb\"}]", "nb-0"},
+    {"apiVersion: batch.volcano.sh/v1alpha1\nkind: Job\nmetadata: {name: vj, namespace: ml}\n"
+     "spec:\n  queue: q\n  tasks:\n  - name: w\n    template:\n      spec: " CONTAINERS "\n",
+     0,
+     "{\"volcano.sh/job-name\":\"vj\",\"volcano.sh/job-namespace\":\"ml\",\"volcano.sh/queue-name\":"
+     "\"q\",\"volcano.sh/task-spec\":\"w\"}",
+     "[{\"kind\":\"Job\",\"name\":\"vj\"}]", "vj-w-0"},
+};
+
+static void test_operator_labels_and_owners(void **state)
+{
+    (void)state;
+    for (size_t i = 0; i < N_ELEMS(operator_cases); i++) {
+        struct yd_stream s;
+        struct mf_set set;
+        collect(operator_cases[i].text, &s, &set);
+        const struct mf_entry *e = nth_template(&set, operator_cases[i].n);
+        json_t *meta = json_object_get(e->pod, "metadata");
+        assert_json_eq(json_object_get(meta, "labels"), operator_cases[i].labels);
+        assert_json_eq(e->owners, operator_cases[i].owners);
+        const char *name = json_string_value(json_object_get(meta, "name"));
+        if (operator_cases[i].pod_name)
+            assert_string_equal(name, operator_cases[i].pod_name);
+        else
+            assert_null(name);
+        mf_set_clear(&set);
+        yd_stream_clear(&s);
+    }
+}
+
+/* A KServe predictor: the model spec becomes kserve-container; patches do not map back. */
+static void test_kserve_predictor(void **state)
+{
+    (void)state;
+    struct yd_stream s;
+    struct mf_set set;
+    collect("apiVersion: serving.kserve.io/v1beta1\nkind: InferenceService\n"
+            "metadata: {name: llama, labels: {team: a}}\nspec:\n  predictor:\n"
+            "    minReplicas: 1\n    nodeSelector: {zone: a}\n    labels: {tier: gold}\n"
+            "    model:\n      modelFormat: {name: huggingface}\n      storageUri: hf://x\n"
+            "      resources: {limits: {nvidia.com/gpu: '2'}}\n",
+            &s, &set);
+    assert_int_equal(set.templates, 1);
+    const struct mf_entry *e = nth_template(&set, 0);
+    assert_string_equal(e->path, "spec.predictor");
+    assert_string_equal(e->owner_kind, "ReplicaSet");
+    assert_int_equal(strncmp(e->owner_name, "llama-predictor-", 16), 0);
+    assert_json_eq(json_object_get(e->pod, "spec"),
+                   "{\"nodeSelector\":{\"zone\":\"a\"},\"containers\":[{\"name\":\"kserve-container\","
+                   "\"resources\":{\"limits\":{\"nvidia.com/gpu\":\"2\"}}}]}");
+    assert_json_eq(json_object_get(json_object_get(e->pod, "metadata"), "labels"),
+                   "{\"team\":\"a\",\"tier\":\"gold\",\"serving.kserve.io/inferenceservice\":"
+                   "\"llama\",\"component\":\"predictor\",\"app\":\"isvc.llama-predictor\"}");
+    assert_string_equal(json_string_value(json_object_get(json_array_get(e->owners, 1), "kind")),
+                        "Deployment");
+    char *out = NULL;
+    assert_int_equal(mf_map_pointer(e, "/spec/containers/0/image", &out), GG_ERR_INVALID);
+    mf_set_clear(&set);
+    yd_stream_clear(&s);
+}
+
 /* ---- mapping back ----------------------------------------------------------------- */
 
 static void test_map_pointer(void **state)
@@ -730,6 +829,8 @@ int main(void)
         cmocka_unit_test(test_skipped_documents),
         cmocka_unit_test(test_stream_positions_and_order),
         cmocka_unit_test(test_pod_from_template),
+        cmocka_unit_test(test_operator_labels_and_owners),
+        cmocka_unit_test(test_kserve_predictor),
         cmocka_unit_test(test_map_pointer),
         cmocka_unit_test(test_map_patch_applies_to_the_template),
         cmocka_unit_test(test_emit_round_trips),
