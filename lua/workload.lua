@@ -212,7 +212,8 @@ function M.class_allowed(class, why, namespace, cfg)
     table.sort(usable)
     local msg = string.format("class %s (%s) %s", class, why, problem)
     if #usable == 0 then
-        return false, msg .. ", and no class is for namespace " .. ns .. "; ask for one in classes.<name>.namespaces"
+        return false, string.format("%s, and no class is for namespace %s; ask the platform team to add it to "
+            .. "classes.<name>.namespaces", msg, ns)
     end
     return false, string.format("%s; set the label %s to one of %s", msg, M.CLASS_LABEL, table.concat(usable, ", "))
 end

@@ -696,3 +696,74 @@ end }
     assert back["spec"]["template"]["metadata"]["labels"]["seen"] == "yes"
     assert "generateName" not in back["spec"]["template"]["metadata"]
     assert back["metadata"] == {"name": "d"}
+
+
+# ---- workload classes with the shipped policies and example configuration ---------------
+
+WORKLOADS = REPO / "tests" / "policies" / "workloads"
+DECIDED = re.compile(r"^(?:\d+ whole GPUs?: )?(\S+) on pool (\S+) for class (\S+) \(([^)]*)\): ")
+
+
+def shipped(binary, *args, config=REPO / "deploy" / "gpuguard.yaml"):
+    """gpuguard check -o json with the shipped policies; the template records and the run."""
+    out = subprocess.run([binary, "check", "--config", str(config), "--policies",
+                          str(REPO / "policies"), "--lua", str(REPO / "lua"), "-o", "json",
+                          *[str(a) for a in args]], capture_output=True, timeout=60)
+    records = [json.loads(line) for line in out.stdout.decode().splitlines()]
+    return [r for r in records if r["type"] == "template"], out
+
+
+@pytest.mark.parametrize("manifest,index,pod,want", [
+    ("lws-vllm.yaml", 1, "lws-vllm-worker.yaml",
+     ("exclusive", "h100-train", "inference", "LeaderWorkerSet")),
+    ("rayservice-llm.yaml", 1, "rayservice-worker.yaml",
+     ("exclusive", "h100-train", "inference", "RayService")),
+    ("kserve-isvc.yaml", 0, "kserve-predictor.yaml",
+     ("exclusive", "h100-train", "inference", "InferenceService")),
+    ("pytorchjob-ddp.yaml", 1, "pytorchjob-worker.yaml",
+     ("exclusive", "h100-train", "training", "PyTorchJob")),
+    ("notebook.yaml", 0, "notebook-pod.yaml",
+     ("time-slicing", "l4-shared", "interactive", "Kubeflow Notebook")),
+    ("deployment-2gpu.yaml", 0, "deployment-pod.yaml",
+     ("exclusive", "h100-train", "batch", "default class")),
+])
+def test_check_and_the_cluster_pod_get_the_same_class(binary, manifest, index, pod, want):
+    built, out = shipped(binary, WORKLOADS / "manifests" / manifest)
+    assert out.returncode == 0, out.stdout.decode() + out.stderr.decode()
+    cluster, out = shipped(binary, WORKLOADS / "cluster" / pod)
+    assert out.returncode == 0, out.stdout.decode() + out.stderr.decode()
+    assert DECIDED.match(built[index]["decision"]).groups() == want
+    assert cluster[0]["decision"] == built[index]["decision"]
+
+
+def test_owner_chain_is_the_clusters(binary):
+    built, out = shipped(binary, WORKLOADS / "manifests" / "lws-vllm.yaml")
+    assert [[(o["kind"], o["name"]) for o in r["owners"]] for r in built] == [
+        [("LeaderWorkerSet", "vllm"), ("StatefulSet", "vllm")],
+        [("LeaderWorkerSet", "vllm"), ("StatefulSet", "vllm"), ("Pod", "vllm-0"),
+         ("StatefulSet", "vllm-0")]]
+    assert [r["owner"] for r in built] == [{"kind": "StatefulSet", "name": "vllm"},
+                                           {"kind": "StatefulSet", "name": "vllm-0"}]
+    out = subprocess.run([binary, "check", "--config", str(REPO / "deploy" / "gpuguard.yaml"),
+                          "--policies", str(REPO / "policies"), "--lua", str(REPO / "lua"),
+                          str(WORKLOADS / "manifests" / "lws-vllm.yaml")], capture_output=True,
+                         timeout=60)
+    lines = [l.strip() for l in out.stdout.decode().splitlines() if "owners:" in l]
+    assert lines == ["owners: LeaderWorkerSet/vllm > StatefulSet/vllm",
+                     "owners: LeaderWorkerSet/vllm > StatefulSet/vllm > Pod/vllm-0 > "
+                     "StatefulSet/vllm-0"]
+
+
+@pytest.mark.parametrize("namespaces,message", [
+    ("ml-train", "classes.training.namespaces: must be a list of namespaces "
+                 "(a trailing * matches a prefix)"),
+    ("[ml-train, '']", "classes.training.namespaces[2]: must be a namespace name or a prefix "
+                       "ending in *"),
+])
+def test_class_namespaces_are_checked_at_load(binary, tmp_path, namespaces, message):
+    config = tmp_path / "c.yaml"
+    config.write_text("pools: [{name: p, model: H100-80GB, sharing: exclusive}]\n"
+                      f"classes:\n  training: {{sharing: [exclusive], namespaces: {namespaces}}}\n")
+    _, out = shipped(binary, WORKLOADS / "cluster" / "pytorchjob-worker.yaml", config=config)
+    assert out.returncode == 2
+    assert message in out.stderr.decode()
