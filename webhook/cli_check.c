@@ -268,13 +268,14 @@ static enum gg_status check_template(struct check_run *r, const char *file, stru
     if (json_array_size(res.warnings))
         r->warned++;
     json_t *rec = json_pack(
-        "{s:s,s:s,s:I,s:I,s:s,s:s,s:s,s:s,s:s,s:s,s:o,s:O,s:b,s:o,s:o,s:O,s:O,s:O,s:o,s:O}",
-        "type", "template", "file", file, "document", (json_int_t)e->doc_number, "line",
+        "{s:s,s:s,s:I,s:I,s:s,s:s,s:s,s:s,s:s,s:s,s:o,s:O,s:b,s:o,s:o,s:O,s:O,s:O,s:o,s:O}", "type",
+        "template", "file", file, "document", (json_int_t)e->doc_number, "line",
         (json_int_t)e->line, "apiVersion", e->api_version, "kind", e->kind, "name", e->name,
         "namespace", res.namespace, "path", e->path, "pointer", e->template_ptr, "owner",
-        owner_json(e), "owners", e->owners, "allowed", res.allowed, "message", str_or_null(res.message), "denied_in",
-        str_or_null(res.denied_by), "warnings", res.warnings, "audit", res.audit, "policies",
-        res.fired, "decision", str_or_null(res.decision), "patch", res.patch);
+        owner_json(e), "owners", e->owners, "allowed", res.allowed, "message",
+        str_or_null(res.message), "denied_in", str_or_null(res.denied_by), "warnings", res.warnings,
+        "audit", res.audit, "policies", res.fired, "decision", str_or_null(res.decision), "patch",
+        res.patch);
     if (rec && r->o.format == OUT_JUNIT) /* testcase time; not part of the JSON output */
         json_object_set_new(rec, "seconds", json_real(seconds));
     if (rec && dropped && json_array_size(dropped))

@@ -214,7 +214,7 @@ struct object_ctx {
 };
 
 #define MF_MAX_OP_LABELS 12 /* the most labels one operator adds to a pod, below */
-#define MF_MAX_CHAIN 3       /* owners above a pod's controller: LWS > StatefulSet > Pod */
+#define MF_MAX_CHAIN 3      /* owners above a pod's controller: LWS > StatefulSet > Pod */
 
 /* A label the operator adds to the pods it creates; it wins over the template's. */
 struct op_label {
@@ -389,8 +389,8 @@ static json_t *owner_chain(const struct owner *w)
 {
     json_t *out = json_array();
     for (size_t i = 0; out && i < w->n_chain; i++) {
-        if (json_array_append_new(out, json_pack("{s:s,s:s}", "kind", w->chain[i].kind, "name",
-                                                 w->chain[i].name))) {
+        if (json_array_append_new(
+                out, json_pack("{s:s,s:s}", "kind", w->chain[i].kind, "name", w->chain[i].name))) {
             json_decref(out);
             return NULL;
         }
@@ -426,8 +426,7 @@ static enum gg_status add_template(struct collector *c, struct object_ctx *o, co
     e->unmapped = w->unmapped;
     e->meta_elsewhere = w->meta != NULL;
     e->pod = build_pod(o, tpl, w);
-    if (!e->template_ptr || !e->path || !e->owner_kind || !e->owner_name || !e->owners ||
-        !e->pod) {
+    if (!e->template_ptr || !e->path || !e->owner_kind || !e->owner_name || !e->owners || !e->pod) {
         c->count--;
         entry_clear(e);
         return nomem(c);
@@ -698,13 +697,25 @@ static enum gg_status find_notebook(struct collector *c, struct object_ctx *o, c
 /* Fields of a KServe component that are not a PodSpec's (ComponentExtensionSpec, multi-node
  * workers), and its model specs: "model" or a framework's, each a container. */
 static const char *const kserve_not_pod[] = {
-    "minReplicas", "maxReplicas", "scaleTarget", "scaleMetric", "scaleMetricType", "autoScaling",
-    "containerConcurrency", "timeout", "canaryTrafficPercent", "logger", "batcher", "labels",
-    "annotations", "deploymentStrategy", "workerSpec",
+    "minReplicas",
+    "maxReplicas",
+    "scaleTarget",
+    "scaleMetric",
+    "scaleMetricType",
+    "autoScaling",
+    "containerConcurrency",
+    "timeout",
+    "canaryTrafficPercent",
+    "logger",
+    "batcher",
+    "labels",
+    "annotations",
+    "deploymentStrategy",
+    "workerSpec",
 };
 static const char *const kserve_models[] = {
-    "model", "sklearn", "xgboost", "tensorflow", "pytorch", "triton",
-    "onnx",  "huggingface", "pmml", "lightgbm", "paddle",
+    "model", "sklearn",     "xgboost", "tensorflow", "pytorch", "triton",
+    "onnx",  "huggingface", "pmml",    "lightgbm",   "paddle",
 };
 
 /* Fields of a KServe model spec that are not its container's. */

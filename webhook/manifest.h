@@ -97,14 +97,14 @@ struct mf_entry {
     char *name;        /* metadata.name, else metadata.generateName, else "" */
     char *namespace;   /* metadata.namespace of the object; "" when absent */
     /* MF_TEMPLATE only */
-    char *template_ptr; /* JSON pointer of the template in the document ("" for a Pod doc) */
-    char *path;         /* its field path for people: "spec.template", "items[2]", "" */
-    char *owner_kind;   /* kind of the pod's controller; "" for none */
-    char *owner_name;   /* name of that controller; "" for none */
-    json_t *owners;     /* [{kind, name}]: the pod's owners, root first, the controller last */
-    bool unmapped;      /* the template is assembled from the object: patches do not map back */
+    char *template_ptr;  /* JSON pointer of the template in the document ("" for a Pod doc) */
+    char *path;          /* its field path for people: "spec.template", "items[2]", "" */
+    char *owner_kind;    /* kind of the pod's controller; "" for none */
+    char *owner_name;    /* name of that controller; "" for none */
+    json_t *owners;      /* [{kind, name}]: the pod's owners, root first, the controller last */
+    bool unmapped;       /* the template is assembled from the object: patches do not map back */
     bool meta_elsewhere; /* the pod's metadata is not the template's: /metadata does not map */
-    json_t *pod;        /* the Pod the controller would create */
+    json_t *pod;         /* the Pod the controller would create */
     /* MF_SKIPPED only */
     const char *reason; /* static text: "no pod template", "not an object", ... */
 };

@@ -417,7 +417,8 @@ static const struct {
      1,
      "{\"leaderworkerset.sigs.k8s.io/name\":\"vllm\",\"leaderworkerset.sigs.k8s.io/group-index\":"
      "\"0\",\"leaderworkerset.sigs.k8s.io/worker-index\":\"1\"}",
-     "[{\"kind\":\"LeaderWorkerSet\",\"name\":\"vllm\"},{\"kind\":\"StatefulSet\",\"name\":\"vllm\"},"
+     "[{\"kind\":\"LeaderWorkerSet\",\"name\":\"vllm\"},{\"kind\":\"StatefulSet\",\"name\":"
+     "\"vllm\"},"
      "{\"kind\":\"Pod\",\"name\":\"vllm-0\"},{\"kind\":\"StatefulSet\",\"name\":\"vllm-0\"}]",
      "vllm-0-1"},
     {"apiVersion: ray.io/v1\nkind: RayService\nmetadata: {name: llm}\nspec:\n  rayClusterConfig:\n"
@@ -430,7 +431,8 @@ static const struct {
      "\"app.kubernetes.io/name\":\"kuberay\",\"app.kubernetes.io/created-by\":\"kuberay-operator\","
      "\"ray.io/serve\":\"true\",\"ray.io/originated-from-crd\":\"RayService\","
      "\"ray.io/originated-from-cr-name\":\"llm\"}",
-     "[{\"kind\":\"RayService\",\"name\":\"llm\"},{\"kind\":\"RayCluster\",\"name\":\"llm\"}]", NULL},
+     "[{\"kind\":\"RayService\",\"name\":\"llm\"},{\"kind\":\"RayCluster\",\"name\":\"llm\"}]",
+     NULL},
     {"apiVersion: kubeflow.org/v1\nkind: PyTorchJob\nmetadata: {name: ft}\nspec:\n"
      "  pytorchReplicaSpecs:\n    Master:\n      template:\n        spec: " CONTAINERS "\n",
      0,
@@ -441,11 +443,13 @@ static const struct {
     {"apiVersion: kubeflow.org/v1\nkind: Notebook\nmetadata: {name: nb, labels: {team: a}}\n"
      "spec:\n  template:\n    metadata: {labels: {dropped: x}}\n    spec: " CONTAINERS "\n",
      0, "{\"team\":\"a\",\"statefulset\":\"nb\",\"notebook-name\":\"nb\"}",
-     "[{\"kind\":\"Notebook\",\"name\":\"nb\"},{\"kind\":\"StatefulSet\",\"name\":\"nb\"}]", "nb-0"},
+     "[{\"kind\":\"Notebook\",\"name\":\"nb\"},{\"kind\":\"StatefulSet\",\"name\":\"nb\"}]",
+     "nb-0"},
     {"apiVersion: batch.volcano.sh/v1alpha1\nkind: Job\nmetadata: {name: vj, namespace: ml}\n"
      "spec:\n  queue: q\n  tasks:\n  - name: w\n    template:\n      spec: " CONTAINERS "\n",
      0,
-     "{\"volcano.sh/job-name\":\"vj\",\"volcano.sh/job-namespace\":\"ml\",\"volcano.sh/queue-name\":"
+     "{\"volcano.sh/job-name\":\"vj\",\"volcano.sh/job-namespace\":\"ml\",\"volcano.sh/"
+     "queue-name\":"
      "\"q\",\"volcano.sh/task-spec\":\"w\"}",
      "[{\"kind\":\"Job\",\"name\":\"vj\"}]", "vj-w-0"},
 };
@@ -488,9 +492,10 @@ static void test_kserve_predictor(void **state)
     assert_string_equal(e->path, "spec.predictor");
     assert_string_equal(e->owner_kind, "ReplicaSet");
     assert_int_equal(strncmp(e->owner_name, "llama-predictor-", 16), 0);
-    assert_json_eq(json_object_get(e->pod, "spec"),
-                   "{\"nodeSelector\":{\"zone\":\"a\"},\"containers\":[{\"name\":\"kserve-container\","
-                   "\"resources\":{\"limits\":{\"nvidia.com/gpu\":\"2\"}}}]}");
+    assert_json_eq(
+        json_object_get(e->pod, "spec"),
+        "{\"nodeSelector\":{\"zone\":\"a\"},\"containers\":[{\"name\":\"kserve-container\","
+        "\"resources\":{\"limits\":{\"nvidia.com/gpu\":\"2\"}}}]}");
     assert_json_eq(json_object_get(json_object_get(e->pod, "metadata"), "labels"),
                    "{\"team\":\"a\",\"tier\":\"gold\",\"serving.kserve.io/inferenceservice\":"
                    "\"llama\",\"component\":\"predictor\",\"app\":\"isvc.llama-predictor\"}");
