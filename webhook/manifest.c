@@ -242,8 +242,11 @@ struct owner {
     size_t n_labels;
     struct link chain[MF_MAX_CHAIN];
     size_t n_chain;
-    const json_t *meta; /* metadata the pod gets instead of the template's (a Notebook's own) */
-    bool unmapped;      /* the template is assembled: no patch maps back onto the object */
+    const json_t *meta;        /* metadata the pod gets instead of the template's (a Notebook's) */
+    const char *meta_rel;      /* where the pod's metadata is, relative to the object, if not
+                                * in the template: a Notebook's own, a KServe component */
+    const char *container_rel; /* KServe: where the pod's first container is (the model spec) */
+    bool assembled;            /* KServe: the template is a component's PodSpec fields */
 };
 
 static void entry_clear(struct mf_entry *e)
@@ -257,6 +260,8 @@ static void entry_clear(struct mf_entry *e)
     free(e->path);
     free(e->owner_kind);
     free(e->owner_name);
+    free(e->meta_ptr);
+    free(e->container_ptr);
     json_decref(e->owners);
     json_decref(e->pod);
     memset(e, 0, sizeof(*e));
@@ -344,7 +349,7 @@ static json_t *build_pod(const struct object_ctx *o, const json_t *tpl, const st
     static const char *const copied[] = {"labels", "annotations", "finalizers"};
     for (size_t i = 0; i < N_ELEMS(copied); i++) {
         json_t *v = json_object_get(tmeta, copied[i]);
-        if (v)
+        if (v && !(w->meta && strcmp(copied[i], "finalizers") == 0)) /* not a Notebook's own */
             json_object_set_new(meta, copied[i], json_deep_copy(v));
     }
     if (w->n_labels) {
@@ -423,10 +428,12 @@ static enum gg_status add_template(struct collector *c, struct object_ctx *o, co
     e->owner_kind = strdup(w->api_version ? w->kind : "");
     e->owner_name = strdup(w->api_version ? w->name : "");
     e->owners = owner_chain(w);
-    e->unmapped = w->unmapped;
-    e->meta_elsewhere = w->meta != NULL;
+    e->meta_ptr = w->meta_rel ? concat(o->ptr, w->meta_rel) : concat(e->template_ptr, "/metadata");
+    e->container_ptr = w->container_rel ? concat(o->ptr, w->container_rel) : NULL;
+    e->assembled = w->assembled;
     e->pod = build_pod(o, tpl, w);
-    if (!e->template_ptr || !e->path || !e->owner_kind || !e->owner_name || !e->owners || !e->pod) {
+    if (!e->template_ptr || !e->path || !e->owner_kind || !e->owner_name || !e->owners ||
+        !e->meta_ptr || (w->container_rel && !e->container_ptr) || !e->pod) {
         c->count--;
         entry_clear(e);
         return nomem(c);
@@ -690,6 +697,7 @@ static enum gg_status find_notebook(struct collector *c, struct object_ctx *o, c
     op_label(&w, "statefulset", "%s", o->base);
     op_label(&w, "notebook-name", "%s", o->base);
     w.meta = json_object_get(o->obj, "metadata");
+    w.meta_rel = "/metadata";
     return add_template(c, o, json_object_get(spec, "template"), "/spec/template", "spec.template",
                         &w);
 }
@@ -725,25 +733,30 @@ static const char *const kserve_not_container[] = {
 
 /*
  * The pod template of one KServe component (spec.predictor, ...): its PodSpec
- * fields, with the model spec (or a framework's) as the container
- * "kserve-container" KServe merges into the serving runtime's; labels and
- * annotations from the InferenceService and the component.  NULL when the
- * component has no container at all.
+ * fields, with the model spec (or a framework's; its key in *model_key, else
+ * NULL) as the container "kserve-container" KServe merges into the serving
+ * runtime's; labels and annotations from the InferenceService and the
+ * component.  NULL when out of memory.
  */
-static json_t *kserve_template(const json_t *obj, const json_t *comp)
+static json_t *kserve_template(const json_t *obj, const json_t *comp, const char **model_key)
 {
     json_t *spec = json_deep_copy(comp), *model = NULL;
+    *model_key = NULL;
     if (!spec)
         return NULL;
     for (size_t i = 0; i < N_ELEMS(kserve_not_pod); i++)
         json_object_del(spec, kserve_not_pod[i]);
     for (size_t i = 0; i < N_ELEMS(kserve_models); i++) {
         json_t *v = json_object_get(comp, kserve_models[i]);
-        if (json_is_object(v) && !model)
+        if (json_is_object(v) && !model) {
             model = v; /* the first one given */
+            *model_key = kserve_models[i];
+        }
         json_object_del(spec, kserve_models[i]);
     }
-    if (model && !json_object_get(spec, "containers")) {
+    if (!model || json_object_get(spec, "containers")) {
+        *model_key = NULL;
+    } else {
         json_t *ctr = json_deep_copy(model);
         for (size_t i = 0; ctr && i < N_ELEMS(kserve_not_container); i++)
             json_object_del(ctr, kserve_not_container[i]);
@@ -770,8 +783,9 @@ static json_t *kserve_template(const json_t *obj, const json_t *comp)
  * (predictor, transformer, explainer) is a Deployment <name>-<component>
  * whose pods (owned by its ReplicaSet) carry serving.kserve.io/
  * inferenceservice, component and app (kserve pkg/constants/constants.go).
- * The template is assembled from the component, so patches are not mapped
- * back onto the manifest.
+ * The template is assembled from the component: a patch maps back onto the
+ * component's PodSpec fields, labels and annotations, and the model spec for
+ * the first container.
  */
 static enum gg_status find_kserve(struct collector *c, struct object_ctx *o, const json_t *spec)
 {
@@ -781,10 +795,11 @@ static enum gg_status find_kserve(struct collector *c, struct object_ctx *o, con
         const json_t *comp = json_object_get(spec, components[i]);
         if (!json_is_object(comp))
             continue;
-        json_t *tpl = kserve_template(o->obj, comp);
+        const char *model_key;
+        json_t *tpl = kserve_template(o->obj, comp, &model_key);
         if (!tpl)
             return nomem(c);
-        char deploy[400], rs[420], ptr[64], path[64], hash[16];
+        char deploy[400], rs[420], ptr[64], path[64], hash[16], model_ptr[96];
         snprintf(deploy, sizeof(deploy), "%s-%s", o->base, components[i]);
         template_hash(tpl, hash, sizeof(hash));
         snprintf(rs, sizeof(rs), "%s-%s", deploy, hash);
@@ -793,7 +808,12 @@ static enum gg_status find_kserve(struct collector *c, struct object_ctx *o, con
         struct owner w;
         set_owner(&w, o, "apps/v1", "ReplicaSet", rs);
         add_link(&w, "Deployment", deploy);
-        w.unmapped = true;
+        w.assembled = true;
+        w.meta_rel = ptr;
+        if (model_key) {
+            snprintf(model_ptr, sizeof(model_ptr), "%s/%s", ptr, model_key);
+            w.container_rel = model_ptr;
+        }
         op_label(&w, "serving.kserve.io/inferenceservice", "%s", o->base);
         op_label(&w, "component", "%s", components[i]);
         op_label(&w, "app", "isvc.%s", deploy);
@@ -1018,6 +1038,14 @@ static bool first_token_is(const char *rest, const char *token)
            (rest[1 + n] == '\0' || rest[1 + n] == '/');
 }
 
+/* Does a pod pointer edit a key inside /metadata (key NULL) or inside /metadata/<key>? */
+static bool edits_in(const char *pointer, const char *key)
+{
+    if (strncmp(pointer, "/metadata/", 10) != 0)
+        return false;
+    return !key || (first_token_is(pointer + 9, key) && pointer[10 + strlen(key)] == '/');
+}
+
 static bool is_pod_doc(const struct mf_entry *e)
 {
     return !*e->owner_kind && strcmp(e->kind, "Pod") == 0 &&
@@ -1028,20 +1056,37 @@ enum gg_status mf_map_pointer(const struct mf_entry *e, const char *pod_pointer,
 {
     static const char *const controller_set[] = {"namespace", "name", "generateName",
                                                  "ownerReferences"};
-    if (e->type != MF_TEMPLATE || !pod_pointer || pod_pointer[0] != '/' || e->unmapped)
+    if (e->type != MF_TEMPLATE || !pod_pointer || pod_pointer[0] != '/')
         return GG_ERR_INVALID;
     bool pod_doc = is_pod_doc(e);
     if (first_token_is(pod_pointer, "metadata")) {
-        if (e->meta_elsewhere)
-            return GG_ERR_INVALID;
         const char *rest = pod_pointer + strlen("/metadata");
         for (size_t i = 0; i < N_ELEMS(controller_set); i++) {
             if ((!pod_doc || i == 0) && first_token_is(rest, controller_set[i]))
                 return GG_ERR_INVALID;
         }
-    } else if (!pod_doc && !first_token_is(pod_pointer, "spec")) {
-        return GG_ERR_INVALID;
+        if (e->assembled && !first_token_is(rest, "labels") && !first_token_is(rest, "annotations"))
+            return GG_ERR_INVALID; /* a component has labels and annotations, nothing else */
+        *out = concat(e->meta_ptr, rest);
+        return *out ? GG_OK : GG_ERR_NOMEM;
     }
+    if (e->assembled) {
+        /* /spec/<field> is the component's <field>; the first container may be the model. */
+        const char *rest = pod_pointer + strlen("/spec");
+        if (!first_token_is(pod_pointer, "spec") || !*rest)
+            return GG_ERR_INVALID;
+        if (e->container_ptr && first_token_is(rest, "containers")) {
+            const char *tail = rest + strlen("/containers");
+            if (!first_token_is(tail, "0"))
+                return GG_ERR_INVALID;
+            *out = concat(e->container_ptr, tail + 2);
+            return *out ? GG_OK : GG_ERR_NOMEM;
+        }
+        *out = concat(e->template_ptr, rest);
+        return *out ? GG_OK : GG_ERR_NOMEM;
+    }
+    if (!pod_doc && !first_token_is(pod_pointer, "spec"))
+        return GG_ERR_INVALID;
     *out = concat(e->template_ptr, pod_pointer);
     return *out ? GG_OK : GG_ERR_NOMEM;
 }
@@ -1065,7 +1110,10 @@ enum gg_status mf_map_patch(const struct mf_entry *e, const json_t *doc, const j
                             json_t **mapped, json_t **dropped, struct gg_err *err)
 {
     json_t *ops = json_array(), *left = json_array();
-    bool touches_meta = false;
+    /* The maps whose keys the patch edits: the metadata, or a component's labels and
+     * annotations; each must be an object in the document before the mapped ops run. */
+    bool touches[3] = {false, false, false};
+    static const char *const parents[3] = {"", "/labels", "/annotations"};
     enum gg_status st = GG_OK;
     size_t i;
     json_t *op;
@@ -1101,24 +1149,28 @@ enum gg_status mf_map_patch(const struct mf_entry *e, const json_t *doc, const j
                 json_object_set_new(copy, "value",
                                     template_metadata(e, json_object_get(op, "value")));
             json_array_append_new(ops, copy);
-            if (strncmp(path, "/metadata/", 10) == 0 ||
-                (from && strncmp(from, "/metadata/", 10) == 0))
-                touches_meta = true;
+            for (size_t k = 0; k < 3; k++) {
+                const char *key = k ? parents[k] + 1 : NULL;
+                touches[k] = touches[k] || ((!key || e->assembled) &&
+                                            (edits_in(path, key) || (from && edits_in(from, key))));
+            }
         }
         free(mpath);
         free(mfrom);
     }
-    if (touches_meta) {
-        char *meta_ptr = concat(e->template_ptr, "/metadata");
-        json_t *meta = NULL;
-        if (!meta_ptr) {
+    for (size_t k = 3; k-- > 0;) {
+        if (!touches[k] || (k == 0 && e->assembled))
+            continue;
+        char *ptr = concat(e->meta_ptr, parents[k]);
+        json_t *map = NULL;
+        if (!ptr) {
             st = gg_fail(err, GG_ERR_NOMEM, "out of memory");
             goto out;
         }
-        if (jp_pointer_get(doc, meta_ptr, &meta, NULL) != GG_OK || !json_is_object(meta))
-            json_array_insert_new(
-                ops, 0, json_pack("{s:s,s:s,s:{}}", "op", "add", "path", meta_ptr, "value"));
-        free(meta_ptr);
+        if (jp_pointer_get(doc, ptr, &map, NULL) != GG_OK || !json_is_object(map))
+            json_array_insert_new(ops, 0,
+                                  json_pack("{s:s,s:s,s:{}}", "op", "add", "path", ptr, "value"));
+        free(ptr);
     }
 out:
     if (st != GG_OK) {

@@ -102,8 +102,10 @@ struct mf_entry {
     char *owner_kind;    /* kind of the pod's controller; "" for none */
     char *owner_name;    /* name of that controller; "" for none */
     json_t *owners;      /* [{kind, name}]: the pod's owners, root first, the controller last */
-    bool unmapped;       /* the template is assembled from the object: patches do not map back */
-    bool meta_elsewhere; /* the pod's metadata is not the template's: /metadata does not map */
+    char *meta_ptr;      /* where the pod's metadata maps: the template's, a Notebook's own, or
+                          * a KServe component (its labels and annotations) */
+    char *container_ptr; /* KServe: where the pod's first container maps (the model); or NULL */
+    bool assembled;      /* KServe: the pod's spec is the component's PodSpec fields */
     json_t *pod;         /* the Pod the controller would create */
     /* MF_SKIPPED only */
     const char *reason; /* static text: "no pod template", "not an object", ... */
@@ -127,11 +129,15 @@ enum gg_status mf_collect(const struct yd_stream *stream, const char *source, st
 void mf_set_clear(struct mf_set *set);
 
 /*
- * Map a JSON pointer into e's Pod onto the document: /metadata/... and
- * /spec/... go under the template pointer.  *out is a malloc'ed pointer.
- * GG_ERR_INVALID for pointers that have no place in the template: the
- * root, anything outside metadata and spec, and the metadata the
- * controller sets (namespace, name, generateName, ownerReferences).
+ * Map a JSON pointer into e's Pod onto the document: /metadata/... under
+ * e->meta_ptr, /spec/... under the template pointer (for a KServe
+ * component, /spec/<field> is the component's <field> and the first
+ * container the model spec).  *out is a malloc'ed pointer.  GG_ERR_INVALID
+ * for pointers that have no place in the template: the root, anything
+ * outside metadata and spec, the metadata the controller sets (namespace,
+ * name, generateName, ownerReferences), and for a KServe component the
+ * whole spec, metadata other than labels and annotations, and containers
+ * other than the model's.
  */
 enum gg_status mf_map_pointer(const struct mf_entry *e, const char *pod_pointer, char **out);
 

@@ -124,11 +124,43 @@ def pointer_get(doc, pointer):
     return doc
 
 
+# KServe component fields that are not a PodSpec's, and its model specs (each a container).
+KSERVE_NOT_POD = {"minReplicas", "maxReplicas", "scaleTarget", "scaleMetric", "scaleMetricType",
+                  "autoScaling", "containerConcurrency", "timeout", "canaryTrafficPercent",
+                  "logger", "batcher", "labels", "annotations", "deploymentStrategy", "workerSpec"}
+KSERVE_MODELS = ["model", "sklearn", "xgboost", "tensorflow", "pytorch", "triton", "onnx",
+                 "huggingface", "pmml", "lightgbm", "paddle"]
+KSERVE_NOT_CONTAINER = {"modelFormat", "runtime", "runtimeVersion", "protocolVersion",
+                        "storageUri", "storage"}
+
+
+def template_of(doc, record):
+    """The template a record's pod is made from: the one at its pointer; for a Notebook with the
+    Notebook's own labels and annotations; for a KServe component, assembled from its fields."""
+    template = pointer_get(doc, record["pointer"])
+    if record["kind"] == "Notebook":
+        meta = doc.get("metadata") or {}
+        return {"metadata": {k: meta[k] for k in ("labels", "annotations") if k in meta},
+                "spec": template["spec"]}
+    if record["kind"] != "InferenceService":
+        return template
+    spec = {k: v for k, v in template.items() if k not in KSERVE_NOT_POD and k not in KSERVE_MODELS}
+    model = next((template[k] for k in KSERVE_MODELS if isinstance(template.get(k), dict)), None)
+    if model is not None and "containers" not in spec:
+        container = {k: v for k, v in model.items() if k not in KSERVE_NOT_CONTAINER}
+        container.setdefault("name", "kserve-container")
+        spec["containers"] = [container]
+    meta = {}
+    for key in ("labels", "annotations"):
+        meta[key] = {**((doc.get("metadata") or {}).get(key) or {}), **(template.get(key) or {})}
+    return {"metadata": meta, "spec": spec}
+
+
 def build_pod(doc, record):
     """The Pod the webhook saw for a template record, as `gpuguard check` builds it: a Pod
     document itself, or a Pod from the template's labels, annotations and spec, in the request's
     namespace and owned by the record's owner."""
-    template = pointer_get(doc, record["pointer"])
+    template = template_of(doc, record)
     if record["owner"] is None and record["kind"] == "Pod" and record["pointer"] == "":
         pod = copy.deepcopy(template)
         pod.setdefault("metadata", {}).setdefault("namespace", record["namespace"])
@@ -213,7 +245,7 @@ def test_patches_apply_with_jsonpatch(binary, no_policies, inp, tmp_path):
         if not record["allowed"]:
             continue  # denied: --emit-mutated leaves it as it was
         whole = record["owner"] is None and record["kind"] == "Pod" and record["pointer"] == ""
-        want = pod_view(pointer_get(mutated[record["document"] - 1], record["pointer"]), whole)
+        want = pod_view(template_of(mutated[record["document"] - 1], record), whole)
         assert pod_view(patched, whole) == want, f"{where}: patched pod differs from the mutated one"
 
 

@@ -403,6 +403,27 @@ static void test_pod_from_template(void **state)
     yd_stream_clear(&s);
 }
 
+/* A pointer into an entry's Pod and where it maps in the document (NULL: nowhere). */
+struct map_case {
+    const char *in;
+    const char *out;
+};
+
+static void expect_maps(const struct mf_entry *e, const struct map_case *cases, size_t n)
+{
+    for (size_t i = 0; i < n; i++) {
+        char *out = NULL;
+        enum gg_status st = mf_map_pointer(e, cases[i].in, &out);
+        if (cases[i].out) {
+            if (st != GG_OK || strcmp(out, cases[i].out) != 0)
+                fail_msg("%s: got %s", cases[i].in, out ? out : "(unmappable)");
+        } else if (st != GG_ERR_INVALID) {
+            fail_msg("%s: mapped to %s, want unmappable", cases[i].in, out);
+        }
+        free(out);
+    }
+}
+
 /* The labels an operator adds and the owner chain of the pods built for its kinds. */
 static const struct {
     const char *text;
@@ -475,7 +496,26 @@ static void test_operator_labels_and_owners(void **state)
     }
 }
 
-/* A KServe predictor: the model spec becomes kserve-container; patches do not map back. */
+/* A Notebook's pod takes the Notebook's own metadata: patches on it go there. */
+static void test_notebook_metadata_maps_to_the_notebook(void **state)
+{
+    (void)state;
+    struct yd_stream s;
+    struct mf_set set;
+    collect("apiVersion: kubeflow.org/v1\nkind: Notebook\nmetadata: {name: nb}\nspec:\n"
+            "  template:\n    spec: " CONTAINERS "\n",
+            &s, &set);
+    static const struct map_case ptrs[] = {
+        {"/metadata/annotations/a", "/metadata/annotations/a"},
+        {"/spec/containers/0/image", "/spec/template/spec/containers/0/image"},
+        {"/metadata/name", NULL},
+    };
+    expect_maps(nth_template(&set, 0), ptrs, N_ELEMS(ptrs));
+    mf_set_clear(&set);
+    yd_stream_clear(&s);
+}
+
+/* A KServe predictor: the model spec becomes kserve-container, and patches map back there. */
 static void test_kserve_predictor(void **state)
 {
     (void)state;
@@ -501,8 +541,32 @@ static void test_kserve_predictor(void **state)
                    "\"llama\",\"component\":\"predictor\",\"app\":\"isvc.llama-predictor\"}");
     assert_string_equal(json_string_value(json_object_get(json_array_get(e->owners, 1), "kind")),
                         "Deployment");
-    char *out = NULL;
-    assert_int_equal(mf_map_pointer(e, "/spec/containers/0/image", &out), GG_ERR_INVALID);
+    /* Back onto the component: its fields, labels, annotations; the model for container 0. */
+    static const struct map_case ptrs[] = {
+        {"/spec/containers/0/resources/limits", "/spec/predictor/model/resources/limits"},
+        {"/spec/nodeSelector/x", "/spec/predictor/nodeSelector/x"},
+        {"/metadata/annotations/a", "/spec/predictor/annotations/a"},
+        {"/metadata/labels", "/spec/predictor/labels"},
+        {"/spec/containers/1", NULL},
+        {"/spec/containers", NULL},
+        {"/spec", NULL},
+        {"/metadata/finalizers", NULL},
+        {"/metadata", NULL},
+    };
+    expect_maps(e, ptrs, N_ELEMS(ptrs));
+    /* A key added to annotations the component lacks: the map is added first. */
+    json_t *patch = js("[{\"op\":\"add\",\"path\":\"/metadata/annotations/a\",\"value\":\"b\"}]");
+    json_t *mapped = NULL, *dropped = NULL;
+    struct gg_err err = {{0}};
+    assert_int_equal(mf_map_patch(e, json_array_get(s.docs, 0), patch, &mapped, &dropped, &err),
+                     GG_OK);
+    assert_json_eq(mapped,
+                   "[{\"op\":\"add\",\"path\":\"/spec/predictor/annotations\",\"value\":{}},"
+                   "{\"op\":\"add\",\"path\":\"/spec/predictor/annotations/a\",\"value\":\"b\"}]");
+    assert_int_equal(json_array_size(dropped), 0);
+    json_decref(patch);
+    json_decref(mapped);
+    json_decref(dropped);
     mf_set_clear(&set);
     yd_stream_clear(&s);
 }
@@ -520,10 +584,7 @@ static void test_map_pointer(void **state)
             "\n",
             &s, &set);
     const struct mf_entry *cj = nth_template(&set, 0), *pod = nth_template(&set, 1);
-    static const struct {
-        const char *in;
-        const char *out; /* NULL: cannot be mapped */
-    } tpl_cases[] = {
+    static const struct map_case tpl_cases[] = {
         {"/metadata/labels/a~1b", "/items/0/spec/jobTemplate/spec/template/metadata/labels/a~1b"},
         {"/metadata", "/items/0/spec/jobTemplate/spec/template/metadata"},
         {"/spec/containers/0/image",
@@ -539,17 +600,7 @@ static void test_map_pointer(void **state)
         {"", NULL},
         {"/specs", NULL},
     };
-    for (size_t i = 0; i < N_ELEMS(tpl_cases); i++) {
-        char *out = NULL;
-        enum gg_status st = mf_map_pointer(cj, tpl_cases[i].in, &out);
-        if (tpl_cases[i].out) {
-            if (st != GG_OK || strcmp(out, tpl_cases[i].out) != 0)
-                fail_msg("%s: got %s", tpl_cases[i].in, out ? out : "(unmappable)");
-        } else if (st != GG_ERR_INVALID) {
-            fail_msg("%s: mapped to %s, want unmappable", tpl_cases[i].in, out);
-        }
-        free(out);
-    }
+    expect_maps(cj, tpl_cases, N_ELEMS(tpl_cases));
     /* A Pod document is its own template: only the namespace is off limits. */
     char *out = NULL;
     assert_int_equal(mf_map_pointer(pod, "/metadata/name", &out), GG_OK);
@@ -835,6 +886,7 @@ int main(void)
         cmocka_unit_test(test_stream_positions_and_order),
         cmocka_unit_test(test_pod_from_template),
         cmocka_unit_test(test_operator_labels_and_owners),
+        cmocka_unit_test(test_notebook_metadata_maps_to_the_notebook),
         cmocka_unit_test(test_kserve_predictor),
         cmocka_unit_test(test_map_pointer),
         cmocka_unit_test(test_map_patch_applies_to_the_template),
