@@ -338,9 +338,9 @@ def test_image_push(registry):
         buildah("rmi", name)
 
 
-def test_image_push_fails_without_registry(registry):
-    """A registry that does not answer fails the push (here: one that has stopped)."""
-    unreachable = f"{registry.rpartition(':')[0]}:1/gpuguard:smoke"
+def test_image_push_fails_without_registry():
+    """A registry that does not answer fails the push, and the error names it."""
+    unreachable = f"127.0.0.1:1/gpuguard:smoke-{os.getpid()}"
     buildah("tag", IMAGE, unreachable)
     try:
         res = make_image_push(unreachable)
