@@ -206,4 +206,6 @@ image-push:
 test-image: deps $(BIN)
 	GPUGUARD_IMAGE=$(IMAGE) GPUGUARD_BIN=$(abspath $(BIN)) \
 	    $(PYTHON) -m pytest -q -p no:cacheprovider tests/image/image_smoke.py
-	@echo "test-image: $(IMAGE) is $$(buildah images --noheading --format '{{.Size}}' $(IMAGE) | tr -s ' ')"
+	@echo "test-image: ran $(IMAGE) from buildah mount, root read-only, chrooted as the" \
+	    "Deployment's user (tests/image/pod.sh); its size: $$(buildah images --noheading \
+	    --format '{{.Size}}' $(IMAGE) | tr -s ' ')"

@@ -9,12 +9,13 @@
 # debian:bookworm-slim - are made here from Debian's archive with mmdebstrap,
 # the way the official images are (debuerreotype: a minbase root filesystem;
 # the slim one without documentation, manual pages and locales).  The script
-# says which it did for each base.  Run from the repository root, as root.
+# says which it did for each base.  Run as root.
 #
 # IMAGE_PULL_TIMEOUT (seconds, default 120) bounds each pull.
 set -euo pipefail
 
 image=${1:?usage: deploy/image.sh IMAGE}
+cd "$(dirname "$0")/.."
 dockerfile=deploy/Dockerfile
 pull_timeout=${IMAGE_PULL_TIMEOUT:-120}
 
@@ -86,6 +87,8 @@ for base in $bases; do
     if err=$(timeout "$pull_timeout" buildah pull --quiet "$ref" 2>&1 >/dev/null); then
         echo "image: base $base: pulled $ref"
         continue
+    elif [ $? = 124 ]; then
+        err="no answer in $pull_timeout s"
     fi
     echo "image: base $base: pull failed ($(printf '%s\n' "$err" | tail -n 1))"
     case $base in
