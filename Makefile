@@ -186,7 +186,8 @@ clean:
 
 # ---- the container image (deploy/Dockerfile), built with buildah: no Docker
 # daemon needed.  deploy/image.sh makes the Debian base images with mmdebstrap
-# when they cannot be pulled; tests/image/image_smoke.py is the smoke test.
+# when they cannot be pulled (IMAGE_PULL_TIMEOUT, in seconds, bounds each pull);
+# tests/image/image_smoke.py is the smoke test.
 VERSION          := $(shell sed -n 's/^#define GG_VERSION "\(.*\)"$$/\1/p' webhook/gpuguard.h)
 IMAGE            ?= gpuguard:$(VERSION)
 IMAGE_PUSH_FLAGS ?=
