@@ -6,6 +6,10 @@
 #   make fuzz    each libFuzzer target for FUZZ_SECONDS (clang); see docs/testing.md
 #   make lint    clang-format check, cppcheck, luac -p on every Lua file
 #   make bench   benchmarks (figures, not pass/fail)
+#   make deps-image  install buildah, mmdebstrap and docker-registry (as root)
+#   make image       build the container image IMAGE (gpuguard:<version>) with buildah
+#   make image-push  push IMAGE to its registry (IMAGE_PUSH_FLAGS, e.g. --tls-verify=false)
+#   make test-image  run IMAGE as deploy/base's Deployment does and check its answers
 
 BUILD   ?= build
 CC      ?= cc
@@ -179,3 +183,30 @@ install: $(BIN)
 
 clean:
 	rm -rf build
+
+# ---- the container image (deploy/Dockerfile), built with buildah: no Docker
+# daemon needed.  deploy/image.sh makes the Debian base images with mmdebstrap
+# when they cannot be pulled (IMAGE_PULL_TIMEOUT, in seconds, bounds each pull);
+# tests/image/image_smoke.py is the smoke test.
+VERSION          := $(shell sed -n 's/^#define GG_VERSION "\(.*\)"$$/\1/p' webhook/gpuguard.h)
+IMAGE            ?= gpuguard:$(VERSION)
+IMAGE_PUSH_FLAGS ?=
+IMAGE_DEB_PKGS   := buildah mmdebstrap docker-registry
+
+.PHONY: deps-image image image-push test-image
+
+deps-image:
+	@$(MAKE) --no-print-directory deps DEB_PKGS="$(IMAGE_DEB_PKGS)"
+
+image:
+	deploy/image.sh $(IMAGE)
+
+image-push:
+	buildah push $(IMAGE_PUSH_FLAGS) $(IMAGE) docker://$(IMAGE)
+
+test-image: deps $(BIN)
+	GPUGUARD_IMAGE=$(IMAGE) GPUGUARD_BIN=$(abspath $(BIN)) \
+	    $(PYTHON) -m pytest -q -p no:cacheprovider tests/image/image_smoke.py
+	@echo "test-image: ran $(IMAGE) from buildah mount, root read-only, chrooted as the" \
+	    "Deployment's user (tests/image/pod.sh); its size: $$(buildah images --noheading \
+	    --format '{{.Size}}' $(IMAGE) | tr -s ' ')"

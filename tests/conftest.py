@@ -120,7 +120,6 @@ class Server:
 
 def start_server(binary, certs, tmp_path, *extra, env=None, ready_timeout=10):
     log_path = tmp_path / "server.log"
-    logf = open(log_path, "wb")
     cmd = [binary, "serve", "--listen", "127.0.0.1:0", "--ops-listen", "127.0.0.1:0",
            "--tls-cert", str(certs / "tls.crt"), "--tls-key", str(certs / "tls.key"),
            "--threads", "2"]
@@ -130,6 +129,13 @@ def start_server(binary, certs, tmp_path, *extra, env=None, ready_timeout=10):
         empty.mkdir(exist_ok=True)
         cmd += ["--policies", str(empty), "--lua", str(REPO / "lua")]
     cmd += list(extra)
+    return launch(cmd, log_path, certs / "ca.crt", env=env, ready_timeout=ready_timeout)
+
+
+def launch(cmd, log_path, ca, env=None, ready_timeout=10):
+    """Run a `gpuguard serve` command line whose ports come from its log's `serving`
+    line, logging to log_path; return the Server once /readyz answers 200."""
+    logf = open(log_path, "wb")
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=logf, cwd=REPO,
                             env=env)
     logf.close()
@@ -149,7 +155,7 @@ def start_server(binary, certs, tmp_path, *extra, env=None, ready_timeout=10):
     if port is None:
         proc.kill()
         raise RuntimeError(f"server did not start: {log_path.read_text()}")
-    server = Server(proc, log_path, port, ops_port, certs / "ca.crt")
+    server = Server(proc, log_path, port, ops_port, ca)
     while time.monotonic() < deadline:
         if server.ops("/readyz")[0] == 200:
             return server
