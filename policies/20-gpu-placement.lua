@@ -9,11 +9,13 @@ mutate:   a GPU pod placed in a pool by 10-gpu-sharing (annotation gpuguard.io/p
           the spot taint and prefers spot nodes.
 validate: a pod that asks for no GPU but tolerates a GPU pool's taint or selects GPU nodes
           (nodeSelector, or a required node affinity term) would hold a GPU node's CPU and
-          memory; it is denied (or warned, placement.non_gpu_pods: warn).  DaemonSet pods
-          and placement.exempt_namespaces are left alone.
+          memory; it is denied (or warned, placement.non_gpu_pods: warn).  Pods in
+          placement.exempt_namespaces or running as one of placement.exempt_service_accounts
+          are left alone.
 
 Config keys: pools (node_selector, taints), placement.non_gpu_pods (deny | warn),
-placement.exempt_namespaces, placement.spot {taint, node_selector, weight}.
+placement.exempt_namespaces, placement.exempt_service_accounts, placement.spot {taint,
+node_selector, weight}.
 ]]
 
 local gg = require "gpuguard"
@@ -153,6 +155,16 @@ return {
         end
         if p.exempt_namespaces ~= nil and not gg.is_array(p.exempt_namespaces) then
             error("placement.exempt_namespaces: must be a list of namespaces", 0)
+        end
+        if p.exempt_service_accounts ~= nil then
+            if not gg.is_array(p.exempt_service_accounts) then
+                error("placement.exempt_service_accounts: must be a list of namespace/name", 0)
+            end
+            for i, a in ipairs(p.exempt_service_accounts) do
+                if type(a) ~= "string" or not a:match("^[^/]+/[^/]+$") then
+                    error(string.format("placement.exempt_service_accounts[%d]: must be namespace/name", i), 0)
+                end
+            end
         end
         if p.spot ~= nil and p.spot.taint ~= nil and type(p.spot.taint.key) ~= "string" then
             error("placement.spot.taint.key: must be a string", 0)
