@@ -20,6 +20,11 @@ validate, at pod CREATE:
     refused by Kubernetes later with a less helpful message);
   * GPU pods carry the labels of guardrails.required_labels (cost attribution);
   * pods of a class with max_runtime set activeDeadlineSeconds at most that long.
+validate, at pod UPDATE (guardrails.update_allowed may do all of it, e.g. Kueue's controller):
+  * the update may not change a gpuguard.io/ label or annotation;
+  * on a scheduling-gated pod it may not add a toleration of a GPU pool's taint, a nodeSelector
+    entry of a pool or a required node affinity term that selects a pool;
+  * pods/ephemeralcontainers: each new ephemeral container gets the container rules above.
 mutate, at CREATE:
   * pods of a class with max_runtime and no activeDeadlineSeconds get it set to max_runtime.
 
@@ -28,7 +33,7 @@ placement.exempt_service_accounts) are exempt from the environment, hostPath and
 privileged-without-GPU rules.
 
 Config keys: guardrails.required_labels, guardrails.host_paths, guardrails.gpu_env_config_maps,
-guardrails.bind_allowed, classes.<class>.max_runtime,
+guardrails.bind_allowed, guardrails.update_allowed, classes.<class>.max_runtime,
 placement.exempt_namespaces, placement.exempt_service_accounts.
 ]]
 
@@ -81,6 +86,8 @@ local DEFAULT_HOST_PATHS = {
 local DEFAULT_BIND_ALLOWED = { groups = { "system:nodes" } }
 -- Capabilities that reach other processes on the node: on a shared GPU, the other pods' work.
 local SHARED_GPU_CAPS = { SYS_ADMIN = true, SYS_PTRACE = true, ALL = true }
+local PREFIX = "gpuguard.io/"
+local EPHEMERAL = { ephemeral = true }
 
 -- Per-request state of the CREATE rules: whether the pod asks for a GPU and, asked once when a
 -- rule needs it, whether it is on a shared GPU.
@@ -351,16 +358,108 @@ local function create_rules(req, pod, spec, cfg)
     runtime_rules(req, pod, spec, cfg)
 end
 
+-- gpuguard.io/ keys whose value differs between two label or annotation maps, sorted.
+local function changed_keys(new, old)
+    new = type(new) == "table" and new or NONE
+    old = type(old) == "table" and old or NONE
+    local out, seen = {}, {}
+    for _, m in ipairs({ new, old }) do
+        for k in pairs(m) do
+            if type(k) == "string" and k:sub(1, #PREFIX) == PREFIX and not seen[k] then
+                seen[k] = true
+                if new[k] ~= old[k] then
+                    out[#out + 1] = k
+                end
+            end
+        end
+    end
+    table.sort(out)
+    return out
+end
+
+-- A tie of fleet.gpu_ties as a word for messages and comparisons.
+local function tie_text(t)
+    if t.what == "toleration" then
+        return string.format("a toleration of the GPU taint %s (pool %s)", t.key, t.pool)
+    elseif t.what == "nodeSelector" then
+        return string.format("the nodeSelector %s=%s (pool %s)", t.key, t.value, t.pool)
+    end
+    return string.format("a required node affinity term on %s=%s (pool %s)", t.key, t.value, t.pool)
+end
+
+local function metadata_update_rules(req, pod, old)
+    local meta, old_meta = k8s.pod_meta(pod) or NONE, k8s.pod_meta(old) or NONE
+    for _, field in ipairs({ "labels", "annotations" }) do
+        for _, key in ipairs(changed_keys(meta[field], old_meta[field])) do
+            req:deny(string.format("the update changes the %s %s, which gpuguard reads to place and charge the pod; leave gpuguard.io/ labels and annotations as they are",
+                field == "labels" and "label" or "annotation", key))
+        end
+    end
+end
+
+local function gated_update_rules(req, spec, old_spec, cfg)
+    local gates = old_spec.schedulingGates
+    if type(gates) ~= "table" or #gates == 0 then
+        return
+    end
+    local had = {}
+    for _, t in ipairs(fleet.gpu_ties(old_spec, cfg)) do
+        had[tie_text(t)] = true
+    end
+    for _, t in ipairs(fleet.gpu_ties(spec, cfg)) do
+        local text = tie_text(t)
+        if not had[text] then
+            req:deny(string.format("the pod is scheduling-gated and the update adds %s; remove it: only the queueing controller (guardrails.update_allowed) places gated pods",
+                text))
+        end
+    end
+end
+
+-- pods/ephemeralcontainers: the container rules for each ephemeral container the update adds.
+local function ephemeral_rules(req, pod, spec, old_spec, cfg)
+    local had = {}
+    for c in k8s.containers(old_spec, EPHEMERAL) do
+        had[c.name] = true
+    end
+    local ctx = new_ctx(req, pod, spec, cfg)
+    for c, kind, index in k8s.containers(spec, EPHEMERAL) do
+        if not had[c.name] then
+            container_rules(ctx, c, kind, index)
+        end
+    end
+end
+
+local function update_rules(req, pod, spec, cfg)
+    local old = req.old_object
+    local old_spec = old and k8s.pod_spec(old) or NONE
+    if req.sub_resource == "ephemeralcontainers" then
+        ephemeral_rules(req, pod, spec, old_spec, cfg)
+        return
+    end
+    if (req.sub_resource or "") ~= "" then
+        return -- status, binding, resize: nothing here reads them
+    end
+    if requester_in(req, guardrails_of(cfg).update_allowed or NONE) then
+        return
+    end
+    metadata_update_rules(req, pod, old or NONE)
+    gated_update_rules(req, spec, old_spec, cfg)
+end
+
 local function validate(req, pod, cfg)
     local spec = k8s.pod_spec(pod)
     if not spec then
         return
     end
-    create_rules(req, pod, spec, cfg)
+    if req.operation == "UPDATE" then
+        update_rules(req, pod, spec, cfg)
+    else
+        create_rules(req, pod, spec, cfg)
+    end
 end
 
 local function mutate(req, pod, cfg)
-    local spec = k8s.pod_spec(pod)
+    local spec = req.operation == "CREATE" and k8s.pod_spec(pod)
     if not spec or not workload.wants_gpu(pod) then
         return
     end
@@ -437,12 +536,13 @@ local function check(cfg)
         end
     end
     check_requesters(g.bind_allowed, "guardrails.bind_allowed")
+    check_requesters(g.update_allowed, "guardrails.update_allowed")
 end
 
 return {
     name = "gpu-guardrails",
     description = "Keeps GPU access through the device plugin and GPU accounting honest.",
-    match = { kinds = { "Pod" }, operations = { "CREATE" } },
+    match = { kinds = { "Pod" }, operations = { "CREATE", "UPDATE" } },
     check = check,
     mutate = mutate,
     validate = validate,
