@@ -76,6 +76,8 @@ static void test_usage(FILE *out)
             "for *.suite.yaml files.  Each case gives a manifest (a file or an inline object)\n"
             "and what the webhook must do with its pods: allowed, message, warnings, patch,\n"
             "fields of the mutated pod, audit annotations; mutation must be idempotent.\n"
+            "A case may also be an UPDATE, with the old object, the requester (user, groups)\n"
+            "and a sub-resource such as ephemeralcontainers (what kubectl debug sends).\n"
             "The format is described in docs/policy-tests.md.\n"
             "\n"
             "flags:\n"
