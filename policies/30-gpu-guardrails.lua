@@ -78,7 +78,7 @@ local NO_GPU_VALUES = { void = true, none = true }
 -- last part of a path.  /, /dev, /run, /var/run, /usr/lib... hold one of these and are denied
 -- for that.
 local DEFAULT_HOST_PATHS = {
-    "/dev/nvidia*", "/dev/dri", "/run/nvidia", "/var/run/nvidia", "/proc/driver/nvidia",
+    "/dev/nvidia*", "/dev/dri", "/run/nvidia*", "/var/run/nvidia*", "/proc/driver/nvidia",
     "/usr/lib/x86_64-linux-gnu/libnvidia*", "/usr/lib/x86_64-linux-gnu/libcuda*",
     "/usr/lib/aarch64-linux-gnu/libnvidia*", "/usr/lib/aarch64-linux-gnu/libcuda*",
 }
