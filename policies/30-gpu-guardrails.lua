@@ -186,18 +186,18 @@ local function env_rules(ctx, c, kind, index)
     end
 end
 
+-- shared() is asked only of pods that set what it could forbid: it reads annotations too, so a
+-- pod on a shared GPU in a dialect wants_gpu does not know yet is still one.
 local function privilege_rules(ctx, c)
     local sc = type(c.securityContext) == "table" and c.securityContext or NONE
-    if not ctx.gpu then
-        if sc.privileged == true then
+    if sc.privileged == true then
+        if shared(ctx) then
+            ctx.req:deny(string.format("container %s is privileged on a shared GPU and would see every GPU of the node; drop privileged or use exclusive GPUs",
+                c.name))
+        elseif not ctx.gpu then
             deny_unless_exempt(ctx, string.format("container %s is privileged but the pod asks for no GPU, and privileged sees every GPU of the node; drop privileged",
                 c.name))
         end
-        return
-    end
-    if sc.privileged == true and shared(ctx) then
-        ctx.req:deny(string.format("container %s is privileged on a shared GPU and would see every GPU of the node; drop privileged or use exclusive GPUs",
-            c.name))
     end
     local caps = type(sc.capabilities) == "table" and sc.capabilities.add
     for _, cap in ipairs(type(caps) == "table" and caps or NONE) do
@@ -347,10 +347,10 @@ local function create_rules(req, pod, spec, cfg)
         container_rules(ctx, c, kind, index)
     end
     host_path_rules(ctx)
+    host_namespace_rules(ctx)
     if not ctx.gpu then
         return
     end
-    host_namespace_rules(ctx)
     -- The containers walked once, for rules that each go through all of them in turn.
     local containers = k8s.all_containers(spec)
     equal_requests_rules(req, containers)
