@@ -373,4 +373,91 @@ function M.gpu_selectors(cfg)
     return out
 end
 
+-- Does toleration tol tolerate taint?  (The scheduler's rule.)
+function M.tolerates(tol, taint)
+    if tol.effect ~= nil and tol.effect ~= "" and tol.effect ~= taint.effect then
+        return false
+    end
+    if tol.key == nil or tol.key == "" then
+        return tol.operator == "Exists"
+    end
+    if tol.key ~= taint.key then
+        return false
+    end
+    if tol.operator == "Exists" then
+        return true
+    end
+    return (tol.value or "") == (taint.value or "")
+end
+
+-- Does a node selector requirement (a matchExpressions entry) pick the nodes of selector s?
+local function picks(expr, s)
+    if type(expr) ~= "table" or expr.key ~= s.key then
+        return false
+    end
+    if expr.operator == "Exists" then
+        return true
+    end
+    if expr.operator ~= "In" or type(expr.values) ~= "table" then
+        return false
+    end
+    for _, v in ipairs(expr.values) do
+        if v == s.value then
+            return true
+        end
+    end
+    return false
+end
+
+local NONE = {}
+
+-- The terms of spec's required node affinity (a list, maybe empty).
+local function required_terms(spec)
+    local na = type(spec.affinity) == "table" and spec.affinity.nodeAffinity
+    local req = type(na) == "table" and na.requiredDuringSchedulingIgnoredDuringExecution
+    local terms = type(req) == "table" and req.nodeSelectorTerms
+    return type(terms) == "table" and terms or NONE
+end
+
+--[[
+What ties a PodSpec to GPU nodes: a list of { what = "toleration" | "nodeSelector" |
+"nodeAffinity", key, value, pool }, in that order: a toleration of a pool's taint (key and value
+of the taint), a nodeSelector entry of a pool's node_selector, a term of the required node
+affinity with an In (holding the pool's value) or Exists requirement on a pool's node_selector
+key.  Empty when nothing does.
+]]
+function M.gpu_ties(spec, cfg)
+    local out = {}
+    local tolerations = type(spec.tolerations) == "table" and spec.tolerations or NONE
+    for _, t in ipairs(M.gpu_taints(cfg)) do
+        for _, tol in ipairs(tolerations) do
+            if type(tol) == "table" and M.tolerates(tol, t.taint) then
+                out[#out + 1] = { what = "toleration", key = t.taint.key, value = t.taint.value,
+                    pool = t.pool }
+                break
+            end
+        end
+    end
+    local selectors = M.gpu_selectors(cfg)
+    local ns = type(spec.nodeSelector) == "table" and spec.nodeSelector or NONE
+    for _, s in ipairs(selectors) do
+        if ns[s.key] == s.value then
+            out[#out + 1] = { what = "nodeSelector", key = s.key, value = s.value, pool = s.pool }
+        end
+    end
+    for _, term in ipairs(required_terms(spec)) do
+        local exprs = type(term) == "table" and term.matchExpressions or NONE
+        for _, s in ipairs(selectors) do
+            for _, e in ipairs(type(exprs) == "table" and exprs or NONE) do
+                if picks(e, s) then
+                    out[#out + 1] = { what = "nodeAffinity", key = s.key, value = s.value,
+                        pool = s.pool }
+                    break
+                end
+            end
+        end
+    end
+    return out
+end
+
 return M

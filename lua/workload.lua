@@ -222,9 +222,11 @@ end
 -- not set.
 local DEFAULT_EXEMPT = { "gpu-operator", "nvidia-device-plugin", "kube-system" }
 
---- True for a pod of the GPU plumbing, which the placement and guardrail rules leave alone: a
---- DaemonSet's pod, or one in placement.exempt_namespaces (default gpu-operator,
---- nvidia-device-plugin, kube-system).  namespace is the request's (req.namespace).
+--- True for a pod of the GPU plumbing, which the placement and guardrail rules leave alone: one
+--- in placement.exempt_namespaces (default gpu-operator, nvidia-device-plugin, kube-system), or
+--- one that runs as a service account of placement.exempt_service_accounts ("namespace/name").
+--- Never by owner: anyone may create a DaemonSet, and an ownerReference is whatever the creator
+--- wrote.  namespace is the request's (req.namespace).
 function M.exempt(pod, namespace, cfg)
     local m = memo[pod] or memo_of(pod)
     if m.exempt == nil then
@@ -235,12 +237,22 @@ end
 
 --- M.exempt without the per-request memory.
 function M.compute_exempt(pod, namespace, cfg)
-    if k8s.owner_kind(pod) == "DaemonSet" then
-        return true
-    end
-    local list = cfg.placement and cfg.placement.exempt_namespaces or DEFAULT_EXEMPT
-    for _, ns in ipairs(list) do
+    local p = cfg.placement
+    for _, ns in ipairs(p and p.exempt_namespaces or DEFAULT_EXEMPT) do
         if ns == namespace then
+            return true
+        end
+    end
+    local accounts = p and p.exempt_service_accounts
+    if not accounts then
+        return false
+    end
+    -- A pod may name only a service account of its own namespace (which must exist there).
+    local spec = k8s.pod_spec(pod) or NONE
+    local sa = spec.serviceAccountName or spec.serviceAccount
+    local id = tostring(namespace) .. "/" .. ((type(sa) == "string" and sa ~= "") and sa or "default")
+    for _, a in ipairs(accounts) do
+        if a == id then
             return true
         end
     end

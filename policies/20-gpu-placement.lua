@@ -7,12 +7,15 @@ mutate:   a GPU pod placed in a pool by 10-gpu-sharing (annotation gpuguard.io/p
           plugin adds one for nvidia.com/gpu on some clusters; MIG resource names never get it).
           With placement.spot, a pod marked gpuguard.io/checkpointable: "true" also tolerates
           the spot taint and prefers spot nodes.
-validate: a pod that asks for no GPU but tolerates a GPU pool's taint or selects GPU nodes would
-          hold a GPU node's CPU and memory; it is denied (or warned, placement.non_gpu_pods:
-          warn).  DaemonSet pods and placement.exempt_namespaces are left alone.
+validate: a pod that asks for no GPU but tolerates a GPU pool's taint or selects GPU nodes
+          (nodeSelector, or a required node affinity term) would hold a GPU node's CPU and
+          memory; it is denied (or warned, placement.non_gpu_pods: warn).  Pods in
+          placement.exempt_namespaces or running as one of placement.exempt_service_accounts
+          are left alone.
 
 Config keys: pools (node_selector, taints), placement.non_gpu_pods (deny | warn),
-placement.exempt_namespaces, placement.spot {taint, node_selector, weight}.
+placement.exempt_namespaces, placement.exempt_service_accounts, placement.spot {taint,
+node_selector, weight}.
 ]]
 
 local gg = require "gpuguard"
@@ -38,23 +41,6 @@ local function toleration_for(taint)
         tolerations[taint] = t
     end
     return t
-end
-
--- Does toleration tol tolerate taint?  (The scheduler's rule.)
-local function tolerates(tol, taint)
-    if tol.effect ~= nil and tol.effect ~= "" and tol.effect ~= taint.effect then
-        return false
-    end
-    if tol.key == nil or tol.key == "" then
-        return tol.operator == "Exists"
-    end
-    if tol.key ~= taint.key then
-        return false
-    end
-    if tol.operator == "Exists" then
-        return true
-    end
-    return (tol.value or "") == (taint.value or "")
 end
 
 local function add_spot(pod, spec, cfg)
@@ -117,23 +103,23 @@ end
 -- What ties a pod without a GPU to GPU nodes, or nil: the reason, the fix, and both in a form
 -- short enough for a warning (the API server's limit is 120 characters; longer ones are cut).
 local function gpu_ties(spec, cfg)
-    for _, t in ipairs(fleet.gpu_taints(cfg)) do
-        for _, tol in ipairs(spec.tolerations or {}) do
-            if tolerates(tol, t.taint) then
-                return string.format("it tolerates the GPU taint %s of pool %s", t.taint.key, t.pool),
-                    "remove that toleration",
-                    string.format("tolerates GPU taint %s (pool %s)", t.taint.key, t.pool)
-            end
-        end
+    local tie = fleet.gpu_ties(spec, cfg)[1]
+    if not tie then
+        return nil
     end
-    for _, s in ipairs(fleet.gpu_selectors(cfg)) do
-        if k8s.node_selector(spec, s.key) == s.value then
-            return string.format("it selects GPU nodes (%s=%s, pool %s)", s.key, s.value, s.pool),
-                "remove that nodeSelector",
-                string.format("selects GPU nodes (%s=%s)", s.key, s.value)
-        end
+    if tie.what == "toleration" then
+        return string.format("it tolerates the GPU taint %s of pool %s", tie.key, tie.pool),
+            "remove that toleration",
+            string.format("tolerates GPU taint %s (pool %s)", tie.key, tie.pool)
+    elseif tie.what == "nodeSelector" then
+        return string.format("it selects GPU nodes (%s=%s, pool %s)", tie.key, tie.value, tie.pool),
+            "remove that nodeSelector",
+            string.format("selects GPU nodes (%s=%s)", tie.key, tie.value)
     end
-    return nil
+    return string.format("its required node affinity selects GPU nodes (%s=%s, pool %s)", tie.key, tie.value,
+            tie.pool),
+        "remove that affinity term",
+        string.format("affinity selects GPU nodes (%s=%s)", tie.key, tie.value)
 end
 
 local function check(req, pod, cfg)
@@ -169,6 +155,16 @@ return {
         end
         if p.exempt_namespaces ~= nil and not gg.is_array(p.exempt_namespaces) then
             error("placement.exempt_namespaces: must be a list of namespaces", 0)
+        end
+        if p.exempt_service_accounts ~= nil then
+            if not gg.is_array(p.exempt_service_accounts) then
+                error("placement.exempt_service_accounts: must be a list of namespace/name", 0)
+            end
+            for i, a in ipairs(p.exempt_service_accounts) do
+                if type(a) ~= "string" or not a:match("^[^/]+/[^/]+$") then
+                    error(string.format("placement.exempt_service_accounts[%d]: must be namespace/name", i), 0)
+                end
+            end
         end
         if p.spot ~= nil and p.spot.taint ~= nil and type(p.spot.taint.key) ~= "string" then
             error("placement.spot.taint.key: must be a string", 0)

@@ -1,23 +1,40 @@
 --[[
-30-gpu-guardrails.lua - the rules that keep GPU accounting honest.
+30-gpu-guardrails.lua - the rules that keep GPU access through the device plugin and GPU
+accounting honest.
 
-validate:
-  * a pod with no GPU request may not reach GPUs around the device plugin: no
-    NVIDIA_VISIBLE_DEVICES / NVIDIA_DRIVER_CAPABILITIES environment (except the values "void"
-    and "none"), and no hostPath volume under /dev/nvidia (any pod);
-  * no privileged container on a shared GPU (fractional, MIG, MPS, time-sliced, HAMi, KAI):
-    privileged sees every GPU of the node;
+validate, at pod CREATE:
+  * no container of any pod sets NVIDIA_VISIBLE_DEVICES, NVIDIA_DRIVER_CAPABILITIES or
+    NVIDIA_MIG_CONFIG_DEVICES (with the device plugin's default envvar strategy, "all" shows the
+    container every GPU of its node), except the values "void" and "none" and the ConfigMap
+    references of guardrails.gpu_env_config_maps (KAI's for its fraction pods); no envFrom with
+    a prefix that could spell one of them (NVIDIA_...);
+  * no hostPath volume that is, holds or lies under a GPU device or driver path
+    (guardrails.host_paths), the path normalised first (/dev/./nvidia0 is /dev/nvidia0);
+  * no spec.nodeName (it skips the scheduler and every taint) unless the requester is in
+    guardrails.bind_allowed (default: group system:nodes, the kubelet's mirror pods);
+  * no privileged container in a pod without a GPU (privileged sees every device of the node);
+  * on a shared GPU (fractional, MIG, MPS, time-sliced, HAMi, KAI): no privileged container, no
+    added capability SYS_ADMIN or SYS_PTRACE (or ALL), no hostPID or hostIPC: each reaches the
+    other pods on the GPU;
   * GPU resources have requests equal to limits (a request alone, or different values, is
     refused by Kubernetes later with a less helpful message);
   * GPU pods carry the labels of guardrails.required_labels (cost attribution);
   * pods of a class with max_runtime set activeDeadlineSeconds at most that long.
-mutate:
+validate, at pod UPDATE (guardrails.update_allowed may do all of it, e.g. Kueue's controller):
+  * the update may not change a gpuguard.io/ label or annotation;
+  * on a scheduling-gated pod it may not add a toleration of a GPU pool's taint, a nodeSelector
+    entry of a pool or a required node affinity term that selects a pool;
+  * pods/ephemeralcontainers: each new ephemeral container gets the container rules above.
+mutate, at CREATE:
   * pods of a class with max_runtime and no activeDeadlineSeconds get it set to max_runtime.
 
-DaemonSet pods and placement.exempt_namespaces (the GPU operator, device plugin, DCGM
-exporter) are exempt from the environment and hostPath rules: they are the plumbing.
+Pods of the GPU plumbing (workload.exempt: placement.exempt_namespaces and
+placement.exempt_service_accounts) are exempt from the environment, hostPath and
+privileged-without-GPU rules.
 
-Config keys: guardrails.required_labels, classes.<class>.max_runtime, placement.exempt_namespaces.
+Config keys: guardrails.required_labels, guardrails.host_paths, guardrails.gpu_env_config_maps,
+guardrails.bind_allowed, guardrails.update_allowed, classes.<class>.max_runtime,
+placement.exempt_namespaces, placement.exempt_service_accounts.
 ]]
 
 local gg = require "gpuguard"
@@ -26,7 +43,6 @@ local gpu = require "gpu"
 local fleet = require "fleet"
 local workload = require "workload"
 
-local GPU_ENV = { "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES" }
 local SECTIONS = { "requests", "limits" }
 local NONE = {}
 
@@ -50,43 +66,217 @@ local function on_shared_gpu(pod, containers)
     return false
 end
 
-local function no_gpu_rules(req, pod, spec)
-    for c in k8s.containers(spec) do
-        for _, name in ipairs(GPU_ENV) do
-            local value, entry = k8s.get_env(c, name)
-            if entry and value ~= "void" and value ~= "none" then
-                req:deny(string.format("container %s sets %s but the pod asks for no GPU; remove it and ask for a GPU (nvidia.com/gpu or gpuguard.io/gpu-fraction)",
-                    c.name, name))
-            end
-        end
+-- The variables that choose the GPUs and driver features a container gets; only the device
+-- plugin and the GPU plumbing set them.
+local GPU_ENV = { NVIDIA_VISIBLE_DEVICES = true, NVIDIA_DRIVER_CAPABILITIES = true,
+    NVIDIA_MIG_CONFIG_DEVICES = true }
+local GPU_ENV_PREFIX = "NVIDIA_"
+-- Values that say "no GPU".
+local NO_GPU_VALUES = { void = true, none = true }
+
+-- GPU device and driver paths on the host when guardrails.host_paths is not set; a "*" ends the
+-- last part of a path.  /, /dev, /run, /var/run, /usr/lib... hold one of these and are denied
+-- for that.
+local DEFAULT_HOST_PATHS = {
+    "/dev/nvidia*", "/dev/dri", "/run/nvidia*", "/var/run/nvidia*", "/proc/driver/nvidia",
+    "/usr/lib/x86_64-linux-gnu/libnvidia*", "/usr/lib/x86_64-linux-gnu/libcuda*",
+    "/usr/lib/aarch64-linux-gnu/libnvidia*", "/usr/lib/aarch64-linux-gnu/libcuda*",
+}
+-- Who may set spec.nodeName when guardrails.bind_allowed is not set: the kubelet (mirror pods).
+local DEFAULT_BIND_ALLOWED = { groups = { "system:nodes" } }
+-- Capabilities that reach other processes on the node: on a shared GPU, the other pods' work.
+local SHARED_GPU_CAPS = { SYS_ADMIN = true, SYS_PTRACE = true, ALL = true }
+local PREFIX = "gpuguard.io/"
+local EPHEMERAL = { ephemeral = true }
+
+-- Per-request state of the CREATE rules: whether the pod asks for a GPU and, asked once when a
+-- rule needs it, whether it is on a shared GPU.
+local function new_ctx(req, pod, spec, cfg)
+    return { req = req, pod = pod, spec = spec, cfg = cfg, gpu = workload.wants_gpu(pod) }
+end
+
+local function shared(ctx)
+    if ctx.shared == nil then
+        ctx.shared = on_shared_gpu(ctx.pod, k8s.all_containers(ctx.spec))
+    end
+    return ctx.shared
+end
+
+-- A denial the GPU plumbing is exempt from; workload.exempt is asked only when a rule found
+-- something.
+local function deny_unless_exempt(ctx, msg)
+    if not workload.exempt(ctx.pod, ctx.req.namespace, ctx.cfg) then
+        ctx.req:deny(msg)
     end
 end
 
--- Volumes that mount /dev/nvidia* from the host: each denied through req or, with req nil,
--- whether there is one.  Raises on a malformed volume list.
-local function host_path_rules(req, spec)
-    for _, v in ipairs(spec.volumes or NONE) do
-        local path = v.hostPath and v.hostPath.path
-        if type(path) == "string" and path:match("^/dev/nvidia") then
-            if not req then
+-- Is the requester a user or in a group of allowed ({users = [...], groups = [...]})?
+local function requester_in(req, allowed)
+    local user = req.user or NONE
+    for _, u in ipairs(allowed.users or NONE) do
+        if u == user.username then
+            return true
+        end
+    end
+    for _, want in ipairs(allowed.groups or NONE) do
+        for _, g in ipairs(user.groups or NONE) do
+            if g == want then
                 return true
             end
-            req:deny(string.format("volume %s mounts %s from the host; remove it and ask for a GPU through the device plugin",
-                tostring(v.name), path))
         end
     end
     return false
 end
 
-local function privileged_rules(req, pod, containers)
-    if not on_shared_gpu(pod, containers) then
-        return
+local function guardrails_of(cfg)
+    return cfg.guardrails or NONE
+end
+
+-- Is env entry e of container c (kind and 1-based index as k8s.containers yields them) one of
+-- the ConfigMap references of guardrails.gpu_env_config_maps: the variable name, exactly
+-- valueFrom.configMapKeyRef with that key, the ConfigMap named after the pod's annotation and
+-- the container ("<annotation>-<n>" for containers[n], "<annotation>-i<n>" for
+-- initContainers[n], as KAI names them), and the scheduler?
+local function configured_ref(ctx, c, kind, index, e)
+    local from = e.valueFrom
+    local ref = type(from) == "table" and from.configMapKeyRef
+    if type(ref) ~= "table" or kind == "ephemeral" then
+        return false
     end
-    for i = 1, #containers do
-        local c = containers[i]
-        if c.securityContext and c.securityContext.privileged == true then
-            req:deny(string.format("container %s is privileged on a shared GPU and would see every GPU of the node; drop privileged or use exclusive GPUs",
+    for k in pairs(from) do
+        if k ~= "configMapKeyRef" then
+            return false
+        end
+    end
+    for _, r in ipairs(guardrails_of(ctx.cfg).gpu_env_config_maps or NONE) do
+        local base = k8s.annotation(ctx.pod, r.name_annotation)
+        if base and r.env == e.name and r.key == ref.key and
+            (r.scheduler_name == nil or r.scheduler_name == ctx.spec.schedulerName) and
+            ref.name == string.format(kind == "init" and "%s-i%d" or "%s-%d", base, index - 1) then
+            return true
+        end
+    end
+    return false
+end
+
+local function env_rules(ctx, c, kind, index)
+    local env = c.env
+    for _, e in ipairs(type(env) == "table" and env or NONE) do
+        local name = type(e) == "table" and e.name
+        if GPU_ENV[name] and not NO_GPU_VALUES[e.value] and not configured_ref(ctx, c, kind, index, e) then
+            if ctx.gpu then
+                deny_unless_exempt(ctx, string.format("container %s sets %s; remove it: the device plugin sets which GPUs and driver features a container gets",
+                    c.name, name))
+            else
+                deny_unless_exempt(ctx, string.format("container %s sets %s but the pod asks for no GPU; remove it and ask for a GPU (nvidia.com/gpu or gpuguard.io/gpu-fraction)",
+                    c.name, name))
+            end
+        end
+    end
+    -- A prefix that a ConfigMap's keys complete to NVIDIA_VISIBLE_DEVICES: "NVIDIA_..." or a
+    -- start of "NVIDIA_" ("NV" and a key "IDIA_VISIBLE_DEVICES").
+    local from = c.envFrom
+    for _, f in ipairs(type(from) == "table" and from or NONE) do
+        local p = type(f) == "table" and f.prefix
+        if type(p) == "string" and p ~= "" and
+            (p:sub(1, #GPU_ENV_PREFIX) == GPU_ENV_PREFIX or GPU_ENV_PREFIX:sub(1, #p) == p) then
+            deny_unless_exempt(ctx, string.format("container %s takes envFrom with prefix %s, which can set NVIDIA_VISIBLE_DEVICES; use a prefix that does not start with NVIDIA_",
+                c.name, p))
+        end
+    end
+end
+
+-- shared() is asked only of pods that set what it could forbid: it reads annotations too, so a
+-- pod on a shared GPU in a dialect wants_gpu does not know yet is still one.
+local function privilege_rules(ctx, c)
+    local sc = type(c.securityContext) == "table" and c.securityContext or NONE
+    if sc.privileged == true then
+        if shared(ctx) then
+            ctx.req:deny(string.format("container %s is privileged on a shared GPU and would see every GPU of the node; drop privileged or use exclusive GPUs",
                 c.name))
+        elseif not ctx.gpu then
+            deny_unless_exempt(ctx, string.format("container %s is privileged but the pod asks for no GPU, and privileged sees every GPU of the node; drop privileged",
+                c.name))
+        end
+    end
+    local caps = type(sc.capabilities) == "table" and sc.capabilities.add
+    for _, cap in ipairs(type(caps) == "table" and caps or NONE) do
+        local name = type(cap) == "string" and cap:upper():gsub("^CAP_", "")
+        if SHARED_GPU_CAPS[name] and shared(ctx) then
+            ctx.req:deny(string.format("container %s adds capability %s on a shared GPU and could reach the other pods on that GPU; drop it or use exclusive GPUs",
+                c.name, cap))
+        end
+    end
+end
+
+-- The rules on one container (any kind).
+local function container_rules(ctx, c, kind, index)
+    env_rules(ctx, c, kind, index)
+    privilege_rules(ctx, c)
+end
+
+-- Lexically normalised path parts: "//dev/./nvidia0/" -> {"dev", "nvidia0"}; ".." drops the part
+-- before it (at the root it stays at the root, as the kernel does).
+local function path_parts(path)
+    local parts = {}
+    for part in path:gmatch("[^/]+") do
+        if part == ".." then
+            parts[#parts] = nil
+        elseif part ~= "." then
+            parts[#parts + 1] = part
+        end
+    end
+    return parts
+end
+
+-- How the path with parts p reaches the entry with parts e (whose last part may end in "*"):
+-- "is or lies under" it, "holds" it, or nil.
+local function path_hits(p, e)
+    for i = 1, math.min(#p, #e) do
+        local want = e[i]
+        if i == #e and want:sub(-1) == "*" then
+            if p[i]:sub(1, #want - 1) ~= want:sub(1, -2) then
+                return nil
+            end
+        elseif p[i] ~= want then
+            return nil
+        end
+    end
+    return #p >= #e and "is or lies under" or "holds"
+end
+
+local function host_path_rules(ctx)
+    local volumes = ctx.spec.volumes
+    for _, v in ipairs(type(volumes) == "table" and volumes or NONE) do
+        local path = type(v) == "table" and type(v.hostPath) == "table" and v.hostPath.path
+        if type(path) == "string" then
+            local p = path_parts(path)
+            for _, entry in ipairs(guardrails_of(ctx.cfg).host_paths or DEFAULT_HOST_PATHS) do
+                local how = path_hits(p, path_parts(entry))
+                if how then
+                    deny_unless_exempt(ctx, string.format("volume %s mounts %s from the host, which %s the GPU device and driver path %s; remove it and ask for a GPU through the device plugin",
+                        tostring(v.name), path, how, entry))
+                    break
+                end
+            end
+        end
+    end
+end
+
+local function node_name_rule(ctx)
+    local node = ctx.spec.nodeName
+    if node ~= nil and node ~= gg.null and node ~= "" and
+        not requester_in(ctx.req, guardrails_of(ctx.cfg).bind_allowed or DEFAULT_BIND_ALLOWED) then
+        ctx.req:deny(string.format("the pod sets spec.nodeName %s, which skips the scheduler and every GPU node taint; remove it and let the scheduler place the pod",
+            tostring(node)))
+    end
+end
+
+local function host_namespace_rules(ctx)
+    for _, field in ipairs({ "hostPID", "hostIPC" }) do
+        if ctx.spec[field] == true and shared(ctx) then
+            ctx.req:deny(string.format("the pod sets %s on a shared GPU and could reach the other pods on that GPU; remove it or use exclusive GPUs",
+                field))
         end
     end
 end
@@ -150,34 +340,126 @@ local function runtime_rules(req, pod, spec, cfg)
     end
 end
 
-local function validate(req, pod, cfg)
-    local spec = k8s.pod_spec(pod)
-    if not spec then
-        return
+local function create_rules(req, pod, spec, cfg)
+    local ctx = new_ctx(req, pod, spec, cfg)
+    node_name_rule(ctx)
+    for c, kind, index in k8s.containers(spec) do
+        container_rules(ctx, c, kind, index)
     end
-    if not workload.wants_gpu(pod) then
-        if not workload.exempt(pod, req.namespace, cfg) then
-            no_gpu_rules(req, pod, spec)
-            host_path_rules(req, spec)
-        end
+    host_path_rules(ctx)
+    host_namespace_rules(ctx)
+    if not ctx.gpu then
         return
-    end
-    -- A GPU pod asks exempt (which reads ownerReferences) only when the rule could act: a
-    -- matching volume, or a malformed list the rule would raise on.
-    local ok, found = pcall(host_path_rules, nil, spec)
-    if (not ok or found) and not workload.exempt(pod, req.namespace, cfg) then
-        host_path_rules(req, spec)
     end
     -- The containers walked once, for rules that each go through all of them in turn.
     local containers = k8s.all_containers(spec)
-    privileged_rules(req, pod, containers)
     equal_requests_rules(req, containers)
     label_rules(req, pod, cfg)
     runtime_rules(req, pod, spec, cfg)
 end
 
-local function mutate(req, pod, cfg)
+-- gpuguard.io/ keys whose value differs between two label or annotation maps, sorted.
+local function changed_keys(new, old)
+    new = type(new) == "table" and new or NONE
+    old = type(old) == "table" and old or NONE
+    local out, seen = {}, {}
+    for _, m in ipairs({ new, old }) do
+        for k in pairs(m) do
+            if type(k) == "string" and k:sub(1, #PREFIX) == PREFIX and not seen[k] then
+                seen[k] = true
+                if new[k] ~= old[k] then
+                    out[#out + 1] = k
+                end
+            end
+        end
+    end
+    table.sort(out)
+    return out
+end
+
+-- A tie of fleet.gpu_ties as a word for messages and comparisons.
+local function tie_text(t)
+    if t.what == "toleration" then
+        return string.format("a toleration of the GPU taint %s (pool %s)", t.key, t.pool)
+    elseif t.what == "nodeSelector" then
+        return string.format("the nodeSelector %s=%s (pool %s)", t.key, t.value, t.pool)
+    end
+    return string.format("a required node affinity term on %s=%s (pool %s)", t.key, t.value, t.pool)
+end
+
+local function metadata_update_rules(req, pod, old)
+    local meta, old_meta = k8s.pod_meta(pod) or NONE, k8s.pod_meta(old) or NONE
+    for _, field in ipairs({ "labels", "annotations" }) do
+        for _, key in ipairs(changed_keys(meta[field], old_meta[field])) do
+            req:deny(string.format("the update changes the %s %s, which gpuguard reads to place and charge the pod; leave gpuguard.io/ labels and annotations as they are",
+                field == "labels" and "label" or "annotation", key))
+        end
+    end
+end
+
+local function gated_update_rules(req, spec, old_spec, cfg)
+    local gates = old_spec.schedulingGates
+    if type(gates) ~= "table" or #gates == 0 then
+        return
+    end
+    local had = {}
+    for _, t in ipairs(fleet.gpu_ties(old_spec, cfg)) do
+        had[tie_text(t)] = true
+    end
+    for _, t in ipairs(fleet.gpu_ties(spec, cfg)) do
+        local text = tie_text(t)
+        if not had[text] then
+            req:deny(string.format("the pod is scheduling-gated and the update adds %s; remove it: only the queueing controller (guardrails.update_allowed) places gated pods",
+                text))
+        end
+    end
+end
+
+-- pods/ephemeralcontainers: the container rules for each ephemeral container the update adds.
+local function ephemeral_rules(req, pod, spec, old_spec, cfg)
+    local had = {}
+    for c in k8s.containers(old_spec, EPHEMERAL) do
+        had[c.name] = true
+    end
+    local ctx = new_ctx(req, pod, spec, cfg)
+    for c, kind, index in k8s.containers(spec, EPHEMERAL) do
+        if not had[c.name] then
+            container_rules(ctx, c, kind, index)
+        end
+    end
+end
+
+local function update_rules(req, pod, spec, cfg)
+    local old = req.old_object
+    local old_spec = old and k8s.pod_spec(old) or NONE
+    if req.sub_resource == "ephemeralcontainers" then
+        ephemeral_rules(req, pod, spec, old_spec, cfg)
+        return
+    end
+    if (req.sub_resource or "") ~= "" then
+        return -- status, binding, resize: nothing here reads them
+    end
+    if requester_in(req, guardrails_of(cfg).update_allowed or NONE) then
+        return
+    end
+    metadata_update_rules(req, pod, old or NONE)
+    gated_update_rules(req, spec, old_spec, cfg)
+end
+
+local function validate(req, pod, cfg)
     local spec = k8s.pod_spec(pod)
+    if not spec then
+        return
+    end
+    if req.operation == "UPDATE" then
+        update_rules(req, pod, spec, cfg)
+    else
+        create_rules(req, pod, spec, cfg)
+    end
+end
+
+local function mutate(req, pod, cfg)
+    local spec = req.operation == "CREATE" and k8s.pod_spec(pod)
     if not spec or not workload.wants_gpu(pod) then
         return
     end
@@ -188,23 +470,80 @@ local function mutate(req, pod, cfg)
     end
 end
 
+-- A list of non-empty strings, each "a <one>".
+local function check_strings(list, where, one)
+    if not gg.is_array(list) then
+        error(string.format("%s: must be a list of %ss", where, one), 0)
+    end
+    for i, v in ipairs(list) do
+        if type(v) ~= "string" or v == "" then
+            error(string.format("%s[%d]: must be a %s", where, i, one), 0)
+        end
+    end
+end
+
+-- {users = [...], groups = [...]}
+local function check_requesters(v, where)
+    if v == nil then
+        return
+    end
+    if type(v) ~= "table" or gg.is_array(v) then
+        error(where .. ": must be a mapping with users and groups", 0)
+    end
+    for k, list in pairs(v) do
+        if k ~= "users" and k ~= "groups" then
+            error(string.format("%s.%s: unknown key (users, groups)", where, tostring(k)), 0)
+        end
+        check_strings(list, where .. "." .. k, "name")
+    end
+end
+
+local function check(cfg)
+    local g = cfg.guardrails
+    if g == nil then
+        return
+    end
+    if g.required_labels ~= nil then
+        check_strings(g.required_labels, "guardrails.required_labels", "label key")
+    end
+    if g.host_paths ~= nil then
+        check_strings(g.host_paths, "guardrails.host_paths", "path")
+        for i, path in ipairs(g.host_paths) do
+            local star = path:find("*", 1, true)
+            if path:sub(1, 1) ~= "/" or (star and (star ~= #path or path:sub(-2, -2) == "/")) then
+                error(string.format("guardrails.host_paths[%d]: %q must be an absolute path, with \"*\" only at the end of its last part",
+                    i, path), 0)
+            end
+        end
+    end
+    if g.gpu_env_config_maps ~= nil then
+        if not gg.is_array(g.gpu_env_config_maps) then
+            error("guardrails.gpu_env_config_maps: must be a list", 0)
+        end
+        for i, r in ipairs(g.gpu_env_config_maps) do
+            local where = string.format("guardrails.gpu_env_config_maps[%d]", i)
+            if type(r) ~= "table" or not GPU_ENV[r.env] then
+                error(where .. ".env: must be NVIDIA_VISIBLE_DEVICES, NVIDIA_DRIVER_CAPABILITIES or NVIDIA_MIG_CONFIG_DEVICES", 0)
+            end
+            for _, k in ipairs({ "key", "name_annotation" }) do
+                if type(r[k]) ~= "string" or r[k] == "" then
+                    error(string.format("%s.%s: must be a string", where, k), 0)
+                end
+            end
+            if r.scheduler_name ~= nil and type(r.scheduler_name) ~= "string" then
+                error(where .. ".scheduler_name: must be a string", 0)
+            end
+        end
+    end
+    check_requesters(g.bind_allowed, "guardrails.bind_allowed")
+    check_requesters(g.update_allowed, "guardrails.update_allowed")
+end
+
 return {
     name = "gpu-guardrails",
     description = "Keeps GPU access through the device plugin and GPU accounting honest.",
-    match = { kinds = { "Pod" }, operations = { "CREATE" } },
-    check = function(cfg)
-        local g = cfg.guardrails
-        if g ~= nil and g.required_labels ~= nil then
-            if not gg.is_array(g.required_labels) then
-                error("guardrails.required_labels: must be a list of label keys", 0)
-            end
-            for i, key in ipairs(g.required_labels) do
-                if type(key) ~= "string" or key == "" then
-                    error(string.format("guardrails.required_labels[%d]: must be a label key", i), 0)
-                end
-            end
-        end
-    end,
+    match = { kinds = { "Pod" }, operations = { "CREATE", "UPDATE" } },
+    check = check,
     mutate = mutate,
     validate = validate,
 }

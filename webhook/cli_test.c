@@ -76,6 +76,8 @@ static void test_usage(FILE *out)
             "for *.suite.yaml files.  Each case gives a manifest (a file or an inline object)\n"
             "and what the webhook must do with its pods: allowed, message, warnings, patch,\n"
             "fields of the mutated pod, audit annotations; mutation must be idempotent.\n"
+            "A case may also be an UPDATE, with the old object, the requester (user, groups)\n"
+            "and a sub-resource such as ephemeralcontainers (what kubectl debug sends).\n"
             "The format is described in docs/policy-tests.md.\n"
             "\n"
             "flags:\n"
@@ -331,23 +333,23 @@ static enum gg_status check_expect(const struct suite *s, const json_t *expect, 
 static enum gg_status check_case(const struct suite *s, const json_t *c, size_t index,
                                  struct gg_err *err)
 {
-    static const char *const keys[] = {"name",       "description", "manifest",    "object",
-                                       "namespace",  "operation",   "user",        "groups",
-                                       "old_object", "expect",      "expect_each", NULL};
+    static const char *const keys[] = {
+        "name",   "description",  "manifest",   "object", "namespace",   "operation", "user",
+        "groups", "sub_resource", "old_object", "expect", "expect_each", NULL};
     static const struct {
         const char *key;
         enum vtype t;
-    } types[] = {{"name", V_STRING},   {"description", V_STRING}, {"manifest", V_STRING},
-                 {"object", V_ANY},    {"namespace", V_STRING},   {"operation", V_STRING},
-                 {"user", V_STRING},   {"groups", V_STRINGS},     {"old_object", V_OBJECT},
-                 {"expect", V_OBJECT}, {"expect_each", V_OBJECTS}};
+    } types[] = {{"name", V_STRING},       {"description", V_STRING}, {"manifest", V_STRING},
+                 {"object", V_ANY},        {"namespace", V_STRING},   {"operation", V_STRING},
+                 {"user", V_STRING},       {"groups", V_STRINGS},     {"sub_resource", V_STRING},
+                 {"old_object", V_OBJECT}, {"expect", V_OBJECT},      {"expect_each", V_OBJECTS}};
     char ptr[64], child[128];
     snprintf(ptr, sizeof(ptr), "/cases/%zu", index);
     if (!json_is_object(c))
         return bad(s, ptr, err, "a case must be a mapping");
     enum gg_status st = check_keys(s, c, ptr, keys,
                                    "name, description, manifest, object, namespace, operation, "
-                                   "user, groups, old_object, expect, expect_each",
+                                   "user, groups, sub_resource, old_object, expect, expect_each",
                                    err);
     for (size_t i = 0; st == GG_OK && i < sizeof(types) / sizeof(types[0]); i++)
         st = check_type(s, c, ptr, types[i].key, types[i].t, err);
@@ -802,6 +804,7 @@ static bool run_case(struct test_run *r, const struct suite *s, struct engine *e
         .operation = json_string_value(json_object_get(c, "operation")),
         .user = json_string_value(json_object_get(c, "user")),
         .groups = json_object_get(c, "groups"),
+        .sub_resource = json_string_value(json_object_get(c, "sub_resource")),
         .old_object = json_object_get(c, "old_object"),
     };
     if (!dopts.namespace)

@@ -77,6 +77,11 @@ json_t *dr_review(const json_t *object, const json_t *old_object, const char *ns
         old_object, "dryRun", 0);
     if (!request)
         return NULL;
+    if (o->sub_resource && *o->sub_resource &&
+        json_object_set_new(request, "subResource", json_string(o->sub_resource)) != 0) {
+        json_decref(request);
+        return NULL;
+    }
     if (!json_object_get(request, "object"))
         json_object_set_new(request, "object", json_null());
     if (!json_object_get(request, "oldObject"))

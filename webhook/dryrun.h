@@ -26,6 +26,7 @@ struct dr_options {
     const char *operation;    /* CREATE (default), UPDATE, DELETE or CONNECT */
     const char *user;         /* userInfo.username; DR_DEFAULT_USER when NULL */
     const json_t *groups;     /* userInfo.groups; ["system:authenticated"] when NULL */
+    const char *sub_resource; /* subResource ("ephemeralcontainers"); none when NULL or "" */
     const json_t *old_object; /* UPDATE: the object before (the pod itself when NULL) */
     int64_t timeout_ms;       /* the webhook timeout the API server sends; 10 s when 0 */
 };

@@ -237,6 +237,8 @@ def test_idempotence_failure_is_detected(suites):
      ":5:", "not a POSIX extended regular expression"),
     ("name: x\ncases:\n- name: a\n  object: {kind: Pod}\n  operation: PATCH\n"
      "  expect: {allowed: true}\n", ":5:", "must be CREATE, UPDATE, DELETE or CONNECT"),
+    ("name: x\ncases:\n- name: a\n  object: {kind: Pod}\n  sub_resource: [status]\n"
+     "  expect: {allowed: true}\n", ":5:", "cases[0].sub_resource: must be a string"),
     ("name: x\ncases: []\n", ":2:", "a suite needs a list of cases"),
     ("name: x\ncases:\n  - name: [unclosed\n", ":4:", ""),
     ("name: x\ncases:\n- name: a\n  manifest: missing.yaml\n  expect: {allowed: true}\n",
@@ -278,6 +280,39 @@ def test_delete_and_groups(suites):
          "expect": {"allowed": True, "patch": []}}]}
     out = suites.run(suites.write("del.suite.yaml", suite))
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+# Reports what of the request it was given, as audit annotations.
+REQUEST_ECHO = r'''
+return {
+  name = "echo",
+  validate = function(req, pod)
+    local old = req.old_object
+    local sub = req.sub_resource ~= "" and req.sub_resource or "-"  -- "" without one
+    req:audit("request", table.concat({ req.operation, sub, req.user.username,
+      table.concat(req.user.groups, ","), old and old.metadata.labels.rev or "-",
+      pod.metadata.labels.rev }, " "))
+  end,
+}
+'''
+
+
+def test_update_with_old_object_user_groups_and_sub_resource(suites):
+    (suites.tmp / "echo").mkdir()
+    (suites.tmp / "echo" / "10-echo.lua").write_text(REQUEST_ECHO)
+    new, old = pod("u", labels={"rev": "2"}), pod("u", labels={"rev": "1"})
+    suite = {"policies": "echo", "lua": "lua", "cases": [
+        {"name": "ephemeral containers", "object": new, "old_object": old, "operation": "UPDATE",
+         "sub_resource": "ephemeralcontainers", "user": "bob", "groups": ["dev", "ops"],
+         "expect": {"allowed": True, "audit": {
+             "echo.request": "UPDATE ephemeralcontainers bob dev,ops 1 2"}}},
+        {"name": "no sub-resource, the pod itself as the old object", "object": new,
+         "operation": "UPDATE", "user": "bob",
+         "expect": {"allowed": True, "audit": {
+             "echo.request": "UPDATE - bob system:authenticated 2 2"}}}]}
+    out = suites.run(suites.write("echo.suite.yaml", suite))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.splitlines()[-1] == "2 passed, 0 failed"
 
 
 def test_project_policy_suites(binary):

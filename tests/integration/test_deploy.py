@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from cel_subset import CelError, compile_cel, evaluate
 from conftest import load_review, start_server
 
 REPO = Path(__file__).resolve().parents[2]
@@ -445,8 +446,17 @@ def test_webhook_configuration(render, kind, serve_help):
         assert hook["reinvocationPolicy"] == "IfNeeded"
     else:
         assert "reinvocationPolicy" not in hook
-    assert hook["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"],
-                              "operations": ["CREATE"], "scope": "Namespaced"}]
+    if mutating:
+        assert hook["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"],
+                                  "resources": ["pods"], "operations": ["CREATE"],
+                                  "scope": "Namespaced"}]
+        assert "matchConditions" not in hook
+    else:
+        assert hook["rules"] == [
+            {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"],
+             "operations": ["CREATE", "UPDATE"], "scope": "Namespaced"},
+            {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods/ephemeralcontainers"],
+             "operations": ["UPDATE"], "scope": "Namespaced"}]
     ref = hook["clientConfig"]["service"]
     assert "url" not in hook["clientConfig"]
     path = "/mutate" if mutating else "/validate"
@@ -454,6 +464,132 @@ def test_webhook_configuration(render, kind, serve_help):
     assert ref["name"] == svc["metadata"]["name"]
     assert ref["namespace"] == svc["metadata"]["namespace"] == NAMESPACE
     assert ref.get("port", 443) in {p["port"] for p in svc["spec"]["ports"]}
+
+
+# The API server's rules for matchConditions (admissionregistration validation): at most 64,
+# each a qualified name and a CEL expression over object, oldObject, request and authorizer.
+MAX_MATCH_CONDITIONS = 64
+QUALIFIED_NAME = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                            r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+CEL_VARIABLES = {"object", "oldObject", "request", "authorizer"}
+
+
+def match_conditions(render):
+    hook = one(render, "ValidatingWebhookConfiguration", WEBHOOK_CONFIG)["webhooks"][0]
+    return hook["matchConditions"]
+
+
+def test_match_conditions_follow_the_api_server_rules(render):
+    conditions = match_conditions(render)
+    assert 0 < len(conditions) <= MAX_MATCH_CONDITIONS
+    assert len({c["name"] for c in conditions}) == len(conditions)
+    for c in conditions:
+        assert set(c) == {"name", "expression"}
+        assert QUALIFIED_NAME.match(c["name"]) and len(c["name"].split("/")[-1]) <= 63
+        _, variables = compile_cel(c["expression"])
+        assert variables <= CEL_VARIABLES, variables - CEL_VARIABLES
+
+
+def pod(labels=None, annotations=None, gates=None, **spec):
+    meta = {"name": "p", "namespace": "team-a"}
+    if labels is not None:
+        meta["labels"] = labels
+    if annotations is not None:
+        meta["annotations"] = annotations
+    body = {"containers": [{"name": "c", "image": "busybox:1.36"}], **spec}
+    if gates is not None:
+        body["schedulingGates"] = [{"name": g} for g in gates]
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": body}
+
+
+DECISION = {"gpuguard.io/decision": "mig 1g.10gb on pool a100-mig", "gpuguard.io/charge": "143"}
+GPU_TOLERATION = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
+GATE = ["kueue.x-k8s.io/admission"]
+POOL = {"gpuguard.io/pool": "h100-train"}
+AFFINITY = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+    "nodeSelectorTerms": [{"matchExpressions": [
+        {"key": "gpuguard.io/pool", "operator": "In", "values": ["a100-mig"]}]}]}}}
+
+# (what, operation, subResource, old pod, new pod, whether the API server calls gpuguard)
+REVIEWS = [
+    ("a pod CREATE", "CREATE", "", None, pod(), True),
+    ("kubectl debug", "UPDATE", "ephemeralcontainers", pod(), pod(), True),
+    ("a gpuguard.io/ annotation rewritten", "UPDATE", "", pod(annotations=DECISION),
+     pod(annotations={**DECISION, "gpuguard.io/decision": "exclusive"}), True),
+    ("a gpuguard.io/ annotation removed", "UPDATE", "", pod(annotations=DECISION),
+     pod(annotations={"gpuguard.io/decision": DECISION["gpuguard.io/decision"]}), True),
+    ("every annotation removed", "UPDATE", "", pod(annotations=DECISION), pod(), True),
+    ("a gpuguard.io/ annotation added", "UPDATE", "", pod(), pod(annotations=DECISION), True),
+    ("a gpuguard.io/ label changed", "UPDATE", "",
+     pod(labels={"gpuguard.io/workload-class": "interactive"}),
+     pod(labels={"gpuguard.io/workload-class": "training"}), True),
+    ("a gpuguard.io/ label removed with all labels", "UPDATE", "",
+     pod(labels={"gpuguard.io/workload-class": "interactive"}), pod(), True),
+    ("a gated pod gets a GPU toleration", "UPDATE", "", pod(gates=GATE),
+     pod(gates=GATE, tolerations=GPU_TOLERATION), True),
+    ("a gated pod's gate lifted with a pool nodeSelector", "UPDATE", "", pod(gates=GATE),
+     pod(nodeSelector=POOL), True),
+    ("a gated pod gets node affinity", "UPDATE", "", pod(gates=GATE),
+     pod(gates=GATE, affinity=AFFINITY), True),
+    ("a gated pod loses its tolerations", "UPDATE", "", pod(gates=GATE, tolerations=GPU_TOLERATION),
+     pod(gates=GATE), True),
+    ("other labels and annotations edited", "UPDATE", "",
+     pod(labels={"team": "a"}, annotations=DECISION),
+     pod(labels={"team": "b", "owner": "alice"}, annotations={**DECISION, "note": "x"}), False),
+    ("labels added to a pod without any", "UPDATE", "", pod(), pod(labels={"team": "a"}), False),
+    ("a gate lifted and nothing else", "UPDATE", "", pod(gates=GATE, tolerations=GPU_TOLERATION),
+     pod(tolerations=GPU_TOLERATION), False),
+    ("a scheduled pod gets a toleration", "UPDATE", "", pod(nodeName="n1"),
+     pod(nodeName="n1", tolerations=GPU_TOLERATION), False),
+    ("finalizers removed", "UPDATE", "", {**pod(), "metadata": {**pod()["metadata"],
+                                                                 "finalizers": ["kueue"]}},
+     pod(), False),
+    ("an image changed", "UPDATE", "", pod(), {**pod(), "spec": {"containers": [
+        {"name": "c", "image": "busybox:1.37"}]}}, False),
+]
+
+
+def condition_decides(render, operation, sub_resource, old, new):
+    env = {"object": new, "oldObject": old,
+           "request": {"operation": operation, "subResource": sub_resource,
+                       "userInfo": {"username": "alice", "groups": ["system:authenticated"]}}}
+    results = [evaluate(compile_cel(c["expression"])[0], env) for c in match_conditions(render)]
+    for r in results:
+        assert not isinstance(r, CelError), f"the condition fails, which rejects the request: {r}"
+        assert isinstance(r, bool), r
+    return all(results)
+
+
+@pytest.mark.parametrize("what,operation,sub_resource,old,new,sent", REVIEWS,
+                         ids=[r[0] for r in REVIEWS])
+def test_match_conditions_send_only_what_the_rules_read(base, what, operation, sub_resource, old,
+                                                       new, sent):
+    assert condition_decides(base, operation, sub_resource, old, new) is sent, what
+
+
+@needs_bin
+def test_updates_the_conditions_skip_are_ones_the_policies_allow(base, tmp_path):
+    """Every pod UPDATE the API server does not send is one gpuguard would have allowed; every
+    UPDATE a project suite expects to be denied is one it sends."""
+    cases = [{"name": r[0], "operation": r[1], "sub_resource": r[2], "old_object": r[3],
+              "object": r[4], "user": "alice", "expect": {"allowed": True}}
+             for r in REVIEWS if not r[5]]
+    suite = tmp_path / "skipped.suite.yaml"
+    suite.write_text(yaml.safe_dump({"cases": cases}))
+    res = subprocess.run([BIN, "test", "--policies", str(REPO / "policies"), "--lua",
+                          str(REPO / "lua"), "--config", str(DEPLOY / "gpuguard.yaml"),
+                          str(suite)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    denied = 0
+    for path in sorted((REPO / "tests" / "policies").rglob("*.suite.yaml")):
+        for case in yaml.safe_load(path.read_text())["cases"]:
+            if case.get("operation") != "UPDATE" or case["expect"].get("allowed") is not False:
+                continue
+            new = case.get("object") or yaml.safe_load((path.parent / case["manifest"]).read_text())
+            assert condition_decides(base, "UPDATE", case.get("sub_resource", ""),
+                                     case["old_object"], new), f"{path.name}: {case['name']}"
+            denied += 1
+    assert denied >= 3
 
 
 def test_webhook_configurations_can_be_applied_last(render):
