@@ -233,3 +233,26 @@ def test_each_suite_is_accepted_in_tls_13(server, suite):
 
 def test_the_server_order_wins_in_tls_13(server):
     assert s_client_suite(server, list(reversed(AEAD_13))) == AEAD_13[0]
+
+
+@pytest.fixture
+def rsa_server(binary, tmp_path):
+    certs = tmp_path / "rsa"
+    subprocess.run([binary, "certs", "--service", "gpuguard", "--namespace", "gpuguard-system",
+                    "--out", str(certs), "--dev", "--key-type", "rsa"], check=True,
+                   stdout=subprocess.DEVNULL)
+    srv = start_server(binary, certs, tmp_path)
+    yield srv
+    assert srv.stop() == 0
+
+
+def test_an_rsa_certificate_gets_ecdhe_only(rsa_server):
+    """ECDHE with an RSA certificate is served; the static RSA key exchange
+    (no forward secrecy), AEAD or not, is refused."""
+    conn = tls12_connection(rsa_server, ["AES256-GCM-SHA384", "AES128-GCM-SHA256"])
+    with pytest.raises((ssl.SSLError, ConnectionResetError)):
+        conn.review(review())
+    conn = tls12_connection(rsa_server, ["ECDHE-RSA-AES128-GCM-SHA256",
+                                         "ECDHE-RSA-AES256-GCM-SHA384"])
+    assert conn.review(review())[0] == 200
+    assert conn.sock.cipher()[0] == "ECDHE-RSA-AES256-GCM-SHA384"
