@@ -16,9 +16,9 @@ from conftest import SERVICE, NAMESPACE, SNI, ApiServerConnection, start_server
 from test_server import metric, review
 
 
-def make_certs(binary, out):
+def make_certs(binary, out, *extra):
     subprocess.run([binary, "certs", "--service", SERVICE, "--namespace", NAMESPACE,
-                    "--out", str(out), "--dev", "--force"], check=True,
+                    "--out", str(out), "--dev", "--force", *extra], check=True,
                    stdout=subprocess.DEVNULL)
     return out
 

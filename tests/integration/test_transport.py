@@ -6,7 +6,6 @@ A cipher suite is refused when the handshake fails; accepted when a review
 is answered over it.  TLS 1.2 suites are picked with Python's ssl module,
 TLS 1.3 suites (which it cannot restrict) with `openssl s_client`."""
 
-import http.client
 import json
 import re
 import select
@@ -18,31 +17,14 @@ import time
 import pytest
 
 from conftest import SNI, ApiServerConnection, start_server
+from test_faults import client_context, read_response, request_head
 from test_server import check_envelope, metric, review
+from test_tls import make_certs
 
 # ---- the request deadline -------------------------------------------------------
 
 TIMEOUT_S = 2  # --request-timeout in these tests
 GIVE_UP_S = 30  # a trickling client still open after this was never closed
-
-
-def client_context(ca):
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
-    ctx.load_verify_locations(cafile=str(ca))
-    ctx.set_alpn_protocols(["http/1.1"])
-    return ctx
-
-
-def request_head(length):
-    return (f"POST /mutate?timeout=10s HTTP/1.1\r\nHost: {SNI}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n").encode()
-
-
-def answered(sock):
-    """Read one HTTP response from a raw TLS socket: (status, decoded JSON)."""
-    resp = http.client.HTTPResponse(sock, method="POST")
-    resp.begin()
-    return resp.status, json.loads(resp.read())
 
 
 class Trickler:
@@ -59,8 +41,7 @@ class Trickler:
         head = request_head(len(body))
         if kind == "second request":  # one review answered, then the next trickles
             self.sock.sendall(head + body)
-            status, _ = answered(self.sock)
-            assert status == 200
+            assert read_response(self.sock)[0] == 200
         if kind == "body":
             self.sock.sendall(head)
             self.rest = body
@@ -237,11 +218,7 @@ def test_the_server_order_wins_in_tls_13(server):
 
 @pytest.fixture
 def rsa_server(binary, tmp_path):
-    certs = tmp_path / "rsa"
-    subprocess.run([binary, "certs", "--service", "gpuguard", "--namespace", "gpuguard-system",
-                    "--out", str(certs), "--dev", "--key-type", "rsa"], check=True,
-                   stdout=subprocess.DEVNULL)
-    srv = start_server(binary, certs, tmp_path)
+    srv = start_server(binary, make_certs(binary, tmp_path / "rsa", "--key-type", "rsa"), tmp_path)
     yield srv
     assert srv.stop() == 0
 
