@@ -96,10 +96,22 @@ struct request {
  */
 static atomic_bool draining;
 
+/*
+ * Answers on the ops port (the plain-HTTP one) always close the connection:
+ * one request per connection puts a connection's whole life under the
+ * request deadline (on_ops_connection).  Probes and scrapes open a new one
+ * each time anyway.
+ */
+static bool closes_connection(struct MHD_Connection *c)
+{
+    return atomic_load(&draining) ||
+           !MHD_get_connection_info(c, MHD_CONNECTION_INFO_GNUTLS_SESSION);
+}
+
 static enum MHD_Result queue_response(struct MHD_Connection *c, unsigned status,
                                       struct MHD_Response *r)
 {
-    if (atomic_load(&draining))
+    if (closes_connection(c))
         MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
     enum MHD_Result ret = MHD_queue_response(c, status, r);
     MHD_destroy_response(r);
@@ -558,6 +570,30 @@ static struct MHD_Daemon *start_webhook(struct srv *s, const struct srv_config *
         s, MHD_OPTION_ARRAY, trust, MHD_OPTION_END);
 }
 
+/*
+ * An ops connection's clock runs from its accept to its close (one request
+ * per connection, see closes_connection): a slow client cannot hold the
+ * ops port's connections, which the kubelet's probes need, past the request
+ * deadline.
+ */
+static void on_ops_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                              enum MHD_ConnectionNotificationCode toe)
+{
+    struct srv *s = cls;
+    if (toe != MHD_CONNECTION_NOTIFY_STARTED) {
+        sw_close(*socket_context);
+        *socket_context = NULL;
+        return;
+    }
+    const union MHD_ConnectionInfo *fd =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!fd) /* cannot happen: every connection has its socket */
+        return;
+    *socket_context = sw_open(s->sweeper, fd->connect_fd);
+    if (!*socket_context)
+        shutdown(fd->connect_fd, SHUT_RDWR); /* no deadline, no connection */
+}
+
 static struct MHD_Daemon *start_ops(struct srv *s, struct sockaddr_storage *addr)
 {
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG;
@@ -565,8 +601,9 @@ static struct MHD_Daemon *start_ops(struct srv *s, struct sockaddr_storage *addr
         flags |= MHD_USE_IPv6;
     return MHD_start_daemon(flags, 0, NULL, NULL, on_ops, s, MHD_OPTION_SOCK_ADDR,
                             (struct sockaddr *)addr, MHD_OPTION_CONNECTION_LIMIT, 64,
-                            MHD_OPTION_CONNECTION_TIMEOUT, 30, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
-                            s, MHD_OPTION_END);
+                            MHD_OPTION_CONNECTION_TIMEOUT, 30, MHD_OPTION_NOTIFY_CONNECTION,
+                            on_ops_connection, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
+                            MHD_OPTION_END);
 }
 
 enum gg_status srv_start(const struct srv_config *cfg, struct srv **out, struct gg_err *err)

@@ -1,11 +1,12 @@
 """The webhook's transport against the real server over real TLS on loopback:
-the request deadline (--request-timeout), transfer codings, and the TLS
-cipher suites it offers and in which order.
+the request deadline (--request-timeout, on both ports), transfer codings,
+and the TLS cipher suites it offers and in which order.
 
 A cipher suite is refused when the handshake fails; accepted when a review
 is answered over it.  TLS 1.2 suites are picked with Python's ssl module,
 TLS 1.3 suites (which it cannot restrict) with `openssl s_client`."""
 
+import http.client
 import json
 import re
 import select
@@ -32,6 +33,11 @@ class Trickler:
 
     def __init__(self, srv, kind):
         self.kind = kind
+        if kind == "ops port":  # plain HTTP: the headers trickle
+            self.sock = socket.create_connection(("127.0.0.1", srv.ops_port), timeout=GIVE_UP_S)
+            self.sock.sendall(b"GET /metrics HTTP/1.1\r\n")
+            self.rest = b"Host: gpuguard\r\n" * 64
+            return
         raw = socket.create_connection(("127.0.0.1", srv.port), timeout=GIVE_UP_S)
         if kind == "handshake":  # TCP only: ClientHello never sent, then a byte now and then
             self.sock, self.rest = raw, b"\x16" * 64
@@ -66,6 +72,16 @@ class Trickler:
 
 
 KINDS = ["handshake", "headers", "body", "second request"]
+CLOSED_MSG = "request not received within the request timeout: connection closed"
+
+
+def trickle_until_closed(tricklers):
+    """A byte a second on each until the server has closed them all."""
+    until = time.monotonic() + GIVE_UP_S
+    while tricklers and time.monotonic() < until:
+        tricklers = [t for t in tricklers if t.send_byte()]
+        time.sleep(1)
+    assert not tricklers, f"still open after {GIVE_UP_S} s: {[t.kind for t in tricklers]}"
 
 
 def test_trickling_requests_are_closed_at_the_request_timeout(binary, certs, tmp_path):
@@ -76,24 +92,39 @@ def test_trickling_requests_are_closed_at_the_request_timeout(binary, certs, tmp
     srv = start_server(binary, certs, tmp_path, "--max-connections", str(len(KINDS)),
                        "--request-timeout", str(TIMEOUT_S))
     try:
-        open_ = [Trickler(srv, kind) for kind in KINDS]
-        until = time.monotonic() + GIVE_UP_S
-        while open_ and time.monotonic() < until:
-            open_ = [t for t in open_ if t.send_byte()]
-            time.sleep(1)
-        assert not open_, f"still open after {GIVE_UP_S} s: {[t.kind for t in open_]}"
+        trickle_until_closed([Trickler(srv, kind) for kind in KINDS])
         sent = review()
         status, _, got = srv.connect().review(sent)
         assert status == 200
         assert check_envelope(sent, got, "/mutate")["allowed"] is True
-        closed = [r for r in srv.log_lines() if r.get("msg") ==
-                  "request not received within the request timeout: connection closed"]
+        closed = [r for r in srv.log_lines() if r.get("msg") == CLOSED_MSG]
         assert len(closed) == len(KINDS)
         for rec in closed:
             assert rec["level"] == "warn" and rec["timeout_ms"] == TIMEOUT_S * 1000
             assert re.fullmatch(r"127\.0\.0\.1:\d+", rec["peer"])
         _, text = srv.ops("/metrics")
         assert metric(text, "gpuguard_http_errors_total", code="408") == len(KINDS)
+    finally:
+        assert srv.stop() == 0
+
+
+OPS_LIMIT = 64  # connections on the ops port (server.c)
+
+
+def test_ops_port_is_not_held_by_slow_clients(binary, certs, tmp_path):
+    """The ops port answers one request per connection (Connection: close),
+    so its connections are under the request deadline from accept to close:
+    clients trickling their headers into all of its connections are closed,
+    and the kubelet's next probe is answered."""
+    srv = start_server(binary, certs, tmp_path, "--request-timeout", str(TIMEOUT_S))
+    try:
+        trickle_until_closed([Trickler(srv, "ops port") for _ in range(OPS_LIMIT)])
+        probe = http.client.HTTPConnection("127.0.0.1", srv.ops_port, timeout=10)
+        probe.request("GET", "/healthz")
+        resp = probe.getresponse()
+        assert (resp.status, resp.read()) == (200, b"ok\n")
+        assert resp.getheader("Connection") == "close"
+        assert len([r for r in srv.log_lines() if r.get("msg") == CLOSED_MSG]) == OPS_LIMIT
     finally:
         assert srv.stop() == 0
 
