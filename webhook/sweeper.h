@@ -1,21 +1,24 @@
 /*
- * sweeper.h - the request deadline of the webhook's connections.
+ * sweeper.h - the request deadline of the server's connections.
  *
  * libmicrohttpd's connection timeout measures inactivity only: a client
  * that sends a byte now and then holds its connection, and one of the
  * --max-connections slots, for as long as it likes.  The sweeper gives
- * every request a total deadline instead: from the first byte of a request
- * (for a new connection, from its accept, so the TLS handshake counts) to
- * the moment the server answers, the request must arrive within the limit,
- * or a thread that looks over the connections ten times a second shuts
- * the socket down.  A kept-alive connection between requests has no clock:
- * its idle time is libmicrohttpd's timeout, a separate setting.
+ * every request a total deadline instead: a clock starts at the first byte
+ * of a request (for a new connection, at its accept, so the TLS handshake
+ * counts) and stops when the whole request is in or answered; a thread that
+ * looks over the clocks ten times a second shuts down the socket of any
+ * that has run past the limit.  A kept-alive connection between requests
+ * has no clock: its idle time is libmicrohttpd's timeout, a separate
+ * setting.
  *
  * The first byte of a request is seen in the TLS transport: the sweeper
  * reads and writes the socket for GnuTLS (sw_attach_tls), so any byte that
  * arrives while no clock runs starts one.  Nothing here knows HTTP; the
- * server says when a request began (headers already buffered) and when it
- * was answered.
+ * server says when a request's headers are in (in case its first bytes came
+ * with the previous request's) and when the request is in or answered.  A
+ * connection whose clock is never stopped is under the deadline from accept
+ * to close.
  */
 #ifndef GG_SWEEPER_H
 #define GG_SWEEPER_H
