@@ -46,6 +46,7 @@ struct serve_opts {
     size_t max_body;
     unsigned max_connections;
     unsigned shutdown_grace_s;
+    unsigned request_timeout_s;
     int inventory; /* -1: on when in a cluster or with --kubeconfig; 0: off; 1: on */
     const char *kubeconfig;
 };
@@ -71,6 +72,9 @@ static void serve_usage(FILE *out)
             "  --threads N               webhook worker threads [number of CPUs]\n"
             "  --max-body BYTES          larger request bodies get 413 [16777216]\n"
             "  --max-connections N       open connections on the webhook port [4096]\n"
+            "  --request-timeout SECONDS time for a request's headers and body [10]\n"
+            "                            (a late request's connection is closed; between\n"
+            "                            requests, kept-alive connections wait 120 s)\n"
             "  --shutdown-grace SECONDS  on SIGTERM, time for requests in flight [30]\n"
             "  --inventory on|off        GPU usage per namespace from the API server's pods\n"
             "                            (list + watch) for quota policies [on in a cluster\n"
@@ -114,6 +118,7 @@ enum {
     OPT_MAX_BODY,
     OPT_MAX_CONN,
     OPT_GRACE,
+    OPT_REQUEST_TIMEOUT,
     OPT_LOG_LEVEL,
     OPT_INVENTORY,
     OPT_KUBECONFIG,
@@ -132,6 +137,7 @@ static const struct option long_options[] = {
     {"max-body", required_argument, NULL, OPT_MAX_BODY},
     {"max-connections", required_argument, NULL, OPT_MAX_CONN},
     {"shutdown-grace", required_argument, NULL, OPT_GRACE},
+    {"request-timeout", required_argument, NULL, OPT_REQUEST_TIMEOUT},
     {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
     {"inventory", required_argument, NULL, OPT_INVENTORY},
     {"kubeconfig", required_argument, NULL, OPT_KUBECONFIG},
@@ -158,6 +164,11 @@ static int parse_number_flag(int opt, const char *arg, struct serve_opts *o)
             return -1;
         o->max_connections = (unsigned)v;
         return 0;
+    case OPT_REQUEST_TIMEOUT:
+        if (parse_uint("--request-timeout", arg, 1, 3600, &v))
+            return -1;
+        o->request_timeout_s = (unsigned)v;
+        return 0;
     default: /* OPT_GRACE */
         if (parse_uint("--shutdown-grace", arg, 0, 3600, &v))
             return -1;
@@ -178,6 +189,7 @@ static int parse_flags(int argc, char **argv, struct serve_opts *o)
                              .max_body = 16 << 20,
                              .max_connections = 4096,
                              .shutdown_grace_s = 30,
+                             .request_timeout_s = 10,
                              .inventory = -1};
     int opt;
     opterr = 0;
@@ -404,6 +416,7 @@ int cli_serve(int argc, char **argv)
                              .max_body = o.max_body,
                              .max_connections = o.max_connections,
                              .idle_timeout_s = 120,
+                             .request_timeout_s = o.request_timeout_s,
                              .engine = engine,
                              .ready_note = inventory_note,
                              .ready_note_ctx = informer};

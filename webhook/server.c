@@ -16,6 +16,8 @@
  * past it would sit in the kernel's backlog, its handshake hung, until
  * some idle connection times out (120 s).  Instead the library's limit is
  * set above ours and a connection past ours is accepted and closed at once.
+ * A slot is held no longer than --request-timeout by a request that is
+ * late (sweeper.h), however slowly its bytes trickle in.
  */
 #include "server.h"
 
@@ -23,6 +25,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "review.h"
+#include "sweeper.h"
 #include "tlscreds.h"
 
 #include <arpa/inet.h>
@@ -50,11 +53,18 @@
 #define MMAP_THRESHOLD (1 << 20)
 /* On SIGTERM, how long kept-alive connections may stay open without a request. */
 #define LINGER_MS 1000
-/* TLS 1.2 and 1.3 only, GnuTLS's default ciphers otherwise. */
-#define TLS_PRIORITIES "NORMAL:-VERS-ALL:+VERS-TLS1.3:+VERS-TLS1.2"
+/*
+ * TLS 1.2 and 1.3 only, AEAD ciphers only (no CBC: LUCKY13 and its kin),
+ * forward-secret key exchange only in TLS 1.2 (ECDHE), and the server's
+ * order of preference wins over the client's.
+ */
+#define TLS_PRIORITIES                                                                             \
+    "NORMAL:-VERS-ALL:+VERS-TLS1.3:+VERS-TLS1.2:-CIPHER-ALL:+AES-256-GCM:+CHACHA20-POLY1305:"      \
+    "+AES-128-GCM:-MAC-ALL:+AEAD:-KX-ALL:+ECDHE-ECDSA:+ECDHE-RSA:%SERVER_PRECEDENCE"
 
 struct srv {
     bool require_client_cert;
+    struct sweeper *sweeper; /* the request deadline of the webhook's connections */
     struct MHD_Daemon *webhook;
     struct MHD_Daemon *ops;
     size_t max_body;
@@ -86,10 +96,22 @@ struct request {
  */
 static atomic_bool draining;
 
+/*
+ * Answers on the ops port (the plain-HTTP one) always close the connection:
+ * one request per connection puts a connection's whole life under the
+ * request deadline (on_ops_connection).  Probes and scrapes open a new one
+ * each time anyway.
+ */
+static bool closes_connection(struct MHD_Connection *c)
+{
+    return atomic_load(&draining) ||
+           !MHD_get_connection_info(c, MHD_CONNECTION_INFO_GNUTLS_SESSION);
+}
+
 static enum MHD_Result queue_response(struct MHD_Connection *c, unsigned status,
                                       struct MHD_Response *r)
 {
-    if (atomic_load(&draining))
+    if (closes_connection(c))
         MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
     enum MHD_Result ret = MHD_queue_response(c, status, r);
     MHD_destroy_response(r);
@@ -138,6 +160,45 @@ static bool is_json_type(const char *value)
     return *value == '\0' || *value == ';';
 }
 
+struct transfer_codings {
+    unsigned count;
+    const char *other; /* the first coding other than plain chunked */
+};
+
+static enum MHD_Result count_coding(void *cls, enum MHD_ValueKind kind, const char *key,
+                                    const char *value)
+{
+    (void)kind;
+    struct transfer_codings *tc = cls;
+    if (strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0) {
+        tc->count++;
+        if (!tc->other && (!value || strcasecmp(value, "chunked") != 0))
+            tc->other = value ? value : "";
+    }
+    return MHD_YES;
+}
+
+/*
+ * libmicrohttpd decodes plain chunked bodies only; with any other transfer
+ * coding ("gzip, chunked", or a second Transfer-Encoding header) it would
+ * read the body until the client closes the connection.  True, with the
+ * reason in out, for such a request.
+ */
+static bool refused_coding(struct MHD_Connection *c, char *out, size_t size)
+{
+    struct transfer_codings tc = {0};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, count_coding, &tc);
+    if (tc.count > 1)
+        snprintf(out, size, "Transfer-Encoding given more than once: ");
+    else if (tc.other)
+        snprintf(out, size, "Transfer-Encoding %.64s is not supported: ", tc.other);
+    else
+        return false;
+    size_t len = strlen(out);
+    snprintf(out + len, size - len, "send the body with Content-Length or chunked");
+    return true;
+}
+
 static int64_t request_timeout_ms(struct MHD_Connection *c)
 {
     const char *text = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "timeout");
@@ -164,6 +225,8 @@ static enum MHD_Result begin_request(struct srv *s, struct MHD_Connection *c, co
         snprintf(reason, sizeof(reason), "method %.32s not allowed on %s: use POST", method, url);
         return refuse(c, rq, MHD_HTTP_METHOD_NOT_ALLOWED, url, reason);
     }
+    if (refused_coding(c, reason, sizeof(reason)))
+        return refuse(c, rq, MHD_HTTP_NOT_IMPLEMENTED, url, reason);
     const char *type = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type");
     if (!is_json_type(type)) {
         snprintf(reason, sizeof(reason), "Content-Type must be application/json, got %.64s",
@@ -210,6 +273,14 @@ static enum MHD_Result answer_review(struct srv *s, struct MHD_Connection *c, st
     return queue_response(c, MHD_HTTP_OK, r);
 }
 
+/* The request deadline's clock of a webhook connection (set up in on_connection). */
+static struct sw_conn *clock_of(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *info =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return info ? info->socket_context : NULL;
+}
+
 static enum MHD_Result on_webhook(void *cls, struct MHD_Connection *c, const char *url,
                                   const char *method, const char *version, const char *upload_data,
                                   size_t *upload_data_size, void **con_cls)
@@ -224,7 +295,11 @@ static enum MHD_Result on_webhook(void *cls, struct MHD_Connection *c, const cha
         rq->start_us = review_now_us();
         *con_cls = rq;
         metrics_inflight_add(1);
-        return begin_request(s, c, url, method, rq);
+        sw_request_begin(clock_of(c));
+        enum MHD_Result ret = begin_request(s, c, url, method, rq);
+        if (rq->answered)
+            sw_request_end(clock_of(c));
+        return ret;
     }
     if (*upload_data_size) {
         /* Past the limit: keep reading (and dropping) so we can answer 413. */
@@ -236,6 +311,8 @@ static enum MHD_Result on_webhook(void *cls, struct MHD_Connection *c, const cha
         *upload_data_size = 0;
         return MHD_YES;
     }
+    /* The whole request is in: from here on the review's own deadline applies. */
+    sw_request_end(clock_of(c));
     if (rq->answered)
         return MHD_YES;
     if (rq->too_big) {
@@ -327,6 +404,11 @@ static void mhd_log(void *cls, const char *fmt, va_list ap)
     /* 0.9.75 says this at every start even with the logger passed first. */
     if (strstr(msg, "MHD_OPTION_EXTERNAL_LOGGER is not the first option"))
         return;
+    /* ... and this for every failed TLS handshake, whatever the cause. */
+    if (strstr(msg, "received handshake message out of context"))
+        snprintf(msg, sizeof(msg),
+                 "TLS handshake failed: no TLS version or cipher suite in "
+                 "common, a client certificate refused, or not TLS");
     log_fields(LOG_WARN, msg, json_pack("{s:s}", "source", "libmicrohttpd"));
 }
 
@@ -363,32 +445,85 @@ static enum gg_status parse_addr(const char *text, struct sockaddr_storage *ss, 
 
 /*
  * With mutual TLS, every connection must present a client certificate that
- * verifies against the client CAs: GnuTLS checks it during the handshake,
- * so a missing or wrong certificate never reaches HTTP.
+ * verifies against the client CAs and, when it lists its uses (extended key
+ * usage), is meant for TLS clients: a server certificate is no client's.
+ * GnuTLS calls this during the handshake, so a refused client never reaches
+ * HTTP; the reason is logged.  A client without a certificate gets here too
+ * (the certificate is requested, not required, so that it is logged).
  */
-static void require_client_cert(struct MHD_Connection *c)
+static int verify_client(gnutls_session_t session)
 {
-    const union MHD_ConnectionInfo *info =
+    gnutls_typed_vdata_st purpose = {.type = GNUTLS_DT_KEY_PURPOSE_OID,
+                                     .data = (unsigned char *)GNUTLS_KP_TLS_WWW_CLIENT};
+    unsigned status = 0;
+    int rc = gnutls_certificate_verify_peers(session, &purpose, 1, &status);
+    if (rc == GNUTLS_E_SUCCESS && status == 0)
+        return 0;
+    char reason[256];
+    if (rc == GNUTLS_E_NO_CERTIFICATE_FOUND)
+        snprintf(reason, sizeof(reason), "no client certificate");
+    else if (rc != GNUTLS_E_SUCCESS)
+        snprintf(reason, sizeof(reason), "%s", gnutls_strerror(rc));
+    else {
+        gnutls_datum_t text = {NULL, 0};
+        if (gnutls_certificate_verification_status_print(status, GNUTLS_CRT_X509, &text, 0) == 0)
+            snprintf(reason, sizeof(reason), "%s", (const char *)text.data);
+        else
+            snprintf(reason, sizeof(reason), "verification status 0x%x", status);
+        gnutls_free(text.data);
+    }
+    char peer[64];
+    sw_session_peer(session, peer, sizeof(peer));
+    log_fields(LOG_WARN, "TLS handshake refused: client certificate not accepted",
+               json_pack("{s:s,s:s}", "peer", peer, "reason", reason));
+    return GNUTLS_E_CERTIFICATE_ERROR;
+}
+
+static void require_client_cert(gnutls_session_t session)
+{
+    gnutls_certificate_server_set_request(session, GNUTLS_CERT_REQUEST);
+    gnutls_session_set_verify_function(session, verify_client);
+}
+
+/*
+ * Every webhook connection gets a request deadline clock, kept as its
+ * socket context; one that cannot is dropped at once (fail closed: no
+ * connection without a deadline).
+ */
+static void open_connection(struct srv *s, struct MHD_Connection *c, void **socket_context)
+{
+    const union MHD_ConnectionInfo *fd =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    const union MHD_ConnectionInfo *tls =
         MHD_get_connection_info(c, MHD_CONNECTION_INFO_GNUTLS_SESSION);
-    if (!info || !info->tls_session)
+    if (!fd) /* cannot happen: every connection has its socket */
         return;
-    gnutls_session_t session = (gnutls_session_t)info->tls_session;
-    gnutls_certificate_server_set_request(session, GNUTLS_CERT_REQUIRE);
-    gnutls_session_set_verify_cert(session, NULL, 0);
+    struct sw_conn *clock = tls && tls->tls_session ? sw_open(s->sweeper, fd->connect_fd) : NULL;
+    if (!clock) {
+        log_msg(LOG_ERROR, "connection dropped: no request deadline could be set up for it");
+        shutdown(fd->connect_fd, SHUT_RDWR);
+        return;
+    }
+    *socket_context = clock;
+    gnutls_session_t session = (gnutls_session_t)tls->tls_session;
+    sw_attach_tls(clock, session);
+    if (s->require_client_cert)
+        require_client_cert(session);
 }
 
 static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
                           enum MHD_ConnectionNotificationCode toe)
 {
     struct srv *s = cls;
-    (void)socket_context;
-    if (toe == MHD_CONNECTION_NOTIFY_STARTED && s->require_client_cert)
-        require_client_cert(c);
     bool started = toe == MHD_CONNECTION_NOTIFY_STARTED;
-    if (started)
+    if (started) {
+        open_connection(s, c, socket_context);
         atomic_fetch_add(&s->open_connections, 1);
-    else
+    } else {
+        sw_close(*socket_context);
+        *socket_context = NULL;
         atomic_fetch_sub(&s->open_connections, 1);
+    }
     metrics_connections_add(started ? 1 : -1);
 }
 
@@ -435,6 +570,30 @@ static struct MHD_Daemon *start_webhook(struct srv *s, const struct srv_config *
         s, MHD_OPTION_ARRAY, trust, MHD_OPTION_END);
 }
 
+/*
+ * An ops connection's clock runs from its accept to its close (one request
+ * per connection, see closes_connection): a slow client cannot hold the
+ * ops port's connections, which the kubelet's probes need, past the request
+ * deadline.
+ */
+static void on_ops_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                              enum MHD_ConnectionNotificationCode toe)
+{
+    struct srv *s = cls;
+    if (toe != MHD_CONNECTION_NOTIFY_STARTED) {
+        sw_close(*socket_context);
+        *socket_context = NULL;
+        return;
+    }
+    const union MHD_ConnectionInfo *fd =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!fd) /* cannot happen: every connection has its socket */
+        return;
+    *socket_context = sw_open(s->sweeper, fd->connect_fd);
+    if (!*socket_context)
+        shutdown(fd->connect_fd, SHUT_RDWR); /* no deadline, no connection */
+}
+
 static struct MHD_Daemon *start_ops(struct srv *s, struct sockaddr_storage *addr)
 {
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG;
@@ -442,8 +601,9 @@ static struct MHD_Daemon *start_ops(struct srv *s, struct sockaddr_storage *addr
         flags |= MHD_USE_IPv6;
     return MHD_start_daemon(flags, 0, NULL, NULL, on_ops, s, MHD_OPTION_SOCK_ADDR,
                             (struct sockaddr *)addr, MHD_OPTION_CONNECTION_LIMIT, 64,
-                            MHD_OPTION_CONNECTION_TIMEOUT, 30, MHD_OPTION_EXTERNAL_LOGGER, mhd_log,
-                            s, MHD_OPTION_END);
+                            MHD_OPTION_CONNECTION_TIMEOUT, 30, MHD_OPTION_NOTIFY_CONNECTION,
+                            on_ops_connection, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
+                            MHD_OPTION_END);
 }
 
 enum gg_status srv_start(const struct srv_config *cfg, struct srv **out, struct gg_err *err)
@@ -465,6 +625,8 @@ enum gg_status srv_start(const struct srv_config *cfg, struct srv **out, struct 
     s->require_client_cert = cfg->client_ca_pem != NULL;
     pthread_mutex_init(&s->reason_lock, NULL);
     snprintf(s->not_ready_reason, sizeof(s->not_ready_reason), "starting");
+    if ((st = sw_new((int64_t)cfg->request_timeout_s * 1000, &s->sweeper, err)) != GG_OK)
+        goto fail;
     s->webhook = start_webhook(s, cfg, &hook_addr);
     if (!s->webhook) {
         st = gg_fail(err, GG_ERR_IO,
@@ -483,6 +645,7 @@ enum gg_status srv_start(const struct srv_config *cfg, struct srv **out, struct 
 fail:
     if (s->webhook)
         MHD_stop_daemon(s->webhook);
+    sw_free(s->sweeper);
     pthread_mutex_destroy(&s->reason_lock);
     free(s);
     return st;
@@ -536,6 +699,7 @@ void srv_stop(struct srv *s, int64_t grace_ms)
                 metrics_inflight(), (long long)grace_ms);
     MHD_stop_daemon(s->webhook);
     MHD_stop_daemon(s->ops);
+    sw_free(s->sweeper);
     pthread_mutex_destroy(&s->reason_lock);
     free(s);
 }

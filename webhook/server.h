@@ -24,7 +24,9 @@ struct srv_config {
     size_t max_body;           /* larger bodies get 413 */
     unsigned max_connections;
     unsigned idle_timeout_s; /* keep-alive idle timeout, above the client's 90 s */
-    struct engine *engine;   /* evaluates the reviews; also reported by /readyz */
+    /* A request's headers and body must arrive within this, else its connection is closed. */
+    unsigned request_timeout_s;
+    struct engine *engine; /* evaluates the reviews; also reported by /readyz */
     /* Writes a second /readyz line (e.g. the inventory's state); NULL: none.  Called on the
      * ops thread: it must be quick and must not block. */
     void (*ready_note)(void *ctx, char *out, size_t size);

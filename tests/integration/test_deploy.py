@@ -11,6 +11,7 @@ Deployment arguments are run through the real server on loopback.
 import base64
 import binascii
 import fnmatch
+import ipaddress
 import json
 import os
 import re
@@ -734,6 +735,69 @@ def test_self_managed_overlay_with_generated_patch(repo_copy, tmp_path, binary, 
                               f"{SERVICE}.{NAMESPACE}.svc", "-CAfile", str(bundle_file),
                               str(out / "tls.crt")], capture_output=True, text=True)
         assert res.returncode == 0, res.stdout + res.stderr
+
+
+# ---------------------------------------------------------------- the NetworkPolicy component
+
+NETPOL = DEPLOY / "components" / "network-policy"
+
+
+def documented_netpol_overlay():
+    """The overlay lines the component's kustomization.yaml tells users to add (its
+    comment lines indented by three spaces), with a control-plane CIDR filled in."""
+    lines = [l[4:] for l in (NETPOL / "kustomization.yaml").read_text().splitlines()
+             if l.startswith("#   ")]
+    assert lines and lines[0] == "components:", lines
+    return "\n".join(lines) + "\n"
+
+
+def test_no_render_has_a_network_policy(render):
+    """The NetworkPolicy is opt-in: the base and both overlays are unchanged by it."""
+    assert not find(render, "NetworkPolicy")
+
+
+def test_network_policy_placeholder_is_refused():
+    """As shipped, the component's CIDR is no CIDR: the API server refuses the
+    NetworkPolicy instead of cutting the webhook off from the API server."""
+    docs = [d for d in yaml.safe_load_all((NETPOL / "networkpolicy.yaml").read_text()) if d]
+    cidr = docs[0]["spec"]["ingress"][0]["from"][0]["ipBlock"]["cidr"]
+    with pytest.raises(ValueError):
+        ipaddress.ip_network(cidr)
+
+
+@needs_kubectl
+def test_network_policy_component(repo_copy, serve_help):
+    """Added to an overlay as documented, the component adds one NetworkPolicy
+    that selects the webhook's pods and admits the webhook port from the
+    control-plane CIDR and the ops port from the monitoring namespace, the
+    ports being those the Deployment's flags serve on."""
+    overlays = repo_copy / "deploy" / "overlays"
+    mine = overlays / "mine"
+    mine.mkdir()
+    (mine / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        "resources:\n  - ../self-managed\n" + documented_netpol_overlay())
+    docs = kustomize(mine)
+    without = kustomize(overlays / "self-managed")
+    assert [d for d in docs if d["kind"] != "NetworkPolicy"] == without
+    policy = one(docs, "NetworkPolicy", SERVICE)
+    assert policy["metadata"]["namespace"] == NAMESPACE
+    dep = one(docs, "Deployment", SERVICE)
+    pod_labels = dep["spec"]["template"]["metadata"]["labels"]
+    selector = policy["spec"]["podSelector"]
+    assert set(selector) == {"matchLabels"}
+    assert selector["matchLabels"].items() <= pod_labels.items()
+    assert policy["spec"]["policyTypes"] == ["Ingress"], "egress stays open: the inventory"
+    flags = split_flags(container(docs)["args"])
+    webhook_port, ops_port = port_of(flags["--listen"]), port_of(flags["--ops-listen"])
+    assert (webhook_port, ops_port) == (serve_help["webhook_port"], serve_help["ops_port"])
+    assert policy["spec"]["ingress"] == [
+        {"from": [{"ipBlock": {"cidr": "10.0.0.0/24"}}],
+         "ports": [{"protocol": "TCP", "port": webhook_port}]},
+        {"from": [{"namespaceSelector": {
+            "matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+         "ports": [{"protocol": "TCP", "port": ops_port}]},
+    ]
 
 
 # ---------------------------------------------------------------- the pod, run for real

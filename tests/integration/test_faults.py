@@ -268,8 +268,9 @@ def test_slowloris_does_not_hold_up_other_clients(serve, what):
 
 def test_stalled_requests_do_not_hold_up_other_clients(serve):
     """Connections that stop mid-headers or mid-body and sit there: the
-    server keeps answering others, and frees them when the client leaves."""
-    srv = serve()
+    server keeps answering others, and frees them when the client leaves
+    (before the request timeout, which test_transport.py covers)."""
+    srv = serve("--request-timeout", "60")
     baseline = warm_up(srv)
     body = json.dumps(review()).encode()
     head = request_head(len(body))
@@ -297,8 +298,9 @@ def test_stalled_requests_do_not_hold_up_other_clients(serve):
 def test_idle_connections_up_to_the_limit(serve):
     """32 idle connections fill --max-connections 32; a 33rd is closed at
     once instead of hanging in the backlog; closing the idle ones frees
-    the server."""
-    srv = serve("--max-connections", "32")
+    the server.  (A connection with no request yet is closed at the request
+    timeout: a long one keeps them all here.)"""
+    srv = serve("--max-connections", "32", "--request-timeout", "60")
     baseline = warm_up(srv)
     idle = []
     for n in range(32):

@@ -5,6 +5,7 @@ files go to a fresh directory and a `..data` symlink is swapped to it."""
 import json
 import os
 import re
+import shutil
 import ssl
 import subprocess
 import time
@@ -15,9 +16,9 @@ from conftest import SERVICE, NAMESPACE, SNI, ApiServerConnection, start_server
 from test_server import metric, review
 
 
-def make_certs(binary, out):
+def make_certs(binary, out, *extra):
     subprocess.run([binary, "certs", "--service", SERVICE, "--namespace", NAMESPACE,
-                    "--out", str(out), "--dev", "--force"], check=True,
+                    "--out", str(out), "--dev", "--force", *extra], check=True,
                    stdout=subprocess.DEVNULL)
     return out
 
@@ -147,7 +148,16 @@ def openssl(*args, cwd):
     subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
 
 
-def client_pki(where, name):
+def sign_client(where, extensions):
+    """(Re)issue where/client.crt from its request, signed by where/ca.key."""
+    (where / "ext.cnf").write_text(extensions + "\n")
+    openssl("x509", "-req", "-in", "client.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", "client.crt", "-days", "2", "-extfile", "ext.cnf",
+            cwd=where)
+    return where
+
+
+def client_pki(where, name, extensions="extendedKeyUsage=clientAuth"):
     """A client CA and a client certificate signed by it, with the openssl CLI."""
     where.mkdir()
     openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
@@ -156,12 +166,7 @@ def client_pki(where, name):
     openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
             "-keyout", "client.key", "-out", "client.csr", "-subj", "/CN=kube-apiserver",
             cwd=where)
-    ext = where / "ext.cnf"
-    ext.write_text("extendedKeyUsage=clientAuth\n")
-    openssl("x509", "-req", "-in", "client.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-            "-CAcreateserial", "-out", "client.crt", "-days", "2", "-extfile", "ext.cnf",
-            cwd=where)
-    return where
+    return sign_client(where, extensions)
 
 
 @pytest.fixture
@@ -198,6 +203,51 @@ def test_mtls_refuses_at_the_handshake(mtls, certs, who):
     # The server is still fine.
     good = ApiServerConnection(srv.port, None, context=mtls_context(certs, mtls[1]))
     assert good.review(review())[0] == 200
+
+
+def refusals(srv):
+    return [r for r in srv.log_lines()
+            if r.get("msg") == "TLS handshake refused: client certificate not accepted"]
+
+
+@pytest.mark.parametrize("who,reason", [
+    ("no certificate", "no client certificate"),
+    ("another CA's certificate", "The certificate issuer is unknown"),
+    ("a server certificate", "does not match the intended purpose"),
+])
+def test_mtls_refusals_are_logged_with_the_reason(binary, certs, tmp_path, who, reason):
+    """A server-only certificate (extended key usage serverAuth) from the
+    trusted CA is no client certificate."""
+    good = client_pki(tmp_path / "good", "api-server")
+    srv = start_server(binary, certs, tmp_path, "--client-ca", str(good / "ca.crt"))
+    try:
+        client = None
+        if who == "another CA's certificate":
+            client = client_pki(tmp_path / "other", "someone else")
+        elif who == "a server certificate":  # the same key and CA, serverAuth only
+            shutil.copytree(good, tmp_path / "server-only")
+            client = sign_client(tmp_path / "server-only", "extendedKeyUsage=serverAuth")
+        conn = ApiServerConnection(srv.port, None, context=mtls_context(certs, client))
+        with pytest.raises((ssl.SSLError, ConnectionResetError, BrokenPipeError)):
+            conn.review(review())
+        assert wait_for(lambda: refusals(srv))
+        (rec,) = refusals(srv)
+        assert rec["level"] == "warn"
+        assert reason in rec["reason"], rec
+        assert re.fullmatch(r"127\.0\.0\.1:\d+", rec["peer"])
+    finally:
+        assert srv.stop() == 0
+
+
+def test_mtls_accepts_a_certificate_without_extended_key_usage(binary, certs, tmp_path):
+    plain = client_pki(tmp_path / "plain", "api-server", extensions="basicConstraints=CA:FALSE")
+    srv = start_server(binary, certs, tmp_path, "--client-ca", str(plain / "ca.crt"))
+    try:
+        conn = ApiServerConnection(srv.port, None, context=mtls_context(certs, plain))
+        assert conn.review(review())[0] == 200
+        assert not refusals(srv)
+    finally:
+        assert srv.stop() == 0
 
 
 def test_unreadable_client_ca_fails_the_start(binary, certs, tmp_path):
