@@ -591,7 +591,7 @@ enum gg_status kc_get(struct kc_client *c, const struct kc_request *rq, struct k
     buf_clear(&x.error_body);
     enum gg_status st = GG_OK;
     if (code != CURLE_OK)
-        st = failure(code, resp, errbuf, rq->path, err);
+        st = failure(code, resp, errbuf, rq->what ? rq->what : rq->path, err);
     free(url);
     return st;
 }

@@ -37,6 +37,7 @@ static enum gg_status query(struct kc_client *c, const struct rs_settings *s, en
     struct buf body;
     buf_init(&body, RS_MAX_RESPONSE);
     struct kc_request rq = {.path = path,
+                            .what = "/api/v1/query",
                             .timeout_s = s->timeout_s,
                             .on_body = on_body,
                             .ctx = &body,

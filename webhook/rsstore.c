@@ -1,13 +1,25 @@
 /*
  * rsstore.c - the published rightsizing snapshot, the source's state and
  * the policies' reports, under one mutex.
+ *
+ * Reports arrive on request threads, whose jansson allocations live in the
+ * request's arena (arena.h): what outlives a request is kept in plain
+ * malloc'ed memory here, never in JSON values.
  */
 #include "rsstore.h"
 
 #include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
+
+/* A workload's last finding: namespace and workload in key, "ns/workload". */
+struct report {
+    char *key;
+    size_t ns_len;
+    int64_t requested, needed;
+};
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct {
@@ -19,7 +31,8 @@ static struct {
     char last_error[200];
     unsigned long long refreshes_ok, refreshes_failed;
     unsigned long long recommended, applied;
-    json_t *reported; /* "ns/workload" -> [namespace, requested, needed] */
+    struct report *reported; /* open addressing on "ns/workload"; cap a power of two */
+    size_t n_reported, cap_reported;
 } S;
 static bool template_reviews;
 
@@ -100,6 +113,37 @@ bool rss_template_reviews(void)
     return template_reviews;
 }
 
+static size_t slot_of(const struct report *slots, size_t cap, const char *key)
+{
+    uint64_t h = 1469598103934665603ULL; /* FNV-1a */
+    for (const char *p = key; *p; p++)
+        h = (h ^ (unsigned char)*p) * 1099511628211ULL;
+    size_t i = h & (cap - 1);
+    while (slots[i].key && strcmp(slots[i].key, key) != 0)
+        i = (i + 1) & (cap - 1);
+    return i;
+}
+
+/* Room for one more report; false when out of memory or full. */
+static bool reports_room_locked(void)
+{
+    if ((S.n_reported + 1) * 10 <= S.cap_reported * 7)
+        return true;
+    if (S.n_reported >= RSS_MAX_REPORTED)
+        return false;
+    size_t cap = S.cap_reported ? S.cap_reported * 2 : 256;
+    struct report *slots = calloc(cap, sizeof(*slots));
+    if (!slots)
+        return false;
+    for (size_t i = 0; i < S.cap_reported; i++)
+        if (S.reported[i].key)
+            slots[slot_of(slots, cap, S.reported[i].key)] = S.reported[i];
+    free(S.reported);
+    S.reported = slots;
+    S.cap_reported = cap;
+    return true;
+}
+
 void rss_report(const char *ns, const char *workload, const char *action, int64_t requested_milli,
                 int64_t needed_milli)
 {
@@ -110,13 +154,18 @@ void rss_report(const char *ns, const char *workload, const char *action, int64_
         S.recommended++;
     else if (strcmp(action, "apply") == 0)
         S.applied++;
-    if (!S.reported)
-        S.reported = json_object();
-    if (S.reported &&
-        (json_object_get(S.reported, key) || json_object_size(S.reported) < RSS_MAX_REPORTED))
-        json_object_set_new(
-            S.reported, key,
-            json_pack("[s,I,I]", ns, (json_int_t)requested_milli, (json_int_t)needed_milli));
+    struct report *r =
+        S.cap_reported ? &S.reported[slot_of(S.reported, S.cap_reported, key)] : NULL;
+    if ((!r || !r->key) && reports_room_locked()) {
+        r = &S.reported[slot_of(S.reported, S.cap_reported, key)];
+        if ((r->key = strdup(key)))
+            S.n_reported++;
+        r->ns_len = strlen(ns);
+    }
+    if (r && r->key) {
+        r->requested = requested_milli;
+        r->needed = needed_milli;
+    }
     pthread_mutex_unlock(&lock);
 }
 
@@ -124,18 +173,18 @@ void rss_describe(char *out, size_t size)
 {
     int64_t now = mono_s();
     pthread_mutex_lock(&lock);
+    const char *sep = S.last_error[0] ? ": " : "";
     if (!*S.source)
         snprintf(out, size, "rightsizing: off");
     else if (!S.data.workloads)
-        snprintf(out, size, "rightsizing: no data yet%s%.200s", S.last_error[0] ? ": " : "",
-                 S.last_error);
+        snprintf(out, size, "rightsizing: no data yet%s%.200s", sep, S.last_error);
     else
         snprintf(out, size, "rightsizing: %s (%zu workloads, updated %llds ago)%s%.200s",
-                 stale_locked(now) ? "stale"
+                 stale_locked(now) ? "stale, policies see no data"
                  : S.last_ok       ? "ok"
-                                   : "failing",
-                 json_object_size(S.data.workloads), (long long)(now - S.published_s),
-                 S.last_error[0] ? ": " : "", S.last_error);
+                                   : "failing, policies see the last data",
+                 json_object_size(S.data.workloads), (long long)(now - S.published_s), sep,
+                 S.last_error);
     pthread_mutex_unlock(&lock);
 }
 
@@ -143,18 +192,18 @@ void rss_describe(char *out, size_t size)
 static json_t *per_namespace_locked(void)
 {
     json_t *sums = json_object();
-    const char *key;
-    json_t *r;
-    json_object_foreach(S.reported, key, r)
-    {
-        const char *ns = json_string_value(json_array_get(r, 0));
+    for (size_t i = 0; sums && i < S.cap_reported; i++) {
+        const struct report *r = &S.reported[i];
+        char ns[256];
+        if (!r->key || r->ns_len >= sizeof(ns))
+            continue;
+        memcpy(ns, r->key, r->ns_len);
+        ns[r->ns_len] = '\0';
         json_t *sum = json_object_get(sums, ns);
-        if (!sum)
-            json_object_set_new(sums, ns, sum = json_pack("[I,I]", (json_int_t)0, (json_int_t)0));
-        for (size_t i = 0; i < 2; i++)
-            json_array_set_new(sum, i,
-                               json_integer(json_integer_value(json_array_get(sum, i)) +
-                                            json_integer_value(json_array_get(r, i + 1))));
+        int64_t requested = json_integer_value(json_array_get(sum, 0)) + r->requested;
+        int64_t needed = json_integer_value(json_array_get(sum, 1)) + r->needed;
+        json_object_set_new(sums, ns,
+                            json_pack("[I,I]", (json_int_t)requested, (json_int_t)needed));
     }
     return sums;
 }
@@ -219,7 +268,9 @@ void rss_reset(void)
 {
     pthread_mutex_lock(&lock);
     rs_data_clear(&S.data);
-    json_decref(S.reported);
+    for (size_t i = 0; i < S.cap_reported; i++)
+        free(S.reported[i].key);
+    free(S.reported);
     memset(&S, 0, sizeof(S));
     pthread_mutex_unlock(&lock);
 }
