@@ -182,41 +182,44 @@ static void test_queries(void **state)
     assert_false(rs_query(&s, RS_QUERY_PEAK, small, sizeof(small)));
 }
 
-static json_t *answer(const char *result)
+/* A Prometheus answer whose samples are {namespace, pod, edge (NULL: none), value}. */
+static json_t *answer(const char *const rows[][4], size_t n)
 {
-    char text[4096];
-    snprintf(text, sizeof(text),
-             "{\"status\":\"success\",\"data\":{\"resultType\":\"vector\",\"result\":%s}}", result);
-    json_t *a = json_loads(text, 0, NULL);
-    assert_non_null(a);
-    return a;
+    json_t *result = json_array();
+    for (size_t i = 0; i < n; i++) {
+        json_t *m = json_object();
+        if (rows[i][0])
+            json_object_set_new(m, "namespace", json_string(rows[i][0]));
+        json_object_set_new(m, "pod", json_string(rows[i][1]));
+        if (rows[i][2])
+            json_object_set_new(m, "edge", json_string(rows[i][2]));
+        json_array_append_new(
+            result, json_pack("{s:o,s:[f,s]}", "metric", m, "value", 1795526098.5, rows[i][3]));
+    }
+    return json_pack("{s:s,s:{s:s,s:o}}", "status", "success", "data", "resultType", "vector",
+                     "result", result);
 }
-
-#define SAMPLE(ns, pod, v)                                                                         \
-    "{\"metric\":{\"namespace\":\"" ns "\",\"pod\":\"" pod "\"},\"value\":[1795526098.5,\"" v "\"" \
-                                                                                              "]}"
-#define EDGE(ns, pod, edge, t)                                                                     \
-    "{\"metric\":{\"namespace\":\"" ns "\",\"pod\":\"" pod "\",\"edge\":\"" edge                   \
-    "\"},\"value\":[1795526098.5,\"" t "\"]}"
 
 static void test_answers_fold_into_workloads(void **state)
 {
     (void)state;
-    json_t *peak = answer("[" SAMPLE("ml", "chat-5d8f7c9b4-x2x7z", "7270") "," SAMPLE(
-        "ml", "chat-5d8f7c9b4-q8k4w",
-        "6000") "," SAMPLE("ml", "embed-0",
-                           "15000.5") "," SAMPLE("ml", "owned-by-inventory",
-                                                 "100") "," SAMPLE("other", "embed-0",
-                                                                   "1") ",{\"metric\":{\"pod\":"
-                                                                        "\"no-namespace\"},"
-                                                                        "\"value\":[1,\"5\"]}"
-                                                                        "," SAMPLE("ml", "nan-pod",
-                                                                                   "NaN") "]");
-    json_t *history = answer("[" EDGE("ml", "chat-5d8f7c9b4-x2x7z", "first", "1000") "," EDGE(
-        "ml", "chat-5d8f7c9b4-x2x7z", "last",
-        "5000") "," EDGE("ml", "chat-5d8f7c9b4-q8k4w", "first",
-                         "3000") "," EDGE("ml", "chat-5d8f7c9b4-q8k4w", "last",
-                                          "9000") "," EDGE("ml", "gone-abcdf", "first", "1") "]");
+    static const char *const peaks[][4] = {
+        {"ml", "chat-5d8f7c9b4-x2x7z", NULL, "7270"},
+        {"ml", "chat-5d8f7c9b4-q8k4w", NULL, "6000"}, /* the restarted pod */
+        {"ml", "embed-0", NULL, "15000.5"},
+        {"ml", "owned-by-inventory", NULL, "100"},
+        {"other", "embed-0", NULL, "1"},
+        {NULL, "no-namespace", NULL, "5"},
+        {"ml", "nan-pod", NULL, "NaN"},
+    };
+    static const char *const edges[][4] = {
+        {"ml", "chat-5d8f7c9b4-x2x7z", "first", "1000"},
+        {"ml", "chat-5d8f7c9b4-x2x7z", "last", "5000"},
+        {"ml", "chat-5d8f7c9b4-q8k4w", "first", "3000"},
+        {"ml", "chat-5d8f7c9b4-q8k4w", "last", "9000"},
+        {"ml", "gone-bcdfg", "first", "1"},
+    };
+    json_t *peak = answer(peaks, NELEM(peaks)), *history = answer(edges, NELEM(edges));
     json_t *owners = json_pack("{s:s}", "ml/owned-by-inventory", "StatefulSet/store");
     struct rs_data d = {0};
     struct gg_err err = {{0}};
@@ -246,7 +249,7 @@ static void test_answers_fold_into_workloads(void **state)
 static void test_bad_answers(void **state)
 {
     (void)state;
-    json_t *ok = answer("[]");
+    json_t *ok = answer(NULL, 0);
     static const struct {
         const char *text, *msg;
     } bad[] = {
@@ -275,9 +278,10 @@ static void test_saved_file_round_trip(void **state)
     (void)state;
     struct rs_settings s;
     assert_int_equal(parse("{\"rightsizing\":{\"window\":\"2d\"}}", &s, NULL), GG_OK);
-    json_t *peak = answer("[" SAMPLE("ml", "embed-0", "2048") "]");
-    json_t *history = answer(
-        "[" EDGE("ml", "embed-0", "first", "100") "," EDGE("ml", "embed-0", "last", "7300") "]");
+    static const char *const peaks[][4] = {{"ml", "embed-0", NULL, "2048"}};
+    static const char *const edges[][4] = {{"ml", "embed-0", "first", "100"},
+                                           {"ml", "embed-0", "last", "7300"}};
+    json_t *peak = answer(peaks, 1), *history = answer(edges, 2);
     json_t *doc = rs_file_new(&s, 1795526098, peak, history);
     char path[] = "/tmp/test_rightsize_XXXXXX";
     int fd = mkstemp(path);
