@@ -49,7 +49,7 @@ void rs_format_duration(int64_t seconds, char *out, size_t size)
 {
     size_t n = 0;
     out[0] = '\0';
-    for (size_t u = 0; u < sizeof(UNITS) / sizeof(UNITS[0]) && seconds > 0; u++) {
+    for (size_t u = 1; u < sizeof(UNITS) / sizeof(UNITS[0]) && seconds > 0; u++) { /* no weeks */
         if (seconds < UNITS[u].seconds)
             continue;
         int w = snprintf(out + n, size - n, "%lld%c", (long long)(seconds / UNITS[u].seconds),

@@ -55,7 +55,7 @@ enum gg_status rs_settings_parse(const json_t *config, struct rs_settings *out, 
 
 /* "7d", "1h30m", "90s", "2w" -> seconds (> 0); false when malformed. */
 bool rs_parse_duration(const char *text, int64_t *seconds);
-/* Seconds as the largest units that divide them: 604800 -> "7d", 5400 -> "1h30m". */
+/* Seconds in days, hours, minutes, seconds: 604800 -> "7d", 5400 -> "1h30m". */
 void rs_format_duration(int64_t seconds, char *out, size_t size);
 
 enum rs_query { RS_QUERY_PEAK, RS_QUERY_HISTORY };

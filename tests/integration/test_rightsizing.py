@@ -290,7 +290,7 @@ def test_check_replays_saved_usage_and_applies_on_templates(binary, tmp_path, pr
     assert r.returncode == 0, r.stderr
     assert r.stderr == f"gpuguard usage: 5 workloads saved to {saved}\n"
     doc = json.loads(saved.read_text())
-    assert doc["version"] == 1 and doc["window"] == "1w"
+    assert doc["version"] == 1 and doc["window"] == "7d"
     assert doc["labels"] == {"namespace": "namespace", "pod": "pod"}
     peaks = {(s["metric"]["namespace"], s["metric"]["pod"]): float(s["value"][1])
              for s in doc["peak"]["data"]["result"]}
