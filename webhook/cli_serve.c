@@ -88,7 +88,9 @@ static void serve_usage(FILE *out)
             "\n"
             "Port 0 picks a free port; the ports in use are logged at start.  The certificate\n"
             "and key are reloaded when their files change (a bad pair is refused and the\n"
-            "current one kept); policies, the Lua library and the config likewise.\n");
+            "current one kept); policies, the Lua library and the config likewise.\n"
+            "With the config's rightsizing: section on (mode and prometheus.url), GPU memory\n"
+            "history is read from Prometheus every refresh (docs/rightsizing.md).\n");
 }
 
 /* Parse a positive integer flag value within [min, max]. */
@@ -370,7 +372,7 @@ static enum gg_status start_rightsizing(const struct serve_opts *o, struct inven
     return ps_start(&s, inv, out, err);
 }
 
-/* The /readyz lines after the first: the inventory's state, the rightsizing source's. */
+/* The /readyz lines after the first: the inventory's state, the rightsizing source's when on. */
 static void inventory_note(void *ctx, char *out, size_t size)
 {
     struct informer *inf = ctx;
@@ -378,7 +380,7 @@ static void inventory_note(void *ctx, char *out, size_t size)
     if (inf)
         inf_describe(inf, state, sizeof(state));
     rss_describe(rs, sizeof(rs));
-    snprintf(out, size, "inventory: %s\n%s", state, rs);
+    snprintf(out, size, "inventory: %s%s%s", state, *rs ? "\n" : "", rs);
 }
 
 static void log_serving(const struct serve_opts *o, struct srv *server, struct engine *engine)

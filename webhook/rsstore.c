@@ -175,7 +175,7 @@ void rss_describe(char *out, size_t size)
     pthread_mutex_lock(&lock);
     const char *sep = S.last_error[0] ? ": " : "";
     if (!*S.source)
-        snprintf(out, size, "rightsizing: off");
+        *out = '\0';
     else if (!S.data.workloads)
         snprintf(out, size, "rightsizing: no data yet%s%.200s", sep, S.last_error);
     else

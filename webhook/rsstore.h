@@ -58,7 +58,7 @@ bool rss_template_reviews(void);
 void rss_report(const char *ns, const char *workload, const char *action, int64_t requested_milli,
                 int64_t needed_milli);
 
-/* One /readyz line: "rightsizing: off", "... ok (N workloads, updated 40s ago)", ... */
+/* One /readyz line, "rightsizing: ok (N workloads, updated 40s ago)", ...; "" while off. */
 void rss_describe(char *out, size_t size);
 
 /* The gpuguard_rightsizing_* metrics in Prometheus text (nothing while off). */

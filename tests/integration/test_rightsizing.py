@@ -151,8 +151,13 @@ def test_recommendations_on_pods_from_prometheus_history(binary, certs, tmp_path
         assert metric(text, "gpuguard_rightsizing_source_up") == 1
         assert metric(text, "gpuguard_rightsizing_workloads") == 5  # chat embed sweep vec, research/embed
         assert metric(text, "gpuguard_rightsizing_recommendations_total", action="recommend") == 2
-        assert metric(text, "gpuguard_rightsizing_requested_gpus", namespace="ml") == 1.429, "\n".join(l for l in text.splitlines() if "gpuguard_rightsizing" in l)
+        assert metric(text, "gpuguard_rightsizing_requested_gpus", namespace="ml") == 1.429
         assert metric(text, "gpuguard_rightsizing_needed_gpus", namespace="ml") == 0.286
+        # Every rightsizing metric the Grafana dashboard queries is exported.
+        dash = (REPO / "deploy" / "grafana" / "gpuguard-dashboard.json").read_text()
+        used = set(re.findall(r"gpuguard_rightsizing_[a-z_]+", dash))
+        assert len(used) == 6
+        assert {u for u in used if not re.search(rf"^{u}[{{ ]", text, re.M)} == set()
     finally:
         assert server.stop() == 0
 
