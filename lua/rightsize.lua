@@ -165,9 +165,10 @@ function M.asked_memory(e, model)
     return m
 end
 
---- Peak MiB x headroom rounded up to whole GiB, in milli-bytes: what gpu-memory is set to.
+--- Peak MiB x headroom rounded up to whole GiB (at least 1 GiB: an idle GPU's peak is 0), in
+--- milli-bytes: what gpu-memory is set to.
 function M.needed_memory(peak_mib, headroom)
-    local mib = math.ceil(peak_mib * headroom)
+    local mib = math.max(1, math.ceil(peak_mib * headroom))
     return ceil_div(mib, 1024) * GIB_MILLI
 end
 

@@ -330,3 +330,26 @@ def test_check_replays_saved_usage_and_applies_on_templates(binary, tmp_path, pr
               str(manifests), str(manifests))
     assert r.returncode == 2
     assert r.stderr.startswith(f"gpuguard check: --usage: {manifests}:")
+
+
+def test_usage_command_errors(binary, tmp_path):
+    out = tmp_path / "usage.json"
+    r = subprocess.run([binary, "usage", "--prometheus", "http://127.0.0.1:1", "-o", str(out)],
+                       capture_output=True, text=True, env=no_proxy_env(), timeout=60)
+    assert r.returncode == 1
+    assert r.stderr.startswith("gpuguard usage: http://127.0.0.1:1: peak query: GET "
+                               "/api/v1/query: "), r.stderr
+    assert not out.exists()
+    r = subprocess.run([binary, "usage", "--prometheus", "http://127.0.0.1:1"],
+                       capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stderr) == (2, "gpuguard usage: -o FILE is required\n"
+                                           "run 'gpuguard usage --help' for the flags\n")
+    r = subprocess.run([binary, "usage", "-o", str(out)], capture_output=True, text=True,
+                       timeout=60)
+    assert (r.returncode, r.stderr) == (2, "gpuguard usage: --prometheus URL or "
+                                           "rightsizing.prometheus.url is required\n"
+                                           "run 'gpuguard usage --help' for the flags\n")
+    r = subprocess.run([binary, "usage", "--prometheus", "prom:9090", "-o", str(out)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.startswith("gpuguard usage: --prometheus must be an http:// or https:// URL")

@@ -41,6 +41,7 @@ function T.profile_choice()
         { 30000, 1.25, 37, "mig-3g.40gb" },
         { 60000, 1.25, 74, "mig-7g.80gb" },
         { 100, 1, 1, "mig-1g.10gb" },
+        { 0, 1.25, 1, "mig-1g.10gb" },      -- an idle GPU still gets 1 GiB, never 0
     }
     for _, c in ipairs(cases) do
         local need = rightsize.needed_memory(c[1], c[2])
