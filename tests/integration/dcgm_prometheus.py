@@ -15,6 +15,8 @@ in MiB, one sample a minute, ending two minutes ago):
          the device's 20000 (left out: not attributable)
   sweep  Job, 40 minutes of history (3000): less than min_history
   vec    Deployment on a whole A100 for 5.5 h (3000, live too)
+  serve  LeaderWorkerSet's pod serve-0-1 on a whole A100 for 3.5 h (3000): by its name alone
+         it folds into "serve-0"; the inventory knows its owner
   research/embed-0: another namespace's embed, 70000
 """
 
@@ -47,6 +49,7 @@ MIG = device(1, "GPU-1e2f3a4b", profile="3g.40gb", instance_id=1)
 SHARED = device(2, "GPU-2c3d4e5f")
 C = device(3, "GPU-3f4a5b6c")
 V = device(4, "GPU-4b5c6d7e")
+W = device(5, "GPU-6a7b8c9d")
 R = device(0, "GPU-5d6e7f8a", host="gpu-node-2")
 
 LIVE = {  # what the exporter serves now: pod -> (device, namespace, container, MiB)
@@ -77,6 +80,7 @@ def history(now):
         (pod(SHARED, "ml", "lab-7c9b4d5f8-c4c4c", "nb"), span(now - 20 * h, end, lambda t: 20000)),
         (pod(C, "ml", "sweep-k7k7k", "trial"), span(now - 2400, end, lambda t: 3000)),
         (pod(V, "ml", "vec-6b7c8d9f5-k2k2k", "index"), span(now - 5 * h - 1800, end, lambda t: 3000)),
+        (pod(W, "ml", "serve-0-1", "vllm"), span(now - 3 * h - 1800, end, lambda t: 3000)),
         (pod(R, "research", "embed-0", "model"), span(now - 20 * h, end, lambda t: 70000)),
     ]
 

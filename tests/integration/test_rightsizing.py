@@ -20,7 +20,8 @@ import yaml
 
 from conftest import REPO
 from dcgm_prometheus import Exporter, Prometheus
-from test_inventory_sync import no_proxy_env, wait_for
+from fake_apiserver import FakeApiServer, gpu_pod
+from test_inventory_sync import no_proxy_env, wait_for, write_kubeconfig
 from test_server import metric
 from conftest import start_server
 
@@ -54,11 +55,11 @@ def write_config(tmp_path, prom_url, mode="recommend", **extra):
     return path
 
 
-def serve(binary, certs, tmp_path, prom_url, **extra):
+def serve(binary, certs, tmp_path, prom_url, kubeconfig=None, **extra):
     cfg = write_config(tmp_path, prom_url, **extra)
+    inventory = ["--kubeconfig", str(kubeconfig)] if kubeconfig else ["--inventory", "off"]
     return start_server(binary, certs, tmp_path, "--policies", str(REPO / "policies"), "--lua",
-                        str(REPO / "lua"), "--config", str(cfg), "--inventory", "off",
-                        env=no_proxy_env())
+                        str(REPO / "lua"), "--config", str(cfg), *inventory, env=no_proxy_env())
 
 
 def pod(kind, owner, name=None, annotations=None, cls="inference", ns="ml"):
@@ -124,7 +125,7 @@ def readyz_line(server):
 def test_recommendations_on_pods_from_prometheus_history(binary, certs, tmp_path, prom):
     server = serve(binary, certs, tmp_path, prom.url)
     try:
-        assert wait_for(lambda: readyz_line(server).startswith("rightsizing: ok ("))
+        assert wait_for(lambda: readyz_line(server).startswith("rightsizing: ok (6 workloads"))
         # A Deployment's pod, folded through its ReplicaSet owner: peak 7270 MiB of the first
         # pod (the restarted one peaked at 6000), history from the first pod on (a gap included).
         warnings, patch = mutate(server, CHAT_POD)
@@ -149,7 +150,8 @@ def test_recommendations_on_pods_from_prometheus_history(binary, certs, tmp_path
         assert rightsizing_warnings(server, opted) == []
         text = server.ops("/metrics")[1]
         assert metric(text, "gpuguard_rightsizing_source_up") == 1
-        assert metric(text, "gpuguard_rightsizing_workloads") == 5  # chat embed sweep vec, research/embed
+        # chat, embed, sweep, vec, serve-0 (its owner unknown without the inventory), research/embed
+        assert metric(text, "gpuguard_rightsizing_workloads") == 6
         assert metric(text, "gpuguard_rightsizing_recommendations_total", action="recommend") == 2
         assert metric(text, "gpuguard_rightsizing_requested_gpus", namespace="ml") == 1.429
         assert metric(text, "gpuguard_rightsizing_needed_gpus", namespace="ml") == 0.286
@@ -176,6 +178,37 @@ def test_new_data_is_picked_up_after_refresh(binary, certs, tmp_path, prom):
         assert server.stop() == 0
 
 
+def test_the_inventory_folds_pods_by_their_owner(binary, certs, tmp_path, prom):
+    """serve-0-1, a LeaderWorkerSet's pod, folds into "serve-0" by its name; with the inventory
+    synced from the API server, its controller owner says "serve"."""
+    lws_pod = pod("LeaderWorkerSet", "serve", name="serve-1-0")
+    want = ["rightsizing: used at most 2.9 GiB of 80 over 3 hours; mig-1g.10gb would hold it: "
+            "set gpuguard.io/gpu-memory: 4Gi"]
+    (tmp_path / "alone").mkdir()
+    (tmp_path / "inventory").mkdir()
+    server = serve(binary, certs, tmp_path / "alone", prom.url)
+    try:
+        assert wait_for(lambda: readyz_line(server).startswith("rightsizing: ok (6 workloads"))
+        assert rightsizing_warnings(server, lws_pod) == []
+    finally:
+        assert server.stop() == 0
+    api = FakeApiServer().start()
+    try:
+        live = gpu_pod("ml", "serve-0-1", cls="inference")
+        live["metadata"]["ownerReferences"] = [
+            {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
+             "name": "serve", "uid": "lws-1", "controller": True}]
+        api.add(live)
+        kubeconfig = write_kubeconfig(tmp_path, api.url)
+        server = serve(binary, certs, tmp_path / "inventory", prom.url, kubeconfig=kubeconfig)
+        try:
+            assert wait_for(lambda: rightsizing_warnings(server, lws_pod) == want, timeout=30)
+        finally:
+            assert server.stop() == 0
+    finally:
+        api.stop()
+
+
 def review_seconds(server, n, pause=0.0):
     times = []
     for _ in range(n):
@@ -189,7 +222,7 @@ def review_seconds(server, n, pause=0.0):
 def test_a_paused_prometheus_never_slows_admission(binary, certs, tmp_path, prom):
     server = serve(binary, certs, tmp_path, prom.url)
     try:
-        assert wait_for(lambda: readyz_line(server).startswith("rightsizing: ok ("))
+        assert wait_for(lambda: readyz_line(server).startswith("rightsizing: ok (6 workloads"))
         normal = review_seconds(server, 25)
         prom.proc.send_signal(signal.SIGSTOP)
         try:
@@ -203,18 +236,18 @@ def test_a_paused_prometheus_never_slows_admission(binary, certs, tmp_path, prom
             assert statistics.median(paused) <= statistics.median(normal) + 0.050, (normal, paused)
             assert max(paused) < 1.0, paused
             assert rightsizing_warnings(server, CHAT_POD) == [CHAT]  # the last data still holds
-            failing = "rightsizing: failing, policies see the last data (5 workloads, updated "
+            failing = "rightsizing: failing, policies see the last data (6 workloads, updated "
             assert wait_for(lambda: readyz_line(server).startswith(failing), timeout=10), \
                 readyz_line(server)
             assert re.fullmatch(
-                r"rightsizing: failing, policies see the last data \(5 workloads, updated \d+s ago\)"
+                r"rightsizing: failing, policies see the last data \(6 workloads, updated \d+s ago\)"
                 r": peak query: GET /api/v1/query: Operation timed out after \d+ milliseconds with 0 "
                 r"bytes received", readyz_line(server)), readyz_line(server)
             text = server.ops("/metrics")[1]
             assert metric(text, "gpuguard_rightsizing_refreshes_total", result="error") >= 1
             assert rightsizing_warnings(server, CHAT_POD) == [CHAT]
             # Three refreshes and a timeout after the last data, it is stale: policies see none.
-            stale = "rightsizing: stale, policies see no data (5 workloads, updated "
+            stale = "rightsizing: stale, policies see no data (6 workloads, updated "
             assert wait_for(lambda: readyz_line(server).startswith(stale), timeout=20)
             assert rightsizing_warnings(server, CHAT_POD) == []
             assert metric(server.ops("/metrics")[1], "gpuguard_rightsizing_source_up") == 0
@@ -293,7 +326,7 @@ def test_check_replays_saved_usage_and_applies_on_templates(binary, tmp_path, pr
                         str(write_config(tmp_path, "http://127.0.0.1:1")), "-o", str(saved)],
                        capture_output=True, text=True, env=no_proxy_env(), timeout=60)
     assert r.returncode == 0, r.stderr
-    assert r.stderr == f"gpuguard usage: 5 workloads saved to {saved}\n"
+    assert r.stderr == f"gpuguard usage: 6 workloads saved to {saved}\n"
     doc = json.loads(saved.read_text())
     assert doc["version"] == 1 and doc["window"] == "7d"
     assert doc["labels"] == {"namespace": "namespace", "pod": "pod"}
