@@ -9,6 +9,7 @@ int cli_serve(int argc, char **argv);
 int cli_certs(int argc, char **argv);
 int cli_check(int argc, char **argv);
 int cli_test(int argc, char **argv);
+int cli_usage(int argc, char **argv);
 
 /* Set the log level from a --log-level value; -1 with a message naming the command if bad. */
 int cli_set_log_level(const char *command, const char *value);

@@ -21,6 +21,7 @@
 #include "log.h"
 #include "manifest.h"
 #include "policy.h"
+#include "rsstore.h"
 #include "yamldoc.h"
 
 #include <errno.h>
@@ -42,6 +43,7 @@ struct check_opts {
     const char *namespace;
     const char *user;
     const char *cluster_state_path;
+    const char *usage_path;
     enum out_format format;
     bool show_patch;
     bool emit_mutated;
@@ -84,6 +86,8 @@ static void check_usage(FILE *out)
         "  --user NAME            userInfo.username of the requests [" DR_DEFAULT_USER "]\n"
         "  --cluster-state FILE   pods in use, for quota checks: the JSON of\n"
         "                         'kubectl get pods -A -o json' [none]\n"
+        "  --usage FILE           GPU memory history for rightsizing, as written by\n"
+        "                         'gpuguard usage -o FILE' [none: no recommendations]\n"
         "  -o, --output FORMAT    text, json (one object per line) or junit [text]\n"
         "  --show-patch           print each JSON patch (text output)\n"
         "  --emit-mutated         write the manifests, patched, as YAML to stdout; the\n"
@@ -102,6 +106,7 @@ enum {
     OPT_NAMESPACE,
     OPT_USER,
     OPT_CLUSTER_STATE,
+    OPT_USAGE,
     OPT_SHOW_PATCH,
     OPT_EMIT_MUTATED,
     OPT_LOG_LEVEL,
@@ -114,6 +119,7 @@ static const struct option long_options[] = {
     {"namespace", required_argument, NULL, OPT_NAMESPACE},
     {"user", required_argument, NULL, OPT_USER},
     {"cluster-state", required_argument, NULL, OPT_CLUSTER_STATE},
+    {"usage", required_argument, NULL, OPT_USAGE},
     {"output", required_argument, NULL, 'o'},
     {"show-patch", no_argument, NULL, OPT_SHOW_PATCH},
     {"emit-mutated", no_argument, NULL, OPT_EMIT_MUTATED},
@@ -156,6 +162,9 @@ static int parse_flags(int argc, char **argv, struct check_opts *o)
             break;
         case OPT_CLUSTER_STATE:
             o->cluster_state_path = optarg;
+            break;
+        case OPT_USAGE:
+            o->usage_path = optarg;
             break;
         case 'o':
             if (strcmp(optarg, "text") == 0)
@@ -704,6 +713,16 @@ int cli_check(int argc, char **argv)
         fprintf(stderr, "gpuguard check: --cluster-state: %s\n", err.msg);
         goto out;
     }
+    if (r.o.usage_path) { /* a saved snapshot never goes stale */
+        struct rs_data usage = {0};
+        if (rs_file_load(r.o.usage_path, &usage, &err) != GG_OK) {
+            fprintf(stderr, "gpuguard check: --usage: %s\n", err.msg);
+            goto out;
+        }
+        rss_set_source("file");
+        rss_publish(&usage, 0);
+    }
+    rss_set_template_reviews(true); /* pods with an owner are built from its template */
     struct policy_paths paths = {.policies = r.o.policies, .lua = r.o.lua, .config = r.o.config};
     if (engine_new(&paths, &r.engine, &err) != GG_OK) {
         fprintf(stderr, "gpuguard check: cannot load the policies: %s\n", err.msg);
@@ -759,5 +778,6 @@ out:
     json_decref(r.records);
     json_decref(r.emitted);
     json_decref(r.cluster_state);
+    rss_reset();
     return rc;
 }

@@ -9,16 +9,22 @@
  * With the inventory on (in a cluster, or with --kubeconfig), an informer
  * thread keeps the pods' GPU usage for gpuguard.usage(); /readyz says
  * whether it has synced, but readiness is about serving and stays 200.
+ * With rightsizing on and a Prometheus URL configured, a thread keeps the
+ * workloads' GPU memory history for gpuguard.rightsize(); /readyz says how
+ * fresh it is, in a line of its own.
  */
 #include "arena.h"
 #include "cli.h"
+#include "config.h"
 #include "dirwatch.h"
 #include "informer.h"
 #include "inventory.h"
 #include "kubeclient.h"
 #include "log.h"
 #include "policy.h"
+#include "promsource.h"
 #include "reload.h"
+#include "rsstore.h"
 #include "metrics.h"
 #include "server.h"
 #include "tlscreds.h"
@@ -86,7 +92,9 @@ static void serve_usage(FILE *out)
             "\n"
             "Port 0 picks a free port; the ports in use are logged at start.  The certificate\n"
             "and key are reloaded when their files change (a bad pair is refused and the\n"
-            "current one kept); policies, the Lua library and the config likewise.\n");
+            "current one kept); policies, the Lua library and the config likewise.\n"
+            "With the config's rightsizing: section on (mode and prometheus.url), GPU memory\n"
+            "history is read from Prometheus every refresh (docs/rightsizing.md).\n");
 }
 
 /* Parse a positive integer flag value within [min, max]. */
@@ -353,14 +361,38 @@ static enum gg_status start_inventory(const struct serve_opts *o, struct engine 
     return inf_start(client, *inv, NULL, inf, err);
 }
 
-/* The second /readyz line. */
+/*
+ * The rightsizing source when the configuration turns it on (mode
+ * recommend or apply and a prometheus.url).  Its settings are read once,
+ * here: a change to them needs a restart.
+ */
+static enum gg_status start_rightsizing(const struct serve_opts *o, struct inventory *inv,
+                                        struct ps_source **out, struct gg_err *err)
+{
+    json_t *root = NULL;
+    struct rs_settings s = {.mode = RS_OFF};
+    enum gg_status st = cfg_load(o->config, &root, err);
+    if (st == GG_OK)
+        st = rs_settings_parse(root, &s, err);
+    json_decref(root);
+    if (st != GG_OK || s.mode == RS_OFF || !*s.url) {
+        if (st == GG_OK)
+            log_msg(LOG_INFO, "rightsizing: off (%s)",
+                    s.mode == RS_OFF ? "rightsizing.mode" : "no rightsizing.prometheus.url");
+        return st;
+    }
+    return ps_start(&s, inv, out, err);
+}
+
+/* The /readyz lines after the first: the inventory's state, the rightsizing source's when on. */
 static void inventory_note(void *ctx, char *out, size_t size)
 {
     struct informer *inf = ctx;
-    char state[256] = "off";
+    char state[256] = "off", rs[320];
     if (inf)
         inf_describe(inf, state, sizeof(state));
-    snprintf(out, size, "inventory: %s", state);
+    rss_describe(rs, sizeof(rs));
+    snprintf(out, size, "inventory: %s%s%s", state, *rs ? "\n" : "", rs);
 }
 
 static void log_serving(const struct serve_opts *o, struct srv *server, struct engine *engine)
@@ -402,11 +434,13 @@ int cli_serve(int argc, char **argv)
     struct srv *server = NULL;
     struct inventory *inventory = NULL;
     struct informer *informer = NULL;
+    struct ps_source *rightsizing = NULL;
     char *client_ca = NULL;
     int rc = 1;
     if (start_certificates(&o, &cert_watch, &client_ca, &err) != GG_OK ||
         engine_new(&paths, &engine, &err) != GG_OK ||
         start_inventory(&o, engine, &inventory, &informer, &err) != GG_OK ||
+        start_rightsizing(&o, inventory, &rightsizing, &err) != GG_OK ||
         reload_start(engine, &reloader, &err) != GG_OK)
         goto out;
     struct srv_config cfg = {.listen = o.listen,
@@ -434,6 +468,7 @@ out:
         log_msg(LOG_ERROR, "%s", err.msg);
     dirwatch_stop(cert_watch);
     reload_stop(reloader);
+    ps_stop(rightsizing);
     inf_stop(informer);
     engine_free(engine);
     inv_free(inventory);

@@ -17,6 +17,7 @@
 #include "log.h"
 #include "manifest.h"
 #include "policy.h"
+#include "rsstore.h"
 #include "yamldoc.h"
 
 #include <errno.h>
@@ -883,6 +884,7 @@ static enum gg_status suite_engine(struct test_run *r, const struct suite *s, st
     r->cache.engine = NULL;
     r->cache.key = NULL;
     struct policy_paths paths = {.policies = s->policies, .lua = s->lua, .config = s->config};
+    rss_set_template_reviews(true); /* pods with an owner are built from its template */
     enum gg_status st = engine_new(&paths, &r->cache.engine, err);
     if (st != GG_OK) {
         free(key);

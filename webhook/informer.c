@@ -316,6 +316,40 @@ static bool take_selected(struct scan *s, json_t *parent, const char *name, cons
     return r == 0;
 }
 
+/* ownerReferences: only the controller's kind and name, as [{kind, name, controller: true}]. */
+static bool read_controller(struct scan *s, json_t *meta)
+{
+    int r = open_object(s, '[');
+    if (r <= 0)
+        return r == 0;
+    bool first = true;
+    while ((r = arr_next(s, &first)) == 1) {
+        int o = open_object(s, '{');
+        if (o < 0)
+            return false;
+        json_t *ref = json_object();
+        bool controller = false, rfirst = true, ok = true;
+        char key[KEY_MAX];
+        while (ok && o == 1 && (o = obj_next(s, &rfirst, key)) == 1) {
+            if (!strcmp(key, "kind") || !strcmp(key, "name"))
+                ok = take_string(s, ref, key);
+            else if (!strcmp(key, "controller") && s->p < s->end && *s->p == 't')
+                ok = controller = skip_word(s, "true");
+            else
+                ok = skip_value(s);
+        }
+        if (ok && o == 0 && controller && !json_object_get(meta, "ownerReferences")) {
+            json_object_set_new(ref, "controller", json_true());
+            json_object_set_new(meta, "ownerReferences", json_pack("[o]", ref));
+        } else {
+            json_decref(ref);
+        }
+        if (!ok || o < 0)
+            return false;
+    }
+    return r == 0;
+}
+
 static bool read_metadata(struct scan *s, json_t *pod, char *rv)
 {
     int r = open_object(s, '{');
@@ -343,6 +377,8 @@ static bool read_metadata(struct scan *s, json_t *pod, char *rv)
             ok = take_selected(s, meta, "labels", INV_CLASS_LABEL);
         } else if (!strcmp(key, "annotations")) {
             ok = take_selected(s, meta, "annotations", INV_CHARGE_ANNOTATION);
+        } else if (!strcmp(key, "ownerReferences")) {
+            ok = read_controller(s, meta);
         } else {
             ok = skip_value(s);
         }
@@ -535,6 +571,23 @@ static void copy_selected(json_t *to, const json_t *from, const char *name, cons
         json_object_set_new(to, name, json_pack("{s:O}", want, v));
 }
 
+/* The ownerReference with controller: true, as read_controller keeps it. */
+static void copy_controller(json_t *to, const json_t *from)
+{
+    size_t i;
+    const json_t *ref;
+    json_array_foreach(json_object_get(from, "ownerReferences"), i, ref)
+    {
+        if (!json_is_true(json_object_get(ref, "controller")))
+            continue;
+        json_t *kept = json_pack("{s:b}", "controller", 1);
+        copy_string(kept, ref, "kind");
+        copy_string(kept, ref, "name");
+        json_object_set_new(to, "ownerReferences", json_pack("[o]", kept));
+        return;
+    }
+}
+
 static json_t *trim_quantities(const json_t *q)
 {
     json_t *kept = json_object();
@@ -586,6 +639,7 @@ json_t *inf_trim_pod(const json_t *pod)
         copy_string(m, meta, "uid");
         copy_selected(m, meta, "labels", INV_CLASS_LABEL);
         copy_selected(m, meta, "annotations", INV_CHARGE_ANNOTATION);
+        copy_controller(m, meta);
         json_object_set_new(out, "metadata", m);
     }
     const json_t *spec = json_object_get(pod, "spec");

@@ -46,7 +46,8 @@
 /*
  * A new pod object with only: metadata.namespace, name, generateName, uid,
  * the gpuguard.io/workload-class label and the gpuguard.io/charge
- * annotation; spec.nodeName; the extended resources (names with a "/") of
+ * annotation, the controller's ownerReference (kind and name, for
+ * rightsizing's owner folding); spec.nodeName; the extended resources (names with a "/") of
  * spec.containers[].resources and spec.initContainers[].resources limits
  * and requests (a limits object is kept, even emptied, wherever it was:
  * inv_pod_charge reads limits first); status.phase.  inv_pod_charge() of

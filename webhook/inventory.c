@@ -12,6 +12,7 @@
 #include "quantity.h"
 
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -33,6 +34,7 @@ struct record {
     char *ns;
     char *cls;
     int64_t charge;
+    char *name, *owner; /* the pod's name and its controller's "<kind>/<name>" (or "") */
 };
 
 struct reservation {
@@ -136,6 +138,8 @@ static void free_record(struct record *r)
         return;
     free(r->ns);
     free(r->cls);
+    free(r->name);
+    free(r->owner);
     free(r);
 }
 
@@ -313,6 +317,22 @@ static void state_remove(struct state *st, const char *uid)
     map_remove(&st->pods, s);
 }
 
+/* "<kind>/<name>" of the pod's controller ownerReference, "" when it has none. */
+static char *controller_of(const json_t *pod)
+{
+    size_t i;
+    const json_t *ref;
+    json_array_foreach(json_object_get(json_object_get(pod, "metadata"), "ownerReferences"), i, ref)
+    {
+        const char *kind = json_string_value(json_object_get(ref, "kind"));
+        const char *name = json_string_value(json_object_get(ref, "name"));
+        char *out;
+        if (json_is_true(json_object_get(ref, "controller")) && kind && name)
+            return asprintf(&out, "%s/%s", kind, name) < 0 ? NULL : out;
+    }
+    return strdup("");
+}
+
 /* Record a pod (replacing the record of its uid); true when it holds GPUs. */
 static bool state_add(struct state *st, const json_t *pod)
 {
@@ -334,6 +354,8 @@ static bool state_add(struct state *st, const json_t *pod)
     r->ns = strdup(ns);
     r->cls = strdup(cls ? cls : "");
     r->charge = charge;
+    r->name = strdup(meta_string(pod, "name"));
+    r->owner = controller_of(pod);
     s->ptr = r;
     add_sum(st, r->ns, r->cls, charge);
     return true;
@@ -573,4 +595,17 @@ enum gg_status inv_load_snapshot(struct inventory *inv, const char *path, struct
     }
     json_decref(doc);
     return st;
+}
+
+void inv_each_owner(struct inventory *inv,
+                    void (*fn)(void *ctx, const char *ns, const char *pod, const char *owner),
+                    void *ctx)
+{
+    pthread_mutex_lock(&inv->lock);
+    for (size_t i = 0; i < inv->st.pods.cap; i++) {
+        const struct record *r = inv->st.pods.slots[i].ptr;
+        if (inv->st.pods.slots[i].key && r->name && r->owner && *r->owner)
+            fn(ctx, r->ns, r->name, r->owner);
+    }
+    pthread_mutex_unlock(&inv->lock);
 }

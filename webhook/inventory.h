@@ -92,6 +92,15 @@ void inv_clear_reservations(struct inventory *inv);
 void inv_set_ready(struct inventory *inv, bool ready);
 bool inv_ready(struct inventory *inv);
 
+/*
+ * Call fn for every pod with a controller owner, with its namespace, name
+ * and "<kind>/<name>" of the controller (under the lock: fn must be quick
+ * and must not call back into the inventory).
+ */
+void inv_each_owner(struct inventory *inv,
+                    void (*fn)(void *ctx, const char *ns, const char *pod, const char *owner),
+                    void *ctx);
+
 /* Load a `kubectl get pods -A -o json` dump (a List of Pods); marks ready. */
 enum gg_status inv_load_snapshot(struct inventory *inv, const char *path, struct gg_err *err);
 

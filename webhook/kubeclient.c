@@ -247,6 +247,42 @@ enum gg_status kc_new_in_cluster(const char *sa_dir, struct kc_client **out, str
     return GG_OK;
 }
 
+/* ---- any endpoint ------------------------------------------------------- */
+
+static char *dup_set(const char *s, bool *failed)
+{
+    char *d = s && *s ? strdup(s) : NULL;
+    *failed |= s && *s && !d;
+    return d;
+}
+
+enum gg_status kc_new_endpoint(const struct kc_endpoint *ep, struct kc_client **out,
+                               struct gg_err *err)
+{
+    struct kc_client *c;
+    enum gg_status st = client_new(&c, err);
+    if (st != GG_OK)
+        return st;
+    bool failed = false;
+    c->server = dup_set(ep->server, &failed);
+    c->token_file = dup_set(ep->token_file, &failed);
+    c->ca_file = dup_set(ep->ca_file, &failed);
+    c->cert_file = dup_set(ep->cert_file, &failed);
+    c->key_file = dup_set(ep->key_file, &failed);
+    c->auth = c->token_file ? "token file" : c->cert_file ? "client certificate" : "none";
+    if (failed || !c->server)
+        st = gg_fail(err, failed ? GG_ERR_NOMEM : GG_ERR_INVALID,
+                     failed ? "out of memory" : "no server URL");
+    else if (c->token_file)
+        st = read_token(c, err);
+    if (st != GG_OK) {
+        kc_free(c);
+        return st;
+    }
+    *out = c;
+    return GG_OK;
+}
+
 /* ---- kubeconfig --------------------------------------------------------- */
 
 struct kcfg {
@@ -555,7 +591,7 @@ enum gg_status kc_get(struct kc_client *c, const struct kc_request *rq, struct k
     buf_clear(&x.error_body);
     enum gg_status st = GG_OK;
     if (code != CURLE_OK)
-        st = failure(code, resp, errbuf, rq->path, err);
+        st = failure(code, resp, errbuf, rq->what ? rq->what : rq->path, err);
     free(url);
     return st;
 }

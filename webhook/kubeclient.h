@@ -48,6 +48,17 @@ enum gg_status kc_new_in_cluster(const char *sa_dir, struct kc_client **out, str
 enum gg_status kc_new_kubeconfig(const char *path, struct kc_client **out, struct gg_err *err);
 void kc_free(struct kc_client *c);
 
+/*
+ * Any HTTP(S) endpoint with the same options (e.g. a Prometheus): its base
+ * URL, and optionally a bearer token file (re-read when it changes), a CA
+ * bundle and a client certificate and key.  NULL or "" leaves one out.
+ */
+struct kc_endpoint {
+    const char *server, *token_file, *ca_file, *cert_file, *key_file;
+};
+enum gg_status kc_new_endpoint(const struct kc_endpoint *ep, struct kc_client **out,
+                               struct gg_err *err);
+
 /* The API server's base URL, e.g. "https://10.96.0.1:443". */
 const char *kc_server(const struct kc_client *c);
 /* "service account", "token file", "token", "client certificate" or "none". */
@@ -58,6 +69,7 @@ void kc_token_invalidate(struct kc_client *c);
 
 struct kc_request {
     const char *path; /* with its query, e.g. "/api/v1/pods?limit=500" */
+    const char *what; /* the request in messages, "GET <what>: ..."; NULL: the path */
     long timeout_s;   /* the whole transfer; 0: no limit */
     long stall_s;     /* abort when no byte comes for this long; 0: no limit */
     /* A 2xx body as it arrives; return false to abort the transfer. */

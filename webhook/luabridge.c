@@ -19,7 +19,9 @@
 #include "inventory.h"
 #include "jsonpatch.h"
 #include "log.h"
+#include "ownerfold.h"
 #include "quantity.h"
+#include "rsstore.h"
 #include "watchdog.h"
 
 #include <lauxlib.h>
@@ -971,6 +973,57 @@ static int l_usage(lua_State *L)
     return 2;
 }
 
+/*
+ * gpuguard.rightsize(namespace, name, owner_kind, owner_name): the usage
+ * history of the workload a pod (or, with its own kind and name as the
+ * owner, a workload) belongs to: a table, or nil, why ("off", "no data
+ * yet", "stale", "unknown") and the workload's name.
+ */
+static int l_rightsize(lua_State *L)
+{
+    const char *ns = luaL_checkstring(L, 1), *name = luaL_checkstring(L, 2);
+    const char *kind = luaL_optstring(L, 3, NULL), *owner = luaL_optstring(L, 4, NULL);
+    char workload[512];
+    if (!(kind && owner ? of_from_owner(kind, owner, workload, sizeof(workload))
+                        : of_from_pod_name(name, workload, sizeof(workload))))
+        return luaL_error(L, "gpuguard.rightsize: name too long");
+    struct rs_usage u;
+    int64_t window_s = 0, age_s = 0;
+    static const char *const why[] = {"", "off", "no data yet", "stale", "unknown"};
+    enum rss_result r = rss_lookup(ns, workload, &u, &window_s, &age_s);
+    if (r != RSS_FOUND) {
+        lua_pushnil(L);
+        lua_pushstring(L, why[r]);
+        lua_pushstring(L, workload);
+        return 3;
+    }
+    lua_createtable(L, 0, 8);
+    lua_pushstring(L, workload);
+    lua_setfield(L, -2, "workload");
+    lua_pushnumber(L, u.peak_mib);
+    lua_setfield(L, -2, "peak_mib");
+    lua_pushinteger(L, u.last_s > u.first_s ? u.last_s - u.first_s : 0);
+    lua_setfield(L, -2, "history_s");
+    lua_pushinteger(L, window_s);
+    lua_setfield(L, -2, "window_s");
+    lua_pushinteger(L, age_s);
+    lua_setfield(L, -2, "age_s");
+    lua_pushinteger(L, u.pods);
+    lua_setfield(L, -2, "pods");
+    return 1;
+}
+
+/* gpuguard.rightsize_report(namespace, workload, action, requested_milli, needed_milli) */
+static int l_rightsize_report(lua_State *L)
+{
+    static const char *const actions[] = {"none", "recommend", "apply", NULL};
+    const char *ns = luaL_checkstring(L, 1), *workload = luaL_checkstring(L, 2);
+    int action = luaL_checkoption(L, 3, NULL, actions);
+    rss_report(ns, workload, actions[action], (int64_t)luaL_checkinteger(L, 4),
+               (int64_t)luaL_checkinteger(L, 5));
+    return 0;
+}
+
 static int l_print(lua_State *L)
 {
     int n = lua_gettop(L); /* before luaL_buffinit, which may push a placeholder */
@@ -997,8 +1050,12 @@ static void open_gpuguard_module(lua_State *L)
                                      {"format_quantity", l_format_quantity},
                                      {"log", l_log},
                                      {"usage", l_usage},
+                                     {"rightsize", l_rightsize},
+                                     {"rightsize_report", l_rightsize_report},
                                      {NULL, NULL}};
     luaL_newlib(L, funcs);
+    lua_pushboolean(L, rss_template_reviews());
+    lua_setfield(L, -2, "template_reviews");
     lua_pushlightuserdata(L, (void *)&key_null_marker);
     lua_setfield(L, -2, "null");
     lua_rawsetp(L, LUA_REGISTRYINDEX, &key_module);

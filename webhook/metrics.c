@@ -4,6 +4,7 @@
 #include "metrics.h"
 
 #include "informer.h" /* inf_render_metrics: the gpuguard_inventory_* metrics */
+#include "rsstore.h"  /* rss_render_metrics: the gpuguard_rightsizing_* metrics */
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -312,5 +313,7 @@ enum gg_status metrics_render(struct buf *out)
         st = render_http(out);
     if (st == GG_OK)
         st = inf_render_metrics(out);
+    if (st == GG_OK)
+        st = rss_render_metrics(out);
     return st;
 }

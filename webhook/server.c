@@ -355,7 +355,7 @@ static enum MHD_Result on_ops(void *cls, struct MHD_Connection *c, const char *u
     if (strcmp(url, "/healthz") == 0)
         return send_text(c, MHD_HTTP_OK, "ok\n");
     if (strcmp(url, "/readyz") == 0) {
-        char line[800], note[300] = "";
+        char line[1200], note[700] = "";
         if (s->ready_note) /* a second line, e.g. "inventory: ready (12 pods)" */
             s->ready_note(s->ready_note_ctx, note, sizeof(note));
         if (atomic_load(&s->ready)) {

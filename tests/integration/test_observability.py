@@ -175,6 +175,9 @@ def test_dashboard_uses_only_metrics_the_server_exports(shipped):
     dash = json.loads((REPO / "deploy" / "grafana" / "gpuguard-dashboard.json").read_text())
     exported = set(scrape(shipped))
     exported |= {"gpuguard_inventory_usage_gpus"}  # present once the inventory runs
+    exported |= {"gpuguard_rightsizing_" + m for m in (  # once rightsizing runs (test_rightsizing)
+        "requested_gpus", "needed_gpus", "recommendations", "source_up", "data_age_seconds",
+        "refreshes")}
     used = set()
     for panel in dash["panels"]:
         assert panel["targets"], panel["title"]

@@ -39,6 +39,31 @@ static const char *const pods[] = {
     "{}",
 };
 
+/* ownerReferences: only the controller's kind and name are kept, read or trimmed. */
+static const char owned_pod[] =
+    ("{\"metadata\":{\"uid\":\"u-5\",\"namespace\":\"ml\",\"name\":\"chat-5d8f7c9b4-x2x7z\","
+     "\"ownerReferences\":[null,{\"kind\":\"Node\",\"name\":\"n1\",\"controller\":false},"
+     "{\"apiVersion\":\"apps/v1\",\"kind\":\"ReplicaSet\",\"name\":\"chat-5d8f7c9b4\","
+     "\"uid\":\"r-1\",\"controller\":true,\"blockOwnerDeletion\":true}]},\"spec\":{"
+     "\"containers\":[{\"resources\":{\"limits\":{\"nvidia.com/gpu\":1}}}]}}");
+
+static void test_read_pod_keeps_the_controller_owner(void **state)
+{
+    (void)state;
+    json_t *read = inf_read_pod(owned_pod, strlen(owned_pod), NULL, NULL);
+    json_t *full = json_loads(owned_pod, 0, NULL);
+    json_t *trimmed = inf_trim_pod(full);
+    assert_true(json_equal(read, trimmed));
+    json_decref(full);
+    json_decref(trimmed);
+    json_t *want = json_loads(
+        "[{\"kind\":\"ReplicaSet\",\"name\":\"chat-5d8f7c9b4\",\"controller\":true}]", 0, NULL);
+    assert_true(
+        json_equal(json_object_get(json_object_get(read, "metadata"), "ownerReferences"), want));
+    json_decref(read);
+    json_decref(want);
+}
+
 static void test_read_pod_matches_trimming_the_parsed_pod(void **state)
 {
     (void)state;
@@ -333,6 +358,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_read_pod_matches_trimming_the_parsed_pod),
+        cmocka_unit_test(test_read_pod_keeps_the_controller_owner),
         cmocka_unit_test(test_read_pod_keeps_only_what_accounting_needs),
         cmocka_unit_test(test_read_pod_refuses_what_is_not_json),
         cmocka_unit_test(test_events),

@@ -189,6 +189,36 @@ static void test_snapshot_loading(void **state)
     inv_free(inv);
 }
 
+static void collect_owner(void *ctx, const char *ns, const char *name, const char *owner)
+{
+    char line[512];
+    snprintf(line, sizeof(line), "%s/%s=%s", ns, name, owner);
+    json_array_append_new(ctx, json_string(line));
+}
+
+static void test_owners_of_gpu_pods(void **state)
+{
+    (void)state;
+    struct inventory *inv = inv_new();
+    json_t *owned = pod("u1", "ml", "chat-5d8f7c9b4-x2x7z", "Running", "{\"nvidia.com/gpu\":\"1\"}",
+                        "{}", "inference");
+    json_object_set_new(json_object_get(owned, "metadata"), "ownerReferences",
+                        json_pack("[{s:s,s:s,s:b}]", "kind", "ReplicaSet", "name", "chat-5d8f7c9b4",
+                                  "controller", 1));
+    json_t *bare = pod("u2", "ml", "solo", "Running", "{\"nvidia.com/gpu\":\"1\"}", "{}", "batch");
+    inv_upsert(inv, owned);
+    inv_upsert(inv, bare);
+    json_t *seen = json_array();
+    inv_each_owner(inv, collect_owner, seen);
+    assert_int_equal(json_array_size(seen), 1);
+    assert_string_equal(json_string_value(json_array_get(seen, 0)),
+                        "ml/chat-5d8f7c9b4-x2x7z=ReplicaSet/chat-5d8f7c9b4");
+    json_decref(seen);
+    json_decref(owned);
+    json_decref(bare);
+    inv_free(inv);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -198,6 +228,7 @@ int main(void)
         cmocka_unit_test(test_many_pods_keep_exact_sums),
         cmocka_unit_test(test_reservations_settle_and_expire),
         cmocka_unit_test(test_snapshot_loading),
+        cmocka_unit_test(test_owners_of_gpu_pods),
     };
     return cmocka_run_group_tests_name("inventory", tests, NULL, NULL);
 }

@@ -1,0 +1,388 @@
+"""Rightsizing end to end with a real Prometheus (dcgm_prometheus.py: Debian's
+prometheus, history backfilled with promtool, a loopback exporter scraped
+every second): `gpuguard serve` with the shipped policies and
+deploy/gpuguard.yaml plus a rightsizing: section pointing at it, reviewed
+over TLS; `gpuguard usage` saving the two answers and `gpuguard check
+--usage` replaying them on manifests.  Every wait is a bounded loop."""
+
+import base64
+import json
+import re
+import signal
+import statistics
+import subprocess
+import time
+import uuid
+
+import jsonpatch
+import pytest
+import yaml
+
+from conftest import REPO
+from dcgm_prometheus import Exporter, Prometheus
+from fake_apiserver import FakeApiServer, gpu_pod
+from test_inventory_sync import no_proxy_env, wait_for, write_kubeconfig
+from test_server import metric
+from conftest import start_server
+
+CHAT = ("rightsizing: used at most 7.1 GiB of 80 over 26 hours; mig-1g.10gb would hold it: "
+        "set gpuguard.io/gpu-memory: 9Gi")
+EMBED = ("rightsizing: used at most 14.6 GiB of 40 over 20 hours; mig-1g.20gb would hold it: "
+         "set gpuguard.io/gpu-memory: 19Gi")
+VEC = ("rightsizing: used at most 2.9 GiB of 80 over 5 hours; mig-1g.10gb would hold it: "
+       "set gpuguard.io/gpu-memory: 4Gi")
+VEC_AFTER = ("rightsizing: used at most 29.3 GiB of 80 over 5 hours; mig-3g.40gb would hold it: "
+             "set gpuguard.io/gpu-memory: 37Gi")
+
+
+@pytest.fixture(scope="module")
+def prom(tmp_path_factory):
+    exporter = Exporter()
+    p = Prometheus(tmp_path_factory.mktemp("prometheus"), exporter)
+    p.exporter = exporter
+    yield p
+    p.proc.send_signal(signal.SIGCONT)  # in case a test stopped it
+    p.stop()
+    exporter.close()
+
+
+def write_config(tmp_path, prom_url, mode="recommend", **extra):
+    cfg = yaml.safe_load((REPO / "deploy" / "gpuguard.yaml").read_text())
+    cfg["rightsizing"].update({"prometheus": {"url": prom_url, "timeout": "2s"}, "mode": mode,
+                               "refresh": "2s", **extra})
+    path = tmp_path / "gpuguard.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def serve(binary, certs, tmp_path, prom_url, kubeconfig=None, **extra):
+    cfg = write_config(tmp_path, prom_url, **extra)
+    inventory = ["--kubeconfig", str(kubeconfig)] if kubeconfig else ["--inventory", "off"]
+    return start_server(binary, certs, tmp_path, "--policies", str(REPO / "policies"), "--lua",
+                        str(REPO / "lua"), "--config", str(cfg), *inventory, env=no_proxy_env())
+
+
+def pod(kind, owner, name=None, annotations=None, cls="inference", ns="ml"):
+    meta = {"namespace": ns, "labels": {"team": "ml", "gpuguard.io/workload-class": cls},
+            "annotations": annotations or {},
+            "ownerReferences": [{"apiVersion": "apps/v1" if kind != "Job" else "batch/v1",
+                                 "kind": kind, "name": owner, "uid": str(uuid.uuid4()),
+                                 "controller": True, "blockOwnerDeletion": True}]}
+    if name:
+        meta["name"] = name
+    else:
+        meta["generateName"] = owner + "-"
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
+            "spec": {"containers": [{"name": "main", "image": "vllm/vllm-openai:v0.6.0",
+                                     "resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}
+
+
+CHAT_POD = pod("ReplicaSet", "chat-5d8f7c9b4")
+EMBED_POD = pod("StatefulSet", "embed", name="embed-0",
+                annotations={"gpuguard.io/gpu-memory": "40Gi"})
+LAB_POD = pod("ReplicaSet", "lab-7c9b4d5f8")
+SWEEP_POD = pod("Job", "sweep", cls="batch")
+VEC_POD = pod("ReplicaSet", "vec-6b7c8d9f5")
+
+
+def mutate(server, obj):
+    """The /mutate answer: (warnings, patch ops)."""
+    conn = server.connect(timeout=10)
+    req = {"uid": str(uuid.uuid4()), "kind": {"group": "", "version": "v1", "kind": "Pod"},
+           "resource": {"group": "", "version": "v1", "resource": "pods"},
+           "namespace": obj["metadata"]["namespace"], "operation": "CREATE",
+           "userInfo": {"username": "system:serviceaccount:kube-system:replicaset-controller"},
+           "object": obj, "oldObject": None, "dryRun": False}
+    status, _, got = conn.review({"apiVersion": "admission.k8s.io/v1",
+                                  "kind": "AdmissionReview", "request": req})
+    conn.close()
+    assert status == 200, got
+    resp = got["response"]
+    assert resp["allowed"], resp
+    patch = json.loads(base64.b64decode(resp["patch"])) if resp.get("patch") else []
+    return resp.get("warnings", []), patch
+
+
+def rightsizing_warnings(server, obj):
+    return [w for w in mutate(server, obj)[0] if w.startswith("rightsizing:")]
+
+
+def recommendation(patch):
+    for op in patch:
+        if op["path"] == "/metadata/annotations":
+            return op["value"].get("gpuguard.io/recommendation")
+        if op["path"] == "/metadata/annotations/gpuguard.io~1recommendation":
+            return op["value"]
+    return None
+
+
+def readyz_line(server):
+    status, text = server.ops("/readyz")
+    assert status == 200, text  # readiness gates the Service: it never depends on Prometheus
+    return text.splitlines()[2]
+
+
+def test_recommendations_on_pods_from_prometheus_history(binary, certs, tmp_path, prom):
+    server = serve(binary, certs, tmp_path, prom.url)
+    try:
+        assert wait_for(lambda: readyz_line(server).startswith("rightsizing: ok (6 workloads"))
+        # A Deployment's pod, folded through its ReplicaSet owner: peak 7270 MiB of the first
+        # pod (the restarted one peaked at 6000), history from the first pod on (a gap included).
+        warnings, patch = mutate(server, CHAT_POD)
+        assert [w for w in warnings if w.startswith("rightsizing:")] == [CHAT]
+        assert recommendation(patch) == CHAT[len("rightsizing: "):]
+        # A pod is never resized on its own: it keeps its whole GPU (7g.80gb on the MIG pool).
+        assert {"op": "add", "path": "/spec/containers/0/resources/limits/nvidia.com~1mig-7g.80gb",
+                "value": "1"} in patch
+        after = jsonpatch.apply_patch(CHAT_POD, patch)
+        assert "gpuguard.io/gpu-memory" not in after["metadata"]["annotations"]
+        # A StatefulSet's pod on a MIG instance, its name reused after a gap; another
+        # namespace's embed-0 (70000 MiB) does not count.
+        assert rightsizing_warnings(server, EMBED_POD) == [EMBED]
+        # Two pods on one time-sliced device: the samples are the device's, left out.
+        warnings, patch = mutate(server, LAB_POD)
+        assert not [w for w in warnings if w.startswith("rightsizing:")]
+        assert recommendation(patch) is None
+        # 40 minutes of history: less than min_history (1h), nothing.
+        assert rightsizing_warnings(server, SWEEP_POD) == []
+        # Opted out.
+        opted = pod("ReplicaSet", "chat-5d8f7c9b4", annotations={"gpuguard.io/rightsizing": "off"})
+        assert rightsizing_warnings(server, opted) == []
+        text = server.ops("/metrics")[1]
+        assert metric(text, "gpuguard_rightsizing_source_up") == 1
+        # chat, embed, sweep, vec, serve-0 (its owner unknown without the inventory), research/embed
+        assert metric(text, "gpuguard_rightsizing_workloads") == 6
+        assert metric(text, "gpuguard_rightsizing_recommendations_total", action="recommend") == 2
+        assert metric(text, "gpuguard_rightsizing_requested_gpus", namespace="ml") == 1.429
+        assert metric(text, "gpuguard_rightsizing_needed_gpus", namespace="ml") == 0.286
+        # Every rightsizing metric the Grafana dashboard queries is exported.
+        dash = (REPO / "deploy" / "grafana" / "gpuguard-dashboard.json").read_text()
+        used = set(re.findall(r"gpuguard_rightsizing_[a-z_]+", dash))
+        assert len(used) == 6
+        assert {u for u in used if not re.search(rf"^{u}[{{ ]", text, re.M)} == set()
+    finally:
+        assert server.stop() == 0
+
+
+def test_new_data_is_picked_up_after_refresh(binary, certs, tmp_path, prom):
+    server = serve(binary, certs, tmp_path, prom.url)
+    try:
+        assert wait_for(lambda: rightsizing_warnings(server, VEC_POD) == [VEC])
+        prom.exporter.set("vec-6b7c8d9f5-k2k2k", 30000)
+        # The queries see the history a minute at a time (subqueries [window:1m]): at the next
+        # whole minute after a scrape (1 s), and a refresh (2 s) later, the new peak decides.
+        assert wait_for(lambda: rightsizing_warnings(server, VEC_POD) == [VEC_AFTER], timeout=90), \
+            (rightsizing_warnings(server, VEC_POD), readyz_line(server))
+    finally:
+        prom.exporter.set("vec-6b7c8d9f5-k2k2k", 3000)
+        assert server.stop() == 0
+
+
+def test_the_inventory_folds_pods_by_their_owner(binary, certs, tmp_path, prom):
+    """serve-0-1, a LeaderWorkerSet's pod, folds into "serve-0" by its name; with the inventory
+    synced from the API server, its controller owner says "serve"."""
+    lws_pod = pod("LeaderWorkerSet", "serve", name="serve-1-0")
+    want = ["rightsizing: used at most 2.9 GiB of 80 over 3 hours; mig-1g.10gb would hold it: "
+            "set gpuguard.io/gpu-memory: 4Gi"]
+    (tmp_path / "alone").mkdir()
+    (tmp_path / "inventory").mkdir()
+    server = serve(binary, certs, tmp_path / "alone", prom.url)
+    try:
+        assert wait_for(lambda: readyz_line(server).startswith("rightsizing: ok (6 workloads"))
+        assert rightsizing_warnings(server, lws_pod) == []
+    finally:
+        assert server.stop() == 0
+    api = FakeApiServer().start()
+    try:
+        live = gpu_pod("ml", "serve-0-1", cls="inference")
+        live["metadata"]["ownerReferences"] = [
+            {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet",
+             "name": "serve", "uid": "lws-1", "controller": True}]
+        api.add(live)
+        kubeconfig = write_kubeconfig(tmp_path, api.url)
+        server = serve(binary, certs, tmp_path / "inventory", prom.url, kubeconfig=kubeconfig)
+        try:
+            assert wait_for(lambda: rightsizing_warnings(server, lws_pod) == want, timeout=30)
+        finally:
+            assert server.stop() == 0
+    finally:
+        api.stop()
+
+
+def review_seconds(server, n, pause=0.0):
+    times = []
+    for _ in range(n):
+        t0 = time.monotonic()
+        mutate(server, CHAT_POD)
+        times.append(time.monotonic() - t0)
+        time.sleep(pause)
+    return times
+
+
+def test_a_paused_prometheus_never_slows_admission(binary, certs, tmp_path, prom):
+    server = serve(binary, certs, tmp_path, prom.url)
+    try:
+        assert wait_for(lambda: readyz_line(server).startswith("rightsizing: ok (6 workloads"))
+        normal = review_seconds(server, 25)
+        prom.proc.send_signal(signal.SIGSTOP)
+        try:
+            # The source's next query hangs until its 2 s timeout, and the one after (refresh
+            # 2 s, backoff 1 s) again; the reviews, spread over 2.5 s, overlap a hanging query and
+            # are answered from the last snapshot.  Bound: an admission that waited on
+            # Prometheus would take up to the query timeout (2 s).  The median may exceed the
+            # normal one by 50 ms at most (the machine is shared: single reviews drift by tens of
+            # ms), and none may take 1 s: generous on noise, tight on waiting.
+            paused = review_seconds(server, 25, pause=0.1)
+            assert statistics.median(paused) <= statistics.median(normal) + 0.050, (normal, paused)
+            assert max(paused) < 1.0, paused
+            assert rightsizing_warnings(server, CHAT_POD) == [CHAT]  # the last data still holds
+            failing = "rightsizing: failing, policies see the last data (6 workloads, updated "
+            assert wait_for(lambda: readyz_line(server).startswith(failing), timeout=10), \
+                readyz_line(server)
+            assert re.fullmatch(
+                r"rightsizing: failing, policies see the last data \(6 workloads, updated \d+s ago\)"
+                r": peak query: GET /api/v1/query: Operation timed out after \d+ milliseconds with 0 "
+                r"bytes received", readyz_line(server)), readyz_line(server)
+            text = server.ops("/metrics")[1]
+            assert metric(text, "gpuguard_rightsizing_refreshes_total", result="error") >= 1
+            assert rightsizing_warnings(server, CHAT_POD) == [CHAT]
+            # Three refreshes and a timeout after the last data, it is stale: policies see none.
+            stale = "rightsizing: stale, policies see no data (6 workloads, updated "
+            assert wait_for(lambda: readyz_line(server).startswith(stale), timeout=20)
+            assert rightsizing_warnings(server, CHAT_POD) == []
+            assert metric(server.ops("/metrics")[1], "gpuguard_rightsizing_source_up") == 0
+        finally:
+            prom.proc.send_signal(signal.SIGCONT)
+        assert wait_for(lambda: readyz_line(server).startswith("rightsizing: ok ("), timeout=20)
+        assert rightsizing_warnings(server, CHAT_POD) == [CHAT]
+        assert any(r.get("msg") == "rightsizing: usage source recovered" for r in server.log_lines())
+    finally:
+        assert server.stop() == 0
+
+
+DEPLOYMENT = """\
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: chat, namespace: ml}
+spec:
+  selector: {matchLabels: {app: chat}}
+  template:
+    metadata:
+      labels: {app: chat, team: ml, gpuguard.io/workload-class: inference}
+    spec:
+      containers:
+        - name: server
+          image: vllm/vllm-openai:v0.6.0
+          resources:
+            limits: {nvidia.com/gpu: 1}
+---
+apiVersion: batch/v1
+kind: Job
+metadata: {name: sweep, namespace: ml}
+spec:
+  template:
+    metadata:
+      labels: {team: ml}
+    spec:
+      restartPolicy: Never
+      containers:
+        - name: trial
+          image: python:3.12
+          resources:
+            limits: {nvidia.com/gpu: 1}
+"""
+
+CHAT_TEMPLATE_AFTER = {
+    "metadata": {
+        "labels": {"app": "chat", "team": "ml", "gpuguard.io/workload-class": "inference"},
+        "annotations": {
+            "gpuguard.io/gpu-memory": "9Gi",
+            "gpuguard.io/recommendation": "applied gpuguard.io/gpu-memory: 9Gi: used at most 7.1 GiB "
+                                          "of 80 over 26 hours, mig-1g.10gb holds it",
+            "gpuguard.io/decision": "mig on pool a100-mig for class inference (label "
+                                    "gpuguard.io/workload-class): server gets 1g.10gb, the "
+                                    "smallest A100-80GB profile with 9Gi",
+            "gpuguard.io/pool": "a100-mig",
+            "gpuguard.io/charge": "143"}},
+    "spec": {
+        "containers": [{"name": "server", "image": "vllm/vllm-openai:v0.6.0",
+                        "resources": {"limits": {"nvidia.com/mig-1g.10gb": "1"},
+                                      "requests": {"nvidia.com/mig-1g.10gb": "1"}}}],
+        "nodeSelector": {"gpuguard.io/pool": "a100-mig"},
+        "tolerations": [{"key": "nvidia.com/gpu", "operator": "Equal", "value": "a100-mig",
+                         "effect": "NoSchedule"}]},
+}
+
+
+def check(binary, *args, stdin=None):
+    return subprocess.run([binary, "check", "--policies", str(REPO / "policies"), "--lua",
+                           str(REPO / "lua"), *args], input=stdin, capture_output=True,
+                          text=True, env=no_proxy_env(), timeout=60)
+
+
+def test_check_replays_saved_usage_and_applies_on_templates(binary, tmp_path, prom):
+    saved = tmp_path / "usage.json"
+    r = subprocess.run([binary, "usage", "--prometheus", prom.url + "/", "--config",
+                        str(write_config(tmp_path, "http://127.0.0.1:1")), "-o", str(saved)],
+                       capture_output=True, text=True, env=no_proxy_env(), timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr == f"gpuguard usage: 6 workloads saved to {saved}\n"
+    doc = json.loads(saved.read_text())
+    assert doc["version"] == 1 and doc["window"] == "7d"
+    assert doc["labels"] == {"namespace": "namespace", "pod": "pod"}
+    peaks = {(s["metric"]["namespace"], s["metric"]["pod"]): float(s["value"][1])
+             for s in doc["peak"]["data"]["result"]}
+    assert peaks[("ml", "chat-5d8f7c9b4-x2x7z")] == 7270
+    assert peaks[("ml", "embed-0")] == 15000
+    assert not any(pod.startswith("lab-") for _, pod in peaks)  # the shared device's
+    manifests = tmp_path / "apps.yaml"
+    manifests.write_text(DEPLOYMENT)
+    # apply: the Deployment's template gets the memory and the sharing policy's MIG slice.
+    r = check(binary, "--config", str(write_config(tmp_path, prom.url, mode="apply")),
+              "--usage", str(saved), "--emit-mutated", str(manifests))
+    assert r.returncode == 0, r.stderr
+    docs = list(yaml.safe_load_all(r.stdout))
+    assert docs[0]["spec"]["template"] == CHAT_TEMPLATE_AFTER
+    assert "gpuguard.io/gpu-memory" not in json.dumps(docs[1])  # too little history
+    # The result is stable: checked again, nothing changes.
+    again = tmp_path / "again.yaml"
+    again.write_text(r.stdout)
+    r = check(binary, "--config", str(write_config(tmp_path, prom.url, mode="apply")),
+              "--usage", str(saved), "-o", "json", str(again))
+    records = [json.loads(line) for line in r.stdout.splitlines()]
+    assert records[0]["type"] == "template" and records[0]["patch"] == []
+    # recommend: a warning and the annotation, the request untouched.
+    r = check(binary, "--config", str(write_config(tmp_path, prom.url)), "--usage", str(saved),
+              "-o", "json", str(manifests))
+    chat = json.loads(r.stdout.splitlines()[0])
+    assert CHAT in chat["warnings"]
+    assert {"op": "add", "path": "/spec/containers/0/resources/limits/nvidia.com~1mig-7g.80gb",
+            "value": "1"} in chat["patch"]
+    # A file that is not a usage file is an input error naming it.
+    r = check(binary, "--config", str(write_config(tmp_path, prom.url)), "--usage",
+              str(manifests), str(manifests))
+    assert r.returncode == 2
+    assert r.stderr.startswith(f"gpuguard check: --usage: {manifests}:")
+
+
+def test_usage_command_errors(binary, tmp_path):
+    out = tmp_path / "usage.json"
+    r = subprocess.run([binary, "usage", "--prometheus", "http://127.0.0.1:1", "-o", str(out)],
+                       capture_output=True, text=True, env=no_proxy_env(), timeout=60)
+    assert r.returncode == 1
+    assert r.stderr.startswith("gpuguard usage: http://127.0.0.1:1: peak query: GET "
+                               "/api/v1/query: "), r.stderr
+    assert not out.exists()
+    r = subprocess.run([binary, "usage", "--prometheus", "http://127.0.0.1:1"],
+                       capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stderr) == (2, "gpuguard usage: -o FILE is required\n"
+                                           "run 'gpuguard usage --help' for the flags\n")
+    r = subprocess.run([binary, "usage", "-o", str(out)], capture_output=True, text=True,
+                       timeout=60)
+    assert (r.returncode, r.stderr) == (2, "gpuguard usage: --prometheus URL or "
+                                           "rightsizing.prometheus.url is required\n"
+                                           "run 'gpuguard usage --help' for the flags\n")
+    r = subprocess.run([binary, "usage", "--prometheus", "prom:9090", "-o", str(out)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.startswith("gpuguard usage: --prometheus must be an http:// or https:// URL")
