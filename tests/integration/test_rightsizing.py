@@ -131,10 +131,10 @@ def test_recommendations_on_pods_from_prometheus_history(binary, certs, tmp_path
         warnings, patch = mutate(server, CHAT_POD)
         assert [w for w in warnings if w.startswith("rightsizing:")] == [CHAT]
         assert recommendation(patch) == CHAT[len("rightsizing: "):]
-        # A pod is never resized on its own: it keeps its whole GPU (7g.80gb on the MIG pool).
-        assert {"op": "add", "path": "/spec/containers/0/resources/limits/nvidia.com~1mig-7g.80gb",
-                "value": "1"} in patch
+        # A pod is never resized on its own: it keeps its whole GPU (exclusive on the H100 pool).
         after = jsonpatch.apply_patch(CHAT_POD, patch)
+        assert after["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+        assert after["spec"]["nodeSelector"] == {"gpuguard.io/pool": "h100-train"}
         assert "gpuguard.io/gpu-memory" not in after["metadata"]["annotations"]
         # A StatefulSet's pod on a MIG instance, its name reused after a gap; another
         # namespace's embed-0 (70000 MiB) does not count.
@@ -356,8 +356,10 @@ def test_check_replays_saved_usage_and_applies_on_templates(binary, tmp_path, pr
               "-o", "json", str(manifests))
     chat = json.loads(r.stdout.splitlines()[0])
     assert CHAT in chat["warnings"]
-    assert {"op": "add", "path": "/spec/containers/0/resources/limits/nvidia.com~1mig-7g.80gb",
-            "value": "1"} in chat["patch"]
+    assert {"op": "add", "path": "/spec/nodeSelector",
+            "value": {"gpuguard.io/pool": "h100-train"}} in chat["patch"]
+    assert {"op": "add", "path": "/spec/containers/0/resources/requests",
+            "value": {"nvidia.com/gpu": "1"}} in chat["patch"]  # the same whole GPU, mirrored
     # A file that is not a usage file is an input error naming it.
     r = check(binary, "--config", str(write_config(tmp_path, prom.url)), "--usage",
               str(manifests), str(manifests))
