@@ -137,7 +137,7 @@ local function gpu_ties(spec, cfg)
 end
 
 local function check(req, pod, cfg)
-    if workload.wants_gpu(pod) then -- first: settled for a GPU pod, which needs no pod_spec call
+    if workload.wants_gpu(pod, cfg, req.namespace) then -- first: settled for a GPU pod, which needs no pod_spec call
         return
     end
     local spec = k8s.pod_spec(pod)

@@ -5,8 +5,9 @@ validate:
   * a pod with no GPU request may not reach GPUs around the device plugin: no
     NVIDIA_VISIBLE_DEVICES / NVIDIA_DRIVER_CAPABILITIES environment (except the values "void"
     and "none"), and no hostPath volume under /dev/nvidia (any pod);
-  * no privileged container on a shared GPU (fractional, MIG, MPS, time-sliced, HAMi, KAI):
-    privileged sees every GPU of the node;
+  * no privileged container on a shared GPU (fractional, MIG, MPS, time-sliced, HAMi, Volcano
+    vGPU, KAI, a DRA MIG device or shared claim: intent.shared): privileged sees every GPU of
+    the node;
   * GPU resources have requests equal to limits (a request alone, or different values, is
     refused by Kubernetes later with a less helpful message);
   * GPU pods carry the labels of guardrails.required_labels (cost attribution);
@@ -22,33 +23,13 @@ Config keys: guardrails.required_labels, classes.<class>.max_runtime, placement.
 
 local gg = require "gpuguard"
 local k8s = require "k8s"
-local gpu = require "gpu"
+local intent = require "intent"
 local fleet = require "fleet"
 local workload = require "workload"
 
 local GPU_ENV = { "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES" }
 local SECTIONS = { "requests", "limits" }
 local NONE = {}
-
--- Is the pod, with these containers, on a shared GPU (anything but whole exclusive GPUs)?
-local function on_shared_gpu(pod, containers)
-    local decision = k8s.annotation(pod, "gpuguard.io/decision")
-    if decision and decision:sub(1, 10) ~= "exclusive " then
-        return true
-    end
-    if k8s.annotation(pod, "gpu-fraction") or k8s.annotation(pod, "gpu-memory") then
-        return true
-    end
-    for i = 1, #containers do
-        local ok, got = pcall(gpu.requested, containers[i])
-        for _, r in ipairs(ok and got or NONE) do
-            if r.kind ~= "whole" then
-                return true
-            end
-        end
-    end
-    return false
-end
 
 local function no_gpu_rules(req, pod, spec)
     for c in k8s.containers(spec) do
@@ -78,8 +59,8 @@ local function host_path_rules(req, spec)
     return false
 end
 
-local function privileged_rules(req, pod, containers)
-    if not on_shared_gpu(pod, containers) then
+local function privileged_rules(req, pod, containers, cfg)
+    if not intent.shared(pod, cfg, req.namespace) then
         return
     end
     for i = 1, #containers do
@@ -155,7 +136,7 @@ local function validate(req, pod, cfg)
     if not spec then
         return
     end
-    if not workload.wants_gpu(pod) then
+    if not workload.wants_gpu(pod, cfg, req.namespace) then
         if not workload.exempt(pod, req.namespace, cfg) then
             no_gpu_rules(req, pod, spec)
             host_path_rules(req, spec)
@@ -170,7 +151,7 @@ local function validate(req, pod, cfg)
     end
     -- The containers walked once, for rules that each go through all of them in turn.
     local containers = k8s.all_containers(spec)
-    privileged_rules(req, pod, containers)
+    privileged_rules(req, pod, containers, cfg)
     equal_requests_rules(req, containers)
     label_rules(req, pod, cfg)
     runtime_rules(req, pod, spec, cfg)
@@ -178,7 +159,7 @@ end
 
 local function mutate(req, pod, cfg)
     local spec = k8s.pod_spec(pod)
-    if not spec or not workload.wants_gpu(pod) then
+    if not spec or not workload.wants_gpu(pod, cfg, req.namespace) then
         return
     end
     local limit = max_runtime(pod, cfg)
