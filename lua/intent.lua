@@ -642,10 +642,28 @@ function M.charge(pod, cfg, opts)
     return total + dra, breakdown, classes
 end
 
---- The charge the inventory counts for a running pod: intent.charge without the messages, a
---- pod whose values are illegal counted as one GPU per GPU container (it was never admitted by
---- gpuguard; fail closed).
+-- What a ResourceClaim holds on its own: nothing when its pod or the scheduler's
+-- extended-resource pod is charged for it; one GPU per request when it cannot be read.
+local function claim_usage(claim, cfg)
+    if M.claim_charged_elsewhere(claim) then
+        return 0
+    end
+    local meta = type(claim.metadata) == "table" and claim.metadata or NONE
+    local c = M.claim_charge(cfg, claim.spec, "ResourceClaim " .. tostring(meta.name))
+    if c then
+        return c
+    end
+    local devices = type(claim.spec) == "table" and claim.spec.devices
+    return math.max(1, #list(type(devices) == "table" and devices.requests)) * 1000
+end
+
+--- The charge the inventory counts for a running pod or a ResourceClaim: intent.charge without
+--- the messages, a pod whose values are illegal counted as one GPU per GPU container (it was
+--- never admitted by gpuguard; fail closed).
 function M.usage_charge(pod, cfg)
+    if pod.kind == "ResourceClaim" then
+        return claim_usage(pod, cfg)
+    end
     local total = M.charge(pod, cfg)
     if total then
         return total

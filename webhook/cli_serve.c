@@ -11,6 +11,7 @@
  * whether it has synced, but readiness is about serving and stays 200.
  */
 #include "arena.h"
+#include "charger.h"
 #include "cli.h"
 #include "dirwatch.h"
 #include "informer.h"
@@ -316,8 +317,8 @@ static enum gg_status start_certificates(const struct serve_opts *o, struct dirw
  * either is an error.  Set on the engine before the first evaluation.
  */
 static enum gg_status start_inventory(const struct serve_opts *o, struct engine *engine,
-                                      struct inventory **inv, struct informer **inf,
-                                      struct gg_err *err)
+                                      struct inventory **inv, struct charger **charger,
+                                      struct informer **inf, struct gg_err *err)
 {
     bool in_cluster = kc_in_cluster(KC_SA_DIR);
     if (o->inventory == 0 || (o->inventory < 0 && !o->kubeconfig && !in_cluster)) {
@@ -336,6 +337,10 @@ static enum gg_status start_inventory(const struct serve_opts *o, struct engine 
     if (!(*inv = inv_new())) {
         kc_free(client);
         return gg_fail(err, GG_ERR_NOMEM, "out of memory");
+    }
+    if ((st = charger_new(engine, *inv, charger, err)) != GG_OK) {
+        kc_free(client);
+        return st;
     }
     engine_set_inventory(engine, *inv);
     return inf_start(client, *inv, NULL, inf, err);
@@ -389,12 +394,13 @@ int cli_serve(int argc, char **argv)
     struct dirwatch *cert_watch = NULL;
     struct srv *server = NULL;
     struct inventory *inventory = NULL;
+    struct charger *charger = NULL;
     struct informer *informer = NULL;
     char *client_ca = NULL;
     int rc = 1;
     if (start_certificates(&o, &cert_watch, &client_ca, &err) != GG_OK ||
         engine_new(&paths, &engine, &err) != GG_OK ||
-        start_inventory(&o, engine, &inventory, &informer, &err) != GG_OK ||
+        start_inventory(&o, engine, &inventory, &charger, &informer, &err) != GG_OK ||
         reload_start(engine, &reloader, &err) != GG_OK)
         goto out;
     struct srv_config cfg = {.listen = o.listen,
@@ -422,6 +428,7 @@ out:
     dirwatch_stop(cert_watch);
     reload_stop(reloader);
     inf_stop(informer);
+    charger_free(charger);
     engine_free(engine);
     inv_free(inventory);
     tls_creds_clear();

@@ -293,8 +293,16 @@ static bool take_string(struct scan *s, json_t *obj, const char *key)
     return v && json_object_set_new(obj, key, v) == 0;
 }
 
-/* A map of strings of which only the key want is kept, as parent[name]. */
-static bool take_selected(struct scan *s, json_t *parent, const char *name, const char *want)
+static bool wanted(const char *const *want, const char *key)
+{
+    for (; *want; want++)
+        if (strcmp(*want, key) == 0)
+            return true;
+    return false;
+}
+
+/* A map of strings of which only the keys in want (NULL-terminated) are kept, as parent[name]. */
+static bool take_selected(struct scan *s, json_t *parent, const char *name, const char *const *want)
 {
     int r = open_object(s, '{');
     if (r <= 0)
@@ -303,17 +311,32 @@ static bool take_selected(struct scan *s, json_t *parent, const char *name, cons
     bool first = true;
     char key[KEY_MAX];
     while ((r = obj_next(s, &first, key)) == 1) {
-        if (strcmp(key, want) != 0) {
+        if (!wanted(want, key)) {
             if (!skip_value(s))
                 return false;
             continue;
         }
         if (!kept)
             json_object_set_new(parent, name, kept = json_object());
-        if (!take_string(s, kept, want))
+        if (!take_string(s, kept, key))
             return false;
     }
     return r == 0;
+}
+
+/* What the charge model (intent.lua) reads of a pod's metadata. */
+static const char *const kept_labels[] = {INV_CLASS_LABEL, NULL};
+static const char *const kept_annotations[] = {INV_CHARGE_ANNOTATION, "gpu-fraction", "gpu-memory",
+                                               "gpu-fraction-num-devices", NULL};
+
+/* A value kept whole, parsed from its text (spec.resourceClaims, spec.nodeSelector). */
+static bool take_raw(struct scan *s, json_t *obj, const char *key)
+{
+    const char *start = s->p;
+    if (!skip_value(s))
+        return false;
+    json_t *v = jf_loadb(start, (size_t)(s->p - start), 8, NULL);
+    return v && json_object_set_new(obj, key, v) == 0;
 }
 
 static bool read_metadata(struct scan *s, json_t *pod, char *rv)
@@ -340,9 +363,9 @@ static bool read_metadata(struct scan *s, json_t *pod, char *rv)
                 strcpy(rv, v);
             json_decref(tmp);
         } else if (!strcmp(key, "labels")) {
-            ok = take_selected(s, meta, "labels", INV_CLASS_LABEL);
+            ok = take_selected(s, meta, "labels", kept_labels);
         } else if (!strcmp(key, "annotations")) {
-            ok = take_selected(s, meta, "annotations", INV_CHARGE_ANNOTATION);
+            ok = take_selected(s, meta, "annotations", kept_annotations);
         } else {
             ok = skip_value(s);
         }
@@ -393,6 +416,11 @@ static bool read_container(struct scan *s, json_t *list)
     bool first = true;
     char key[KEY_MAX];
     while ((r = obj_next(s, &first, key)) == 1) {
+        if (!strcmp(key, "name") || !strcmp(key, "restartPolicy")) {
+            if (!take_string(s, c, key))
+                return false;
+            continue;
+        }
         if (strcmp(key, "resources") != 0) {
             if (!skip_value(s))
                 return false;
@@ -445,6 +473,8 @@ static bool read_spec(struct scan *s, json_t *pod)
         bool ok;
         if (!strcmp(key, "nodeName"))
             ok = take_string(s, spec, key);
+        else if (!strcmp(key, "nodeSelector") || !strcmp(key, "resourceClaims"))
+            ok = take_raw(s, spec, key);
         else if (!strcmp(key, "containers") || !strcmp(key, "initContainers"))
             ok = read_containers(s, spec, key);
         else
@@ -525,14 +555,20 @@ static void copy_string(json_t *to, const json_t *from, const char *key)
         json_object_set(to, key, v);
 }
 
-static void copy_selected(json_t *to, const json_t *from, const char *name, const char *want)
+static void copy_selected(json_t *to, const json_t *from, const char *name, const char *const *want)
 {
     const json_t *map = json_object_get(from, name);
     if (!json_is_object(map))
         return;
-    json_t *v = json_object_get(map, want);
-    if (json_is_string(v))
-        json_object_set_new(to, name, json_pack("{s:O}", want, v));
+    json_t *kept = NULL;
+    for (; *want; want++) {
+        json_t *v = json_object_get(map, *want);
+        if (!json_is_string(v))
+            continue;
+        if (!kept)
+            json_object_set_new(to, name, kept = json_object());
+        json_object_set(kept, *want, v);
+    }
 }
 
 static json_t *trim_quantities(const json_t *q)
@@ -556,6 +592,8 @@ static json_t *trim_containers(const json_t *list)
     json_array_foreach(list, i, c)
     {
         json_t *tc = json_object();
+        copy_string(tc, c, "name");
+        copy_string(tc, c, "restartPolicy");
         const json_t *res = json_object_get(c, "resources");
         if (json_is_object(res)) {
             json_t *tr = json_object();
@@ -584,14 +622,20 @@ json_t *inf_trim_pod(const json_t *pod)
         copy_string(m, meta, "name");
         copy_string(m, meta, "generateName");
         copy_string(m, meta, "uid");
-        copy_selected(m, meta, "labels", INV_CLASS_LABEL);
-        copy_selected(m, meta, "annotations", INV_CHARGE_ANNOTATION);
+        copy_selected(m, meta, "labels", kept_labels);
+        copy_selected(m, meta, "annotations", kept_annotations);
         json_object_set_new(out, "metadata", m);
     }
     const json_t *spec = json_object_get(pod, "spec");
     if (json_is_object(spec)) {
         json_t *sp = json_object();
         copy_string(sp, spec, "nodeName");
+        static const char *const whole[] = {"nodeSelector", "resourceClaims"};
+        for (size_t i = 0; i < 2; i++) {
+            json_t *v = json_object_get(spec, whole[i]);
+            if (v)
+                json_object_set_new(sp, whole[i], json_deep_copy(v));
+        }
         static const char *const lists[] = {"containers", "initContainers"};
         for (size_t i = 0; i < 2; i++) {
             const json_t *l = json_object_get(spec, lists[i]);
@@ -1202,7 +1246,7 @@ static enum outcome list_page(struct informer *f, struct list_ctx *lc, char **co
 static enum outcome list_all(struct informer *f)
 {
     int64_t t0 = mono_ms();
-    struct list_ctx lc = {.f = f, .stage = inv_stage_new()};
+    struct list_ctx lc = {.f = f, .stage = inv_stage_new(f->inv)};
     if (!lc.stage)
         return FAILED;
     char *cont = NULL, rv[INF_RV_MAX] = "";

@@ -44,13 +44,14 @@
 /* ---- pods: what accounting needs ----------------------------------------- */
 
 /*
- * A new pod object with only: metadata.namespace, name, generateName, uid,
- * the gpuguard.io/workload-class label and the gpuguard.io/charge
- * annotation; spec.nodeName; the extended resources (names with a "/") of
- * spec.containers[].resources and spec.initContainers[].resources limits
- * and requests (a limits object is kept, even emptied, wherever it was:
- * inv_pod_charge reads limits first); status.phase.  inv_pod_charge() of
- * the result equals that of the pod.  NULL when pod is not an object.
+ * A new pod object with only what the charge model (lua/intent.lua) reads:
+ * metadata.namespace, name, generateName, uid, the gpuguard.io/workload-class
+ * label, the gpuguard.io/charge and KAI (gpu-fraction, gpu-memory,
+ * gpu-fraction-num-devices) annotations; spec.nodeName, spec.nodeSelector,
+ * spec.resourceClaims; the name, restartPolicy and extended resources (names
+ * with a "/") of spec.containers[] and spec.initContainers[] (limits and
+ * requests); status.phase.  The charge of the result equals that of the
+ * pod.  NULL when pod is not an object.
  */
 json_t *inf_trim_pod(const json_t *pod);
 

@@ -29,6 +29,11 @@ struct map {
     size_t used;
 };
 
+struct dra_entry {
+    json_t *obj;
+    uint64_t seen;
+};
+
 struct record {
     char *ns;
     char *cls;
@@ -49,6 +54,11 @@ struct state {
 
 struct inventory {
     pthread_mutex_t lock;
+    inv_charge_fn charge; /* NULL: nothing is charged */
+    void *charge_ctx;
+    pthread_mutex_t dra_lock; /* the DRA objects, apart: charges read them under lock */
+    struct map dra;           /* "kind\x1fns\x1fname" -> struct dra_entry */
+    uint64_t dra_relist;      /* the relist that last saw an entry; older ones are gone */
     struct state st;
     struct reservation *res;
     size_t n_res, cap_res;
@@ -152,6 +162,22 @@ static void map_clear(struct map *m, bool records)
     memset(m, 0, sizeof(*m));
 }
 
+static void free_dra_entry(struct dra_entry *d)
+{
+    if (!d)
+        return;
+    json_decref(d->obj);
+    free(d);
+}
+
+static void dra_clear(struct map *m)
+{
+    for (size_t i = 0; i < m->cap; i++)
+        if (m->slots[i].key)
+            free_dra_entry(m->slots[i].ptr);
+    map_clear(m, false);
+}
+
 static int64_t now_ms(void)
 {
     struct timespec ts;
@@ -162,8 +188,10 @@ static int64_t now_ms(void)
 struct inventory *inv_new(void)
 {
     struct inventory *inv = calloc(1, sizeof(*inv));
-    if (inv)
+    if (inv) {
         pthread_mutex_init(&inv->lock, NULL);
+        pthread_mutex_init(&inv->dra_lock, NULL);
+    }
     return inv;
 }
 
@@ -190,72 +218,30 @@ void inv_free(struct inventory *inv)
     state_clear(&inv->st);
     clear_reservations(inv);
     free(inv->res);
+    dra_clear(&inv->dra);
     pthread_mutex_destroy(&inv->lock);
+    pthread_mutex_destroy(&inv->dra_lock);
     free(inv);
 }
 
-/* ---- charges ---------------------------------------------------------- */
+/* ---- charges: the charger's, never the inventory's own ------------------ */
 
-/* Whole units of a quantity value (JSON string or number); 0 when malformed. */
-static int64_t units(const json_t *v)
+void inv_set_charger(struct inventory *inv, inv_charge_fn fn, void *ctx)
 {
-    if (json_is_integer(v))
-        return json_integer_value(v) > 0 ? json_integer_value(v) : 0;
-    int64_t milli;
-    if (!json_is_string(v) || qty_parse(json_string_value(v), &milli, NULL, NULL) != GG_OK)
-        return 0;
-    return milli > 0 ? milli / 1000 : 0;
+    pthread_mutex_lock(&inv->lock);
+    inv->charge = fn;
+    inv->charge_ctx = ctx;
+    pthread_mutex_unlock(&inv->lock);
 }
 
-/* milli-GPU of one resource entry, e.g. ("nvidia.com/mig-3g.40gb", 2). */
-static int64_t resource_charge(const char *name, int64_t n)
+int64_t inv_charge(struct inventory *inv, const json_t *obj)
 {
-    if (strcmp(name, "nvidia.com/gpu") == 0 || strcmp(name, "nvidia.com/gpu.shared") == 0)
-        return n * 1000;
-    int g, mem;
-    if (sscanf(name, "nvidia.com/mig-%dg.%dgb", &g, &mem) == 2 && g > 0) {
-        /* A30's profiles are 1g.6gb, 2g.12gb and 4g.24gb: four slices; others have seven. */
-        int slices = mem == 6 * g && (g == 1 || g == 2 || g == 4) ? 4 : 7;
-        return n * ((g * 1000 + slices - 1) / slices);
-    }
-    return 0;
-}
-
-static int64_t container_charge(const json_t *c)
-{
-    json_t *res = json_object_get(c, "resources");
-    json_t *section = json_object_get(res, "limits");
-    if (!section)
-        section = json_object_get(res, "requests");
-    const char *name;
-    json_t *v;
-    int64_t total = 0;
-    json_object_foreach(section, name, v) total += resource_charge(name, units(v));
-    return total;
-}
-
-int64_t inv_pod_charge(const json_t *pod)
-{
-    json_t *meta = json_object_get(pod, "metadata");
-    const char *note = json_string_value(
-        json_object_get(json_object_get(meta, "annotations"), INV_CHARGE_ANNOTATION));
-    if (note) {
-        char *end;
-        long long v = strtoll(note, &end, 10);
-        if (*note && !*end && v >= 0)
-            return v;
-    }
-    json_t *spec = json_object_get(pod, "spec");
-    size_t i;
-    json_t *c;
-    int64_t regular = 0, init = 0;
-    json_array_foreach(json_object_get(spec, "containers"), i, c) regular += container_charge(c);
-    json_array_foreach(json_object_get(spec, "initContainers"), i, c)
-    {
-        int64_t charge = container_charge(c);
-        init = charge > init ? charge : init;
-    }
-    return regular > init ? regular : init;
+    pthread_mutex_lock(&inv->lock);
+    inv_charge_fn fn = inv->charge;
+    void *ctx = inv->charge_ctx;
+    pthread_mutex_unlock(&inv->lock);
+    /* Outside the lock: the charger reads DRA objects back through inv_dra_get. */
+    return fn ? fn(ctx, obj) : 0;
 }
 
 /* ---- records and sums --------------------------------------------------- */
@@ -273,16 +259,39 @@ static void add_sum(struct state *st, const char *ns, const char *cls, int64_t d
     }
 }
 
-static const char *meta_string(const json_t *pod, const char *key)
+static const char *meta_string(const json_t *obj, const char *key)
 {
-    const char *s = json_string_value(json_object_get(json_object_get(pod, "metadata"), key));
+    const char *s = json_string_value(json_object_get(json_object_get(obj, "metadata"), key));
     return s ? s : "";
 }
 
-static bool counts(const json_t *pod)
+enum obj_kind { K_POD, K_CLAIM, K_TEMPLATE, K_OTHER };
+
+/* Objects without a kind are pods (the informer's trimmed pods carry none). */
+static enum obj_kind kind_of(const json_t *obj)
 {
-    const char *phase = json_string_value(json_object_get(json_object_get(pod, "status"), "phase"));
+    const char *kind = json_string_value(json_object_get(obj, "kind"));
+    if (!kind || strcmp(kind, "Pod") == 0)
+        return K_POD;
+    if (strcmp(kind, "ResourceClaim") == 0)
+        return K_CLAIM;
+    return strcmp(kind, "ResourceClaimTemplate") == 0 ? K_TEMPLATE : K_OTHER;
+}
+
+/* Whether an object holds devices: pods that Succeeded or Failed hold none. */
+static bool counts(const json_t *obj)
+{
+    const char *phase = json_string_value(json_object_get(json_object_get(obj, "status"), "phase"));
     return !phase || (strcmp(phase, "Succeeded") != 0 && strcmp(phase, "Failed") != 0);
+}
+
+/* The charge an object holds, from the charger, outside every lock. */
+static int64_t holding(struct inventory *inv, const json_t *obj)
+{
+    enum obj_kind k = kind_of(obj);
+    if ((k != K_POD && k != K_CLAIM) || !*meta_string(obj, "uid") || !counts(obj))
+        return 0;
+    return inv_charge(inv, obj);
 }
 
 /* A pod the watch shows settles the reservation made when it was admitted. */
@@ -313,19 +322,18 @@ static void state_remove(struct state *st, const char *uid)
     map_remove(&st->pods, s);
 }
 
-/* Record a pod (replacing the record of its uid); true when it holds GPUs. */
-static bool state_add(struct state *st, const json_t *pod)
+/* Record what a pod or claim holds (replacing the record of its uid); true when it holds GPUs. */
+static bool state_add(struct state *st, const json_t *obj, int64_t charge)
 {
-    const char *uid = meta_string(pod, "uid"), *ns = meta_string(pod, "namespace");
+    const char *uid = meta_string(obj, "uid"), *ns = meta_string(obj, "namespace");
     if (!*uid)
         return false;
     state_remove(st, uid);
-    int64_t charge = counts(pod) ? inv_pod_charge(pod) : 0;
     if (charge <= 0)
         return false;
     struct record *r = calloc(1, sizeof(*r));
     const char *cls = json_string_value(json_object_get(
-        json_object_get(json_object_get(pod, "metadata"), "labels"), INV_CLASS_LABEL));
+        json_object_get(json_object_get(obj, "metadata"), "labels"), INV_CLASS_LABEL));
     struct slot *s = r ? map_put(&st->pods, uid) : NULL;
     if (!s) {
         free(r);
@@ -339,39 +347,155 @@ static bool state_add(struct state *st, const json_t *pod)
     return true;
 }
 
-static void upsert_locked(struct inventory *inv, const json_t *pod)
+/* ---- DRA objects (ResourceClaims, ResourceClaimTemplates) ---------------- */
+
+static bool dra_key(char *key, size_t size, const char *kind, const char *ns, const char *name)
 {
-    if (!*meta_string(pod, "uid"))
-        return;
-    settle_reservation(inv, meta_string(pod, "namespace"), meta_string(pod, "name"));
-    state_add(&inv->st, pod);
+    return (size_t)snprintf(key, size, "%s\x1f%s\x1f%s", kind, ns, name) < size;
 }
 
-void inv_upsert(struct inventory *inv, const json_t *pod)
+/* What the charge model reads of a claim or template: no status, no managedFields. */
+static json_t *dra_trim(const json_t *obj)
 {
+    const json_t *meta = json_object_get(obj, "metadata");
+    json_t *m = json_object(), *out = json_object();
+    static const char *const keys[] = {"namespace", "name", "uid", "annotations"};
+    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
+        json_t *v = json_object_get(meta, keys[i]);
+        if (v)
+            json_object_set_new(m, keys[i], json_deep_copy(v));
+    }
+    json_object_set_new(out, "metadata", m);
+    static const char *const top[] = {"apiVersion", "kind", "spec"};
+    for (size_t i = 0; i < sizeof(top) / sizeof(top[0]); i++) {
+        json_t *v = json_object_get(obj, top[i]);
+        if (v)
+            json_object_set_new(out, top[i], json_deep_copy(v));
+    }
+    return out;
+}
+
+/* Keep (or replace) a claim or template; seen is the relist that shows it. */
+static void dra_put(struct inventory *inv, const json_t *obj, uint64_t seen)
+{
+    char key[1024];
+    const char *kind = json_string_value(json_object_get(obj, "kind"));
+    if (!dra_key(key, sizeof(key), kind, meta_string(obj, "namespace"), meta_string(obj, "name")))
+        return;
+    struct dra_entry *d = malloc(sizeof(*d));
+    if (!d)
+        return;
+    *d = (struct dra_entry){dra_trim(obj), seen};
+    pthread_mutex_lock(&inv->dra_lock);
+    if (!seen)
+        d->seen = inv->dra_relist;
+    struct slot *s = map_put(&inv->dra, key);
+    if (s) {
+        free_dra_entry(s->ptr);
+        s->ptr = d;
+    } else {
+        free_dra_entry(d);
+    }
+    pthread_mutex_unlock(&inv->dra_lock);
+}
+
+static void dra_remove(struct inventory *inv, const json_t *obj)
+{
+    char key[1024];
+    const char *kind = json_string_value(json_object_get(obj, "kind"));
+    if (!dra_key(key, sizeof(key), kind, meta_string(obj, "namespace"), meta_string(obj, "name")))
+        return;
+    pthread_mutex_lock(&inv->dra_lock);
+    struct slot *s = map_find(&inv->dra, key);
+    if (s) {
+        free_dra_entry(s->ptr);
+        map_remove(&inv->dra, s);
+    }
+    pthread_mutex_unlock(&inv->dra_lock);
+}
+
+/* Forget the objects that the relist numbered relist did not show. */
+static void dra_sweep(struct inventory *inv, uint64_t relist)
+{
+    pthread_mutex_lock(&inv->dra_lock);
+    for (size_t i = 0; i < inv->dra.cap;) {
+        struct slot *s = &inv->dra.slots[i];
+        if (s->key && ((struct dra_entry *)s->ptr)->seen < relist) {
+            free_dra_entry(s->ptr);
+            map_remove(&inv->dra, s); /* may move a later entry here: look at i again */
+            continue;
+        }
+        i++;
+    }
+    pthread_mutex_unlock(&inv->dra_lock);
+}
+
+json_t *inv_dra_get(struct inventory *inv, const char *kind, const char *ns, const char *name)
+{
+    char key[1024];
+    if (!dra_key(key, sizeof(key), kind, ns, name))
+        return NULL;
+    pthread_mutex_lock(&inv->dra_lock);
+    struct slot *s = map_find(&inv->dra, key);
+    json_t *copy = s ? json_deep_copy(((struct dra_entry *)s->ptr)->obj) : NULL;
+    pthread_mutex_unlock(&inv->dra_lock);
+    return copy;
+}
+
+size_t inv_dra_count(struct inventory *inv)
+{
+    pthread_mutex_lock(&inv->dra_lock);
+    size_t n = inv->dra.used;
+    pthread_mutex_unlock(&inv->dra_lock);
+    return n;
+}
+
+void inv_upsert(struct inventory *inv, const json_t *obj)
+{
+    enum obj_kind k = kind_of(obj);
+    if (k == K_OTHER)
+        return;
+    if (k != K_POD)
+        dra_put(inv, obj, 0);
+    if (k == K_TEMPLATE || !*meta_string(obj, "uid"))
+        return;
+    int64_t charge = holding(inv, obj);
     pthread_mutex_lock(&inv->lock);
-    upsert_locked(inv, pod);
+    if (k == K_POD)
+        settle_reservation(inv, meta_string(obj, "namespace"), meta_string(obj, "name"));
+    state_add(&inv->st, obj, charge);
     pthread_mutex_unlock(&inv->lock);
 }
 
-void inv_delete(struct inventory *inv, const json_t *pod)
+void inv_delete(struct inventory *inv, const json_t *obj)
 {
+    if (kind_of(obj) != K_POD)
+        dra_remove(inv, obj);
     pthread_mutex_lock(&inv->lock);
-    state_remove(&inv->st, meta_string(pod, "uid"));
+    state_remove(&inv->st, meta_string(obj, "uid"));
     pthread_mutex_unlock(&inv->lock);
 }
 
 /* ---- relists: a new state built aside, then swapped in ------------------- */
 
 struct inv_stage {
+    struct inventory *inv; /* its charger and DRA objects */
+    uint64_t relist;       /* DRA objects this stage shows are marked with it */
     struct state st;
     struct map names; /* "ns\x1f" "name" and "ns\x1f" "generateName" of the GPU pods */
     size_t seen;
 };
 
-struct inv_stage *inv_stage_new(void)
+struct inv_stage *inv_stage_new(struct inventory *inv)
 {
-    return calloc(1, sizeof(struct inv_stage));
+    struct inv_stage *stage = calloc(1, sizeof(struct inv_stage));
+    if (!stage)
+        return NULL;
+    stage->inv = inv;
+    pthread_mutex_lock(&inv->dra_lock);
+    stage->relist = ++inv->dra_relist;
+    pthread_mutex_unlock(&inv->dra_lock);
+    return stage;
 }
 
 void inv_stage_free(struct inv_stage *stage)
@@ -393,7 +517,10 @@ static void stage_name(struct inv_stage *stage, const char *ns, const char *name
 void inv_stage_add(struct inv_stage *stage, const json_t *pod)
 {
     stage->seen++;
-    if (!state_add(&stage->st, pod))
+    enum obj_kind k = kind_of(pod);
+    if (k == K_CLAIM || k == K_TEMPLATE)
+        dra_put(stage->inv, pod, stage->relist);
+    if (!state_add(&stage->st, pod, holding(stage->inv, pod)) || k != K_POD)
         return;
     /* Only a pod that holds GPUs can settle a reservation. */
     const char *ns = meta_string(pod, "namespace");
@@ -426,6 +553,7 @@ void inv_stage_commit(struct inventory *inv, struct inv_stage *stage)
         i++;
     }
     pthread_mutex_unlock(&inv->lock);
+    dra_sweep(inv, stage->relist);
     memset(&stage->st, 0, sizeof(stage->st));
     state_clear(&old);
     inv_stage_free(stage);
@@ -433,12 +561,14 @@ void inv_stage_commit(struct inventory *inv, struct inv_stage *stage)
 
 void inv_replace(struct inventory *inv, const json_t *items)
 {
-    struct inv_stage *stage = inv_stage_new();
+    struct inv_stage *stage = inv_stage_new(inv);
     if (!stage)
         return;
     size_t i;
-    json_t *pod;
-    json_array_foreach(items, i, pod) inv_stage_add(stage, pod);
+    json_t *obj;
+    /* Templates first, in whatever order the list holds them: pods' charges read them. */
+    json_array_foreach(items, i, obj) if (kind_of(obj) == K_TEMPLATE) inv_stage_add(stage, obj);
+    json_array_foreach(items, i, obj) if (kind_of(obj) != K_TEMPLATE) inv_stage_add(stage, obj);
     inv_stage_commit(inv, stage);
 }
 

@@ -971,6 +971,32 @@ static int l_usage(lua_State *L)
     return 2;
 }
 
+/* gpuguard.dra(kind, namespace, name): a kept ResourceClaim or ResourceClaimTemplate, or nil. */
+static int l_dra(lua_State *L)
+{
+    const char *kind = luaL_checkstring(L, 1);
+    const char *ns = luaL_checkstring(L, 2);
+    const char *name = luaL_checkstring(L, 3);
+    struct inventory *inv = vm_of(L)->inventory;
+    json_t *obj = inv ? inv_dra_get(inv, kind, ns, name) : NULL;
+    if (!obj) {
+        lua_pushnil(L);
+        return 1;
+    }
+    int top = lua_gettop(L);
+    push_registry(L, &key_object_mt);
+    push_registry(L, &key_array_mt);
+    int bad = push_json(L, obj, 0, top + 1);
+    json_decref(obj); /* before a raise, which would not return here */
+    if (bad) {
+        lua_settop(L, top);
+        return luaL_error(L, "%s %s/%s nests deeper than %d levels", kind, ns, name, LB_MAX_DEPTH);
+    }
+    lua_remove(L, top + 1); /* the two metatables under the value */
+    lua_remove(L, top + 1);
+    return 1;
+}
+
 static int l_print(lua_State *L)
 {
     int n = lua_gettop(L); /* before luaL_buffinit, which may push a placeholder */
@@ -997,6 +1023,7 @@ static void open_gpuguard_module(lua_State *L)
                                      {"format_quantity", l_format_quantity},
                                      {"log", l_log},
                                      {"usage", l_usage},
+                                     {"dra", l_dra}, /* lua/intent.lua's DRA lookups */
                                      {NULL, NULL}};
     luaL_newlib(L, funcs);
     lua_pushlightuserdata(L, (void *)&key_null_marker);

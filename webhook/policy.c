@@ -248,6 +248,15 @@ static enum gg_status build_vm(const struct policy_set *set, struct inventory *i
     return GG_OK;
 }
 
+enum gg_status policy_set_library_vm(const struct policy_set *set, struct inventory *inventory,
+                                     struct lb_vm **out, struct gg_err *err)
+{
+    struct lb_limits limits = {.memory = set->limits.memory,
+                               .instructions = set->limits.instructions,
+                               .load_time_us = set->limits.timeout_us};
+    return lb_vm_new(&limits, set->modules, set->n_modules, set->config, inventory, out, err);
+}
+
 static enum gg_status check_policies(struct policy_set *set, struct gg_err *err)
 {
     struct lb_policy_info *infos = calloc(set->n + 1, sizeof(*infos));
@@ -795,7 +804,7 @@ static void reserve(struct engine *e, const struct adm_request *req, unsigned ph
     if (!e->inventory || !v->allowed || !(phases & PHASE_VALIDATE) || !pod ||
         req->operation != ADM_CREATE || req->dry_run || strcmp(req->kind, "Pod") != 0)
         return;
-    int64_t charge = inv_pod_charge(pod);
+    int64_t charge = inv_charge(e->inventory, pod);
     json_t *meta = json_object_get(pod, "metadata");
     const char *name =
         *req->name ? req->name : json_string_value(json_object_get(meta, "generateName"));
