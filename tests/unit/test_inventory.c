@@ -163,6 +163,75 @@ static void test_snapshot_loading(void **state)
     free_inventory(inv);
 }
 
+static json_t *dra(const char *kind, const char *uid, const char *name, int count,
+                   const char *annotations)
+{
+    char text[1024];
+    snprintf(text, sizeof(text),
+             "{\"apiVersion\":\"resource.k8s.io/v1\",\"kind\":\"%s\",\"metadata\":{\"uid\":"
+             "\"%s\",\"namespace\":\"team-a\",\"name\":\"%s\",\"annotations\":%s,"
+             "\"managedFields\":[{}]},\"spec\":{%s\"devices\":{\"requests\":[{\"name\":\"g\","
+             "\"exactly\":{\"deviceClassName\":\"gpu.nvidia.com\",\"count\":%d}}]}%s},"
+             "\"status\":{\"allocation\":{}}}",
+             kind, uid, name, annotations, strcmp(kind, "ResourceClaim") ? "\"spec\":{" : "", count,
+             strcmp(kind, "ResourceClaim") ? "}" : "");
+    json_t *o = json_loads(text, 0, NULL);
+    if (!o)
+        fail_msg("bad fixture %s", text);
+    return o;
+}
+
+static void test_claims_and_templates(void **state)
+{
+    (void)state;
+    struct inventory *inv = new_inventory();
+    json_t *tmpl = dra("ResourceClaimTemplate", "t1", "two", 2, "{}");
+    json_t *shared = dra("ResourceClaim", "c1", "shared", 3, "{}");
+    json_t *generated =
+        dra("ResourceClaim", "c2", "p-g-x", 2, "{\"resource.kubernetes.io/pod-claim-name\":\"g\"}");
+    json_t *extended = dra("ResourceClaim", "c3", "e", 1,
+                           "{\"resource.kubernetes.io/extended-resource-claim\":\"true\"}");
+    json_t *user = json_loads(
+        "{\"metadata\":{\"uid\":\"p1\",\"namespace\":\"team-a\",\"name\":\"p\"},\"spec\":{"
+        "\"containers\":[{\"name\":\"c\"}],\"resourceClaims\":[{\"name\":\"g\","
+        "\"resourceClaimTemplateName\":\"two\"}]}}",
+        0, NULL);
+    /* The pod first: its template is not known yet, so it counts as one GPU (fail closed). */
+    inv_upsert(inv, user);
+    assert_int_equal(inv_usage(inv, "team-a", NULL), 1000);
+    inv_upsert(inv, tmpl);
+    inv_upsert(inv, user);
+    assert_int_equal(inv_usage(inv, "team-a", NULL), 2000);
+    /* A shared claim is charged on its own; generated and extended-resource claims are not. */
+    inv_upsert(inv, shared);
+    inv_upsert(inv, generated);
+    inv_upsert(inv, extended);
+    assert_int_equal(inv_usage(inv, "team-a", NULL), 5000);
+    assert_int_equal(inv_dra_count(inv), 4);
+    json_t *got = inv_dra_get(inv, "ResourceClaimTemplate", "team-a", "two");
+    assert_non_null(got);
+    assert_null(json_object_get(got, "status"));
+    assert_null(json_object_get(json_object_get(got, "metadata"), "managedFields"));
+    assert_true(json_equal(json_object_get(got, "spec"), json_object_get(tmpl, "spec")));
+    json_decref(got);
+    assert_null(inv_dra_get(inv, "ResourceClaimTemplate", "team-b", "two"));
+    inv_delete(inv, shared);
+    assert_int_equal(inv_usage(inv, "team-a", NULL), 2000);
+    assert_null(inv_dra_get(inv, "ResourceClaim", "team-a", "shared"));
+    /* A relist keeps what it shows and forgets the rest. */
+    json_t *items = json_pack("[OO]", tmpl, user);
+    inv_replace(inv, items);
+    assert_int_equal(inv_dra_count(inv), 1);
+    assert_int_equal(inv_usage(inv, "team-a", NULL), 2000);
+    json_decref(items);
+    json_decref(tmpl);
+    json_decref(shared);
+    json_decref(generated);
+    json_decref(extended);
+    json_decref(user);
+    free_inventory(inv);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -170,6 +239,7 @@ int main(void)
         cmocka_unit_test(test_many_pods_keep_exact_sums),
         cmocka_unit_test(test_reservations_settle_and_expire),
         cmocka_unit_test(test_snapshot_loading),
+        cmocka_unit_test(test_claims_and_templates),
     };
     return cmocka_run_group_tests_name("inventory", tests, NULL, NULL);
 }
