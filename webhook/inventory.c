@@ -9,6 +9,7 @@
  */
 #include "inventory.h"
 
+#include "arena.h"
 #include "quantity.h"
 
 #include <pthread.h>
@@ -31,7 +32,8 @@ struct map {
 
 struct dra_entry {
     json_t *obj;
-    uint64_t seen;
+    uint64_t seen;  /* the relist that last showed it */
+    int64_t charge; /* a claim charged on its own; added to dra_sums */
 };
 
 struct record {
@@ -58,7 +60,10 @@ struct inventory {
     void *charge_ctx;
     pthread_mutex_t dra_lock; /* the DRA objects, apart: charges read them under lock */
     struct map dra;           /* "kind\x1fns\x1fname" -> struct dra_entry */
-    uint64_t dra_relist;      /* the relist that last saw an entry; older ones are gone */
+    struct map dra_sums;      /* ns -> milli-GPU of the claims charged on their own */
+    uint64_t dra_relist;      /* numbers relists; entries keep the last that showed them */
+    inv_fetch_fn fetch;       /* a template not kept yet; NULL: none */
+    void *fetch_ctx;
     struct state st;
     struct reservation *res;
     size_t n_res, cap_res;
@@ -219,6 +224,7 @@ void inv_free(struct inventory *inv)
     clear_reservations(inv);
     free(inv->res);
     dra_clear(&inv->dra);
+    map_clear(&inv->dra_sums, false);
     pthread_mutex_destroy(&inv->lock);
     pthread_mutex_destroy(&inv->dra_lock);
     free(inv);
@@ -347,7 +353,12 @@ static bool state_add(struct state *st, const json_t *obj, int64_t charge)
     return true;
 }
 
-/* ---- DRA objects (ResourceClaims, ResourceClaimTemplates) ---------------- */
+/* ---- DRA objects (ResourceClaims, ResourceClaimTemplates) ----------------
+ *
+ * Apart from the pods, under their own lock: a pod relist never touches them,
+ * and each kind is relisted on its own (inv_dra_relist_begin/end).  A claim
+ * charged on its own adds to the sums of dra_sums.
+ */
 
 static bool dra_key(char *key, size_t size, const char *kind, const char *ns, const char *name)
 {
@@ -375,24 +386,49 @@ static json_t *dra_trim(const json_t *obj)
     return out;
 }
 
-/* Keep (or replace) a claim or template; seen is the relist that shows it. */
-static void dra_put(struct inventory *inv, const json_t *obj, uint64_t seen)
+/* Under dra_lock: drop the entry of a slot, its charge with it. */
+static void dra_drop(struct inventory *inv, struct slot *s)
+{
+    struct dra_entry *d = s->ptr;
+    if (d->charge) {
+        struct slot *sum = map_find(&inv->dra_sums, meta_string(d->obj, "namespace"));
+        if (sum)
+            sum->value -= d->charge;
+    }
+    free_dra_entry(d);
+    map_remove(&inv->dra, s);
+}
+
+/* Keep (or replace) a claim or template that holds charge; seen: the relist showing it. */
+static void dra_put(struct inventory *inv, const json_t *obj, uint64_t seen, int64_t charge)
 {
     char key[1024];
     const char *kind = json_string_value(json_object_get(obj, "kind"));
-    if (!dra_key(key, sizeof(key), kind, meta_string(obj, "namespace"), meta_string(obj, "name")))
+    const char *ns = meta_string(obj, "namespace");
+    if (!dra_key(key, sizeof(key), kind, ns, meta_string(obj, "name")))
         return;
     struct dra_entry *d = malloc(sizeof(*d));
     if (!d)
         return;
-    *d = (struct dra_entry){dra_trim(obj), seen};
+    bool in_request = arena_pause(); /* kept beyond the request that may be running */
+    *d = (struct dra_entry){dra_trim(obj), seen, charge};
+    arena_resume(in_request);
     pthread_mutex_lock(&inv->dra_lock);
     if (!seen)
         d->seen = inv->dra_relist;
-    struct slot *s = map_put(&inv->dra, key);
-    if (s) {
-        free_dra_entry(s->ptr);
+    struct slot *s = map_find(&inv->dra, key);
+    if (s)
+        dra_drop(inv, s);
+    struct slot *sum = charge ? map_put(&inv->dra_sums, ns) : NULL;
+    if (charge && !sum)
+        d->charge = 0; /* out of memory: counted nowhere, so never subtracted */
+    if (sum)
+        sum->value += charge;
+    if ((s = map_put(&inv->dra, key)))
         s->ptr = d;
+    else if (sum) {
+        sum->value -= charge;
+        free_dra_entry(d);
     } else {
         free_dra_entry(d);
     }
@@ -407,30 +443,50 @@ static void dra_remove(struct inventory *inv, const json_t *obj)
         return;
     pthread_mutex_lock(&inv->dra_lock);
     struct slot *s = map_find(&inv->dra, key);
-    if (s) {
-        free_dra_entry(s->ptr);
-        map_remove(&inv->dra, s);
-    }
+    if (s)
+        dra_drop(inv, s);
     pthread_mutex_unlock(&inv->dra_lock);
 }
 
-/* Forget the objects that the relist numbered relist did not show. */
-static void dra_sweep(struct inventory *inv, uint64_t relist)
+uint64_t inv_dra_relist_begin(struct inventory *inv)
 {
     pthread_mutex_lock(&inv->dra_lock);
-    for (size_t i = 0; i < inv->dra.cap;) {
-        struct slot *s = &inv->dra.slots[i];
-        if (s->key && ((struct dra_entry *)s->ptr)->seen < relist) {
-            free_dra_entry(s->ptr);
-            map_remove(&inv->dra, s); /* may move a later entry here: look at i again */
-            continue;
-        }
-        i++;
+    uint64_t relist = ++inv->dra_relist;
+    pthread_mutex_unlock(&inv->dra_lock);
+    return relist;
+}
+
+void inv_dra_add(struct inventory *inv, const json_t *obj, uint64_t relist)
+{
+    enum obj_kind k = kind_of(obj);
+    if (k == K_CLAIM || k == K_TEMPLATE)
+        dra_put(inv, obj, relist, holding(inv, obj));
+}
+
+void inv_dra_relist_end(struct inventory *inv, const char *kind, uint64_t relist)
+{
+    size_t n = strlen(kind ? kind : "");
+    pthread_mutex_lock(&inv->dra_lock);
+    /* The keys first, then the removals: a removal moves entries around the table. */
+    char **doomed = calloc(inv->dra.used + 1, sizeof(*doomed));
+    size_t count = 0;
+    for (size_t i = 0; doomed && i < inv->dra.cap; i++) {
+        const struct slot *s = &inv->dra.slots[i];
+        if (s->key && ((struct dra_entry *)s->ptr)->seen < relist &&
+            (!kind || (strncmp(s->key, kind, n) == 0 && s->key[n] == '\x1f')))
+            doomed[count++] = s->key;
     }
+    for (size_t i = 0; i < count; i++) {
+        struct slot *s = map_find(&inv->dra, doomed[i]);
+        if (s)
+            dra_drop(inv, s);
+    }
+    free(doomed);
     pthread_mutex_unlock(&inv->dra_lock);
 }
 
-json_t *inv_dra_get(struct inventory *inv, const char *kind, const char *ns, const char *name)
+json_t *inv_dra_get(struct inventory *inv, const char *kind, const char *ns, const char *name,
+                    struct gg_err *err)
 {
     char key[1024];
     if (!dra_key(key, sizeof(key), kind, ns, name))
@@ -438,8 +494,27 @@ json_t *inv_dra_get(struct inventory *inv, const char *kind, const char *ns, con
     pthread_mutex_lock(&inv->dra_lock);
     struct slot *s = map_find(&inv->dra, key);
     json_t *copy = s ? json_deep_copy(((struct dra_entry *)s->ptr)->obj) : NULL;
+    inv_fetch_fn fetch = inv->fetch;
+    void *ctx = inv->fetch_ctx;
     pthread_mutex_unlock(&inv->dra_lock);
-    return copy;
+    if (copy || !fetch || strcmp(kind, "ResourceClaimTemplate") != 0)
+        return copy;
+    /* A template applied with its pod may not have reached the watch yet: ask for it (outside
+     * the request's arena: the answer is kept, and handed back to a caller who frees it). */
+    bool in_request = arena_pause();
+    json_t *got = fetch(ctx, kind, ns, name, err);
+    if (got)
+        inv_upsert(inv, got);
+    arena_resume(in_request);
+    return got;
+}
+
+void inv_set_fetcher(struct inventory *inv, inv_fetch_fn fn, void *ctx)
+{
+    pthread_mutex_lock(&inv->dra_lock);
+    inv->fetch = fn;
+    inv->fetch_ctx = ctx;
+    pthread_mutex_unlock(&inv->dra_lock);
 }
 
 size_t inv_dra_count(struct inventory *inv)
@@ -450,27 +525,39 @@ size_t inv_dra_count(struct inventory *inv)
     return n;
 }
 
+static int64_t dra_usage(struct inventory *inv, const char *ns)
+{
+    pthread_mutex_lock(&inv->dra_lock);
+    struct slot *s = map_find(&inv->dra_sums, ns);
+    int64_t used = s ? s->value : 0;
+    pthread_mutex_unlock(&inv->dra_lock);
+    return used;
+}
+
 void inv_upsert(struct inventory *inv, const json_t *obj)
 {
     enum obj_kind k = kind_of(obj);
     if (k == K_OTHER)
         return;
-    if (k != K_POD)
-        dra_put(inv, obj, 0);
-    if (k == K_TEMPLATE || !*meta_string(obj, "uid"))
+    if (k != K_POD) {
+        dra_put(inv, obj, 0, holding(inv, obj));
+        return;
+    }
+    if (!*meta_string(obj, "uid"))
         return;
     int64_t charge = holding(inv, obj);
     pthread_mutex_lock(&inv->lock);
-    if (k == K_POD)
-        settle_reservation(inv, meta_string(obj, "namespace"), meta_string(obj, "name"));
+    settle_reservation(inv, meta_string(obj, "namespace"), meta_string(obj, "name"));
     state_add(&inv->st, obj, charge);
     pthread_mutex_unlock(&inv->lock);
 }
 
 void inv_delete(struct inventory *inv, const json_t *obj)
 {
-    if (kind_of(obj) != K_POD)
+    if (kind_of(obj) != K_POD) {
         dra_remove(inv, obj);
+        return;
+    }
     pthread_mutex_lock(&inv->lock);
     state_remove(&inv->st, meta_string(obj, "uid"));
     pthread_mutex_unlock(&inv->lock);
@@ -479,8 +566,7 @@ void inv_delete(struct inventory *inv, const json_t *obj)
 /* ---- relists: a new state built aside, then swapped in ------------------- */
 
 struct inv_stage {
-    struct inventory *inv; /* its charger and DRA objects */
-    uint64_t relist;       /* DRA objects this stage shows are marked with it */
+    struct inventory *inv; /* its charger */
     struct state st;
     struct map names; /* "ns\x1f" "name" and "ns\x1f" "generateName" of the GPU pods */
     size_t seen;
@@ -492,9 +578,6 @@ struct inv_stage *inv_stage_new(struct inventory *inv)
     if (!stage)
         return NULL;
     stage->inv = inv;
-    pthread_mutex_lock(&inv->dra_lock);
-    stage->relist = ++inv->dra_relist;
-    pthread_mutex_unlock(&inv->dra_lock);
     return stage;
 }
 
@@ -517,10 +600,7 @@ static void stage_name(struct inv_stage *stage, const char *ns, const char *name
 void inv_stage_add(struct inv_stage *stage, const json_t *pod)
 {
     stage->seen++;
-    enum obj_kind k = kind_of(pod);
-    if (k == K_CLAIM || k == K_TEMPLATE)
-        dra_put(stage->inv, pod, stage->relist);
-    if (!state_add(&stage->st, pod, holding(stage->inv, pod)) || k != K_POD)
+    if (kind_of(pod) != K_POD || !state_add(&stage->st, pod, holding(stage->inv, pod)))
         return;
     /* Only a pod that holds GPUs can settle a reservation. */
     const char *ns = meta_string(pod, "namespace");
@@ -553,7 +633,6 @@ void inv_stage_commit(struct inventory *inv, struct inv_stage *stage)
         i++;
     }
     pthread_mutex_unlock(&inv->lock);
-    dra_sweep(inv, stage->relist);
     memset(&stage->st, 0, sizeof(stage->st));
     state_clear(&old);
     inv_stage_free(stage);
@@ -564,12 +643,16 @@ void inv_replace(struct inventory *inv, const json_t *items)
     struct inv_stage *stage = inv_stage_new(inv);
     if (!stage)
         return;
+    uint64_t relist = inv_dra_relist_begin(inv);
     size_t i;
     json_t *obj;
-    /* Templates first, in whatever order the list holds them: pods' charges read them. */
-    json_array_foreach(items, i, obj) if (kind_of(obj) == K_TEMPLATE) inv_stage_add(stage, obj);
-    json_array_foreach(items, i, obj) if (kind_of(obj) != K_TEMPLATE) inv_stage_add(stage, obj);
+    /* Templates first, in whatever order the list holds them: claims' and pods' charges read
+     * them. */
+    json_array_foreach(items, i, obj) if (kind_of(obj) == K_TEMPLATE) inv_dra_add(inv, obj, relist);
+    json_array_foreach(items, i, obj) if (kind_of(obj) == K_CLAIM) inv_dra_add(inv, obj, relist);
+    json_array_foreach(items, i, obj) inv_stage_add(stage, obj);
     inv_stage_commit(inv, stage);
+    inv_dra_relist_end(inv, NULL, relist);
 }
 
 void inv_reserve(struct inventory *inv, const char *ns, const char *name, const char *cls,
@@ -614,7 +697,7 @@ int64_t inv_usage(struct inventory *inv, const char *ns, const char *cls)
         i++;
     }
     pthread_mutex_unlock(&inv->lock);
-    return used;
+    return cls && *cls ? used : used + dra_usage(inv, ns); /* claims have no class */
 }
 
 size_t inv_pod_count(struct inventory *inv)
@@ -637,25 +720,41 @@ static int by_namespace(const void *a, const void *b)
     return strcmp(((const struct inv_ns_usage *)a)->ns, ((const struct inv_ns_usage *)b)->ns);
 }
 
+/* Add the per-namespace sums of from (keys without a class) into to. */
+static void merge_sums(struct map *to, const struct map *from)
+{
+    for (size_t i = 0; i < from->cap; i++) {
+        const struct slot *s = &from->slots[i];
+        struct slot *t = s->key && !strchr(s->key, '\x1f') ? map_put(to, s->key) : NULL;
+        if (t)
+            t->value += s->value;
+    }
+}
+
 size_t inv_usage_by_namespace(struct inventory *inv, struct inv_ns_usage **out)
 {
     *out = NULL;
+    struct map all = {0};
     pthread_mutex_lock(&inv->lock);
+    merge_sums(&all, &inv->st.sums);
+    pthread_mutex_unlock(&inv->lock);
+    pthread_mutex_lock(&inv->dra_lock);
+    merge_sums(&all, &inv->dra_sums);
+    pthread_mutex_unlock(&inv->dra_lock);
     size_t n = 0, text = 0;
-    for (size_t i = 0; i < inv->st.sums.cap; i++) {
-        const char *key = inv->st.sums.slots[i].key;
-        if (key && !strchr(key, '\x1f')) {
+    for (size_t i = 0; i < all.cap; i++) {
+        if (all.slots[i].key) {
             n++;
-            text += strlen(key) + 1;
+            text += strlen(all.slots[i].key) + 1;
         }
     }
     struct inv_ns_usage *list = n ? malloc(n * sizeof(*list) + text) : NULL;
     if (list) {
         char *p = (char *)(list + n);
         size_t k = 0;
-        for (size_t i = 0; i < inv->st.sums.cap; i++) {
-            const struct slot *s = &inv->st.sums.slots[i];
-            if (!s->key || strchr(s->key, '\x1f'))
+        for (size_t i = 0; i < all.cap; i++) {
+            const struct slot *s = &all.slots[i];
+            if (!s->key)
                 continue;
             size_t len = strlen(s->key) + 1;
             memcpy(p, s->key, len);
@@ -663,7 +762,7 @@ size_t inv_usage_by_namespace(struct inventory *inv, struct inv_ns_usage **out)
             p += len;
         }
     }
-    pthread_mutex_unlock(&inv->lock);
+    map_clear(&all, false);
     if (!list)
         return 0;
     qsort(list, n, sizeof(*list), by_namespace);

@@ -52,10 +52,34 @@ int64_t inv_charge(struct inventory *inv, const json_t *obj);
 void inv_upsert(struct inventory *inv, const json_t *obj);
 void inv_delete(struct inventory *inv, const json_t *obj);
 
-/* A copy of the kept ResourceClaim or ResourceClaimTemplate (kind), or NULL. */
-json_t *inv_dra_get(struct inventory *inv, const char *kind, const char *ns, const char *name);
+/*
+ * A copy of the kept ResourceClaim or ResourceClaimTemplate (kind), or NULL.
+ * A template not kept yet is asked of the fetcher, when one is set, and kept
+ * when it exists (the API server's answer, not a guess); when the fetcher
+ * could not tell, err (may be NULL) says why.
+ */
+json_t *inv_dra_get(struct inventory *inv, const char *kind, const char *ns, const char *name,
+                    struct gg_err *err);
 /* Claims and templates kept. */
 size_t inv_dra_count(struct inventory *inv);
+
+/*
+ * The object kind/ns/name from the API server (a new reference); NULL when it
+ * has none, or with err set when that could not be known.
+ */
+typedef json_t *(*inv_fetch_fn)(void *ctx, const char *kind, const char *ns, const char *name,
+                                struct gg_err *err);
+void inv_set_fetcher(struct inventory *inv, inv_fetch_fn fn, void *ctx);
+
+/*
+ * A relist of claims or templates, apart from the pods': number it with
+ * inv_dra_relist_begin, inv_dra_add every object listed, then
+ * inv_dra_relist_end forgets the objects of kind ("ResourceClaim",
+ * "ResourceClaimTemplate"; NULL: both) that it did not show.
+ */
+uint64_t inv_dra_relist_begin(struct inventory *inv);
+void inv_dra_add(struct inventory *inv, const json_t *obj, uint64_t relist);
+void inv_dra_relist_end(struct inventory *inv, const char *kind, uint64_t relist);
 /*
  * Replace everything with the objects of a List's items (a relist), in any
  * order: the new state is built with no lock held, then swapped in at once.
@@ -71,12 +95,12 @@ void inv_replace(struct inventory *inv, const json_t *items);
  * the stage holds (same namespace and name, or generateName).
  */
 struct inv_stage;
-/* A stage for inv: charged by inv's charger; it adds claims and templates to inv at once and
- * its commit forgets those the relist did not show (so list them before the pods). */
+/* A stage of pods for inv, charged by inv's charger (other kinds are ignored: see
+ * inv_dra_relist_begin). */
 struct inv_stage *inv_stage_new(struct inventory *inv);
 void inv_stage_free(struct inv_stage *stage);
 void inv_stage_add(struct inv_stage *stage, const json_t *pod);
-/* Pods (and claims) that hold GPUs in the stage so far. */
+/* Pods that hold GPUs in the stage so far. */
 size_t inv_stage_pods(const struct inv_stage *stage);
 void inv_stage_commit(struct inventory *inv, struct inv_stage *stage);
 

@@ -971,17 +971,25 @@ static int l_usage(lua_State *L)
     return 2;
 }
 
-/* gpuguard.dra(kind, namespace, name): a kept ResourceClaim or ResourceClaimTemplate, or nil. */
+/*
+ * gpuguard.dra(kind, namespace, name): a kept ResourceClaim or
+ * ResourceClaimTemplate; nil when there is none; nil and a message when
+ * whether there is one could not be known.
+ */
 static int l_dra(lua_State *L)
 {
     const char *kind = luaL_checkstring(L, 1);
     const char *ns = luaL_checkstring(L, 2);
     const char *name = luaL_checkstring(L, 3);
     struct inventory *inv = vm_of(L)->inventory;
-    json_t *obj = inv ? inv_dra_get(inv, kind, ns, name) : NULL;
+    struct gg_err err = {{0}};
+    json_t *obj = inv ? inv_dra_get(inv, kind, ns, name, &err) : NULL;
     if (!obj) {
         lua_pushnil(L);
-        return 1;
+        if (!err.msg[0])
+            return 1;
+        lua_pushstring(L, err.msg);
+        return 2;
     }
     int top = lua_gettop(L);
     push_registry(L, &key_object_mt);
