@@ -159,3 +159,49 @@ def test_a_charge_annotation_cannot_free_quota(dra):
     ok, msg, _, _ = admission(server, new_pod())
     assert not ok and msg == ("gpu-quota: namespace team-q would use 3 of 2 GPUs (in use 2, "
                               "this pod 1); ask for fewer GPUs or free GPUs"), msg
+
+
+def review_claim(server, obj, dry_run=True):
+    """The validating call for a claim or template CREATE: (allowed, message)."""
+    conn = server.connect(timeout=10)
+    plural = obj["kind"].lower() + "s"
+    version = obj["apiVersion"].split("/")[1]
+    req = {"uid": "3f0a6e6c-0000-4000-8000-000000000001",
+           "kind": {"group": "resource.k8s.io", "version": version, "kind": obj["kind"]},
+           "resource": {"group": "resource.k8s.io", "version": version, "resource": plural},
+           "namespace": obj["metadata"]["namespace"], "name": obj["metadata"]["name"],
+           "operation": "CREATE",
+           "userInfo": {"username": "alice", "groups": ["system:authenticated"]},
+           "object": obj, "oldObject": None, "dryRun": dry_run}
+    status, _, got = conn.review({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                                  "request": req}, path="/validate")
+    conn.close()
+    assert status == 200, got
+    return got["response"]["allowed"], got["response"].get("status", {}).get("message")
+
+
+def test_claims_and_templates_are_checked_at_creation(dra):
+    f, server = dra(lambda f: f.add_object(claim("held", 1)))
+    assert ready_with(server, 0)
+    assert wait_for(lambda: usage(server) == "1.000")
+    assert review_claim(server, template("one")) == (True, None)
+    assert review_claim(server, claim("one-more", 1)) == (True, None)  # 1 + 1: the quota
+    assert review_claim(server, claim("two-more", 2)) == (
+        False, "gpu-claims: namespace team-q would use 3 of 2 GPUs (in use 1, this claim 2); "
+               "ask for fewer GPUs or free GPUs")
+    every = template("every")
+    every["spec"]["spec"]["devices"]["requests"][0]["exactly"] = {
+        "deviceClassName": "gpu.nvidia.com", "allocationMode": "All"}
+    assert review_claim(server, every) == (
+        False, "gpu-claims: ResourceClaimTemplate every request gpus asks for every device of "
+               "class gpu.nvidia.com (allocationMode: All); ask for a count of devices instead")
+    assert review_claim(server, template("nine", 9)) == (
+        False, "gpu-claims: the template asks for 9 GPUs, more than the 8 allowed per pod; ask "
+               "for fewer devices")
+    # Generated from an admitted pod's template: charged with the pod, never denied here.
+    generated = claim("p-gpus-x7k2p", 9, annotations={"resource.kubernetes.io/pod-claim-name": "gpus"})
+    assert review_claim(server, generated) == (True, None)
+    # Devices that are not GPUs are not gpuguard's business.
+    nic = claim("nic", 64)
+    nic["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = "rdma.example.com"
+    assert review_claim(server, nic) == (True, None)
