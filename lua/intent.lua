@@ -366,7 +366,7 @@ end
 local function host_lookup(kind, namespace, name)
     local f = gg.dra
     if f then
-        return f(kind, namespace, name)
+        return f(kind, namespace, name) -- the object; or nil, and why when unknown
     end
     return nil
 end
@@ -388,8 +388,11 @@ local function pod_dra(pod, spec, cfg, pool, lookup, namespace)
         local tname = type(ref) == "table" and ref.resourceClaimTemplateName
         local cname = type(ref) == "table" and ref.resourceClaimName
         if type(tname) == "string" then
-            local t = lookup("ResourceClaimTemplate", ns, tname)
-            if not t then
+            local t, why = lookup("ResourceClaimTemplate", ns, tname)
+            if not t and why then
+                return nil, string.format("resourceClaims %s: ResourceClaimTemplate %s/%s could not be read (%s); "
+                    .. "try again", tostring(ref.name), ns, tname, why)
+            elseif not t then
                 return nil, string.format("resourceClaims %s names ResourceClaimTemplate %s/%s, which does not "
                     .. "exist; create it first", tostring(ref.name), ns, tname)
             end
