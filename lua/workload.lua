@@ -19,7 +19,6 @@ Must not: keep state, or change the pod.
 ]]
 
 local k8s = require "k8s"
-local gpu = require "gpu"
 local quota = require "quota"
 local intent = require "intent"
 local gg = require "gpuguard"

@@ -10,7 +10,8 @@ names, and records on the pod:
 
   gpuguard.io/decision  what was chosen and why, for people
   gpuguard.io/pool      the pool (20-gpu-placement adds its selector and tolerations)
-  gpuguard.io/charge    the pod's charge in milli-GPU (40-gpu-quota and the inventory)
+  gpuguard.io/charge    the pod's charge in milli-GPU, for people; intent.charge reads it only
+                        for the share of a time-sliced replica, which resources cannot say
 
 A pod already written in a backend's own dialect (DRA claims, KAI annotations, HAMi or Volcano
 vGPU resources; see intent.lua) is passed through: charged, checked and given the pool that
