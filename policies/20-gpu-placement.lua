@@ -19,8 +19,9 @@ local gg = require "gpuguard"
 local k8s = require "k8s"
 local fleet = require "fleet"
 local workload = require "workload"
+local intent = require "intent"
 
-local POOL = "gpuguard.io/pool"
+local POOL = intent.POOL
 local CHECKPOINTABLE = "gpuguard.io/checkpointable"
 
 -- The toleration of each configured taint, made once per VM: add_toleration only reads it.

@@ -456,11 +456,21 @@ uint64_t inv_dra_relist_begin(struct inventory *inv)
     return relist;
 }
 
+/* A claim the API server shows settles the reservation made when it was admitted. */
+static void settle_claim(struct inventory *inv, const json_t *claim)
+{
+    pthread_mutex_lock(&inv->lock);
+    settle_reservation(inv, meta_string(claim, "namespace"), meta_string(claim, "name"));
+    pthread_mutex_unlock(&inv->lock);
+}
+
 void inv_dra_add(struct inventory *inv, const json_t *obj, uint64_t relist)
 {
     enum obj_kind k = kind_of(obj);
     if (k == K_CLAIM || k == K_TEMPLATE)
         dra_put(inv, obj, relist, holding(inv, obj));
+    if (k == K_CLAIM)
+        settle_claim(inv, obj);
 }
 
 void inv_dra_relist_end(struct inventory *inv, const char *kind, uint64_t relist)
@@ -541,6 +551,8 @@ void inv_upsert(struct inventory *inv, const json_t *obj)
         return;
     if (k != K_POD) {
         dra_put(inv, obj, 0, holding(inv, obj));
+        if (k == K_CLAIM)
+            settle_claim(inv, obj);
         return;
     }
     if (!*meta_string(obj, "uid"))

@@ -105,8 +105,8 @@ size_t inv_stage_pods(const struct inv_stage *stage);
 void inv_stage_commit(struct inventory *inv, struct inv_stage *stage);
 
 /*
- * Count a pod this replica just admitted until a pod with that namespace
- * and name (or generateName prefix) is seen, or ttl_ms passes.
+ * Count a pod (or ResourceClaim) this replica just admitted until one with
+ * that namespace and name (or generateName prefix) is seen, or ttl_ms passes.
  */
 void inv_reserve(struct inventory *inv, const char *ns, const char *name, const char *cls,
                  int64_t charge, int64_t ttl_ms);

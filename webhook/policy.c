@@ -796,13 +796,14 @@ static void audit_summary(struct gather *g, const struct policy_verdict *out)
         json_object_set_new(g->audit, "policies", json_string(list));
 }
 
-/* An admitted GPU pod counts against its namespace at once (see inventory.h). */
+/* An admitted GPU pod or DRA claim counts against its namespace at once (see inventory.h). */
 static void reserve(struct engine *e, const struct adm_request *req, unsigned phases,
                     const struct policy_verdict *v)
 {
     const json_t *pod = v->mutated ? v->mutated : req->object;
     if (!e->inventory || !v->allowed || !(phases & PHASE_VALIDATE) || !pod ||
-        req->operation != ADM_CREATE || req->dry_run || strcmp(req->kind, "Pod") != 0)
+        req->operation != ADM_CREATE || req->dry_run ||
+        (strcmp(req->kind, "Pod") != 0 && strcmp(req->kind, "ResourceClaim") != 0))
         return;
     int64_t charge = inv_charge(e->inventory, pod);
     json_t *meta = json_object_get(pod, "metadata");

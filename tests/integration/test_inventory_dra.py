@@ -205,3 +205,18 @@ def test_claims_and_templates_are_checked_at_creation(dra):
     nic = claim("nic", 64)
     nic["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = "rdma.example.com"
     assert review_claim(server, nic) == (True, None)
+
+
+def test_an_admitted_claim_counts_until_the_watch_shows_it(dra):
+    f, server = dra(lambda f: None)
+    assert ready_with(server, 0)
+    # Admitted for real (not a dry run): it counts at once, before the API server stores it.
+    assert review_claim(server, claim("first", 1), dry_run=False) == (True, None)
+    assert review_claim(server, claim("second", 2), dry_run=False) == (
+        False, "gpu-claims: namespace team-q would use 3 of 2 GPUs (in use 1, this claim 2); "
+               "ask for fewer GPUs or free GPUs")
+    # The watch shows it: the reservation gives way to the claim itself, counted once.
+    f.add_object(claim("first", 1))
+    assert wait_for(lambda: usage(server) == "1.000")
+    assert review_claim(server, claim("third", 1), dry_run=True) == (True, None)
+    assert review_claim(server, claim("fourth", 2), dry_run=True)[0] is False
