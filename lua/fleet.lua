@@ -8,11 +8,15 @@ Configuration keys (see deploy/gpuguard.yaml for a complete example):
   pools:                         # GPU node pools, in order of preference
     - name: a100-mig             # DNS label, unique
       model: A100-80GB           # a gpu.lua model name or alias (or one from gpu_models)
-      sharing: mig               # exclusive | mig | mps | time-slicing | hami | kai
+      sharing: mig               # exclusive | mig | mps | time-slicing | hami | kai; or dra,
+                                 #   volcano: only pods already written for them
       mig_strategy: mixed        # mig only: mixed (default) | single
       replicas: 4                # mps / time-slicing: replicas per GPU (default 1)
       shared_resource: nvidia.com/gpu.shared   # mps / time-slicing (default nvidia.com/gpu)
       mps_env: true              # mps only: set CUDA_MPS_* from the fraction and memory
+      scheduler_name: kai-scheduler  # pods written for this scheduler (KAI annotations, HAMi or
+                                 #   Volcano vGPU resources) run here (kai, hami: their default)
+      device_classes: [gpu.nvidia.com]  # DRA pods whose claims use these classes run here
       node_selector: {gpuguard.io/pool: a100-mig}
       taints: [{key: nvidia.com/gpu, value: a100-mig, effect: NoSchedule}]
   classes:                       # workload class -> sharing modes it may use, preferred first
@@ -30,6 +34,9 @@ local gpu = require "gpu"
 local M = {}
 
 M.MODES = { "exclusive", "mig", "mps", "time-slicing", "hami", "kai" }
+-- Pools that only run pods already written for them (DRA claims, Volcano vGPU): no class picks
+-- them, a pod's own dialect does (intent.lua).
+M.PASS_THROUGH = { dra = true, volcano = true }
 
 local function is_mode(s)
     for _, m in ipairs(M.MODES) do
@@ -96,8 +103,11 @@ local function check_pool(p, i, catalog, seen)
     if not model then
         fail("%s.model: %s", at, msg)
     end
-    if not is_mode(p.sharing) then
-        fail("%s.sharing: must be one of %s", at, table.concat(M.MODES, ", "))
+    if not is_mode(p.sharing) and not M.PASS_THROUGH[p.sharing] then
+        fail("%s.sharing: must be one of %s, dra, volcano", at, table.concat(M.MODES, ", "))
+    end
+    if p.sharing == "dra" and p.device_classes == nil then
+        fail("%s.device_classes: a dra pool must list the DRA device classes it runs", at)
     end
     if p.sharing == "mig" then
         if not model.mig then
@@ -118,6 +128,19 @@ local function check_pool(p, i, catalog, seen)
     end
     if p.shared_resource ~= nil and type(p.shared_resource) ~= "string" then
         fail("%s.shared_resource: must be a resource name such as nvidia.com/gpu.shared", at)
+    end
+    if p.scheduler_name ~= nil and not is_dns_label(p.scheduler_name) then
+        fail("%s.scheduler_name: must be a scheduler name such as kai-scheduler", at)
+    end
+    if p.device_classes ~= nil then
+        if type(p.device_classes) ~= "table" or not gg.is_array(p.device_classes) then
+            fail("%s.device_classes: must be a list of DRA device class names", at)
+        end
+        for j, c in ipairs(p.device_classes) do
+            if type(c) ~= "string" or c == "" or #c > 253 then
+                fail("%s.device_classes[%d]: must be a device class name such as gpu.nvidia.com", at, j)
+            end
+        end
     end
     check_string_map(p.node_selector, at .. ".node_selector")
     check_taints(p.taints, at .. ".taints")

@@ -194,6 +194,10 @@ local function check_ctx(lvl, ctx)
         fail(lvl + 1, "pod_charge", "ctx.fraction_milli must be an integer from 0 to 1000, "
              .. "got %s", what(ctx.fraction_milli))
     end
+    if ctx.memory_mib ~= nil and (math.type(ctx.memory_mib) ~= "integer" or ctx.memory_mib < 1) then
+        fail(lvl + 1, "pod_charge", "ctx.memory_mib must be a positive integer, got %s",
+             what(ctx.memory_mib))
+    end
     if ctx.fraction_devices ~= nil and (math.type(ctx.fraction_devices) ~= "integer"
         or ctx.fraction_devices < 1) then
         fail(lvl + 1, "pod_charge", "ctx.fraction_devices must be a positive integer, got %s",
@@ -221,17 +225,26 @@ local function ctx_model(ctx, state, needed_for)
     return m
 end
 
+-- The GPU memory (MiB) a memory request is a share of: ctx.memory_mib, else the model's.
+local function memory_mib(ctx, state, needed_for)
+    if ctx.memory_mib then
+        return ctx.memory_mib
+    end
+    local m, err = ctx_model(ctx, state, needed_for)
+    return m and m.memory_mib, err
+end
+
 -- Per GPU share (milli) of a memory/cores request of a HAMi or Volcano vGPU: the larger of
 -- the memory share (MiB of the model's memory, or a percentage; the whole memory when neither
 -- is given, as both backends default) and the cores percentage; at most 1000.
 local function vgpu_share(ctx, state, who, mem_item, pct_item, cores_item)
     local share = 1000
     if mem_item then
-        local m, err = ctx_model(ctx, state, who .. " " .. mem_item.resource)
-        if not m then
+        local mib, err = memory_mib(ctx, state, who .. " " .. mem_item.resource)
+        if not mib then
             return nil, err
         end
-        share = ceil_div(mem_item.count * 1000, m.memory_mib)
+        share = ceil_div(mem_item.count * 1000, mib)
     elseif pct_item then
         if pct_item.count > 100 then
             return nil, string.format("%s %s = %d must be a percentage from 0 to 100", who,
@@ -295,11 +308,11 @@ local function container_lines(c, ctx, state)
     end
     if by["volcano.sh/gpu-memory"] then
         local it = by["volcano.sh/gpu-memory"]
-        local m, err = ctx_model(ctx, state, who .. " " .. it.resource)
-        if not m then
+        local mib, err = memory_mib(ctx, state, who .. " " .. it.resource)
+        if not mib then
             return nil, err
         end
-        add(it, 1, math.min(1000, ceil_div(it.count * 1000, m.memory_mib)), "Volcano gpushare")
+        add(it, 1, math.min(1000, ceil_div(it.count * 1000, mib)), "Volcano gpushare")
     end
 
     for _, it in ipairs(items) do
@@ -369,7 +382,8 @@ end
 ---                                   ceil(1000 * ctx.replica_milli / 1000)
 ---   nvidia.com/mig-<p>.shared       a replica of the MIG device: ceil(charge(p) / replicas)
 ---   HAMi gpumem/-percentage/cores   per GPU max(memory share, cores share), memory share =
----                                   ceil(MiB * 1000 / model MiB) (all of it when not given);
+---                                   ceil(MiB * 1000 / GPU MiB) (all of it when not given;
+---                                   GPU MiB is ctx.memory_mib, else the model's);
 ---                                   times nvidia.com/gpu (default 1).  Volcano vgpu-* alike.
 ---   ctx.fraction_milli              a fraction annotation (KAI style), times
 ---                                   ctx.fraction_devices (default 1), charged to the pod

@@ -20,8 +20,8 @@ Must not: keep state, or change the pod.
 ]]
 
 local k8s = require "k8s"
-local gpu = require "gpu"
 local quota = require "quota"
+local intent = require "intent"
 local gg = require "gpuguard"
 
 local M = {}
@@ -44,8 +44,8 @@ end
 
 M.CLASS_LABEL = "gpuguard.io/workload-class"
 M.SHARING_ANNOTATION = "gpuguard.io/sharing"
-M.FRACTION = "gpuguard.io/gpu-fraction"
-M.MEMORY = "gpuguard.io/gpu-memory"
+M.FRACTION = intent.FRACTION
+M.MEMORY = intent.MEMORY
 
 --[[
 What a workload is, from what its operator puts on the pods it creates: the first row with a
@@ -472,18 +472,19 @@ function M.intent(pod)
     return out, msg
 end
 
---- True when the pod asks for a GPU in any way gpuguard or a device plugin understands (a
---- malformed request counts as asking).
-function M.wants_gpu(pod)
+--- True when the pod asks for a GPU in any way gpuguard or a device plugin understands, in any
+--- dialect of intent.lua (a malformed request counts as asking).  cfg and namespace (the
+--- request's) let it read DRA claims; the first answer of a request is kept.
+function M.wants_gpu(pod, cfg, namespace)
     local m = memo[pod] or memo_of(pod)
     if m.wants_gpu == nil then
-        m.wants_gpu = M.compute_wants_gpu(pod)
+        m.wants_gpu = M.compute_wants_gpu(pod, cfg, namespace)
     end
     return m.wants_gpu
 end
 
 --- M.wants_gpu without the per-request memory.
-function M.compute_wants_gpu(pod)
+function M.compute_wants_gpu(pod, cfg, namespace)
     local spec = k8s.pod_spec(pod)
     if not spec then
         return false
@@ -492,13 +493,7 @@ function M.compute_wants_gpu(pod)
     if wanted == nil or #wanted > 0 then
         return true
     end
-    for c in k8s.containers(spec) do
-        local ok, got = pcall(gpu.requested, c)
-        if not ok or #got > 0 then
-            return true
-        end
-    end
-    return false
+    return intent.wants_gpu(pod, cfg or NONE, namespace)
 end
 
 return M

@@ -10,7 +10,12 @@ the containers into the backend's own resource names, and records on the pod:
 
   gpuguard.io/decision  what was chosen and why, for people
   gpuguard.io/pool      the pool (20-gpu-placement adds its selector and tolerations)
-  gpuguard.io/charge    the pod's charge in milli-GPU (40-gpu-quota and the inventory)
+  gpuguard.io/charge    the pod's charge in milli-GPU, for people; intent.charge reads it only
+                        for the share of a time-sliced replica, which resources cannot say
+
+A pod already written in a backend's own dialect (DRA claims, KAI annotations, HAMi or Volcano
+vGPU resources; see intent.lua) is passed through: charged, checked and given the pool that
+runs that dialect (a pool's device_classes or scheduler_name), with its scheduler name set.
 
 Backends:
   exclusive     nvidia.com/gpu: N whole GPUs (a fraction above 1 rounds up, or is denied)
@@ -35,10 +40,11 @@ local gpu = require "gpu"
 local quota = require "quota"
 local fleet = require "fleet"
 local workload = require "workload"
+local intent = require "intent"
 
-local DECISION = "gpuguard.io/decision"
-local POOL = "gpuguard.io/pool"
-local CHARGE = "gpuguard.io/charge"
+local DECISION = intent.DECISION
+local POOL = intent.POOL
+local CHARGE = intent.CHARGE
 local MIB_MILLI = 1024 * 1024 * 1000
 local OWN = { DECISION, POOL, CHARGE } -- the annotations this policy owns
 
@@ -199,9 +205,58 @@ function backends.kai(e, pool, model, _, _, pod)
     return { charge = share, detail = string.format("%s of %s through KAI", quota.format_gpus(share), model.name) }
 end
 
+-- A pod written in a backend's own dialect keeps it: checked, charged and given the pool that
+-- runs that dialect (20-gpu-placement adds its selector and tolerations), never rewritten.
+local function pass_through(req, pod, cfg, dialect)
+    local opts = { namespace = req.namespace }
+    local total, breakdown, classes = intent.charge(pod, cfg, opts)
+    if not total then
+        req:deny(breakdown)
+        return
+    end
+    if dialect == "dra" and #classes == 0 and not classes.shared_claim then
+        return -- claims for devices that are not GPUs
+    end
+    local pool, msg = intent.serving_pool(cfg, dialect, classes)
+    if not pool then
+        req:deny(msg)
+        return
+    end
+    local scheduler = dialect ~= "dra" and intent.pool_scheduler(pool)
+    if scheduler then
+        local spec = k8s.pod_spec(pod)
+        local named = spec.schedulerName
+        if type(named) == "string" and named ~= "default-scheduler" and named ~= scheduler then
+            req:deny(string.format("pool %s runs these pods with schedulerName %s, and the pod names %s; set spec.schedulerName: %s",
+                pool.name, scheduler, named, scheduler))
+            return
+        end
+        spec.schedulerName = scheduler
+    end
+    opts.pool = pool
+    total, breakdown = intent.charge(pod, cfg, opts)
+    local decision = string.format("%s on pool %s (passed through): %s", dialect, pool.name,
+        quota.describe(total, breakdown))
+    k8s.set_annotation(pod, DECISION, decision)
+    k8s.set_annotation(pod, POOL, pool.name)
+    k8s.set_annotation(pod, CHARGE, tostring(total))
+    req:audit("decision", decision)
+    return true
+end
+
 local function decide(req, pod, cfg)
     if fleet.pools(cfg)[1] == nil then -- not #: a C call on the configuration's list
         return
+    end
+    local dialects = intent.dialects(pod)
+    if not dialects.gpuguard then -- gpuguard's own request wins over what a backend wrote for it
+        local dialect, msg = intent.foreign(dialects)
+        if msg then
+            req:deny(msg)
+            return
+        elseif dialect then
+            return pass_through(req, pod, cfg, dialect)
+        end
     end
     local intent, msg = workload.intent(pod)
     if not intent then
@@ -307,6 +362,7 @@ return {
     match = { kinds = { "Pod" }, operations = { "CREATE" } },
     check = function(cfg)
         fleet.check(cfg)
+        intent.check(cfg)
         if cfg.exclusive ~= nil and cfg.exclusive.fractions ~= nil and cfg.exclusive.fractions ~= "round-up" and
             cfg.exclusive.fractions ~= "deny" then
             error("exclusive.fractions: must be round-up or deny", 0)

@@ -22,8 +22,9 @@ local gg = require "gpuguard"
 local k8s = require "k8s"
 local fleet = require "fleet"
 local workload = require "workload"
+local intent = require "intent"
 
-local POOL = "gpuguard.io/pool"
+local POOL = intent.POOL
 local CHECKPOINTABLE = "gpuguard.io/checkpointable"
 
 -- The toleration of each configured taint, made once per VM: add_toleration only reads it.
@@ -123,7 +124,7 @@ local function gpu_ties(spec, cfg)
 end
 
 local function check(req, pod, cfg)
-    if workload.wants_gpu(pod) then -- first: settled for a GPU pod, which needs no pod_spec call
+    if workload.wants_gpu(pod, cfg, req.namespace) then -- first: settled for a GPU pod, which needs no pod_spec call
         return
     end
     local spec = k8s.pod_spec(pod)

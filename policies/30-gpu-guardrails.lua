@@ -13,9 +13,9 @@ validate, at pod CREATE:
   * no spec.nodeName (it skips the scheduler and every taint) unless the requester is in
     guardrails.bind_allowed (default: group system:nodes, the kubelet's mirror pods);
   * no privileged container in a pod without a GPU (privileged sees every device of the node);
-  * on a shared GPU (fractional, MIG, MPS, time-sliced, HAMi, KAI): no privileged container, no
-    added capability SYS_ADMIN or SYS_PTRACE (or ALL), no hostPID or hostIPC: each reaches the
-    other pods on the GPU;
+  * on a shared GPU (fractional, MIG, MPS, time-sliced, HAMi, Volcano vGPU, KAI, a DRA MIG device
+    or shared claim: intent.shared): no privileged container, no added capability SYS_ADMIN or
+    SYS_PTRACE (or ALL), no hostPID or hostIPC: each reaches the other pods on the GPU;
   * GPU resources have requests equal to limits (a request alone, or different values, is
     refused by Kubernetes later with a less helpful message);
   * GPU pods carry the labels of guardrails.required_labels (cost attribution);
@@ -39,32 +39,12 @@ placement.exempt_namespaces, placement.exempt_service_accounts.
 
 local gg = require "gpuguard"
 local k8s = require "k8s"
-local gpu = require "gpu"
+local intent = require "intent"
 local fleet = require "fleet"
 local workload = require "workload"
 
 local SECTIONS = { "requests", "limits" }
 local NONE = {}
-
--- Is the pod, with these containers, on a shared GPU (anything but whole exclusive GPUs)?
-local function on_shared_gpu(pod, containers)
-    local decision = k8s.annotation(pod, "gpuguard.io/decision")
-    if decision and decision:sub(1, 10) ~= "exclusive " then
-        return true
-    end
-    if k8s.annotation(pod, "gpu-fraction") or k8s.annotation(pod, "gpu-memory") then
-        return true
-    end
-    for i = 1, #containers do
-        local ok, got = pcall(gpu.requested, containers[i])
-        for _, r in ipairs(ok and got or NONE) do
-            if r.kind ~= "whole" then
-                return true
-            end
-        end
-    end
-    return false
-end
 
 -- The variables that choose the GPUs and driver features a container gets; only the device
 -- plugin and the GPU plumbing set them.
@@ -92,12 +72,13 @@ local EPHEMERAL = { ephemeral = true }
 -- Per-request state of the CREATE rules: whether the pod asks for a GPU and, asked once when a
 -- rule needs it, whether it is on a shared GPU.
 local function new_ctx(req, pod, spec, cfg)
-    return { req = req, pod = pod, spec = spec, cfg = cfg, gpu = workload.wants_gpu(pod) }
+    return { req = req, pod = pod, spec = spec, cfg = cfg,
+        gpu = workload.wants_gpu(pod, cfg, req.namespace) }
 end
 
 local function shared(ctx)
     if ctx.shared == nil then
-        ctx.shared = on_shared_gpu(ctx.pod, k8s.all_containers(ctx.spec))
+        ctx.shared = intent.shared(ctx.pod, ctx.cfg, ctx.req.namespace)
     end
     return ctx.shared
 end
@@ -186,8 +167,7 @@ local function env_rules(ctx, c, kind, index)
     end
 end
 
--- shared() is asked only of pods that set what it could forbid: it reads annotations too, so a
--- pod on a shared GPU in a dialect wants_gpu does not know yet is still one.
+-- shared() is asked only of pods that set what it could forbid.
 local function privilege_rules(ctx, c)
     local sc = type(c.securityContext) == "table" and c.securityContext or NONE
     if sc.privileged == true then
@@ -460,7 +440,7 @@ end
 
 local function mutate(req, pod, cfg)
     local spec = req.operation == "CREATE" and k8s.pod_spec(pod)
-    if not spec or not workload.wants_gpu(pod) then
+    if not spec or not workload.wants_gpu(pod, cfg, req.namespace) then
         return
     end
     local limit = max_runtime(pod, cfg)

@@ -2,8 +2,10 @@
 40-gpu-quota.lua - GPU quotas in GPU-equivalents.
 
 A whole GPU is 1; a MIG slice is its compute fraction of the GPU (1g of 7 = 0.143); a shared
-replica is the fraction it was given.  A pod placed by 10-gpu-sharing carries its charge in the
-gpuguard.io/charge annotation; any other GPU pod is charged from its resources (quota.pod_charge).
+replica is the fraction it was given.  Every GPU pod, in any dialect (DRA claims, KAI, HAMi,
+Volcano vGPU, device plugin), is charged by intent.charge, the model the inventory also charges
+running pods with; a charge that cannot be computed (an illegal value, a missing claim
+template) is a denial with the reason.
 Usage comes from the inventory (gpuguard.usage): the cluster's pods in the server, a
 --cluster-state snapshot in the CLI, plus the pods this replica admitted a moment ago.
 
@@ -11,7 +13,7 @@ validate: deny when the pod alone is over quotas.max_per_pod or the per-pod maxi
           (quotas.per_class), or when the namespace would go over its quota
           (quotas.namespaces.<ns>, else quotas.default; exactly at the quota is allowed).
           Until the inventory has synced, quotas.inventory_not_ready decides: allow with a
-          warning (default) or deny.
+          warning (default) or deny; a pod alone over its namespace's quota is denied even then.
 
 Config keys: quotas.default, quotas.namespaces, quotas.max_per_pod, quotas.per_class,
 quotas.inventory_not_ready; pools (to charge MIG and shared resources).
@@ -20,7 +22,7 @@ quotas.inventory_not_ready; pools (to charge MIG and shared resources).
 local gg = require "gpuguard"
 local k8s = require "k8s"
 local quota = require "quota"
-local fleet = require "fleet"
+local intent = require "intent"
 local workload = require "workload"
 
 local AMOUNT = { allow_above_one = true, allow_zero = true }
@@ -38,23 +40,6 @@ local function gpus(v, where)
     end
     parsed[v] = milli
     return milli
-end
-
--- The charging context of a pod: the pool it was placed in, else the fleet's first pools.
-local function charge_context(pod, cfg)
-    local pool = fleet.pool(cfg, k8s.annotation(pod, "gpuguard.io/pool"))
-    local mig = pool and pool.sharing == "mig" and pool or fleet.pool_for_mode(cfg, "mig")
-    local shared = pool and pool.replicas and pool or fleet.pool_for_mode(cfg, "time-slicing")
-    return { model = mig and mig.model, replicas = shared and shared.replicas or nil,
-             catalog = fleet.catalog(cfg) }
-end
-
-local function pod_charge(pod, spec, cfg)
-    local note = k8s.annotation(pod, "gpuguard.io/charge")
-    if note and k8s.annotation(pod, "gpuguard.io/decision") and note:match("^%d+$") then
-        return math.tointeger(tonumber(note))
-    end
-    return quota.pod_charge(spec, charge_context(pod, cfg))
 end
 
 local function check_limits(req, charge, class, q)
@@ -81,12 +66,12 @@ end
 local function validate(req, pod, cfg)
     local q = cfg.quotas
     local spec = k8s.pod_spec(pod)
-    if q == nil or spec == nil or not workload.wants_gpu(pod) then
+    if q == nil or spec == nil or not workload.wants_gpu(pod, cfg, req.namespace) then
         return
     end
-    local charge, msg = pod_charge(pod, spec, cfg)
+    local charge, msg = intent.charge(pod, cfg, { namespace = req.namespace })
     if not charge then
-        req:warn("quota not checked: " .. msg)
+        req:deny(msg)
         return
     end
     local class = workload.class(pod, cfg)
@@ -98,7 +83,14 @@ local function validate(req, pod, cfg)
         return
     end
     local used, ready = gg.usage(req.namespace)
+    local scope = "namespace " .. req.namespace
     if not ready then
+        -- A pod that alone is over the quota never fits, whatever the usage.
+        local fits, why = quota.check(0, charge, gpus(limit, "quotas"), scope)
+        if not fits then
+            req:deny(why)
+            return
+        end
         if q.inventory_not_ready == "deny" then
             req:deny("GPU usage is not known yet (the inventory has not synced); try again in a minute")
         else
@@ -106,7 +98,7 @@ local function validate(req, pod, cfg)
         end
         return
     end
-    local ok, why = quota.check(used, charge, gpus(limit, "quotas"), "namespace " .. req.namespace)
+    local ok, why = quota.check(used, charge, gpus(limit, "quotas"), scope)
     if not ok then
         req:deny(why)
     end

@@ -124,3 +124,15 @@ bool arena_active(void)
 {
     return arena.active;
 }
+
+bool arena_pause(void)
+{
+    bool active = arena.active;
+    arena.active = false;
+    return active;
+}
+
+void arena_resume(bool active)
+{
+    arena.active = active;
+}

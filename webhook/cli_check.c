@@ -12,7 +12,9 @@
  * input error (which wins over denials: CI must not read a broken input as
  * a policy verdict).
  */
+#include "charger.h"
 #include "cli.h"
+#include "cli_dra.h"
 #include "cli_files.h"
 #include "dryrun.h"
 #include "gpuguard.h"
@@ -54,14 +56,17 @@ struct check_opts {
 struct check_run {
     struct check_opts o;
     struct engine *engine;
-    json_t *cluster_state; /* the --cluster-state snapshot, checked */
-    json_t *records;       /* one object per template, skipped object or error */
-    json_t *emitted;       /* --emit-mutated: the documents, patched, in order */
+    json_t *cluster_state;           /* the --cluster-state snapshot, checked */
+    size_t state_counts[MF_STATE_N]; /* its pods, claims, templates, other kinds skipped */
+    json_t *records;                 /* one object per template, skipped object or error */
+    json_t *emitted;                 /* --emit-mutated: the documents, patched, in order */
     size_t checked, allowed, denied, warned, skipped, errors;
     bool colour;
     FILE *report;
-    /* The snapshot's pods, for gpuguard.usage() in quota policies; NULL without one. */
+    /* The snapshot's pods and claims, for gpuguard.usage() in quota policies (ready only with
+     * one), and the DRA objects of the snapshot and the inputs, for gpuguard.dra(). */
     struct inventory *inventory;
+    struct charger *charger;
 };
 
 static void check_usage(FILE *out)
@@ -84,8 +89,9 @@ static void check_usage(FILE *out)
         "  --lua DIR              Lua library directory [./lua]\n"
         "  --namespace NS         namespace for manifests that name none [default]\n"
         "  --user NAME            userInfo.username of the requests [" DR_DEFAULT_USER "]\n"
-        "  --cluster-state FILE   pods in use, for quota checks: the JSON of\n"
-        "                         'kubectl get pods -A -o json' [none]\n"
+        "  --cluster-state FILE   pods in use, for quota checks: the JSON of 'kubectl get\n"
+        "                         pods,resourceclaims,resourceclaimtemplates -A -o json'\n"
+        "                         (other kinds are skipped and counted) [none]\n"
         "  --usage FILE           GPU memory history for rightsizing, as written by\n"
         "                         'gpuguard usage -o FILE' [none: no recommendations]\n"
         "  -o, --output FORMAT    text, json (one object per line) or junit [text]\n"
@@ -326,6 +332,7 @@ static enum gg_status check_input(struct check_run *r, const char *name, bool fr
         return GG_OK;
     }
     st = GG_OK;
+    cli_keep_dra(r->inventory, &set, stream.docs, r->o.namespace);
     for (size_t i = 0; st == GG_OK && i < set.count; i++) {
         struct mf_entry *e = &set.entries[i];
         if (e->type == MF_SKIPPED)
@@ -452,17 +459,28 @@ static void print_text(const struct check_run *r)
 
 static json_t *summary_json(const struct check_run *r, int exit_code)
 {
-    return json_pack("{s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:i}", "type", "summary", "checked",
-                     (json_int_t)r->checked, "allowed", (json_int_t)r->allowed, "denied",
-                     (json_int_t)r->denied, "warned", (json_int_t)r->warned, "skipped",
-                     (json_int_t)r->skipped, "errors", (json_int_t)r->errors, "exit_code",
-                     exit_code);
+    json_t *sum =
+        json_pack("{s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:i}", "type", "summary", "checked",
+                  (json_int_t)r->checked, "allowed", (json_int_t)r->allowed, "denied",
+                  (json_int_t)r->denied, "warned", (json_int_t)r->warned, "skipped",
+                  (json_int_t)r->skipped, "errors", (json_int_t)r->errors, "exit_code", exit_code);
+    const size_t *c = r->state_counts;
+    if (r->cluster_state)
+        json_object_set_new(sum, "cluster_state",
+                            json_pack("{s:I,s:I,s:I,s:I}", "pods", (json_int_t)c[MF_STATE_POD],
+                                      "resourceclaims", (json_int_t)c[MF_STATE_CLAIM],
+                                      "resourceclaimtemplates", (json_int_t)c[MF_STATE_TEMPLATE],
+                                      "skipped", (json_int_t)c[MF_STATE_OTHER]));
+    return sum;
 }
 
 static void print_summary_line(const struct check_run *r, FILE *f)
 {
     fprintf(f, "%zu checked, %zu denied, %zu warned, %zu skipped", r->checked, r->denied, r->warned,
             r->skipped);
+    if (r->state_counts[MF_STATE_OTHER])
+        fprintf(f, ", %zu cluster-state object%s of other kinds skipped",
+                r->state_counts[MF_STATE_OTHER], r->state_counts[MF_STATE_OTHER] == 1 ? "" : "s");
     if (r->errors)
         fprintf(f, ", %zu error%s", r->errors, r->errors == 1 ? "" : "s");
     fputc('\n', f);
@@ -647,7 +665,8 @@ static enum gg_status load_cluster_state(struct check_run *r, struct gg_err *err
     enum gg_status st =
         gg_read_file(r->o.cluster_state_path, MF_MAX_CLUSTER_STATE, &text, &len, err);
     if (st == GG_OK)
-        st = mf_cluster_state(text, len, r->o.cluster_state_path, &r->cluster_state, err);
+        st = mf_cluster_state(text, len, r->o.cluster_state_path, &r->cluster_state,
+                              r->state_counts, err);
     free(text);
     return st;
 }
@@ -728,15 +747,20 @@ int cli_check(int argc, char **argv)
         fprintf(stderr, "gpuguard check: cannot load the policies: %s\n", err.msg);
         goto out;
     }
+    if (!(r.inventory = inv_new())) {
+        fprintf(stderr, "gpuguard check: out of memory\n");
+        goto out;
+    }
     if (r.cluster_state) { /* what inv_load_snapshot does, on the snapshot already checked */
-        if (!(r.inventory = inv_new())) {
-            fprintf(stderr, "gpuguard check: out of memory\n");
+        if (charger_new(r.engine, r.inventory, &r.charger, &err) != GG_OK) {
+            fprintf(stderr, "gpuguard check: --cluster-state: cannot load the charge model: %s\n",
+                    err.msg);
             goto out;
         }
         inv_replace(r.inventory, json_object_get(r.cluster_state, "items"));
         inv_set_ready(r.inventory, true);
-        engine_set_inventory(r.engine, r.inventory);
     }
+    engine_set_inventory(r.engine, r.inventory);
     if (expand_paths(&r, &inputs) != GG_OK)
         goto out;
     for (size_t i = 0; i < inputs.count; i++) {
@@ -773,6 +797,7 @@ int cli_check(int argc, char **argv)
     }
 out:
     cli_files_clear(&inputs);
+    charger_free(r.charger);
     engine_free(r.engine);
     inv_free(r.inventory);
     json_decref(r.records);

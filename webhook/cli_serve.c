@@ -6,14 +6,16 @@
  * the main thread, which then drains the server: stop accepting, let the
  * requests in flight finish, exit 0.
  *
- * With the inventory on (in a cluster, or with --kubeconfig), an informer
- * thread keeps the pods' GPU usage for gpuguard.usage(); /readyz says
- * whether it has synced, but readiness is about serving and stays 200.
+ * With the inventory on (in a cluster, or with --kubeconfig), informer
+ * threads keep the GPU usage of pods and ResourceClaims for gpuguard.usage()
+ * and the claims and templates for gpuguard.dra(); /readyz says whether the
+ * pods have synced, but readiness is about serving and stays 200.
  * With rightsizing on and a Prometheus URL configured, a thread keeps the
  * workloads' GPU memory history for gpuguard.rightsize(); /readyz says how
  * fresh it is, in a line of its own.
  */
 #include "arena.h"
+#include "charger.h"
 #include "cli.h"
 #include "config.h"
 #include "dirwatch.h"
@@ -330,14 +332,32 @@ static enum gg_status start_certificates(const struct serve_opts *o, struct dirw
     return dirwatch_start(dirs, 2, reload_certificate, (void *)o, watch, err);
 }
 
+/* A client of the API server: the kubeconfig's, else the pod's service account. */
+static enum gg_status new_client(const struct serve_opts *o, struct kc_client **client,
+                                 struct gg_err *err)
+{
+    return o->kubeconfig ? kc_new_kubeconfig(o->kubeconfig, client, err)
+                         : kc_new_in_cluster(KC_SA_DIR, client, err);
+}
+
+static uint64_t generation(void *engine)
+{
+    return engine_generation(engine);
+}
+
+/* The inventory's informers: pods, ResourceClaims, ResourceClaimTemplates (see informer.h). */
+#define N_INFORMERS 3
+
 /*
- * The inventory and its informer when on: --inventory off, else a
- * kubeconfig, else the service account when in a cluster; on without
- * either is an error.  Set on the engine before the first evaluation.
+ * The inventory, its charger and its informers when on: --inventory off,
+ * else a kubeconfig, else the service account when in a cluster; on without
+ * either is an error.  Set on the engine before the first evaluation.  Each
+ * informer has a client of its own (a client belongs to one thread), and the
+ * templates' one a second for the GET of a template not seen yet.
  */
 static enum gg_status start_inventory(const struct serve_opts *o, struct engine *engine,
-                                      struct inventory **inv, struct informer **inf,
-                                      struct gg_err *err)
+                                      struct inventory **inv, struct charger **charger,
+                                      struct informer *inf[N_INFORMERS], struct gg_err *err)
 {
     bool in_cluster = kc_in_cluster(KC_SA_DIR);
     if (o->inventory == 0 || (o->inventory < 0 && !o->kubeconfig && !in_cluster)) {
@@ -348,17 +368,25 @@ static enum gg_status start_inventory(const struct serve_opts *o, struct engine 
         return gg_fail(err, GG_ERR_INVALID,
                        "--inventory on needs --kubeconfig FILE or a pod's service account "
                        "(KUBERNETES_SERVICE_HOST and " KC_SA_DIR "/token)");
-    struct kc_client *client = NULL;
-    enum gg_status st = o->kubeconfig ? kc_new_kubeconfig(o->kubeconfig, &client, err)
-                                      : kc_new_in_cluster(KC_SA_DIR, &client, err);
+    if (!(*inv = inv_new()))
+        return gg_fail(err, GG_ERR_NOMEM, "out of memory");
+    enum gg_status st = charger_new(engine, *inv, charger, err);
     if (st != GG_OK)
         return st;
-    if (!(*inv = inv_new())) {
-        kc_free(client);
-        return gg_fail(err, GG_ERR_NOMEM, "out of memory");
-    }
     engine_set_inventory(engine, *inv);
-    return inf_start(client, *inv, NULL, inf, err);
+    static const enum inf_kind kinds[N_INFORMERS] = {INF_TEMPLATES, INF_CLAIMS, INF_PODS};
+    for (size_t i = 0; st == GG_OK && i < N_INFORMERS; i++) {
+        struct inf_options opts = {
+            .kind = kinds[i], .generation = generation, .generation_ctx = engine};
+        struct kc_client *client = NULL;
+        st = new_client(o, &client, err);
+        if (st == GG_OK && kinds[i] == INF_TEMPLATES &&
+            (st = new_client(o, &opts.fetch_client, err)) != GG_OK)
+            kc_free(client);
+        if (st == GG_OK)
+            st = inf_start(client, *inv, &opts, &inf[i], err);
+    }
+    return st;
 }
 
 /*
@@ -433,13 +461,14 @@ int cli_serve(int argc, char **argv)
     struct dirwatch *cert_watch = NULL;
     struct srv *server = NULL;
     struct inventory *inventory = NULL;
-    struct informer *informer = NULL;
+    struct charger *charger = NULL;
+    struct informer *informers[N_INFORMERS] = {NULL};
     struct ps_source *rightsizing = NULL;
     char *client_ca = NULL;
     int rc = 1;
     if (start_certificates(&o, &cert_watch, &client_ca, &err) != GG_OK ||
         engine_new(&paths, &engine, &err) != GG_OK ||
-        start_inventory(&o, engine, &inventory, &informer, &err) != GG_OK ||
+        start_inventory(&o, engine, &inventory, &charger, informers, &err) != GG_OK ||
         start_rightsizing(&o, inventory, &rightsizing, &err) != GG_OK ||
         reload_start(engine, &reloader, &err) != GG_OK)
         goto out;
@@ -453,7 +482,7 @@ int cli_serve(int argc, char **argv)
                              .request_timeout_s = o.request_timeout_s,
                              .engine = engine,
                              .ready_note = inventory_note,
-                             .ready_note_ctx = informer};
+                             .ready_note_ctx = informers[N_INFORMERS - 1]}; /* pods' */
     if (srv_start(&cfg, &server, &err) != GG_OK)
         goto out;
     srv_set_ready(server, true, NULL);
@@ -469,7 +498,9 @@ out:
     dirwatch_stop(cert_watch);
     reload_stop(reloader);
     ps_stop(rightsizing);
-    inf_stop(informer);
+    for (size_t i = 0; i < N_INFORMERS; i++)
+        inf_stop(informers[i]);
+    charger_free(charger);
     engine_free(engine);
     inv_free(inventory);
     tls_creds_clear();

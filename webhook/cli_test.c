@@ -8,7 +8,9 @@
  * runs them through dryrun.c, the same path as `gpuguard check` and the
  * server, then compares with what the case expects and prints a diff.
  */
+#include "charger.h"
 #include "cli.h"
+#include "cli_dra.h"
 #include "cli_files.h"
 #include "dryrun.h"
 #include "gpuguard.h"
@@ -817,6 +819,7 @@ static bool run_case(struct test_run *r, const struct suite *s, struct engine *e
         fail_line(&rp, "%s", err.msg);
         goto done;
     }
+    cli_keep_dra(r->inventory, &set, stream.docs, dopts.namespace);
     if (expect && json_is_true(json_object_get(expect, "skipped"))) {
         if (set.templates)
             fail_line(&rp, "skipped: expected no pod or pod template, found %zu", set.templates);
@@ -911,9 +914,10 @@ static void run_suite(struct test_run *r, const char *file)
     if (s.cluster_state) {
         char *text = NULL;
         size_t len = 0;
+        size_t counts[MF_STATE_N];
         enum gg_status st = gg_read_file(s.cluster_state, MF_MAX_CLUSTER_STATE, &text, &len, &err);
         if (st == GG_OK)
-            st = mf_cluster_state(text, len, s.cluster_state, &state, &err);
+            st = mf_cluster_state(text, len, s.cluster_state, &state, counts, &err);
         free(text);
         if (st != GG_OK) {
             struct gg_err inner = err;
@@ -924,17 +928,21 @@ static void run_suite(struct test_run *r, const char *file)
             return;
         }
     }
-    json_t *none = json_array();
-    inv_replace(r->inventory, state ? json_object_get(state, "items") : none);
-    inv_set_ready(r->inventory, state != NULL);
-    json_decref(none);
-    if (suite_engine(r, &s, &engine, &err) != GG_OK) {
+    struct charger *charger = NULL;
+    if (suite_engine(r, &s, &engine, &err) != GG_OK ||
+        (state && charger_new(engine, r->inventory, &charger, &err) != GG_OK)) {
         fprintf(stderr, "gpuguard test: %s: cannot load the policies: %s\n", s.file, err.msg);
         r->broken++;
         json_decref(state);
         suite_clear(&s);
         return;
     }
+    /* After the charger: the snapshot's pods are charged by the suite's own model (usage is
+     * only known with a snapshot). */
+    json_t *none = json_array();
+    inv_replace(r->inventory, state ? json_object_get(state, "items") : none);
+    inv_set_ready(r->inventory, state != NULL);
+    json_decref(none);
     const json_t *cases = json_object_get(s.doc, "cases");
     bool broken = false;
     for (size_t i = 0; i < json_array_size(cases); i++) {
@@ -946,6 +954,7 @@ static void run_suite(struct test_run *r, const char *file)
     }
     if (broken)
         r->broken++;
+    charger_free(charger);
     json_decref(state);
     suite_clear(&s);
 }

@@ -293,8 +293,16 @@ static bool take_string(struct scan *s, json_t *obj, const char *key)
     return v && json_object_set_new(obj, key, v) == 0;
 }
 
-/* A map of strings of which only the key want is kept, as parent[name]. */
-static bool take_selected(struct scan *s, json_t *parent, const char *name, const char *want)
+static bool wanted(const char *const *want, const char *key)
+{
+    for (; *want; want++)
+        if (strcmp(*want, key) == 0)
+            return true;
+    return false;
+}
+
+/* A map of strings of which only the keys in want (NULL-terminated) are kept, as parent[name]. */
+static bool take_selected(struct scan *s, json_t *parent, const char *name, const char *const *want)
 {
     int r = open_object(s, '{');
     if (r <= 0)
@@ -303,14 +311,14 @@ static bool take_selected(struct scan *s, json_t *parent, const char *name, cons
     bool first = true;
     char key[KEY_MAX];
     while ((r = obj_next(s, &first, key)) == 1) {
-        if (strcmp(key, want) != 0) {
+        if (!wanted(want, key)) {
             if (!skip_value(s))
                 return false;
             continue;
         }
         if (!kept)
             json_object_set_new(parent, name, kept = json_object());
-        if (!take_string(s, kept, want))
+        if (!take_string(s, kept, key))
             return false;
     }
     return r == 0;
@@ -350,6 +358,21 @@ static bool read_controller(struct scan *s, json_t *meta)
     return r == 0;
 }
 
+/* What the charge model (intent.lua) reads of a pod's metadata. */
+static const char *const kept_labels[] = {INV_CLASS_LABEL, NULL};
+static const char *const kept_annotations[] = {INV_CHARGE_ANNOTATION, "gpu-fraction", "gpu-memory",
+                                               "gpu-fraction-num-devices", NULL};
+
+/* A value kept whole, parsed from its text (spec.resourceClaims, spec.nodeSelector). */
+static bool take_raw(struct scan *s, json_t *obj, const char *key)
+{
+    const char *start = s->p;
+    if (!skip_value(s))
+        return false;
+    json_t *v = jf_loadb(start, (size_t)(s->p - start), 8, NULL);
+    return v && json_object_set_new(obj, key, v) == 0;
+}
+
 static bool read_metadata(struct scan *s, json_t *pod, char *rv)
 {
     int r = open_object(s, '{');
@@ -374,9 +397,9 @@ static bool read_metadata(struct scan *s, json_t *pod, char *rv)
                 strcpy(rv, v);
             json_decref(tmp);
         } else if (!strcmp(key, "labels")) {
-            ok = take_selected(s, meta, "labels", INV_CLASS_LABEL);
+            ok = take_selected(s, meta, "labels", kept_labels);
         } else if (!strcmp(key, "annotations")) {
-            ok = take_selected(s, meta, "annotations", INV_CHARGE_ANNOTATION);
+            ok = take_selected(s, meta, "annotations", kept_annotations);
         } else if (!strcmp(key, "ownerReferences")) {
             ok = read_controller(s, meta);
         } else {
@@ -429,6 +452,11 @@ static bool read_container(struct scan *s, json_t *list)
     bool first = true;
     char key[KEY_MAX];
     while ((r = obj_next(s, &first, key)) == 1) {
+        if (!strcmp(key, "name") || !strcmp(key, "restartPolicy")) {
+            if (!take_string(s, c, key))
+                return false;
+            continue;
+        }
         if (strcmp(key, "resources") != 0) {
             if (!skip_value(s))
                 return false;
@@ -481,6 +509,8 @@ static bool read_spec(struct scan *s, json_t *pod)
         bool ok;
         if (!strcmp(key, "nodeName"))
             ok = take_string(s, spec, key);
+        else if (!strcmp(key, "nodeSelector") || !strcmp(key, "resourceClaims"))
+            ok = take_raw(s, spec, key);
         else if (!strcmp(key, "containers") || !strcmp(key, "initContainers"))
             ok = read_containers(s, spec, key);
         else
@@ -552,6 +582,29 @@ json_t *inf_read_pod(const char *text, size_t len, char *rv, struct gg_err *err)
     return NULL;
 }
 
+json_t *inf_read_object(const char *text, size_t len, char *rv, struct gg_err *err)
+{
+    struct jf_error jerr;
+    json_t *obj = jf_loadb(text, len, 0, &jerr);
+    if (rv)
+        rv[0] = '\0';
+    if (!obj) {
+        gg_fail(err, GG_ERR_PARSE, "%s", jerr.text);
+        return NULL;
+    }
+    const char *v =
+        json_string_value(json_object_get(json_object_get(obj, "metadata"), "resourceVersion"));
+    if (!json_is_object(obj) || (v && strlen(v) >= INF_RV_MAX)) {
+        gg_fail(err, GG_ERR_PARSE, "%s",
+                json_is_object(obj) ? "resourceVersion too long" : "not a JSON object");
+        json_decref(obj);
+        return NULL;
+    }
+    if (rv && v)
+        strcpy(rv, v);
+    return obj;
+}
+
 /* ---- the same trimming on a parsed pod -------------------------------------- */
 
 static void copy_string(json_t *to, const json_t *from, const char *key)
@@ -561,14 +614,20 @@ static void copy_string(json_t *to, const json_t *from, const char *key)
         json_object_set(to, key, v);
 }
 
-static void copy_selected(json_t *to, const json_t *from, const char *name, const char *want)
+static void copy_selected(json_t *to, const json_t *from, const char *name, const char *const *want)
 {
     const json_t *map = json_object_get(from, name);
     if (!json_is_object(map))
         return;
-    json_t *v = json_object_get(map, want);
-    if (json_is_string(v))
-        json_object_set_new(to, name, json_pack("{s:O}", want, v));
+    json_t *kept = NULL;
+    for (; *want; want++) {
+        json_t *v = json_object_get(map, *want);
+        if (!json_is_string(v))
+            continue;
+        if (!kept)
+            json_object_set_new(to, name, kept = json_object());
+        json_object_set(kept, *want, v);
+    }
 }
 
 /* The ownerReference with controller: true, as read_controller keeps it. */
@@ -609,6 +668,8 @@ static json_t *trim_containers(const json_t *list)
     json_array_foreach(list, i, c)
     {
         json_t *tc = json_object();
+        copy_string(tc, c, "name");
+        copy_string(tc, c, "restartPolicy");
         const json_t *res = json_object_get(c, "resources");
         if (json_is_object(res)) {
             json_t *tr = json_object();
@@ -637,8 +698,8 @@ json_t *inf_trim_pod(const json_t *pod)
         copy_string(m, meta, "name");
         copy_string(m, meta, "generateName");
         copy_string(m, meta, "uid");
-        copy_selected(m, meta, "labels", INV_CLASS_LABEL);
-        copy_selected(m, meta, "annotations", INV_CHARGE_ANNOTATION);
+        copy_selected(m, meta, "labels", kept_labels);
+        copy_selected(m, meta, "annotations", kept_annotations);
         copy_controller(m, meta);
         json_object_set_new(out, "metadata", m);
     }
@@ -646,6 +707,12 @@ json_t *inf_trim_pod(const json_t *pod)
     if (json_is_object(spec)) {
         json_t *sp = json_object();
         copy_string(sp, spec, "nodeName");
+        static const char *const whole[] = {"nodeSelector", "resourceClaims"};
+        for (size_t i = 0; i < 2; i++) {
+            json_t *v = json_object_get(spec, whole[i]);
+            if (v)
+                json_object_set_new(sp, whole[i], json_deep_copy(v));
+        }
         static const char *const lists[] = {"containers", "initContainers"};
         for (size_t i = 0; i < 2; i++) {
             const json_t *l = json_object_get(spec, lists[i]);
@@ -684,6 +751,12 @@ static enum gg_status event_error(struct inf_event *ev, const char *obj, size_t 
 
 enum gg_status inf_parse_event(const char *line, size_t len, struct inf_event *ev,
                                struct gg_err *err)
+{
+    return inf_parse_event_as(line, len, inf_read_pod, ev, err);
+}
+
+enum gg_status inf_parse_event_as(const char *line, size_t len, inf_read_fn read,
+                                  struct inf_event *ev, struct gg_err *err)
 {
     static const char *const types[] = {"ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"};
     memset(ev, 0, sizeof(*ev));
@@ -726,7 +799,7 @@ enum gg_status inf_parse_event(const char *line, size_t len, struct inf_event *e
     if (!obj)
         return gg_fail(err, GG_ERR_INVALID, "%s event without an object", type);
     struct gg_err perr = {{0}};
-    ev->pod = inf_read_pod(obj, (size_t)(obj_end - obj), ev->rv, &perr);
+    ev->pod = read(obj, (size_t)(obj_end - obj), ev->rv, &perr);
     if (!ev->pod)
         return gg_fail(err, GG_ERR_PARSE, "%s event: %s", type, perr.msg);
     const char *uid =
@@ -750,6 +823,7 @@ enum member { M_OTHER, M_ITEMS, M_METADATA };
 struct inf_list_reader {
     bool (*on_pod)(void *ctx, json_t *pod, const char *why);
     void *ctx;
+    inf_read_fn read; /* NULL: inf_read_pod, in place when an item lies in one chunk */
     int depth;
     bool in_string, escape, done;
     bool want_key;       /* depth 1: the next string is a key */
@@ -779,6 +853,11 @@ struct inf_list_reader *inf_list_reader_new(bool (*on_pod)(void *ctx, json_t *po
     buf_init(&r->item, INF_MAX_LINE);
     buf_init(&r->meta, 1 << 20);
     return r;
+}
+
+void inf_list_reader_read_with(struct inf_list_reader *r, inf_read_fn read)
+{
+    r->read = read;
 }
 
 void inf_list_reader_free(struct inf_list_reader *r)
@@ -832,7 +911,7 @@ static enum gg_status capture_done(struct inf_list_reader *r, const char *start,
         r->oversized++;
     } else {
         struct gg_err perr = {{0}};
-        json_t *pod = inf_read_pod(text, len, NULL, &perr);
+        json_t *pod = (r->read ? r->read : inf_read_pod)(text, len, NULL, &perr);
         r->items++;
         keep_going = r->on_pod(r->ctx, pod, pod ? NULL : perr.msg);
         json_decref(pod);
@@ -970,7 +1049,7 @@ enum gg_status inf_list_feed(struct inf_list_reader *r, const char *data, size_t
                 return gg_fail(err, GG_ERR_PARSE, "items[%zu] is not an object",
                                r->items + r->oversized);
             const char *next;
-            if (ch == '{' && item_in_place(r, p, end, &next, &st, err)) {
+            if (ch == '{' && !r->read && item_in_place(r, p, end, &next, &st, err)) {
                 if (st != GG_OK)
                     return st;
                 p = next;
@@ -1052,6 +1131,9 @@ struct informer {
     struct kc_client *kc;
     struct inventory *inv;
     struct inf_options o;
+    atomic_uint version;        /* DRA: the index in dra_versions being used */
+    uint64_t listed_generation; /* o.generation's answer when the last list started */
+    pthread_mutex_t fetch_lock; /* o.fetch_client belongs to one thread at a time */
     pthread_t thread;
     atomic_bool stop;
     pthread_mutex_t lock; /* cond, last_error */
@@ -1065,9 +1147,45 @@ enum outcome {
     DONE,         /* a list completed, or a watch ended as the server meant it to */
     GONE,         /* 410: the resourceVersion is too old, relist */
     UNAUTHORIZED, /* 401: read the token again, then retry */
+    NOT_SERVED,   /* 404 on a list: the API server has no such resource (that version) */
     FAILED,       /* anything else: back off and retry */
     STOPPED,
 };
+
+/* What each kind of informer follows. */
+static const struct {
+    const char *name;   /* for messages */
+    const char *kind;   /* the objects' kind (list items carry none); NULL for trimmed pods */
+    const char *plural; /* in the API path */
+} resources[] = {
+    [INF_PODS] = {"pods", NULL, "pods"},
+    [INF_CLAIMS] = {"ResourceClaims", "ResourceClaim", "resourceclaims"},
+    [INF_TEMPLATES] = {"ResourceClaimTemplates", "ResourceClaimTemplate", "resourceclaimtemplates"},
+};
+/* resource.k8s.io versions, newest first: v1 since Kubernetes 1.34, v1beta2 1.33, v1beta1 1.32. */
+static const char *const dra_versions[] = {"v1", "v1beta2", "v1beta1"};
+#define N_DRA_VERSIONS (sizeof(dra_versions) / sizeof(dra_versions[0]))
+
+/* The collection's path without a query. */
+static void base_path(struct informer *f, char *out, size_t size)
+{
+    if (f->o.kind == INF_PODS)
+        snprintf(out, size, "/api/v1/pods");
+    else
+        snprintf(out, size, "/apis/resource.k8s.io/%s/%s", dra_versions[atomic_load(&f->version)],
+                 resources[f->o.kind].plural);
+}
+
+/* A DRA object as the inventory reads it: list items come without their kind. */
+static void set_kind(struct informer *f, json_t *obj)
+{
+    if (obj && f->o.kind != INF_PODS && !json_object_get(obj, "kind")) {
+        char api[32];
+        snprintf(api, sizeof(api), "resource.k8s.io/%s", dra_versions[atomic_load(&f->version)]);
+        json_object_set_new(obj, "kind", json_string(resources[f->o.kind].kind));
+        json_object_set_new(obj, "apiVersion", json_string(api));
+    }
+}
 
 static int64_t mono_ms(void)
 {
@@ -1162,7 +1280,8 @@ static enum outcome http_outcome(struct informer *f, const struct kc_response *r
 
 struct list_ctx {
     struct informer *f;
-    struct inv_stage *stage;
+    struct inv_stage *stage; /* pods */
+    uint64_t relist;         /* claims and templates */
     struct inf_list_reader *reader;
     struct gg_err feed_err;
     bool feed_failed;
@@ -1182,7 +1301,12 @@ static bool on_list_pod(void *ctx, json_t *pod, const char *why)
                        json_pack("{s:s}", "error", why));
         return true;
     }
-    inv_stage_add(lc->stage, pod);
+    if (lc->stage) {
+        inv_stage_add(lc->stage, pod);
+    } else {
+        set_kind(lc->f, pod);
+        inv_dra_add(lc->f->inv, pod, lc->relist);
+    }
     return true;
 }
 
@@ -1196,13 +1320,15 @@ static bool on_list_body(void *ctx, const char *data, size_t len)
     return true;
 }
 
-static char *list_path(unsigned limit, const char *cont)
+static char *list_path(struct informer *f, const char *cont)
 {
-    size_t n = 64 + (cont ? strlen(cont) * 3 : 0);
+    char base[128];
+    base_path(f, base, sizeof(base));
+    size_t n = 64 + sizeof(base) + (cont ? strlen(cont) * 3 : 0);
     char *path = malloc(n);
     if (!path)
         return NULL;
-    int k = snprintf(path, n, "/api/v1/pods?limit=%u", limit);
+    int k = snprintf(path, n, "%s?limit=%u", base, f->o.page_size);
     if (cont) {
         memcpy(path + k, "&continue=", 11);
         kc_query_escape(cont, path + k + 10, n - (size_t)k - 10);
@@ -1213,10 +1339,12 @@ static char *list_path(unsigned limit, const char *cont)
 /* One page; *cont gets the next page's token (NULL on the last). */
 static enum outcome list_page(struct informer *f, struct list_ctx *lc, char **cont, char *rv)
 {
-    char *path = list_path(f->o.page_size, *cont);
+    char *path = list_path(f, *cont);
     free(*cont);
     *cont = NULL;
     lc->reader = inf_list_reader_new(on_list_pod, lc);
+    if (lc->reader && f->o.kind != INF_PODS)
+        inf_list_reader_read_with(lc->reader, inf_read_object);
     lc->feed_failed = false;
     if (!path || !lc->reader) {
         free(path);
@@ -1234,7 +1362,10 @@ static enum outcome list_page(struct informer *f, struct list_ctx *lc, char **co
     if (resp.cancelled) {
         out = STOPPED;
     } else if (st != GG_OK && lc->feed_failed) {
-        snprintf(err.msg, sizeof(err.msg), "the pod list: %.200s", lc->feed_err.msg);
+        snprintf(err.msg, sizeof(err.msg), "the %s list: %.200s", resources[f->o.kind].name,
+                 lc->feed_err.msg);
+    } else if (st == GG_OK && resp.status == 404 && f->o.kind != INF_PODS) {
+        out = NOT_SERVED;
     } else if (st == GG_OK && resp.status != 200) {
         out = http_outcome(f, &resp, "inventory: list refused");
     } else if (st == GG_OK && inf_list_finish(lc->reader, &meta, &err) == GG_OK) {
@@ -1253,12 +1384,34 @@ static enum outcome list_page(struct informer *f, struct list_ctx *lc, char **co
     return out;
 }
 
+/* Claims and templates: the next version of resource.k8s.io after a 404, up to none. */
+static enum outcome next_version(struct informer *f)
+{
+    unsigned v = atomic_load(&f->version) + 1;
+    if (v < N_DRA_VERSIONS) {
+        atomic_store(&f->version, v);
+        return GONE; /* list again at once, with that version */
+    }
+    atomic_store(&f->version, 0);
+    char msg[200];
+    snprintf(msg, sizeof(msg), "the API server serves no resource.k8s.io %s (v1, v1beta2, v1beta1)",
+             resources[f->o.kind].name);
+    set_error(f, msg);
+    log_fields(LOG_INFO, "inventory: no DRA API", json_pack("{s:s}", "message", msg));
+    return FAILED;
+}
+
 static enum outcome list_all(struct informer *f)
 {
     int64_t t0 = mono_ms();
-    struct list_ctx lc = {.f = f, .stage = inv_stage_new()};
-    if (!lc.stage)
+    bool pods = f->o.kind == INF_PODS;
+    struct list_ctx lc = {.f = f};
+    if (pods && !(lc.stage = inv_stage_new(f->inv)))
         return FAILED;
+    if (f->o.generation)
+        f->listed_generation = f->o.generation(f->o.generation_ctx);
+    if (!pods)
+        lc.relist = inv_dra_relist_begin(f->inv);
     char *cont = NULL, rv[INF_RV_MAX] = "";
     unsigned pages = 0;
     enum outcome out;
@@ -1269,19 +1422,27 @@ static enum outcome list_all(struct informer *f)
     free(cont);
     if (out != DONE) {
         inv_stage_free(lc.stage);
-        return out;
+        return out == NOT_SERVED ? next_version(f) : out;
     }
-    size_t gpu_pods = inv_stage_pods(lc.stage);
-    inv_stage_commit(f->inv, lc.stage);
-    inv_set_ready(f->inv, true);
+    size_t gpu_pods = 0;
+    if (pods) {
+        gpu_pods = inv_stage_pods(lc.stage);
+        inv_stage_commit(f->inv, lc.stage);
+        inv_set_ready(f->inv, true);
+        atomic_fetch_add(&relists, 1);
+        mark_synced();
+    } else {
+        inv_dra_relist_end(f->inv, resources[f->o.kind].kind, lc.relist);
+    }
     malloc_trim(0); /* give the list's transient memory back */
     snprintf(f->rv, sizeof(f->rv), "%s", rv);
-    atomic_fetch_add(&relists, 1);
-    mark_synced();
     set_error(f, NULL);
-    log_fields(LOG_INFO, "inventory: pods listed",
-               json_pack("{s:I,s:I,s:i,s:s,s:f}", "pods", (json_int_t)lc.pods, "gpu_pods",
+    char what[64];
+    snprintf(what, sizeof(what), "inventory: %s listed", resources[f->o.kind].name);
+    log_fields(LOG_INFO, what,
+               json_pack("{s:I,s:I,s:i,s:s,s:s,s:f}", "items", (json_int_t)lc.pods, "gpu_pods",
                          (json_int_t)gpu_pods, "pages", (int)pages, "resource_version", rv,
+                         "api_version", pods ? "v1" : dra_versions[atomic_load(&f->version)],
                          "seconds", (mono_ms() - t0) / 1000.0));
     return DONE;
 }
@@ -1305,7 +1466,8 @@ static void handle_line(struct watch_ctx *w, const char *text, size_t len)
         return;
     struct inf_event ev;
     struct gg_err err = {{0}};
-    if (inf_parse_event(text, len, &ev, &err) != GG_OK) {
+    inf_read_fn read = w->f->o.kind == INF_PODS ? inf_read_pod : inf_read_object;
+    if (inf_parse_event_as(text, len, read, &ev, &err) != GG_OK) {
         atomic_fetch_add(&malformed, 1);
         if (w->malformed++ == 0)
             log_fields(LOG_WARN, "inventory: malformed watch event skipped",
@@ -1317,9 +1479,11 @@ static void handle_line(struct watch_ctx *w, const char *text, size_t len)
     switch (ev.type) {
     case INF_ADDED:
     case INF_MODIFIED:
+        set_kind(f, ev.pod);
         inv_upsert(f->inv, ev.pod);
         break;
     case INF_DELETED:
+        set_kind(f, ev.pod);
         inv_delete(f->inv, ev.pod);
         break;
     case INF_BOOKMARK:
@@ -1333,7 +1497,8 @@ static void handle_line(struct watch_ctx *w, const char *text, size_t len)
         w->events++;
         if (ev.rv[0])
             memcpy(f->rv, ev.rv, sizeof(f->rv));
-        mark_synced();
+        if (f->o.kind == INF_PODS)
+            mark_synced();
     }
     inf_event_clear(&ev);
 }
@@ -1341,6 +1506,12 @@ static void handle_line(struct watch_ctx *w, const char *text, size_t len)
 static bool on_watch_body(void *ctx, const char *data, size_t len)
 {
     struct watch_ctx *w = ctx;
+    struct informer *f = w->f;
+    if (f->o.generation && f->o.generation(f->o.generation_ctx) != f->listed_generation) {
+        w->stop_with = GONE;
+        snprintf(w->error, sizeof(w->error), "the configuration changed: charging every pod again");
+        return false;
+    }
     while (len && w->stop_with == DONE) {
         const char *nl = memchr(data, '\n', len);
         size_t n = nl ? (size_t)(nl - data) : len;
@@ -1368,12 +1539,12 @@ static bool on_watch_body(void *ctx, const char *data, size_t len)
 
 static enum outcome watch(struct informer *f, size_t *events)
 {
-    char path[256];
+    char path[320], base[128];
     unsigned timeout =
         f->o.watch_timeout_s ? f->o.watch_timeout_s : 300 + (unsigned)(next_random(f) % 300);
+    base_path(f, base, sizeof(base));
     snprintf(path, sizeof(path),
-             "/api/v1/pods?watch=1&allowWatchBookmarks=true&resourceVersion=%s"
-             "&timeoutSeconds=%u",
+             "%s?watch=1&allowWatchBookmarks=true&resourceVersion=%s&timeoutSeconds=%u", base,
              f->rv, timeout);
     struct watch_ctx w = {.f = f, .stop_with = DONE};
     buf_init(&w.line, INF_MAX_LINE);
@@ -1420,6 +1591,8 @@ static void *run(void *arg)
             enum outcome o = list_all(f);
             if (o == STOPPED)
                 break;
+            if (o == GONE) /* an older resource.k8s.io version to try */
+                continue;
             if (o != DONE) {
                 if (!back_off(f, &failures))
                     break;
@@ -1433,7 +1606,8 @@ static void *run(void *arg)
         enum outcome o = watch(f, &events);
         if (o == STOPPED)
             break;
-        atomic_fetch_add(&watch_restarts, 1);
+        if (f->o.kind == INF_PODS)
+            atomic_fetch_add(&watch_restarts, 1);
         bool healthy = events > 0 || mono_ms() - started >= 1000;
         if (healthy)
             failures = gone = 0;
@@ -1454,18 +1628,100 @@ static void *run(void *arg)
     return NULL;
 }
 
+/* -- the GET of a template the watch has not shown yet -- */
+
+#define FETCH_TIMEOUT_S 3 /* well inside the API server's webhook timeout (10 s by default) */
+
+static bool on_fetch_body(void *ctx, const char *data, size_t len)
+{
+    return buf_append(ctx, data, len) == GG_OK;
+}
+
+/* A DNS subdomain, as namespaces and object names are: nothing to escape in a path. */
+static bool is_name(const char *s)
+{
+    size_t n = strlen(s);
+    return n && n <= 253 && strspn(s, "abcdefghijklmnopqrstuvwxyz0123456789-.") == n;
+}
+
+static json_t *fetch(void *ctx, const char *kind, const char *ns, const char *name,
+                     struct gg_err *err)
+{
+    struct informer *f = ctx;
+    if (strcmp(kind, "ResourceClaimTemplate") != 0 || !is_name(ns) || !is_name(name))
+        return NULL; /* no such object can exist */
+    char path[700];
+    snprintf(path, sizeof(path), "/apis/resource.k8s.io/%s/namespaces/%s/resourceclaimtemplates/%s",
+             dra_versions[atomic_load(&f->version)], ns, name);
+    struct buf body;
+    buf_init(&body, INF_MAX_LINE);
+    struct kc_request rq = {.path = path,
+                            .timeout_s = FETCH_TIMEOUT_S,
+                            .on_body = on_fetch_body,
+                            .ctx = &body,
+                            .cancel = &f->stop};
+    struct kc_response resp;
+    pthread_mutex_lock(&f->fetch_lock);
+    enum gg_status st = kc_get(f->o.fetch_client, &rq, &resp, err);
+    if (st == GG_OK && resp.status == 401)
+        kc_token_invalidate(f->o.fetch_client);
+    pthread_mutex_unlock(&f->fetch_lock);
+    json_t *obj = NULL;
+    if (st == GG_OK && resp.status == 200) {
+        obj = inf_read_object(body.data, body.len, NULL, err);
+        set_kind(f, obj);
+    } else if (st == GG_OK && resp.status != 404) {
+        gg_fail(err, GG_ERR_IO, "the API server answered %ld", resp.status);
+    }
+    log_fields(obj ? LOG_INFO : LOG_WARN, "inventory: ResourceClaimTemplate fetched",
+               json_pack("{s:s,s:s,s:i,s:s}", "namespace", ns, "name", name, "status",
+                         (int)resp.status, "error", err->msg));
+    kc_response_clear(&resp);
+    buf_clear(&body);
+    return obj;
+}
+
+/* The pods' informer is the one /metrics and inf_describe report. */
+static void set_registered(struct informer *f, struct inventory *inv)
+{
+    if (f->o.kind != INF_PODS)
+        return;
+    pthread_mutex_lock(&registry_lock);
+    registered = inv;
+    pthread_mutex_unlock(&registry_lock);
+}
+
+static void informer_free(struct informer *f)
+{
+    if (f->o.fetch_client)
+        inv_set_fetcher(f->inv, NULL, NULL);
+    set_registered(f, NULL);
+    pthread_cond_destroy(&f->cond);
+    pthread_mutex_destroy(&f->lock);
+    pthread_mutex_destroy(&f->fetch_lock);
+    kc_free(f->kc);
+    kc_free(f->o.fetch_client);
+    free(f);
+}
+
 enum gg_status inf_start(struct kc_client *client, struct inventory *inv,
                          const struct inf_options *opts, struct informer **out, struct gg_err *err)
 {
     struct informer *f = calloc(1, sizeof(*f));
     if (!f) {
         kc_free(client);
+        if (opts)
+            kc_free(opts->fetch_client);
         return gg_fail(err, GG_ERR_NOMEM, "out of memory");
     }
     f->kc = client;
     f->inv = inv;
     if (opts)
         f->o = *opts;
+    if (f->o.kind != INF_TEMPLATES && f->o.fetch_client) {
+        kc_free(f->o.fetch_client); /* only templates are fetched */
+        f->o.fetch_client = NULL;
+    }
     if (!f->o.page_size)
         f->o.page_size = 500;
     if (!f->o.backoff_initial_ms)
@@ -1481,20 +1737,17 @@ enum gg_status inf_start(struct kc_client *client, struct inventory *inv,
     pthread_cond_init(&f->cond, &attr);
     pthread_condattr_destroy(&attr);
     pthread_mutex_init(&f->lock, NULL);
-    pthread_mutex_lock(&registry_lock);
-    registered = inv;
-    pthread_mutex_unlock(&registry_lock);
+    pthread_mutex_init(&f->fetch_lock, NULL);
+    set_registered(f, inv);
+    if (f->o.fetch_client)
+        inv_set_fetcher(inv, fetch, f);
     if (pthread_create(&f->thread, NULL, run, f) != 0) {
-        pthread_mutex_lock(&registry_lock);
-        registered = NULL;
-        pthread_mutex_unlock(&registry_lock);
-        pthread_cond_destroy(&f->cond);
-        pthread_mutex_destroy(&f->lock);
-        kc_free(client);
-        free(f);
+        informer_free(f);
         return gg_fail(err, GG_ERR_NOMEM, "cannot start the inventory thread");
     }
-    log_fields(LOG_INFO, "inventory: syncing pods",
+    char what[64];
+    snprintf(what, sizeof(what), "inventory: syncing %s", resources[f->o.kind].name);
+    log_fields(LOG_INFO, what,
                json_pack("{s:s,s:s}", "server", kc_server(client), "auth", kc_auth_kind(client)));
     *out = f;
     return GG_OK;
@@ -1509,13 +1762,7 @@ void inf_stop(struct informer *f)
     pthread_cond_broadcast(&f->cond);
     pthread_mutex_unlock(&f->lock);
     pthread_join(f->thread, NULL);
-    pthread_mutex_lock(&registry_lock);
-    registered = NULL;
-    pthread_mutex_unlock(&registry_lock);
-    pthread_cond_destroy(&f->cond);
-    pthread_mutex_destroy(&f->lock);
-    kc_free(f->kc);
-    free(f);
+    informer_free(f);
 }
 
 void inf_describe(struct informer *f, char *out, size_t size)

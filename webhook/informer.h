@@ -44,13 +44,14 @@
 /* ---- pods: what accounting needs ----------------------------------------- */
 
 /*
- * A new pod object with only: metadata.namespace, name, generateName, uid,
- * the gpuguard.io/workload-class label and the gpuguard.io/charge
- * annotation, the controller's ownerReference (kind and name, for
- * rightsizing's owner folding); spec.nodeName; the extended resources (names with a "/") of
- * spec.containers[].resources and spec.initContainers[].resources limits
- * and requests (a limits object is kept, even emptied, wherever it was:
- * inv_pod_charge reads limits first); status.phase.  inv_pod_charge() of
+ * A new pod object with only what the charge model (lua/intent.lua) reads:
+ * metadata.namespace, name, generateName, uid, the gpuguard.io/workload-class
+ * label, the gpuguard.io/charge and KAI (gpu-fraction, gpu-memory,
+ * gpu-fraction-num-devices) annotations, the controller's ownerReference
+ * (kind and name, for rightsizing's owner folding); spec.nodeName,
+ * spec.nodeSelector, spec.resourceClaims; the name, restartPolicy and
+ * extended resources (names with a "/") of spec.containers[] and
+ * spec.initContainers[] (limits and requests); status.phase.  The charge of
  * the result equals that of the pod.  NULL when pod is not an object.
  */
 json_t *inf_trim_pod(const json_t *pod);
@@ -62,6 +63,16 @@ json_t *inf_trim_pod(const json_t *pod);
  * absent).  NULL with err set when the text is not one JSON object.
  */
 json_t *inf_read_pod(const char *text, size_t len, char *rv, struct gg_err *err);
+
+/* How list items and watch objects are read: inf_read_pod, or inf_read_object. */
+typedef json_t *(*inf_read_fn)(const char *text, size_t len, char *rv, struct gg_err *err);
+
+/*
+ * A whole object (a ResourceClaim or ResourceClaimTemplate: small, and kept
+ * trimmed by the inventory), parsed from its JSON text; rv as for
+ * inf_read_pod.  NULL with err set when the text is not one JSON object.
+ */
+json_t *inf_read_object(const char *text, size_t len, char *rv, struct gg_err *err);
 
 /* ---- watch events -------------------------------------------------------- */
 
@@ -82,6 +93,9 @@ struct inf_event {
  */
 enum gg_status inf_parse_event(const char *line, size_t len, struct inf_event *ev,
                                struct gg_err *err);
+/* The same, with the object read by read ("pod" in ev is then that object). */
+enum gg_status inf_parse_event_as(const char *line, size_t len, inf_read_fn read,
+                                  struct inf_event *ev, struct gg_err *err);
 void inf_event_clear(struct inf_event *ev);
 
 /* ---- lists, read as a stream -------------------------------------------- */
@@ -99,6 +113,8 @@ struct inf_list_reader;
 struct inf_list_reader *inf_list_reader_new(bool (*on_pod)(void *ctx, json_t *pod, const char *why),
                                             void *ctx);
 void inf_list_reader_free(struct inf_list_reader *r);
+/* Read items with read instead of inf_read_pod (each item is then copied, then read). */
+void inf_list_reader_read_with(struct inf_list_reader *r, inf_read_fn read);
 enum gg_status inf_list_feed(struct inf_list_reader *r, const char *data, size_t len,
                              struct gg_err *err);
 
@@ -114,11 +130,28 @@ enum gg_status inf_list_finish(struct inf_list_reader *r, struct inf_list_meta *
 
 /* ---- the informer thread ------------------------------------------------- */
 
+/*
+ * What an informer keeps in sync: pods (/api/v1/pods; they mark the inventory
+ * ready), or ResourceClaims or ResourceClaimTemplates (resource.k8s.io v1,
+ * else v1beta2, else v1beta1, whichever the API server serves; a cluster
+ * with none is retried with the longest backoff).
+ */
+enum inf_kind { INF_PODS, INF_CLAIMS, INF_TEMPLATES };
+
 struct inf_options {
     unsigned page_size;          /* LIST limit; 0: 500 */
     unsigned watch_timeout_s;    /* timeoutSeconds of a watch; 0: random in [300, 600) */
     unsigned backoff_initial_ms; /* 0: 500 */
     unsigned backoff_max_ms;     /* 0: 30000 */
+    enum inf_kind kind;          /* what to list and watch: pods (the default) */
+    /* INF_TEMPLATES: a second client (taken over) for inv's fetcher, the GET of a template the
+     * watch has not shown yet; NULL: none. */
+    struct kc_client *fetch_client;
+    /* The configuration's generation; when it changes, the watch ends and every object is
+     * listed (so charged) again, at the next watch data (bookmarks come about every minute).
+     * NULL: never. */
+    uint64_t (*generation)(void *ctx);
+    void *generation_ctx;
 };
 
 struct informer;

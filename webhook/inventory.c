@@ -9,6 +9,7 @@
  */
 #include "inventory.h"
 
+#include "arena.h"
 #include "quantity.h"
 
 #include <pthread.h>
@@ -28,6 +29,12 @@ struct map {
     struct slot *slots;
     size_t cap; /* a power of two */
     size_t used;
+};
+
+struct dra_entry {
+    json_t *obj;
+    uint64_t seen;  /* the relist that last showed it */
+    int64_t charge; /* a claim charged on its own; added to dra_sums */
 };
 
 struct record {
@@ -51,6 +58,14 @@ struct state {
 
 struct inventory {
     pthread_mutex_t lock;
+    inv_charge_fn charge; /* NULL: nothing is charged */
+    void *charge_ctx;
+    pthread_mutex_t dra_lock; /* the DRA objects, apart: charges read them under lock */
+    struct map dra;           /* "kind\x1fns\x1fname" -> struct dra_entry */
+    struct map dra_sums;      /* ns -> milli-GPU of the claims charged on their own */
+    uint64_t dra_relist;      /* numbers relists; entries keep the last that showed them */
+    inv_fetch_fn fetch;       /* a template not kept yet; NULL: none */
+    void *fetch_ctx;
     struct state st;
     struct reservation *res;
     size_t n_res, cap_res;
@@ -156,6 +171,22 @@ static void map_clear(struct map *m, bool records)
     memset(m, 0, sizeof(*m));
 }
 
+static void free_dra_entry(struct dra_entry *d)
+{
+    if (!d)
+        return;
+    json_decref(d->obj);
+    free(d);
+}
+
+static void dra_clear(struct map *m)
+{
+    for (size_t i = 0; i < m->cap; i++)
+        if (m->slots[i].key)
+            free_dra_entry(m->slots[i].ptr);
+    map_clear(m, false);
+}
+
 static int64_t now_ms(void)
 {
     struct timespec ts;
@@ -166,8 +197,10 @@ static int64_t now_ms(void)
 struct inventory *inv_new(void)
 {
     struct inventory *inv = calloc(1, sizeof(*inv));
-    if (inv)
+    if (inv) {
         pthread_mutex_init(&inv->lock, NULL);
+        pthread_mutex_init(&inv->dra_lock, NULL);
+    }
     return inv;
 }
 
@@ -194,72 +227,31 @@ void inv_free(struct inventory *inv)
     state_clear(&inv->st);
     clear_reservations(inv);
     free(inv->res);
+    dra_clear(&inv->dra);
+    map_clear(&inv->dra_sums, false);
     pthread_mutex_destroy(&inv->lock);
+    pthread_mutex_destroy(&inv->dra_lock);
     free(inv);
 }
 
-/* ---- charges ---------------------------------------------------------- */
+/* ---- charges: the charger's, never the inventory's own ------------------ */
 
-/* Whole units of a quantity value (JSON string or number); 0 when malformed. */
-static int64_t units(const json_t *v)
+void inv_set_charger(struct inventory *inv, inv_charge_fn fn, void *ctx)
 {
-    if (json_is_integer(v))
-        return json_integer_value(v) > 0 ? json_integer_value(v) : 0;
-    int64_t milli;
-    if (!json_is_string(v) || qty_parse(json_string_value(v), &milli, NULL, NULL) != GG_OK)
-        return 0;
-    return milli > 0 ? milli / 1000 : 0;
+    pthread_mutex_lock(&inv->lock);
+    inv->charge = fn;
+    inv->charge_ctx = ctx;
+    pthread_mutex_unlock(&inv->lock);
 }
 
-/* milli-GPU of one resource entry, e.g. ("nvidia.com/mig-3g.40gb", 2). */
-static int64_t resource_charge(const char *name, int64_t n)
+int64_t inv_charge(struct inventory *inv, const json_t *obj)
 {
-    if (strcmp(name, "nvidia.com/gpu") == 0 || strcmp(name, "nvidia.com/gpu.shared") == 0)
-        return n * 1000;
-    int g, mem;
-    if (sscanf(name, "nvidia.com/mig-%dg.%dgb", &g, &mem) == 2 && g > 0) {
-        /* A30's profiles are 1g.6gb, 2g.12gb and 4g.24gb: four slices; others have seven. */
-        int slices = mem == 6 * g && (g == 1 || g == 2 || g == 4) ? 4 : 7;
-        return n * ((g * 1000 + slices - 1) / slices);
-    }
-    return 0;
-}
-
-static int64_t container_charge(const json_t *c)
-{
-    json_t *res = json_object_get(c, "resources");
-    json_t *section = json_object_get(res, "limits");
-    if (!section)
-        section = json_object_get(res, "requests");
-    const char *name;
-    json_t *v;
-    int64_t total = 0;
-    json_object_foreach(section, name, v) total += resource_charge(name, units(v));
-    return total;
-}
-
-int64_t inv_pod_charge(const json_t *pod)
-{
-    json_t *meta = json_object_get(pod, "metadata");
-    const char *note = json_string_value(
-        json_object_get(json_object_get(meta, "annotations"), INV_CHARGE_ANNOTATION));
-    if (note) {
-        char *end;
-        long long v = strtoll(note, &end, 10);
-        if (*note && !*end && v >= 0)
-            return v;
-    }
-    json_t *spec = json_object_get(pod, "spec");
-    size_t i;
-    json_t *c;
-    int64_t regular = 0, init = 0;
-    json_array_foreach(json_object_get(spec, "containers"), i, c) regular += container_charge(c);
-    json_array_foreach(json_object_get(spec, "initContainers"), i, c)
-    {
-        int64_t charge = container_charge(c);
-        init = charge > init ? charge : init;
-    }
-    return regular > init ? regular : init;
+    pthread_mutex_lock(&inv->lock);
+    inv_charge_fn fn = inv->charge;
+    void *ctx = inv->charge_ctx;
+    pthread_mutex_unlock(&inv->lock);
+    /* Outside the lock: the charger reads DRA objects back through inv_dra_get. */
+    return fn ? fn(ctx, obj) : 0;
 }
 
 /* ---- records and sums --------------------------------------------------- */
@@ -277,16 +269,39 @@ static void add_sum(struct state *st, const char *ns, const char *cls, int64_t d
     }
 }
 
-static const char *meta_string(const json_t *pod, const char *key)
+static const char *meta_string(const json_t *obj, const char *key)
 {
-    const char *s = json_string_value(json_object_get(json_object_get(pod, "metadata"), key));
+    const char *s = json_string_value(json_object_get(json_object_get(obj, "metadata"), key));
     return s ? s : "";
 }
 
-static bool counts(const json_t *pod)
+enum obj_kind { K_POD, K_CLAIM, K_TEMPLATE, K_OTHER };
+
+/* Objects without a kind are pods (the informer's trimmed pods carry none). */
+static enum obj_kind kind_of(const json_t *obj)
 {
-    const char *phase = json_string_value(json_object_get(json_object_get(pod, "status"), "phase"));
+    const char *kind = json_string_value(json_object_get(obj, "kind"));
+    if (!kind || strcmp(kind, "Pod") == 0)
+        return K_POD;
+    if (strcmp(kind, "ResourceClaim") == 0)
+        return K_CLAIM;
+    return strcmp(kind, "ResourceClaimTemplate") == 0 ? K_TEMPLATE : K_OTHER;
+}
+
+/* Whether an object holds devices: pods that Succeeded or Failed hold none. */
+static bool counts(const json_t *obj)
+{
+    const char *phase = json_string_value(json_object_get(json_object_get(obj, "status"), "phase"));
     return !phase || (strcmp(phase, "Succeeded") != 0 && strcmp(phase, "Failed") != 0);
+}
+
+/* The charge an object holds, from the charger, outside every lock. */
+static int64_t holding(struct inventory *inv, const json_t *obj)
+{
+    enum obj_kind k = kind_of(obj);
+    if ((k != K_POD && k != K_CLAIM) || !*meta_string(obj, "uid") || !counts(obj))
+        return 0;
+    return inv_charge(inv, obj);
 }
 
 /* A pod the watch shows settles the reservation made when it was admitted. */
@@ -333,19 +348,18 @@ static char *controller_of(const json_t *pod)
     return strdup("");
 }
 
-/* Record a pod (replacing the record of its uid); true when it holds GPUs. */
-static bool state_add(struct state *st, const json_t *pod)
+/* Record what a pod or claim holds (replacing the record of its uid); true when it holds GPUs. */
+static bool state_add(struct state *st, const json_t *obj, int64_t charge)
 {
-    const char *uid = meta_string(pod, "uid"), *ns = meta_string(pod, "namespace");
+    const char *uid = meta_string(obj, "uid"), *ns = meta_string(obj, "namespace");
     if (!*uid)
         return false;
     state_remove(st, uid);
-    int64_t charge = counts(pod) ? inv_pod_charge(pod) : 0;
     if (charge <= 0)
         return false;
     struct record *r = calloc(1, sizeof(*r));
     const char *cls = json_string_value(json_object_get(
-        json_object_get(json_object_get(pod, "metadata"), "labels"), INV_CLASS_LABEL));
+        json_object_get(json_object_get(obj, "metadata"), "labels"), INV_CLASS_LABEL));
     struct slot *s = r ? map_put(&st->pods, uid) : NULL;
     if (!s) {
         free(r);
@@ -354,46 +368,251 @@ static bool state_add(struct state *st, const json_t *pod)
     r->ns = strdup(ns);
     r->cls = strdup(cls ? cls : "");
     r->charge = charge;
-    r->name = strdup(meta_string(pod, "name"));
-    r->owner = controller_of(pod);
+    r->name = strdup(meta_string(obj, "name"));
+    r->owner = controller_of(obj);
     s->ptr = r;
     add_sum(st, r->ns, r->cls, charge);
     return true;
 }
 
-static void upsert_locked(struct inventory *inv, const json_t *pod)
+/* ---- DRA objects (ResourceClaims, ResourceClaimTemplates) ----------------
+ *
+ * Apart from the pods, under their own lock: a pod relist never touches them,
+ * and each kind is relisted on its own (inv_dra_relist_begin/end).  A claim
+ * charged on its own adds to the sums of dra_sums.
+ */
+
+static bool dra_key(char *key, size_t size, const char *kind, const char *ns, const char *name)
 {
-    if (!*meta_string(pod, "uid"))
-        return;
-    settle_reservation(inv, meta_string(pod, "namespace"), meta_string(pod, "name"));
-    state_add(&inv->st, pod);
+    return (size_t)snprintf(key, size, "%s\x1f%s\x1f%s", kind, ns, name) < size;
 }
 
-void inv_upsert(struct inventory *inv, const json_t *pod)
+/* What the charge model reads of a claim or template: no status, no managedFields. */
+static json_t *dra_trim(const json_t *obj)
+{
+    const json_t *meta = json_object_get(obj, "metadata");
+    json_t *m = json_object(), *out = json_object();
+    static const char *const keys[] = {"namespace", "name", "uid", "annotations"};
+    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
+        json_t *v = json_object_get(meta, keys[i]);
+        if (v)
+            json_object_set_new(m, keys[i], json_deep_copy(v));
+    }
+    json_object_set_new(out, "metadata", m);
+    static const char *const top[] = {"apiVersion", "kind", "spec"};
+    for (size_t i = 0; i < sizeof(top) / sizeof(top[0]); i++) {
+        json_t *v = json_object_get(obj, top[i]);
+        if (v)
+            json_object_set_new(out, top[i], json_deep_copy(v));
+    }
+    return out;
+}
+
+/* Under dra_lock: drop the entry of a slot, its charge with it. */
+static void dra_drop(struct inventory *inv, struct slot *s)
+{
+    struct dra_entry *d = s->ptr;
+    if (d->charge) {
+        struct slot *sum = map_find(&inv->dra_sums, meta_string(d->obj, "namespace"));
+        if (sum)
+            sum->value -= d->charge;
+    }
+    free_dra_entry(d);
+    map_remove(&inv->dra, s);
+}
+
+/* Keep (or replace) a claim or template that holds charge; seen: the relist showing it. */
+static void dra_put(struct inventory *inv, const json_t *obj, uint64_t seen, int64_t charge)
+{
+    char key[1024];
+    const char *kind = json_string_value(json_object_get(obj, "kind"));
+    const char *ns = meta_string(obj, "namespace");
+    if (!dra_key(key, sizeof(key), kind, ns, meta_string(obj, "name")))
+        return;
+    struct dra_entry *d = malloc(sizeof(*d));
+    if (!d)
+        return;
+    bool in_request = arena_pause(); /* kept beyond the request that may be running */
+    *d = (struct dra_entry){dra_trim(obj), seen, charge};
+    arena_resume(in_request);
+    pthread_mutex_lock(&inv->dra_lock);
+    if (!seen)
+        d->seen = inv->dra_relist;
+    struct slot *s = map_find(&inv->dra, key);
+    if (s)
+        dra_drop(inv, s);
+    struct slot *sum = charge ? map_put(&inv->dra_sums, ns) : NULL;
+    if (charge && !sum)
+        d->charge = 0; /* out of memory: counted nowhere, so never subtracted */
+    if (sum)
+        sum->value += charge;
+    if ((s = map_put(&inv->dra, key)))
+        s->ptr = d;
+    else if (sum) {
+        sum->value -= charge;
+        free_dra_entry(d);
+    } else {
+        free_dra_entry(d);
+    }
+    pthread_mutex_unlock(&inv->dra_lock);
+}
+
+static void dra_remove(struct inventory *inv, const json_t *obj)
+{
+    char key[1024];
+    const char *kind = json_string_value(json_object_get(obj, "kind"));
+    if (!dra_key(key, sizeof(key), kind, meta_string(obj, "namespace"), meta_string(obj, "name")))
+        return;
+    pthread_mutex_lock(&inv->dra_lock);
+    struct slot *s = map_find(&inv->dra, key);
+    if (s)
+        dra_drop(inv, s);
+    pthread_mutex_unlock(&inv->dra_lock);
+}
+
+uint64_t inv_dra_relist_begin(struct inventory *inv)
+{
+    pthread_mutex_lock(&inv->dra_lock);
+    uint64_t relist = ++inv->dra_relist;
+    pthread_mutex_unlock(&inv->dra_lock);
+    return relist;
+}
+
+/* A claim the API server shows settles the reservation made when it was admitted. */
+static void settle_claim(struct inventory *inv, const json_t *claim)
 {
     pthread_mutex_lock(&inv->lock);
-    upsert_locked(inv, pod);
+    settle_reservation(inv, meta_string(claim, "namespace"), meta_string(claim, "name"));
     pthread_mutex_unlock(&inv->lock);
 }
 
-void inv_delete(struct inventory *inv, const json_t *pod)
+void inv_dra_add(struct inventory *inv, const json_t *obj, uint64_t relist)
 {
+    enum obj_kind k = kind_of(obj);
+    if (k == K_CLAIM || k == K_TEMPLATE)
+        dra_put(inv, obj, relist, holding(inv, obj));
+    if (k == K_CLAIM)
+        settle_claim(inv, obj);
+}
+
+void inv_dra_relist_end(struct inventory *inv, const char *kind, uint64_t relist)
+{
+    size_t n = strlen(kind ? kind : "");
+    pthread_mutex_lock(&inv->dra_lock);
+    /* The keys first, then the removals: a removal moves entries around the table. */
+    char **doomed = calloc(inv->dra.used + 1, sizeof(*doomed));
+    size_t count = 0;
+    for (size_t i = 0; doomed && i < inv->dra.cap; i++) {
+        const struct slot *s = &inv->dra.slots[i];
+        if (s->key && ((struct dra_entry *)s->ptr)->seen < relist &&
+            (!kind || (strncmp(s->key, kind, n) == 0 && s->key[n] == '\x1f')))
+            doomed[count++] = s->key;
+    }
+    for (size_t i = 0; i < count; i++) {
+        struct slot *s = map_find(&inv->dra, doomed[i]);
+        if (s)
+            dra_drop(inv, s);
+    }
+    free(doomed);
+    pthread_mutex_unlock(&inv->dra_lock);
+}
+
+json_t *inv_dra_get(struct inventory *inv, const char *kind, const char *ns, const char *name,
+                    struct gg_err *err)
+{
+    char key[1024];
+    if (!dra_key(key, sizeof(key), kind, ns, name))
+        return NULL;
+    pthread_mutex_lock(&inv->dra_lock);
+    struct slot *s = map_find(&inv->dra, key);
+    json_t *copy = s ? json_deep_copy(((struct dra_entry *)s->ptr)->obj) : NULL;
+    inv_fetch_fn fetch = inv->fetch;
+    void *ctx = inv->fetch_ctx;
+    pthread_mutex_unlock(&inv->dra_lock);
+    if (copy || !fetch || strcmp(kind, "ResourceClaimTemplate") != 0)
+        return copy;
+    /* A template applied with its pod may not have reached the watch yet: ask for it (outside
+     * the request's arena: the answer is kept, and handed back to a caller who frees it). */
+    bool in_request = arena_pause();
+    json_t *got = fetch(ctx, kind, ns, name, err);
+    if (got)
+        inv_upsert(inv, got);
+    arena_resume(in_request);
+    return got;
+}
+
+void inv_set_fetcher(struct inventory *inv, inv_fetch_fn fn, void *ctx)
+{
+    pthread_mutex_lock(&inv->dra_lock);
+    inv->fetch = fn;
+    inv->fetch_ctx = ctx;
+    pthread_mutex_unlock(&inv->dra_lock);
+}
+
+size_t inv_dra_count(struct inventory *inv)
+{
+    pthread_mutex_lock(&inv->dra_lock);
+    size_t n = inv->dra.used;
+    pthread_mutex_unlock(&inv->dra_lock);
+    return n;
+}
+
+static int64_t dra_usage(struct inventory *inv, const char *ns)
+{
+    pthread_mutex_lock(&inv->dra_lock);
+    struct slot *s = map_find(&inv->dra_sums, ns);
+    int64_t used = s ? s->value : 0;
+    pthread_mutex_unlock(&inv->dra_lock);
+    return used;
+}
+
+void inv_upsert(struct inventory *inv, const json_t *obj)
+{
+    enum obj_kind k = kind_of(obj);
+    if (k == K_OTHER)
+        return;
+    if (k != K_POD) {
+        dra_put(inv, obj, 0, holding(inv, obj));
+        if (k == K_CLAIM)
+            settle_claim(inv, obj);
+        return;
+    }
+    if (!*meta_string(obj, "uid"))
+        return;
+    int64_t charge = holding(inv, obj);
     pthread_mutex_lock(&inv->lock);
-    state_remove(&inv->st, meta_string(pod, "uid"));
+    settle_reservation(inv, meta_string(obj, "namespace"), meta_string(obj, "name"));
+    state_add(&inv->st, obj, charge);
+    pthread_mutex_unlock(&inv->lock);
+}
+
+void inv_delete(struct inventory *inv, const json_t *obj)
+{
+    if (kind_of(obj) != K_POD) {
+        dra_remove(inv, obj);
+        return;
+    }
+    pthread_mutex_lock(&inv->lock);
+    state_remove(&inv->st, meta_string(obj, "uid"));
     pthread_mutex_unlock(&inv->lock);
 }
 
 /* ---- relists: a new state built aside, then swapped in ------------------- */
 
 struct inv_stage {
+    struct inventory *inv; /* its charger */
     struct state st;
     struct map names; /* "ns\x1f" "name" and "ns\x1f" "generateName" of the GPU pods */
     size_t seen;
 };
 
-struct inv_stage *inv_stage_new(void)
+struct inv_stage *inv_stage_new(struct inventory *inv)
 {
-    return calloc(1, sizeof(struct inv_stage));
+    struct inv_stage *stage = calloc(1, sizeof(struct inv_stage));
+    if (!stage)
+        return NULL;
+    stage->inv = inv;
+    return stage;
 }
 
 void inv_stage_free(struct inv_stage *stage)
@@ -415,7 +634,7 @@ static void stage_name(struct inv_stage *stage, const char *ns, const char *name
 void inv_stage_add(struct inv_stage *stage, const json_t *pod)
 {
     stage->seen++;
-    if (!state_add(&stage->st, pod))
+    if (kind_of(pod) != K_POD || !state_add(&stage->st, pod, holding(stage->inv, pod)))
         return;
     /* Only a pod that holds GPUs can settle a reservation. */
     const char *ns = meta_string(pod, "namespace");
@@ -455,13 +674,19 @@ void inv_stage_commit(struct inventory *inv, struct inv_stage *stage)
 
 void inv_replace(struct inventory *inv, const json_t *items)
 {
-    struct inv_stage *stage = inv_stage_new();
+    struct inv_stage *stage = inv_stage_new(inv);
     if (!stage)
         return;
+    uint64_t relist = inv_dra_relist_begin(inv);
     size_t i;
-    json_t *pod;
-    json_array_foreach(items, i, pod) inv_stage_add(stage, pod);
+    json_t *obj;
+    /* Templates first, in whatever order the list holds them: claims' and pods' charges read
+     * them. */
+    json_array_foreach(items, i, obj) if (kind_of(obj) == K_TEMPLATE) inv_dra_add(inv, obj, relist);
+    json_array_foreach(items, i, obj) if (kind_of(obj) == K_CLAIM) inv_dra_add(inv, obj, relist);
+    json_array_foreach(items, i, obj) inv_stage_add(stage, obj);
     inv_stage_commit(inv, stage);
+    inv_dra_relist_end(inv, NULL, relist);
 }
 
 void inv_reserve(struct inventory *inv, const char *ns, const char *name, const char *cls,
@@ -506,7 +731,7 @@ int64_t inv_usage(struct inventory *inv, const char *ns, const char *cls)
         i++;
     }
     pthread_mutex_unlock(&inv->lock);
-    return used;
+    return cls && *cls ? used : used + dra_usage(inv, ns); /* claims have no class */
 }
 
 size_t inv_pod_count(struct inventory *inv)
@@ -529,25 +754,41 @@ static int by_namespace(const void *a, const void *b)
     return strcmp(((const struct inv_ns_usage *)a)->ns, ((const struct inv_ns_usage *)b)->ns);
 }
 
+/* Add the per-namespace sums of from (keys without a class) into to. */
+static void merge_sums(struct map *to, const struct map *from)
+{
+    for (size_t i = 0; i < from->cap; i++) {
+        const struct slot *s = &from->slots[i];
+        struct slot *t = s->key && !strchr(s->key, '\x1f') ? map_put(to, s->key) : NULL;
+        if (t)
+            t->value += s->value;
+    }
+}
+
 size_t inv_usage_by_namespace(struct inventory *inv, struct inv_ns_usage **out)
 {
     *out = NULL;
+    struct map all = {0};
     pthread_mutex_lock(&inv->lock);
+    merge_sums(&all, &inv->st.sums);
+    pthread_mutex_unlock(&inv->lock);
+    pthread_mutex_lock(&inv->dra_lock);
+    merge_sums(&all, &inv->dra_sums);
+    pthread_mutex_unlock(&inv->dra_lock);
     size_t n = 0, text = 0;
-    for (size_t i = 0; i < inv->st.sums.cap; i++) {
-        const char *key = inv->st.sums.slots[i].key;
-        if (key && !strchr(key, '\x1f')) {
+    for (size_t i = 0; i < all.cap; i++) {
+        if (all.slots[i].key) {
             n++;
-            text += strlen(key) + 1;
+            text += strlen(all.slots[i].key) + 1;
         }
     }
     struct inv_ns_usage *list = n ? malloc(n * sizeof(*list) + text) : NULL;
     if (list) {
         char *p = (char *)(list + n);
         size_t k = 0;
-        for (size_t i = 0; i < inv->st.sums.cap; i++) {
-            const struct slot *s = &inv->st.sums.slots[i];
-            if (!s->key || strchr(s->key, '\x1f'))
+        for (size_t i = 0; i < all.cap; i++) {
+            const struct slot *s = &all.slots[i];
+            if (!s->key)
                 continue;
             size_t len = strlen(s->key) + 1;
             memcpy(p, s->key, len);
@@ -555,7 +796,7 @@ size_t inv_usage_by_namespace(struct inventory *inv, struct inv_ns_usage **out)
             p += len;
         }
     }
-    pthread_mutex_unlock(&inv->lock);
+    map_clear(&all, false);
     if (!list)
         return 0;
     qsort(list, n, sizeof(*list), by_namespace);

@@ -7,13 +7,12 @@
  * `kubectl get pods -A -o json` snapshot.  Policies read it through
  * gpuguard.usage().  Every function is thread-safe.
  *
- * A pod's charge is its `gpuguard.io/charge` annotation (milli-GPU, written
- * by the gpu-sharing policy) when present; otherwise it is estimated from
- * its GPU resources: nvidia.com/gpu N counts N x 1000; nvidia.com/mig-<g>g.*
- * counts ceil(g x 1000 / 7) per device (g / 4 for the A30 profiles 1g.6gb,
- * 2g.12gb and 4g.24gb); a shared replica (nvidia.com/gpu.shared)
- * counts 1000, since its share of the GPU is unknown.  Pods that Succeeded
- * or Failed count nothing.
+ * What a pod or a ResourceClaim holds is its charger's answer (see
+ * charger.h: the Lua library's intent.usage_charge, the model admission
+ * charges with); the inventory has no charge rules of its own.  Pods that
+ * Succeeded or Failed hold nothing.  ResourceClaims and
+ * ResourceClaimTemplates are also kept, trimmed, for the charger to read
+ * back (inv_dra_get); they are immutable, so a cached one is never stale.
  */
 #ifndef GG_INVENTORY_H
 #define GG_INVENTORY_H
@@ -34,15 +33,56 @@ struct inventory;
 struct inventory *inv_new(void);
 void inv_free(struct inventory *inv);
 
-/* The charge of a pod object in milli-GPU (0 when it holds no GPU). */
-int64_t inv_pod_charge(const json_t *pod);
-
-/* Add or update a pod from its object; pods with no charge are dropped. */
-void inv_upsert(struct inventory *inv, const json_t *pod);
-void inv_delete(struct inventory *inv, const json_t *pod);
 /*
- * Replace everything with the pods of a List's items (a relist): the new
- * state is built with no lock held, then swapped in at once.
+ * The charge of an object (a pod, or a ResourceClaim charged on its own) in
+ * milli-GPU.  Called with no inventory lock held, from any thread: it must
+ * be thread-safe.
+ */
+typedef int64_t (*inv_charge_fn)(void *ctx, const json_t *obj);
+/* Set before the first object arrives; without one nothing is charged. */
+void inv_set_charger(struct inventory *inv, inv_charge_fn fn, void *ctx);
+/* The charger's answer for obj (0 without a charger). */
+int64_t inv_charge(struct inventory *inv, const json_t *obj);
+
+/*
+ * Add or update a pod, ResourceClaim or ResourceClaimTemplate (by "kind";
+ * an object without one is a pod); other kinds are ignored.  Objects that
+ * hold no charge keep no usage record.
+ */
+void inv_upsert(struct inventory *inv, const json_t *obj);
+void inv_delete(struct inventory *inv, const json_t *obj);
+
+/*
+ * A copy of the kept ResourceClaim or ResourceClaimTemplate (kind), or NULL.
+ * A template not kept yet is asked of the fetcher, when one is set, and kept
+ * when it exists (the API server's answer, not a guess); when the fetcher
+ * could not tell, err (may be NULL) says why.
+ */
+json_t *inv_dra_get(struct inventory *inv, const char *kind, const char *ns, const char *name,
+                    struct gg_err *err);
+/* Claims and templates kept. */
+size_t inv_dra_count(struct inventory *inv);
+
+/*
+ * The object kind/ns/name from the API server (a new reference); NULL when it
+ * has none, or with err set when that could not be known.
+ */
+typedef json_t *(*inv_fetch_fn)(void *ctx, const char *kind, const char *ns, const char *name,
+                                struct gg_err *err);
+void inv_set_fetcher(struct inventory *inv, inv_fetch_fn fn, void *ctx);
+
+/*
+ * A relist of claims or templates, apart from the pods': number it with
+ * inv_dra_relist_begin, inv_dra_add every object listed, then
+ * inv_dra_relist_end forgets the objects of kind ("ResourceClaim",
+ * "ResourceClaimTemplate"; NULL: both) that it did not show.
+ */
+uint64_t inv_dra_relist_begin(struct inventory *inv);
+void inv_dra_add(struct inventory *inv, const json_t *obj, uint64_t relist);
+void inv_dra_relist_end(struct inventory *inv, const char *kind, uint64_t relist);
+/*
+ * Replace everything with the objects of a List's items (a relist), in any
+ * order: the new state is built with no lock held, then swapped in at once.
  */
 void inv_replace(struct inventory *inv, const json_t *items);
 
@@ -55,7 +95,9 @@ void inv_replace(struct inventory *inv, const json_t *items);
  * the stage holds (same namespace and name, or generateName).
  */
 struct inv_stage;
-struct inv_stage *inv_stage_new(void);
+/* A stage of pods for inv, charged by inv's charger (other kinds are ignored: see
+ * inv_dra_relist_begin). */
+struct inv_stage *inv_stage_new(struct inventory *inv);
 void inv_stage_free(struct inv_stage *stage);
 void inv_stage_add(struct inv_stage *stage, const json_t *pod);
 /* Pods that hold GPUs in the stage so far. */
@@ -63,8 +105,8 @@ size_t inv_stage_pods(const struct inv_stage *stage);
 void inv_stage_commit(struct inventory *inv, struct inv_stage *stage);
 
 /*
- * Count a pod this replica just admitted until a pod with that namespace
- * and name (or generateName prefix) is seen, or ttl_ms passes.
+ * Count a pod (or ResourceClaim) this replica just admitted until one with
+ * that namespace and name (or generateName prefix) is seen, or ttl_ms passes.
  */
 void inv_reserve(struct inventory *inv, const char *ns, const char *name, const char *cls,
                  int64_t charge, int64_t ttl_ms);
@@ -101,7 +143,7 @@ void inv_each_owner(struct inventory *inv,
                     void (*fn)(void *ctx, const char *ns, const char *pod, const char *owner),
                     void *ctx);
 
-/* Load a `kubectl get pods -A -o json` dump (a List of Pods); marks ready. */
+/* Load a `kubectl get pods,resourceclaims,resourceclaimtemplates -A -o json` dump; marks ready. */
 enum gg_status inv_load_snapshot(struct inventory *inv, const char *path, struct gg_err *err);
 
 #endif

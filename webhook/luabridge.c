@@ -1024,6 +1024,40 @@ static int l_rightsize_report(lua_State *L)
     return 0;
 }
 
+/*
+ * gpuguard.dra(kind, namespace, name): a kept ResourceClaim or
+ * ResourceClaimTemplate; nil when there is none; nil and a message when
+ * whether there is one could not be known.
+ */
+static int l_dra(lua_State *L)
+{
+    const char *kind = luaL_checkstring(L, 1);
+    const char *ns = luaL_checkstring(L, 2);
+    const char *name = luaL_checkstring(L, 3);
+    struct inventory *inv = vm_of(L)->inventory;
+    struct gg_err err = {{0}};
+    json_t *obj = inv ? inv_dra_get(inv, kind, ns, name, &err) : NULL;
+    if (!obj) {
+        lua_pushnil(L);
+        if (!err.msg[0])
+            return 1;
+        lua_pushstring(L, err.msg);
+        return 2;
+    }
+    int top = lua_gettop(L);
+    push_registry(L, &key_object_mt);
+    push_registry(L, &key_array_mt);
+    int bad = push_json(L, obj, 0, top + 1);
+    json_decref(obj); /* before a raise, which would not return here */
+    if (bad) {
+        lua_settop(L, top);
+        return luaL_error(L, "%s %s/%s nests deeper than %d levels", kind, ns, name, LB_MAX_DEPTH);
+    }
+    lua_remove(L, top + 1); /* the two metatables under the value */
+    lua_remove(L, top + 1);
+    return 1;
+}
+
 static int l_print(lua_State *L)
 {
     int n = lua_gettop(L); /* before luaL_buffinit, which may push a placeholder */
@@ -1052,6 +1086,7 @@ static void open_gpuguard_module(lua_State *L)
                                      {"usage", l_usage},
                                      {"rightsize", l_rightsize},
                                      {"rightsize_report", l_rightsize_report},
+                                     {"dra", l_dra}, /* lua/intent.lua's DRA lookups */
                                      {NULL, NULL}};
     luaL_newlib(L, funcs);
     lua_pushboolean(L, rss_template_reviews());

@@ -1591,8 +1591,20 @@ size_t mf_line_of(const json_t *lines, const char *pointer)
 
 /* ---- cluster state ------------------------------------------------------ */
 
+/* What a cluster-state item is, by kind (no kind: a Pod, as kubectl's PodList items). */
+static enum mf_state_kind state_kind(const json_t *item)
+{
+    const json_t *k = json_object_get(item, "kind");
+    const char *kind = json_string_value(k);
+    if (!k || (kind && strcmp(kind, "Pod") == 0))
+        return MF_STATE_POD;
+    if (kind && strcmp(kind, "ResourceClaim") == 0)
+        return MF_STATE_CLAIM;
+    return kind && strcmp(kind, "ResourceClaimTemplate") == 0 ? MF_STATE_TEMPLATE : MF_STATE_OTHER;
+}
+
 enum gg_status mf_cluster_state(const char *text, size_t len, const char *source, json_t **state,
-                                struct gg_err *err)
+                                size_t counts[MF_STATE_N], struct gg_err *err)
 {
     json_error_t jerr;
     const char *src = source ? source : "<cluster state>";
@@ -1607,7 +1619,9 @@ enum gg_status mf_cluster_state(const char *text, size_t len, const char *source
     json_t *items = json_object_get(root, "items");
     if (!json_is_object(root)) {
         st = gg_fail(err, GG_ERR_INVALID,
-                     "%s: want the JSON of 'kubectl get pods -A -o json', an object", src);
+                     "%s: want the JSON of 'kubectl get pods,resourceclaims,"
+                     "resourceclaimtemplates -A -o json', an object",
+                     src);
         goto out;
     }
     if (!kind || (strcmp(kind, "List") != 0 && strcmp(kind, "PodList") != 0)) {
@@ -1616,24 +1630,31 @@ enum gg_status mf_cluster_state(const char *text, size_t len, const char *source
         goto out;
     }
     if (!json_is_array(items)) {
-        st = gg_fail(err, GG_ERR_INVALID, "%s: items must be an array of pods", src);
+        st = gg_fail(err, GG_ERR_INVALID, "%s: items must be an array of objects", src);
         goto out;
     }
+    memset(counts, 0, MF_STATE_N * sizeof(counts[0]));
+    json_t *kept = json_array();
     size_t i;
     json_t *item;
     json_array_foreach(items, i, item)
     {
-        const char *ik = json_string_value(json_object_get(item, "kind"));
-        if (!json_is_object(item) ||
-            (json_object_get(item, "kind") && (!ik || strcmp(ik, "Pod")))) {
-            st = gg_fail(err, GG_ERR_INVALID, "%s: items[%zu] is not a Pod", src, i);
-            goto out;
+        if (!json_is_object(item)) {
+            st = gg_fail(err, GG_ERR_INVALID, "%s: items[%zu] is not an object", src, i);
+            break;
         }
         if (!json_is_object(json_object_get(item, "metadata"))) {
             st = gg_fail(err, GG_ERR_INVALID, "%s: items[%zu].metadata must be an object", src, i);
-            goto out;
+            break;
         }
+        enum mf_state_kind k = state_kind(item);
+        counts[k]++;
+        if (k != MF_STATE_OTHER)
+            json_array_append(kept, item);
     }
+    json_object_set_new(root, "items", kept);
+    if (st != GG_OK)
+        goto out;
 out:
     if (st != GG_OK) {
         json_decref(root);

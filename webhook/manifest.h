@@ -179,12 +179,16 @@ enum gg_status mf_node_lines(const char *text, size_t len, size_t max_nodes, jso
 size_t mf_line_of(const json_t *lines, const char *pointer);
 
 /*
- * Check a cluster-state snapshot (the JSON of `kubectl get pods -A -o json`):
- * an object with kind List or PodList and an items array whose elements are
- * Pods (kind Pod or no kind, metadata an object).  *state (a new reference)
- * is the parsed snapshot.  Messages start with source.
+ * Check a cluster-state snapshot (the JSON of `kubectl get pods,
+ * resourceclaims,resourceclaimtemplates -A -o json`): an object with kind
+ * List or PodList and an items array of objects with an object metadata, in
+ * any order.  Pods (kind Pod or no kind), ResourceClaims and
+ * ResourceClaimTemplates are kept; items of other kinds are dropped from
+ * *state's items and counted in counts[MF_STATE_OTHER].  *state (a new
+ * reference) is the parsed snapshot.  Messages start with source.
  */
+enum mf_state_kind { MF_STATE_POD, MF_STATE_CLAIM, MF_STATE_TEMPLATE, MF_STATE_OTHER, MF_STATE_N };
 enum gg_status mf_cluster_state(const char *text, size_t len, const char *source, json_t **state,
-                                struct gg_err *err);
+                                size_t counts[MF_STATE_N], struct gg_err *err);
 
 #endif

@@ -248,6 +248,15 @@ static enum gg_status build_vm(const struct policy_set *set, struct inventory *i
     return GG_OK;
 }
 
+enum gg_status policy_set_library_vm(const struct policy_set *set, struct inventory *inventory,
+                                     struct lb_vm **out, struct gg_err *err)
+{
+    struct lb_limits limits = {.memory = set->limits.memory,
+                               .instructions = set->limits.instructions,
+                               .load_time_us = set->limits.timeout_us};
+    return lb_vm_new(&limits, set->modules, set->n_modules, set->config, inventory, out, err);
+}
+
 static enum gg_status check_policies(struct policy_set *set, struct gg_err *err)
 {
     struct lb_policy_info *infos = calloc(set->n + 1, sizeof(*infos));
@@ -787,15 +796,16 @@ static void audit_summary(struct gather *g, const struct policy_verdict *out)
         json_object_set_new(g->audit, "policies", json_string(list));
 }
 
-/* An admitted GPU pod counts against its namespace at once (see inventory.h). */
+/* An admitted GPU pod or DRA claim counts against its namespace at once (see inventory.h). */
 static void reserve(struct engine *e, const struct adm_request *req, unsigned phases,
                     const struct policy_verdict *v)
 {
     const json_t *pod = v->mutated ? v->mutated : req->object;
     if (!e->inventory || !v->allowed || !(phases & PHASE_VALIDATE) || !pod ||
-        req->operation != ADM_CREATE || req->dry_run || strcmp(req->kind, "Pod") != 0)
+        req->operation != ADM_CREATE || req->dry_run ||
+        (strcmp(req->kind, "Pod") != 0 && strcmp(req->kind, "ResourceClaim") != 0))
         return;
-    int64_t charge = inv_pod_charge(pod);
+    int64_t charge = inv_charge(e->inventory, pod);
     json_t *meta = json_object_get(pod, "metadata");
     const char *name =
         *req->name ? req->name : json_string_value(json_object_get(meta, "generateName"));

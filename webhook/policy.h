@@ -42,6 +42,14 @@ enum gg_status policy_set_load(const struct policy_paths *paths, uint64_t genera
                                struct policy_set **out, struct gg_err *err);
 void policy_set_release(struct policy_set *set);
 size_t policy_set_count(const struct policy_set *set);
+/*
+ * A Lua VM with the set's library modules and configuration and none of its
+ * policies (the inventory's charger runs the library's charge model in it).
+ */
+struct lb_vm;
+struct inventory;
+enum gg_status policy_set_library_vm(const struct policy_set *set, struct inventory *inventory,
+                                     struct lb_vm **out, struct gg_err *err);
 const char *policy_set_name(const struct policy_set *set, size_t i);
 
 /* The engine: the live policy set and its generation. */

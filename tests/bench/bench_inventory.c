@@ -4,16 +4,20 @@
  * env, probes, volumes, status; every pod holds GPUs, the worst case) is
  * built in memory, then fed in 64 KiB reads, as the network would, through
  * what the informer does: the list splitter, inf_read_pod (parse + trim),
- * inv_stage_add, inv_stage_commit.  RSS comes from /proc/self/statm before
- * and after (and the peak from VmHWM).
+ * inv_stage_add (each pod charged by the Lua charge model, lua/intent.lua,
+ * through the charger, with deploy/gpuguard.yaml), inv_stage_commit.  RSS
+ * comes from /proc/self/statm before and after (and the peak from VmHWM).
+ * Run from the repository's root (it reads policies/, lua/ and deploy/).
  *
  *   build/bench/bench_inventory [-n PODS] [--compare]
  *
  * --compare also times keeping every trimmed pod in one array and calling
  * inv_replace at the end, to show what the stage saves.
  */
+#include "charger.h"
 #include "informer.h"
 #include "inventory.h"
+#include "policy.h"
 
 #include <malloc.h>
 #include <stdio.h>
@@ -147,13 +151,21 @@ static int run(const char *list, size_t len, size_t n, bool whole)
     struct inventory *inv = inv_new();
     struct gg_err err = {{0}};
     struct inf_list_meta meta;
+    struct policy_paths paths = {"policies", "lua", "deploy/gpuguard.yaml"};
+    struct engine *engine = NULL;
+    struct charger *charger = NULL;
+    if (engine_new(&paths, &engine, &err) != GG_OK ||
+        charger_new(engine, inv, &charger, &err) != GG_OK) {
+        fprintf(stderr, "bench_inventory: the charge model: %s\n", err.msg);
+        return 1;
+    }
     malloc_trim(0);
     double rss0 = rss_mb(), peak0 = peak_mb(), t0 = now_s(), c0 = cpu_s();
     struct inf_list_reader *r = inf_list_reader_new(on_pod, &in);
     if (whole)
         in.trimmed = json_array();
     else
-        in.stage = inv_stage_new();
+        in.stage = inv_stage_new(inv);
     for (size_t off = 0; off < len; off += 65536)
         if (inf_list_feed(r, list + off, len - off < 65536 ? len - off : 65536, &err) != GG_OK) {
             fprintf(stderr, "bench_inventory: %s\n", err.msg);
@@ -181,6 +193,8 @@ static int run(const char *list, size_t len, size_t n, bool whole)
            "peak +%.1f MB\n",
            t1 - t0, c1 - c0, (t1 - t0) * 1e6 / (double)n, len / 1e6 / (t1 - t0), rss1 - rss0,
            (rss1 - rss0) * 1e6 / (double)n, peak1 > peak0 ? peak1 - peak0 : 0.0);
+    charger_free(charger);
+    engine_free(engine);
     inv_free(inv);
     return held == n && !in.malformed ? 0 : 1;
 }

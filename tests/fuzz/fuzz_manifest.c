@@ -107,7 +107,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     struct yd_stream s;
     struct gg_err err = {{0}};
     json_t *state = NULL;
-    if (mf_cluster_state(text, size, "fuzz.json", &state, &err) == GG_OK)
+    size_t counts[MF_STATE_N];
+    if (mf_cluster_state(text, size, "fuzz.json", &state, counts, &err) == GG_OK)
         check(json_is_array(json_object_get(state, "items")), "a cluster state without items");
     json_decref(state);
     if (yd_load_stream(text, size, "fuzz.yaml", &lim, &s, &err) != GG_OK)

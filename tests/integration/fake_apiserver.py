@@ -3,6 +3,11 @@ GET /api/v1/pods (paginated LIST, WATCH with bookmarks) over HTTP or HTTPS on
 127.0.0.1, with a pod store whose changes become watch events, and knobs a
 test turns to misbehave on purpose: 401s, 410 Gone (as a status or an ERROR
 event), dropped connections mid-event, slow responses, malformed lines.
+ResourceClaims and ResourceClaimTemplates (resource.k8s.io, in the versions
+of served_versions) are listed and watched alike, and a template can be
+fetched alone (GET .../namespaces/NS/resourceclaimtemplates/NAME), also one
+held back from lists and watches (hidden=True), as one the watch has not
+delivered yet.
 
 Python standard library only (http.server, ssl, threading)."""
 
@@ -66,7 +71,10 @@ class FakeApiServer:
         self.list_delay = 0.0  # seconds before each list page
         self.list_statuses = []  # statuses to answer the next lists with, then normal
         self.watch_scripts = []  # per watch connection: dict of knobs (see _watch)
-        self.requests = []  # (kind, query dict, authorization header)
+        self.requests = []  # (kind, query dict, authorization header, path)
+        self.objects = {}  # resource ("resourceclaims", ...) -> {uid: object}
+        self.hidden = set()  # uids of DRA objects only a GET of their own shows
+        self.served_versions = {"v1"}  # resource.k8s.io versions; others answer 404
         self.generation = 0  # end_watches() bumps it: open watches end cleanly
         self.closing = False
         self.snapshots = {}  # continue token -> remaining items
@@ -75,14 +83,30 @@ class FakeApiServer:
 
     # -- the store --------------------------------------------------------
 
-    def _bump(self, kind, obj):
+    def _bump(self, kind, obj, resource="pods"):
         self.rv += 1
         obj = json.loads(json.dumps(obj))
         if kind != "BOOKMARK":
             obj["metadata"]["resourceVersion"] = str(self.rv)
-        self.events.append((self.rv, kind, obj))
+        if obj["metadata"].get("uid") not in self.hidden:
+            self.events.append((self.rv, kind, obj, resource))
         self.lock.notify_all()
         return obj
+
+    def add_object(self, obj, hidden=False):
+        """A ResourceClaim or ResourceClaimTemplate (by its kind)."""
+        resource = obj["kind"].lower() + "s"
+        with self.lock:
+            uid = obj["metadata"]["uid"]
+            if hidden:
+                self.hidden.add(uid)
+            self.objects.setdefault(resource, {})[uid] = self._bump("ADDED", obj, resource)
+            return uid
+
+    def delete_object(self, kind, uid):
+        resource = kind.lower() + "s"
+        with self.lock:
+            self._bump("DELETED", self.objects[resource].pop(uid), resource)
 
     def add(self, pod):
         with self.lock:
@@ -120,9 +144,9 @@ class FakeApiServer:
             self.generation += 1
             self.lock.notify_all()
 
-    def requests_of(self, kind):
+    def requests_of(self, kind, path="/api/v1/pods"):
         with self.lock:
-            return [q for k, q, _ in self.requests if k == kind]
+            return [q for k, q, _, p in self.requests if k == kind and p == path]
 
     def watch_count(self):
         return len(self.requests_of("watch"))
@@ -199,19 +223,39 @@ class _Handler(BaseHTTPRequestHandler):
         query = dict(urllib.parse.parse_qsl(url.query))
         auth = self.headers.get("Authorization")
         kind = "watch" if query.get("watch") in ("1", "true") else "list"
+        parts = url.path.split("/")  # ["", "apis", "resource.k8s.io", v, ...]
+        dra = url.path.startswith("/apis/resource.k8s.io/") and len(parts) >= 5
+        if dra and len(parts) == 8 and parts[4] == "namespaces":
+            kind = "get"
         with fake.lock:
-            fake.requests.append((kind, query, auth))
-        if url.path != "/api/v1/pods":
+            fake.requests.append((kind, query, auth, url.path))
+        if dra and parts[3] not in fake.served_versions:
             return self._status(404)
         if fake.token is not None and auth != f"Bearer {fake.token}":
             return self._status(401)
+        if kind == "get":
+            return self._get(fake, parts[6], parts[5], parts[7])
+        if dra and len(parts) == 5 and parts[4] in ("resourceclaims", "resourceclaimtemplates"):
+            resource = parts[4]
+        elif url.path == "/api/v1/pods":
+            resource = "pods"
+        else:
+            return self._status(404)
         if kind == "list":
-            return self._list(fake, query)
-        return self._watch(fake, query)
+            return self._list(fake, query, resource)
+        return self._watch(fake, query, resource)
+
+    def _get(self, fake, resource, ns, name):
+        with fake.lock:
+            found = [o for o in fake.objects.get(resource, {}).values()
+                     if o["metadata"]["namespace"] == ns and o["metadata"]["name"] == name]
+        if not found:
+            return self._json(404, status_body(404, "NotFound", f"{resource} \"{name}\" not found"))
+        self._json(200, found[0])
 
     # -- LIST -------------------------------------------------------------
 
-    def _list(self, fake, query):
+    def _list(self, fake, query, resource):
         if fake.list_delay:
             time.sleep(fake.list_delay)
         with fake.lock:
@@ -224,8 +268,13 @@ class _Handler(BaseHTTPRequestHandler):
                     fake.expire_continue = False
                     return self._status(410)
                 rv, items = fake.snapshots.pop(token)
-            else:
+            elif resource == "pods":
                 rv, items = str(fake.rv), [p for p in fake.pods.values()]
+            else:  # list items carry no kind or apiVersion, as the API server sends them
+                rv = str(fake.rv)
+                items = [{k: v for k, v in o.items() if k not in ("kind", "apiVersion")}
+                         for o in fake.objects.get(resource, {}).values()
+                         if o["metadata"]["uid"] not in fake.hidden]
             page, rest = items[:limit], items[limit:]
             meta = {"resourceVersion": rv}
             if rest:
@@ -234,8 +283,8 @@ class _Handler(BaseHTTPRequestHandler):
                 fake.snapshots[nxt] = (rv, rest)
                 meta["continue"] = nxt
                 meta["remainingItemCount"] = len(rest)
-        self._json(200, {"kind": "PodList", "apiVersion": "v1", "metadata": meta,
-                         "items": page})
+        self._json(200, {"kind": "PodList" if resource == "pods" else "List", "apiVersion": "v1",
+                         "metadata": meta, "items": page})
 
     # -- WATCH ------------------------------------------------------------
 
@@ -254,7 +303,7 @@ class _Handler(BaseHTTPRequestHandler):
         except OSError:
             pass
 
-    def _watch(self, fake, query):
+    def _watch(self, fake, query, resource):
         """One watch connection.  A script (fake.watch_scripts, one per
         connection, consumed in order) may say:
           hold:       seconds to wait before answering at all
@@ -264,8 +313,8 @@ class _Handler(BaseHTTPRequestHandler):
           drop:       cut the connection in the middle of the next event
           error:      send an ERROR event with this code and end
           slow:       send each event in 3 pieces with this pause between"""
-        with fake.lock:
-            script = fake.watch_scripts.pop(0) if fake.watch_scripts else {}
+        with fake.lock:  # scripts are for the pods' watches
+            script = fake.watch_scripts.pop(0) if fake.watch_scripts and resource == "pods" else {}
         if script.get("hold"):
             time.sleep(script["hold"])
         with fake.lock:
@@ -292,11 +341,11 @@ class _Handler(BaseHTTPRequestHandler):
                                                              "scripted error")}
                 self._chunk(json.dumps(ev) + "\n")
                 return self._chunk(b"")
-            self._stream(fake, query, since, script)
+            self._stream(fake, query, since, script, resource)
         except (BrokenPipeError, ConnectionResetError, ssl.SSLError, OSError):
             self.close_connection = True
 
-    def _stream(self, fake, query, since, script):
+    def _stream(self, fake, query, since, script, resource):
         deadline = time.monotonic() + int(query.get("timeoutSeconds") or 60)
         bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
         sent = 0
@@ -304,15 +353,15 @@ class _Handler(BaseHTTPRequestHandler):
             generation = fake.generation
         while True:
             with fake.lock:
-                pending = [e for e in fake.events if e[0] > since]
+                pending = [e for e in fake.events if e[0] > since and e[3] == resource]
                 while (not pending and fake.generation == generation and not fake.closing
                        and time.monotonic() < deadline):
                     fake.lock.wait(0.2)
-                    pending = [e for e in fake.events if e[0] > since]
+                    pending = [e for e in fake.events if e[0] > since and e[3] == resource]
                 ended = fake.generation != generation or fake.closing
             if ended or (not pending and time.monotonic() >= deadline):
                 return self._chunk(b"")
-            for rv, kind, obj in pending:
+            for rv, kind, obj, _ in pending:
                 since = rv
                 if kind == "BOOKMARK" and not bookmarks:
                     continue

@@ -227,7 +227,12 @@ def test_rbac_is_least_privilege(render):
             for resource in rule["resources"]:
                 for verb in rule["verbs"]:
                     granted.add((group, resource, verb))
-    assert granted == {("", "pods", "list"), ("", "pods", "watch"), ("", "namespaces", "get")}
+    assert granted == {("", "pods", "list"), ("", "pods", "watch"), ("", "namespaces", "get"),
+                       ("resource.k8s.io", "resourceclaims", "list"),
+                       ("resource.k8s.io", "resourceclaims", "watch"),
+                       ("resource.k8s.io", "resourceclaimtemplates", "get"),
+                       ("resource.k8s.io", "resourceclaimtemplates", "list"),
+                       ("resource.k8s.io", "resourceclaimtemplates", "watch")}
 
     sa = one(render, "ServiceAccount")
     binding = one(render, "ClusterRoleBinding")
@@ -447,6 +452,9 @@ def test_webhook_configuration(render, kind, serve_help):
         assert hook["reinvocationPolicy"] == "IfNeeded"
     else:
         assert "reinvocationPolicy" not in hook
+    claims = {"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1", "v1beta2", "v1beta1"],
+              "resources": ["resourceclaims", "resourceclaimtemplates"],
+              "operations": ["CREATE"], "scope": "Namespaced"}
     if mutating:
         assert hook["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"],
                                   "resources": ["pods"], "operations": ["CREATE"],
@@ -457,7 +465,8 @@ def test_webhook_configuration(render, kind, serve_help):
             {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"],
              "operations": ["CREATE", "UPDATE"], "scope": "Namespaced"},
             {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods/ephemeralcontainers"],
-             "operations": ["UPDATE"], "scope": "Namespaced"}]
+             "operations": ["UPDATE"], "scope": "Namespaced"},
+            claims]
     ref = hook["clientConfig"]["service"]
     assert "url" not in hook["clientConfig"]
     path = "/mutate" if mutating else "/validate"

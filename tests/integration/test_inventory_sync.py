@@ -410,7 +410,7 @@ def test_https_token_file_rotation_after_401(binary, certs, tmp_path, fake):
         token.write_text("t3")
         f.delete(f"uid-{NS}-busy-0")
         assert wait_for(lambda: allowed(server))
-        auths = {a for _, _, a in f.requests}
+        auths = {a for _, _, a, _ in f.requests}
         assert {"Bearer t1", "Bearer t2", "Bearer t3"} <= auths
     finally:
         assert server.proc.poll() is None

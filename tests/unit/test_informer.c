@@ -9,6 +9,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "charging.h"
 #include "informer.h"
 
 #include <stdio.h>
@@ -29,13 +30,22 @@ static const char *const pods[] = {
     ("{\"metadata\":{\"uid\":\"u-2\",\"namespace\":\"ns\",\"name\":\"b\"},\"spec\":{\"containers\":"
      "[{\"resources\":{\"limits\":{\"cpu\":1},\"requests\":{\"nvidia.com/gpu\":2}}},{}],"
      "\"initContainers\":[{\"resources\":{\"limits\":{\"nvidia.com/mig-3g.40gb\":3}}}]}}"),
-    /* escaped keys, nulls where objects go, a generateName. */
+    /* escaped keys, nulls where objects go, a generateName; a shared replica on no known pool,
+     * whose charge the annotation sets. */
     ("{\"metadata\":{\"uid\":\"u-3\",\"namespace\":\"ns\",\"name\":\"web-x\",\"generateName\":"
      "\"web-\",\"labels\":null,\"annotations\":{\"gpuguard.io\\/charge\":\"125\"}},\"spec\":{"
-     "\"containers\":null},\"status\":null}"),
+     "\"nodeSelector\":null,\"containers\":[{\"name\":\"w\",\"restartPolicy\":null,\"resources\":{"
+     "\"limits\":{\"nvidia.com/gpu.shared\":1}}}]},\"status\":null}"),
     ("{\"metadata\":{\"uid\":\"u-4\",\"namespace\":\"ns\"},\"spec\":{\"containers\":[{"
      "\"resources\":"
      "{\"limits\":{\"nvidia.com/gpu.shared\":\"1\"}}}]},\"status\":{\"phase\":\"Succeeded\"}}"),
+    /* what the charge reads besides resources: claims, the selector, a sidecar, KAI keys. */
+    ("{\"metadata\":{\"uid\":\"u-5\",\"namespace\":\"ns\",\"name\":\"k\",\"annotations\":{"
+     "\"gpu-fraction\":\"0.5\",\"gpu-memory\":\"100\",\"gpu-fraction-num-devices\":\"2\","
+     "\"x\":\"y\"}},\"spec\":{\"nodeSelector\":{\"gpuguard.io/pool\":\"l4-shared\"},"
+     "\"resourceClaims\":[{\"name\":\"gpu\",\"resourceClaimTemplateName\":\"one\"}],"
+     "\"initContainers\":[{\"name\":\"s\",\"restartPolicy\":\"Always\",\"image\":\"i\"}],"
+     "\"containers\":[{\"name\":\"c\",\"resources\":{\"claims\":[{\"name\":\"gpu\"}]}}]}}"),
     "{}",
 };
 
@@ -67,6 +77,9 @@ static void test_read_pod_keeps_the_controller_owner(void **state)
 static void test_read_pod_matches_trimming_the_parsed_pod(void **state)
 {
     (void)state;
+    struct inventory *inv = inv_new();
+    struct charging model;
+    charging_start(&model, inv, "policies", "deploy/gpuguard.yaml");
     for (size_t i = 0; i < sizeof(pods) / sizeof(pods[0]); i++) {
         json_error_t jerr;
         json_t *full = json_loads(pods[i], 0, &jerr);
@@ -82,16 +95,21 @@ static void test_read_pod_matches_trimming_the_parsed_pod(void **state)
             char *a = json_dumps(trimmed, JSON_SORT_KEYS), *b = json_dumps(read, JSON_SORT_KEYS);
             fail_msg("pod %zu:\n trim %s\n read %s", i, a, b);
         }
-        assert_int_equal(inv_pod_charge(read), inv_pod_charge(full));
+        assert_int_equal(inv_charge(inv, read), inv_charge(inv, full));
         json_decref(full);
         json_decref(trimmed);
         json_decref(read);
     }
+    charging_stop(&model);
+    inv_free(inv);
 }
 
 static void test_read_pod_keeps_only_what_accounting_needs(void **state)
 {
     (void)state;
+    struct inventory *inv = inv_new();
+    struct charging model;
+    charging_start(&model, inv, "policies", "deploy/gpuguard.yaml");
     char rv[INF_RV_MAX];
     json_t *p = inf_read_pod(pods[0], strlen(pods[0]), rv, NULL);
     assert_non_null(p);
@@ -99,16 +117,32 @@ static void test_read_pod_keeps_only_what_accounting_needs(void **state)
     json_t *want = json_loads(
         "{\"metadata\":{\"name\":\"a\",\"namespace\":\"ns\",\"uid\":\"u-1\",\"labels\":{"
         "\"gpuguard.io/workload-class\":\"training\"},\"annotations\":{\"gpuguard.io/charge\":"
-        "\"250\"}},\"spec\":{\"nodeName\":\"n1\",\"containers\":[{\"resources\":{\"limits\":{"
-        "\"nvidia.com/gpu\":\"1\"},\"requests\":{}}}]},\"status\":{\"phase\":\"Running\"}}",
+        "\"250\"}},\"spec\":{\"nodeName\":\"n1\",\"containers\":[{\"name\":\"c\",\"resources\":{"
+        "\"limits\":{\"nvidia.com/gpu\":\"1\"},\"requests\":{}}}]},\"status\":{\"phase\":"
+        "\"Running\"}}",
         0, NULL);
     assert_true(json_equal(p, want));
-    assert_int_equal(inv_pod_charge(p), 250);
+    /* A whole GPU is what the spec says, whatever the annotation claims. */
+    assert_int_equal(inv_charge(inv, p), 1000);
     json_decref(p);
     json_decref(want);
     p = inf_read_pod(pods[1], strlen(pods[1]), NULL, NULL);
-    assert_int_equal(inv_pod_charge(p), 3 * 429); /* the init container's 3 MIG 3g slices */
+    /* Two GPUs requested; the init container's 3 MIG 3g slices (3 x 0.429) are fewer. */
+    assert_int_equal(inv_charge(inv, p), 2000);
     json_decref(p);
+    p = inf_read_pod(pods[4], strlen(pods[4]), NULL, NULL);
+    want = json_loads(
+        "{\"metadata\":{\"uid\":\"u-5\",\"namespace\":\"ns\",\"name\":\"k\",\"annotations\":{"
+        "\"gpu-fraction\":\"0.5\",\"gpu-memory\":\"100\",\"gpu-fraction-num-devices\":\"2\"}},"
+        "\"spec\":{\"nodeSelector\":{\"gpuguard.io/pool\":\"l4-shared\"},\"resourceClaims\":[{"
+        "\"name\":\"gpu\",\"resourceClaimTemplateName\":\"one\"}],\"initContainers\":[{\"name\":"
+        "\"s\",\"restartPolicy\":\"Always\"}],\"containers\":[{\"name\":\"c\",\"resources\":{}}]}}",
+        0, NULL);
+    assert_true(json_equal(p, want));
+    json_decref(p);
+    json_decref(want);
+    charging_stop(&model);
+    inv_free(inv);
 }
 
 static void test_read_pod_refuses_what_is_not_json(void **state)
@@ -164,7 +198,8 @@ static void test_events(void **state)
     assert_int_equal(inf_parse_event(line, strlen(line), &ev, &err), GG_OK);
     assert_int_equal(ev.type, INF_ADDED);
     assert_string_equal(ev.rv, "42");
-    assert_int_equal(inv_pod_charge(ev.pod), 250);
+    assert_string_equal(
+        json_string_value(json_object_get(json_object_get(ev.pod, "metadata"), "uid")), "u-1");
     inf_event_clear(&ev);
     /* The object may come first. */
     snprintf(line, sizeof(line), "{\"object\":%s, \"type\":\"DELETED\"}\r\n", pods[1]);
@@ -332,25 +367,30 @@ static void test_stage_swaps_in_and_settles_reservations(void **state)
 {
     (void)state;
     struct inventory *inv = inv_new();
+    struct charging model;
+    charging_start(&model, inv, "policies", "deploy/gpuguard.yaml");
     inv_reserve(inv, "ns", "web-", "", 125, 60000);
     inv_reserve(inv, "ns", "other", "", 1000, 60000);
-    struct inv_stage *stage = inv_stage_new();
+    struct inv_stage *stage = inv_stage_new(inv);
     for (size_t i = 0; i < sizeof(pods) / sizeof(pods[0]); i++) {
         json_t *p = inf_read_pod(pods[i], strlen(pods[i]), NULL, NULL);
         inv_stage_add(stage, p);
         json_decref(p);
     }
-    assert_int_equal(inv_stage_pods(stage), 3); /* the Succeeded pod does not count */
+    /* The Succeeded pod does not count; k is illegal in KAI (a fraction and a memory), which
+     * no admission let through: it counts as one GPU (fail closed). */
+    assert_int_equal(inv_stage_pods(stage), 4);
     assert_int_equal(inv_usage(inv, "ns", NULL), 1125);
     inv_stage_commit(inv, stage);
     /* web-x (generateName web-) settled its reservation; "other" still counts. */
-    assert_int_equal(inv_usage(inv, "ns", NULL), 250 + 3 * 429 + 125 + 1000);
-    assert_int_equal(inv_usage(inv, "ns", "training"), 250);
+    assert_int_equal(inv_usage(inv, "ns", NULL), 1000 + 2000 + 125 + 1000 + 1000);
+    assert_int_equal(inv_usage(inv, "ns", "training"), 1000);
     struct inv_ns_usage *list;
     assert_int_equal(inv_usage_by_namespace(inv, &list), 1);
     assert_string_equal(list[0].ns, "ns");
-    assert_int_equal(list[0].milli, 250 + 3 * 429 + 125);
+    assert_int_equal(list[0].milli, 1000 + 2000 + 125 + 1000);
     free(list);
+    charging_stop(&model);
     inv_free(inv);
 }
 

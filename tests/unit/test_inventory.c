@@ -1,5 +1,6 @@
 /*
- * test_inventory.c - pod charges, usage sums, reservations, snapshots.
+ * test_inventory.c - usage sums, reservations, snapshots, DRA objects.
+ * What each pod is charged is test_charge_model.c's subject.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -7,6 +8,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include "charging.h"
 #include "inventory.h"
 
 #include <stdio.h>
@@ -31,57 +33,29 @@ static json_t *pod(const char *uid, const char *ns, const char *name, const char
     return p;
 }
 
-static void test_charges(void **state)
+/* An inventory charged by the real model (lua/intent.lua) with the example configuration. */
+static struct charging model;
+
+static struct inventory *new_inventory(void)
 {
-    (void)state;
-    static const struct {
-        const char *limits, *annotations;
-        int64_t charge;
-    } cases[] = {
-        {"{\"nvidia.com/gpu\":\"2\"}", "{}", 2000},
-        {"{\"nvidia.com/gpu\":2}", "{}", 2000},
-        {"{\"nvidia.com/mig-1g.10gb\":\"1\"}", "{}", 143},
-        {"{\"nvidia.com/mig-3g.40gb\":\"2\"}", "{}", 858},
-        {"{\"nvidia.com/mig-1g.6gb\":\"1\"}", "{}", 250}, /* A30: 4 slices */
-        {"{\"nvidia.com/mig-4g.24gb\":\"1\"}", "{}", 1000},
-        /* H100-94GB's 24 GB profiles have seven slices, not A30's four. */
-        {"{\"nvidia.com/mig-1g.24gb\":\"1\"}", "{}", 143},
-        {"{\"nvidia.com/mig-2g.24gb\":\"1\"}", "{}", 286},
-        {"{\"nvidia.com/gpu.shared\":\"1\"}", "{}", 1000},
-        {"{\"cpu\":\"4\",\"memory\":\"8Gi\"}", "{}", 0},
-        {"{\"nvidia.com/gpu.shared\":\"1\"}", "{\"gpuguard.io/charge\":\"250\"}", 250},
-        {"{\"nvidia.com/gpu\":\"1\"}", "{\"gpuguard.io/charge\":\"bogus\"}", 1000},
-        {"{\"nvidia.com/gpu\":\"bogus\"}", "{}", 0},
-    };
-    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
-        json_t *p = pod("u", "ns", "n", "Running", cases[i].limits, cases[i].annotations, "");
-        int64_t got = inv_pod_charge(p);
-        if (got != cases[i].charge)
-            fail_msg("case %zu (%s): charge %lld, want %lld", i, cases[i].limits, (long long)got,
-                     (long long)cases[i].charge);
-        json_decref(p);
-    }
+    struct inventory *inv = inv_new();
+    charging_start(&model, inv, "policies", "deploy/gpuguard.yaml");
+    return inv;
 }
 
-static void test_init_containers_count_their_maximum(void **state)
+static void free_inventory(struct inventory *inv)
 {
-    (void)state;
-    json_t *p = json_loads("{\"spec\":{\"containers\":[{\"resources\":{\"limits\":{\"nvidia.com/"
-                           "gpu\":\"1\"}}}],\"initContainers\":[{\"resources\":{\"limits\":{"
-                           "\"nvidia.com/gpu\":\"3\"}}},{\"resources\":{\"limits\":{\"nvidia.com/"
-                           "gpu\":\"2\"}}}]}}",
-                           0, NULL);
-    assert_int_equal(inv_pod_charge(p), 3000);
-    json_decref(p);
+    charging_stop(&model);
+    inv_free(inv);
 }
 
 static void test_usage_sums_follow_upserts_and_deletes(void **state)
 {
     (void)state;
-    struct inventory *inv = inv_new();
+    struct inventory *inv = new_inventory();
     json_t *a = pod("a", "team-a", "a", "Running", "{\"nvidia.com/gpu\":\"1\"}", "{}", "training");
-    json_t *b =
-        pod("b", "team-a", "b", "Pending", "{}", "{\"gpuguard.io/charge\":\"250\"}", "inference");
+    json_t *b = pod("b", "team-a", "b", "Pending", "{\"nvidia.com/gpu.shared\":\"1\"}",
+                    "{\"gpuguard.io/charge\":\"250\"}", "inference");
     json_t *c = pod("c", "team-b", "c", "Running", "{\"nvidia.com/gpu\":\"4\"}", "{}", "");
     inv_upsert(inv, a);
     inv_upsert(inv, b);
@@ -106,13 +80,13 @@ static void test_usage_sums_follow_upserts_and_deletes(void **state)
     json_decref(b);
     json_decref(c);
     json_decref(done);
-    inv_free(inv);
+    free_inventory(inv);
 }
 
 static void test_many_pods_keep_exact_sums(void **state)
 {
     (void)state;
-    struct inventory *inv = inv_new();
+    struct inventory *inv = new_inventory();
     json_t *pods = json_array();
     for (int i = 0; i < 5000; i++) {
         char uid[32], ns[32];
@@ -130,19 +104,19 @@ static void test_many_pods_keep_exact_sums(void **state)
     assert_int_equal(inv_usage(inv, "ns-3", NULL), 500000); /* odd indexes only in ns-3 */
     assert_int_equal(inv_usage(inv, "ns-2", NULL), 0);
     json_decref(pods);
-    inv_free(inv);
+    free_inventory(inv);
 }
 
 static void test_reservations_settle_and_expire(void **state)
 {
     (void)state;
-    struct inventory *inv = inv_new();
+    struct inventory *inv = new_inventory();
     inv_reserve(inv, "team-a", "web-", "inference", 250, 60000);
     inv_reserve(inv, "team-a", "train", "training", 1000, 60000);
     assert_int_equal(inv_usage(inv, "team-a", NULL), 1250);
     assert_int_equal(inv_usage(inv, "team-a", "training"), 1000);
     /* The watch shows web-x7k2p (generateName web-): it replaces its reservation. */
-    json_t *seen = pod("u1", "team-a", "web-x7k2p", "Pending", "{}",
+    json_t *seen = pod("u1", "team-a", "web-x7k2p", "Pending", "{\"nvidia.com/gpu.shared\":\"1\"}",
                        "{\"gpuguard.io/charge\":\"250\"}", "inference");
     inv_upsert(inv, seen);
     assert_int_equal(inv_usage(inv, "team-a", NULL), 1250);
@@ -156,7 +130,7 @@ static void test_reservations_settle_and_expire(void **state)
     assert_int_equal(inv_usage(inv, "team-a", NULL), 1250);
     json_decref(seen);
     json_decref(train);
-    inv_free(inv);
+    free_inventory(inv);
 }
 
 static void test_snapshot_loading(void **state)
@@ -169,7 +143,7 @@ static void test_snapshot_loading(void **state)
                        "\"limits\":{\"nvidia.com/gpu\":\"8\"}}}]}}]}";
     assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
     close(fd);
-    struct inventory *inv = inv_new();
+    struct inventory *inv = new_inventory();
     struct gg_err err = {{0}};
     assert_false(inv_ready(inv));
     assert_int_equal(inv_load_snapshot(inv, path, &err), GG_OK);
@@ -186,7 +160,76 @@ static void test_snapshot_loading(void **state)
     assert_int_equal(inv_load_snapshot(inv, path, &err), GG_ERR_PARSE);
     assert_non_null(strstr(err.msg, path));
     unlink(path);
-    inv_free(inv);
+    free_inventory(inv);
+}
+
+static json_t *dra(const char *kind, const char *uid, const char *name, int count,
+                   const char *annotations)
+{
+    char text[1024];
+    snprintf(text, sizeof(text),
+             "{\"apiVersion\":\"resource.k8s.io/v1\",\"kind\":\"%s\",\"metadata\":{\"uid\":"
+             "\"%s\",\"namespace\":\"team-a\",\"name\":\"%s\",\"annotations\":%s,"
+             "\"managedFields\":[{}]},\"spec\":{%s\"devices\":{\"requests\":[{\"name\":\"g\","
+             "\"exactly\":{\"deviceClassName\":\"gpu.nvidia.com\",\"count\":%d}}]}%s},"
+             "\"status\":{\"allocation\":{}}}",
+             kind, uid, name, annotations, strcmp(kind, "ResourceClaim") ? "\"spec\":{" : "", count,
+             strcmp(kind, "ResourceClaim") ? "}" : "");
+    json_t *o = json_loads(text, 0, NULL);
+    if (!o)
+        fail_msg("bad fixture %s", text);
+    return o;
+}
+
+static void test_claims_and_templates(void **state)
+{
+    (void)state;
+    struct inventory *inv = new_inventory();
+    json_t *tmpl = dra("ResourceClaimTemplate", "t1", "two", 2, "{}");
+    json_t *shared = dra("ResourceClaim", "c1", "shared", 3, "{}");
+    json_t *generated =
+        dra("ResourceClaim", "c2", "p-g-x", 2, "{\"resource.kubernetes.io/pod-claim-name\":\"g\"}");
+    json_t *extended = dra("ResourceClaim", "c3", "e", 1,
+                           "{\"resource.kubernetes.io/extended-resource-claim\":\"true\"}");
+    json_t *user = json_loads(
+        "{\"metadata\":{\"uid\":\"p1\",\"namespace\":\"team-a\",\"name\":\"p\"},\"spec\":{"
+        "\"containers\":[{\"name\":\"c\"}],\"resourceClaims\":[{\"name\":\"g\","
+        "\"resourceClaimTemplateName\":\"two\"}]}}",
+        0, NULL);
+    /* The pod first: its template is not known yet, so it counts as one GPU (fail closed). */
+    inv_upsert(inv, user);
+    assert_int_equal(inv_usage(inv, "team-a", NULL), 1000);
+    inv_upsert(inv, tmpl);
+    inv_upsert(inv, user);
+    assert_int_equal(inv_usage(inv, "team-a", NULL), 2000);
+    /* A shared claim is charged on its own; generated and extended-resource claims are not. */
+    inv_upsert(inv, shared);
+    inv_upsert(inv, generated);
+    inv_upsert(inv, extended);
+    assert_int_equal(inv_usage(inv, "team-a", NULL), 5000);
+    assert_int_equal(inv_dra_count(inv), 4);
+    json_t *got = inv_dra_get(inv, "ResourceClaimTemplate", "team-a", "two", NULL);
+    assert_non_null(got);
+    assert_null(json_object_get(got, "status"));
+    assert_null(json_object_get(json_object_get(got, "metadata"), "managedFields"));
+    assert_true(json_equal(json_object_get(got, "spec"), json_object_get(tmpl, "spec")));
+    json_decref(got);
+    assert_null(inv_dra_get(inv, "ResourceClaimTemplate", "team-b", "two", NULL));
+    inv_delete(inv, shared);
+    assert_int_equal(inv_usage(inv, "team-a", NULL), 2000);
+    assert_null(inv_dra_get(inv, "ResourceClaim", "team-a", "shared", NULL));
+    /* A relist keeps what it shows and forgets the rest. */
+    json_t *items = json_pack("[OO]", tmpl, user);
+    inv_replace(inv, items);
+    assert_int_equal(inv_dra_count(inv), 1);
+    assert_int_equal(inv_usage(inv, "team-a", NULL), 2000);
+    json_decref(items);
+    json_decref(tmpl);
+    json_decref(shared);
+    json_decref(generated);
+    json_decref(extended);
+    json_decref(user);
+    free_inventory(inv);
 }
 
 static void collect_owner(void *ctx, const char *ns, const char *name, const char *owner)
@@ -222,13 +265,12 @@ static void test_owners_of_gpu_pods(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_charges),
-        cmocka_unit_test(test_init_containers_count_their_maximum),
         cmocka_unit_test(test_usage_sums_follow_upserts_and_deletes),
         cmocka_unit_test(test_many_pods_keep_exact_sums),
         cmocka_unit_test(test_reservations_settle_and_expire),
         cmocka_unit_test(test_snapshot_loading),
         cmocka_unit_test(test_owners_of_gpu_pods),
+        cmocka_unit_test(test_claims_and_templates),
     };
     return cmocka_run_group_tests_name("inventory", tests, NULL, NULL);
 }

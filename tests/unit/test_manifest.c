@@ -821,31 +821,49 @@ static void test_cluster_state(void **state)
         const char *text;
         enum gg_status st;
         const char *msg;
+        size_t kept, counts[MF_STATE_N]; /* items left; pods, claims, templates, other */
     } cases[] = {
         {"{\"apiVersion\":\"v1\",\"kind\":\"List\",\"items\":[{\"apiVersion\":\"v1\",\"kind\":"
          "\"Pod\",\"metadata\":{\"name\":\"a\",\"namespace\":\"n\"},\"spec\":{}}]}",
-         GG_OK, NULL},
-        {"{\"kind\":\"PodList\",\"items\":[]}", GG_OK, NULL},
-        {"{\"kind\":\"List\"}", GG_ERR_INVALID, "items must be an array"},
-        {"{\"kind\":\"Pod\",\"items\":[]}", GG_ERR_INVALID, "want List or PodList"},
-        {"{\"kind\":\"List\",\"items\":[{\"kind\":\"Deployment\",\"metadata\":{}}]}",
-         GG_ERR_INVALID, "items[0] is not a Pod"},
-        {"{\"kind\":\"List\",\"items\":[{\"kind\":\"Pod\"}]}", GG_ERR_INVALID,
-         "items[0].metadata must be an object"},
-        {"[]", GG_ERR_INVALID, "an object"},
-        {"kind: List\n", GG_ERR_PARSE, "state.json:1:"},
+         GG_OK,
+         NULL,
+         1,
+         {1, 0, 0, 0}},
+        {"{\"kind\":\"PodList\",\"items\":[]}", GG_OK, NULL, 0, {0}},
+        /* kubectl get pods,resourceclaims,resourceclaimtemplates,services: any order */
+        {"{\"kind\":\"List\",\"items\":[{\"kind\":\"ResourceClaim\",\"metadata\":{}},"
+         "{\"kind\":\"Service\",\"metadata\":{}},{\"metadata\":{}},"
+         "{\"kind\":\"ResourceClaimTemplate\",\"metadata\":{}},{\"kind\":\"Deployment\","
+         "\"metadata\":{}}]}",
+         GG_OK,
+         NULL,
+         3,
+         {1, 1, 1, 2}},
+        {"{\"kind\":\"List\"}", GG_ERR_INVALID, "items must be an array", 0, {0}},
+        {"{\"kind\":\"Pod\",\"items\":[]}", GG_ERR_INVALID, "want List or PodList", 0, {0}},
+        {"{\"kind\":\"List\",\"items\":[7]}", GG_ERR_INVALID, "items[0] is not an object", 0, {0}},
+        {"{\"kind\":\"List\",\"items\":[{\"kind\":\"Pod\"}]}",
+         GG_ERR_INVALID,
+         "items[0].metadata must be an object",
+         0,
+         {0}},
+        {"[]", GG_ERR_INVALID, "an object", 0, {0}},
+        {"kind: List\n", GG_ERR_PARSE, "state.json:1:", 0, {0}},
     };
     for (size_t i = 0; i < N_ELEMS(cases); i++) {
         json_t *st_json = NULL;
         struct gg_err err = {{0}};
-        enum gg_status st =
-            mf_cluster_state(cases[i].text, strlen(cases[i].text), "state.json", &st_json, &err);
+        size_t counts[MF_STATE_N];
+        enum gg_status st = mf_cluster_state(cases[i].text, strlen(cases[i].text), "state.json",
+                                             &st_json, counts, &err);
         if (st != cases[i].st)
             fail_msg("case %zu: status %d, want %d (%s)", i, st, cases[i].st, err.msg);
         if (cases[i].msg && !strstr(err.msg, cases[i].msg))
             fail_msg("case %zu: message \"%s\" lacks \"%s\"", i, err.msg, cases[i].msg);
-        if (st == GG_OK)
-            assert_true(json_is_array(json_object_get(st_json, "items")));
+        if (st == GG_OK) {
+            assert_int_equal(json_array_size(json_object_get(st_json, "items")), cases[i].kept);
+            assert_memory_equal(counts, cases[i].counts, sizeof(counts));
+        }
         json_decref(st_json);
     }
 }

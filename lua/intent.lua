@@ -1,0 +1,725 @@
+--[[
+intent.lua - what GPU a pod asks for, in every dialect gpuguard knows, and what it is charged.
+
+One model for admission (every policy) and for usage (the inventory charges running pods with
+intent.usage_charge, the same function): a pod's dialects, the pool that serves it, and its
+charge in integer milli-GPU (1000 = one GPU).
+
+  dialect        recognised by                                   charge
+  device-plugin  nvidia.com/gpu: N                               N (a replica on a time-sliced
+                                                                 pool that keeps the name)
+  mig            nvidia.com/mig-<p>                              N x the profile's slice share
+  shared         nvidia.com/gpu.shared, nvidia.com/mig-<p>.shared N replicas of the pool (R)
+  dra            spec.resourceClaims[].resourceClaimTemplateName per request count x unit(class)
+                 spec.resourceClaims[].resourceClaimName         0 (the claim is charged)
+  kai            annotations gpu-fraction, gpu-memory,           k x f, k x MiB / GPU memory
+                 gpu-fraction-num-devices
+  hami           nvidia.com/gpu with nvidia.com/gpumem,          N x max(memory, cores/100)
+                 gpumem-percentage, gpucores
+  volcano        volcano.sh/vgpu-number, vgpu-memory, vgpu-cores as hami
+  gpuguard       gpuguard.io/gpu-fraction, gpuguard.io/gpu-memory rewritten by 10-gpu-sharing
+                                                                 into one of the above
+
+Containers combine as the scheduler combines them (quota.pod_charge); DRA devices and KAI
+fractions belong to the pod and are added to it.
+
+The pool of a pod is the one whose node_selector its spec.nodeSelector holds (immutable once
+the pod exists), never an annotation.  A shared replica is the only charge the spec leaves
+open: its charge is the pool's N/R when the pool is known, else the whole device; the
+gpuguard.io/charge annotation may set it between 1 milli-GPU per replica and the whole device.
+Everything else is computed from the spec, whatever the annotations say.
+
+DRA objects (ResourceClaimTemplate, ResourceClaim) come from gpuguard.dra(kind, namespace, name)
+(the server's cache, the input files and --cluster-state of `gpuguard check`), or from
+opts.lookup.
+
+Must not: keep state between calls, or write into the pod or the configuration.
+]]
+
+local gg = require "gpuguard"
+local k8s = require "k8s"
+local gpu = require "gpu"
+local quota = require "quota"
+local fleet = require "fleet"
+
+local M = {}
+
+-- Keys, in one place for every policy.
+M.DECISION = "gpuguard.io/decision"
+M.POOL = "gpuguard.io/pool"
+M.CHARGE = "gpuguard.io/charge"
+M.FRACTION = "gpuguard.io/gpu-fraction"
+M.MEMORY = "gpuguard.io/gpu-memory"
+M.KAI_FRACTION = "gpu-fraction"
+M.KAI_MEMORY = "gpu-memory"
+M.KAI_DEVICES = "gpu-fraction-num-devices"
+M.POD_CLAIM_NAME = "resource.kubernetes.io/pod-claim-name"
+M.EXTENDED_RESOURCE_CLAIM = "resource.kubernetes.io/extended-resource-claim"
+
+-- The scheduler each backend dialect needs, unless its pool names another.
+M.SCHEDULERS = { kai = "kai-scheduler", hami = "hami-scheduler", volcano = "volcano" }
+
+-- GPU-equivalents per device of the NVIDIA DRA driver's classes (mig.nvidia.com: see mig_unit).
+local DRA_CLASSES = {
+    ["gpu.nvidia.com"] = 1000,
+    ["vfio.gpu.nvidia.com"] = 1000,
+    ["compute-domain-daemon.nvidia.com"] = 0,
+    ["compute-domain-default-channel.nvidia.com"] = 0,
+}
+local MIG_CLASS = "mig.nvidia.com"
+
+local HAMI = { ["nvidia.com/gpumem"] = true, ["nvidia.com/gpumem-percentage"] = true,
+               ["nvidia.com/gpucores"] = true }
+
+local NONE = {}
+local AMOUNT = { allow_above_one = true, allow_zero = true }
+local MAX_DRA_REQUESTS = 32 -- a claim's requests and a request's alternatives, as the API caps
+
+local function ceil_div(a, b)
+    return (a + b - 1) // b
+end
+
+local function list(v)
+    return type(v) == "table" and v or NONE
+end
+
+-- Configuration ------------------------------------------------------------------------------
+
+-- The GPU-equivalents of one device of a configured class (dra.classes), in milli, or nil.
+local function configured_unit(cfg, class)
+    local classes = cfg.dra and cfg.dra.classes
+    local v = classes and classes[class]
+    if v == nil then
+        return nil
+    end
+    return (quota.parse_fraction(v, AMOUNT))
+end
+
+--- Check the dra: section of the configuration; raises error(msg, 0) with the key path.
+---   dra:
+---     classes: {example.com-gpu: 1}   # GPU-equivalents per device of other GPU classes
+---     allocation_all: deny            # deny (default), or the GPUs to charge such a request
+function M.check(cfg)
+    local d = cfg.dra
+    if d == nil then
+        return
+    end
+    if type(d) ~= "table" or gg.is_array(d) then
+        error("dra: must be a mapping", 0)
+    end
+    for class, v in pairs(d.classes or NONE) do
+        local _, msg = quota.parse_fraction(v, AMOUNT)
+        if msg then
+            error(string.format("dra.classes.%s: %s", class, msg), 0)
+        end
+    end
+    if d.allocation_all ~= nil and d.allocation_all ~= "deny" then
+        local _, msg = quota.parse_fraction(d.allocation_all, { allow_above_one = true })
+        if msg then
+            error("dra.allocation_all: must be deny or a number of GPUs, " .. msg, 0)
+        end
+    end
+end
+
+-- Pools --------------------------------------------------------------------------------------
+
+--- The pool whose node_selector the pod's spec.nodeSelector holds entirely, or nil.
+function M.pool_of(pod, cfg)
+    local spec = k8s.pod_spec(pod)
+    if not spec then
+        return nil
+    end
+    local pools = fleet.pools(cfg)
+    local i, p = 1, pools[1]
+    while p ~= nil do
+        local sel, any, all = p.node_selector, false, true
+        for k, v in pairs(sel or NONE) do
+            any = true
+            all = all and k8s.node_selector(spec, k) == v
+        end
+        if any and all then
+            return p
+        end
+        i = i + 1
+        p = pools[i]
+    end
+    return nil
+end
+
+--- The scheduler a pool's own dialect needs: scheduler_name, else its sharing mode's.
+function M.pool_scheduler(pool)
+    return pool.scheduler_name or M.SCHEDULERS[pool.sharing]
+end
+
+local function contains(l, v)
+    for _, x in ipairs(l or NONE) do
+        if x == v then
+            return true
+        end
+    end
+    return false
+end
+
+-- Does pool run dialect (with these DRA classes)?
+local function runs(pool, dialect, classes)
+    if dialect == "dra" then
+        if pool.device_classes == nil then
+            return false
+        end
+        for _, c in ipairs(classes) do
+            if not contains(pool.device_classes, c) then
+                return false
+            end
+        end
+        return true
+    end
+    return pool.sharing == dialect or M.pool_scheduler(pool) == M.SCHEDULERS[dialect]
+end
+
+-- What a pool accepts, for messages: "dra-a100 (DRA classes gpu.nvidia.com, mig.nvidia.com)".
+local function accepts(pool)
+    local what = {}
+    if pool.device_classes then
+        what[#what + 1] = "DRA classes " .. table.concat(pool.device_classes, ", ")
+    end
+    if M.pool_scheduler(pool) then
+        what[#what + 1] = "schedulerName " .. M.pool_scheduler(pool)
+    end
+    if not fleet.PASS_THROUGH[pool.sharing] then
+        what[#what + 1] = pool.sharing
+    end
+    return string.format("%s (%s)", pool.name, table.concat(what, "; "))
+end
+
+local DIALECT_WORDS = { dra = "DRA claims", kai = "KAI annotations", hami = "HAMi resources",
+                        volcano = "Volcano vGPU resources" }
+
+--[[
+The pool that runs a pod written in a backend's own dialect ("dra", "kai", "hami", "volcano";
+classes: the GPU device classes of its DRA claims): the first pool that lists every class in
+device_classes, or whose scheduler (or sharing mode) is the dialect's.  Returns the pool, or nil
+and a message naming the pools and what each accepts.
+]]
+function M.serving_pool(cfg, dialect, classes)
+    local pools = fleet.pools(cfg)
+    local names = {}
+    for _, p in ipairs(pools) do
+        if runs(p, dialect, classes or NONE) then
+            return p
+        end
+        names[#names + 1] = accepts(p)
+    end
+    local wanted = dialect == "dra" and #(classes or NONE) > 0
+        and "DRA device classes " .. table.concat(classes, ", ") or DIALECT_WORDS[dialect]
+    return nil, string.format("no GPU pool runs %s; the pools are %s; ask for a GPU in a form one of them "
+        .. "accepts", wanted, table.concat(names, ", "))
+end
+
+-- The smallest GPU memory (MiB) of the fleet's pools, or nil without pools.
+local function smallest_memory(cfg)
+    local min
+    for _, p in ipairs(fleet.pools(cfg)) do
+        local m = fleet.model(cfg, p)
+        if m and (not min or m.memory_mib < min) then
+            min = m.memory_mib
+        end
+    end
+    return min
+end
+
+-- DRA ----------------------------------------------------------------------------------------
+
+-- The MIG profile a request's CEL selectors pin ("... .profile == '1g.10gb'"), or nil.
+local function selected_profile(sub)
+    for _, s in ipairs(list(sub.selectors)) do
+        local expr = type(s) == "table" and type(s.cel) == "table" and s.cel.expression
+        local p = type(expr) == "string" and #expr <= 10240
+            and expr:match("%.profile%s*==%s*[\"']([%w%.%+%-]+)[\"']")
+        if p then
+            return p
+        end
+    end
+    return nil
+end
+
+-- The charge of one device of a MIG profile: on the pool's model when it has that profile,
+-- else the largest share among the catalog's models that have it; a whole GPU when none does.
+local function mig_unit(cfg, pool, profile)
+    if not profile then
+        return 1000
+    end
+    local model = pool and fleet.model(cfg, pool)
+    local got = model and (gpu.charge_milli(model, profile))
+    if got then
+        return got
+    end
+    local catalog = fleet.catalog(cfg)
+    local best
+    for _, name in ipairs(catalog.names) do
+        local c = gpu.charge_milli(catalog.models[name], profile)
+        if c and (not best or c > best) then
+            best = c
+        end
+    end
+    return best or 1000
+end
+
+--- GPU-equivalents (milli) of one device of a DRA device class; nil for a class that is not a
+--- GPU (not gpuguard's business).
+function M.class_unit(cfg, class, sub, pool)
+    local unit = DRA_CLASSES[class]
+    if unit then
+        return unit
+    elseif class == MIG_CLASS then
+        return mig_unit(cfg, pool, sub and selected_profile(sub))
+    end
+    return configured_unit(cfg, class)
+end
+
+-- A request's alternatives: v1/v1beta2 exactly or firstAvailable, v1beta1 flat fields.
+local function alternatives(r)
+    if type(r.exactly) == "table" then
+        return { r.exactly }, r.exactly.adminAccess == true
+    elseif type(r.firstAvailable) == "table" then
+        return r.firstAvailable, false
+    elseif r.deviceClassName ~= nil or r.firstAvailable ~= nil then
+        return { r }, r.adminAccess == true
+    end
+    return nil
+end
+
+-- The charge of one alternative (nil for a non-GPU class), or false and a message.
+local function alternative_charge(cfg, sub, pool, where)
+    local class = sub.deviceClassName
+    if type(class) ~= "string" then
+        return false, where .. " names no deviceClassName"
+    end
+    local unit = M.class_unit(cfg, class, sub, pool)
+    if unit == nil then
+        return nil
+    end
+    if sub.allocationMode == "All" then
+        local all = cfg.dra and cfg.dra.allocation_all
+        if all == nil or all == "deny" then
+            return false, string.format("%s asks for every device of class %s (allocationMode: All); ask for "
+                .. "a count of devices instead", where, class)
+        end
+        return (quota.parse_fraction(all, AMOUNT)), class
+    end
+    local count = sub.count
+    if count == nil then
+        count = 1
+    end
+    if math.type(count) ~= "integer" or count < 1 then
+        return false, string.format("%s: count must be a whole number of at least 1", where)
+    end
+    return count * unit, class
+end
+
+--[[
+The charge of a DRA claim spec (ResourceClaim.spec, ResourceClaimTemplate.spec.spec) in milli-GPU,
+and the GPU device classes it uses (a list); or nil and a message.  Each request: count x unit;
+firstAvailable: the largest alternative; adminAccess: 0; allocationMode All: denied unless
+dra.allocation_all gives a charge.  what names the object in messages.
+]]
+function M.claim_charge(cfg, claim_spec, what, pool)
+    local devices = type(claim_spec) == "table" and claim_spec.devices
+    if type(claim_spec) == "table" and claim_spec.resourceClassName ~= nil then
+        return nil, what .. " is a resource.k8s.io/v1alpha2 claim (resourceClassName), which no "
+            .. "current Kubernetes serves; write it as resource.k8s.io/v1 with spec.devices.requests"
+    end
+    local total, classes, seen = 0, {}, {}
+    local requests = type(devices) == "table" and list(devices.requests) or NONE
+    if #requests > MAX_DRA_REQUESTS then
+        return nil, string.format("%s has %d requests, more than the %d Kubernetes allows", what, #requests,
+            MAX_DRA_REQUESTS)
+    end
+    for i, r in ipairs(requests) do
+        local where = string.format("%s request %s", what,
+            type(r) == "table" and type(r.name) == "string" and r.name or "#" .. i)
+        local subs, admin = alternatives(type(r) == "table" and r or NONE)
+        if not subs or #subs > MAX_DRA_REQUESTS then
+            return nil, where .. " has neither exactly nor firstAvailable with a deviceClassName"
+        end
+        local best = nil
+        for _, sub in ipairs(subs) do
+            local c, class = alternative_charge(cfg, type(sub) == "table" and sub or NONE, pool, where)
+            if c == false then
+                return nil, class
+            end
+            if c then
+                best = math.max(best or 0, c)
+                if not seen[class] then
+                    seen[class] = true
+                    classes[#classes + 1] = class
+                end
+            end
+        end
+        if best and not admin then
+            total = total + best
+        end
+    end
+    return total, classes
+end
+
+-- gpuguard.dra when the host provides it (the engine does), else no DRA objects at all.
+local function host_lookup(kind, namespace, name)
+    local f = gg.dra
+    if f then
+        return f(kind, namespace, name) -- the object; or nil, and why when unknown
+    end
+    return nil
+end
+
+-- The DRA part of a pod: its charge, items for the breakdown, GPU classes; or nil and a message.
+local function pod_dra(pod, spec, cfg, pool, lookup, namespace)
+    local refs = list(spec.resourceClaims)
+    if refs[1] == nil then
+        return 0, NONE, NONE
+    end
+    local meta = k8s.pod_meta(pod)
+    local ns = namespace or meta and type(meta.namespace) == "string" and meta.namespace or "default"
+    local total, items, classes = 0, {}, {}
+    for _, ref in ipairs(refs) do
+        if type(ref) == "table" and ref.source ~= nil then
+            return nil, string.format("resourceClaims %s uses source, the resource.k8s.io/v1alpha2 form; name "
+                .. "resourceClaimTemplateName or resourceClaimName directly", tostring(ref.name))
+        end
+        local tname = type(ref) == "table" and ref.resourceClaimTemplateName
+        local cname = type(ref) == "table" and ref.resourceClaimName
+        if type(tname) == "string" then
+            local t, why = lookup("ResourceClaimTemplate", ns, tname)
+            if not t and why then
+                return nil, string.format("resourceClaims %s: ResourceClaimTemplate %s/%s could not be read (%s); "
+                    .. "try again", tostring(ref.name), ns, tname, why)
+            elseif not t then
+                return nil, string.format("resourceClaims %s names ResourceClaimTemplate %s/%s, which does not "
+                    .. "exist; create it first", tostring(ref.name), ns, tname)
+            end
+            local spec_of = type(t.spec) == "table" and t.spec.spec
+            local c, got = M.claim_charge(cfg, spec_of, "ResourceClaimTemplate " .. tname, pool)
+            if not c then
+                return nil, got
+            end
+            if #got > 0 then
+                total = total + c
+                items[#items + 1] = { resource = "ResourceClaimTemplate " .. tname, count = 1, each = c,
+                                      charge = c, rule = "DRA template" }
+                for _, class in ipairs(got) do
+                    classes[#classes + 1] = class
+                end
+            end
+        elseif type(cname) == "string" then
+            local claim = lookup("ResourceClaim", ns, cname)
+            local got = NONE
+            if claim then
+                local c, cl = M.claim_charge(cfg, claim.spec, "ResourceClaim " .. cname, pool)
+                got = c and cl or NONE
+            end
+            -- Unknown claims count as GPU claims: whether the pod wants a GPU is never guessed down.
+            if not claim or #got > 0 then
+                items[#items + 1] = { resource = "ResourceClaim " .. cname, count = 1, each = 0, charge = 0,
+                                      rule = "shared claim, charged to the claim" }
+                for _, class in ipairs(got) do
+                    classes[#classes + 1] = class
+                end
+                classes.shared_claim = true
+            end
+        else
+            return nil, string.format("resourceClaims %s names neither resourceClaimTemplateName nor "
+                .. "resourceClaimName", type(ref) == "table" and tostring(ref.name) or "?")
+        end
+    end
+    return total, items, classes
+end
+
+--- True when a claim (a ResourceClaim object) is charged to the pod that made it, or to the
+--- scheduler's extended-resource pod, not on its own.
+function M.claim_charged_elsewhere(claim)
+    local a = type(claim.metadata) == "table" and claim.metadata.annotations
+    return type(a) == "table" and (a[M.POD_CLAIM_NAME] ~= nil or a[M.EXTENDED_RESOURCE_CLAIM] == "true")
+end
+
+-- KAI ----------------------------------------------------------------------------------------
+
+-- KAI's annotations as a share and a device count; nil and a message for illegal values.
+local function kai_share(pod, spec, memory_mib)
+    local f = k8s.annotation(pod, M.KAI_FRACTION)
+    local mem = k8s.annotation(pod, M.KAI_MEMORY)
+    local devices = k8s.annotation(pod, M.KAI_DEVICES)
+    if not f and not mem then
+        if devices then
+            return nil, "annotation gpu-fraction-num-devices needs gpu-fraction or gpu-memory beside it"
+        end
+        return nil
+    end
+    if f and mem then
+        return nil, "annotations gpu-fraction and gpu-memory are exclusive in KAI; keep one of them"
+    end
+    for c in k8s.containers(spec, { init = true, regular = true }) do
+        if k8s.get_resource(c, "limits", "nvidia.com/gpu") or k8s.get_resource(c, "requests", "nvidia.com/gpu") then
+            return nil, string.format("annotation %s and nvidia.com/gpu (container %s) are exclusive in KAI; "
+                .. "remove nvidia.com/gpu or the annotation", f and M.KAI_FRACTION or M.KAI_MEMORY, tostring(c.name))
+        end
+    end
+    local k = 1
+    if devices then
+        k = type(devices) == "string" and devices:match("^%d+$") and #devices <= 4 and math.tointeger(tonumber(devices))
+        if not k or k < 1 then
+            return nil, string.format("annotation gpu-fraction-num-devices: %q must be a whole number of at least 1",
+                tostring(devices))
+        end
+    end
+    local share
+    if f then
+        local m, msg = quota.parse_fraction(f, { name = M.KAI_FRACTION, allow_above_one = true })
+        if not m then
+            return nil, "annotation " .. msg
+        end
+        if m >= 1000 then
+            return nil, string.format("annotation gpu-fraction: %q must be less than 1 in KAI; ask for whole "
+                .. "GPUs with nvidia.com/gpu instead", f)
+        end
+        share = m
+    else
+        local mib = type(mem) == "string" and mem:match("^%d+$") and #mem <= 9 and math.tointeger(tonumber(mem))
+        if not mib or mib < 1 then
+            return nil, string.format("annotation gpu-memory: %q must be a whole number of MiB such as 2000",
+                tostring(mem))
+        end
+        share = memory_mib and math.min(1000, ceil_div(mib * 1000, memory_mib)) or 1000
+    end
+    return share, k
+end
+
+-- Dialects -----------------------------------------------------------------------------------
+
+-- The dialects of the containers' resources (a set).
+local function resource_dialects(spec, out)
+    for c in k8s.containers(spec, { init = true, regular = true }) do
+        local ok, items = pcall(gpu.requested, c)
+        for _, it in ipairs(ok and items or NONE) do
+            if HAMI[it.resource] then
+                out.hami = true
+            elseif it.kind == "volcano" then
+                out.volcano = true
+            elseif it.kind == "mig" then
+                out.mig = true
+            elseif it.kind == "shared" then
+                out.shared = true
+            elseif it.kind == "whole" then
+                out["device-plugin"] = true
+            end
+        end
+        if not ok then
+            out.malformed = true
+        end
+    end
+end
+
+--- The dialects a pod is written in, as a set: "device-plugin", "mig", "shared", "dra", "kai",
+--- "hami", "volcano", "gpuguard" (its own annotations).  Cheap: reads no DRA object.
+function M.dialects(pod)
+    local out = {}
+    local spec = k8s.pod_spec(pod)
+    if not spec then
+        return out
+    end
+    resource_dialects(spec, out)
+    if out.hami then
+        out["device-plugin"] = nil -- nvidia.com/gpu counts HAMi's physical GPUs
+    end
+    if list(spec.resourceClaims)[1] ~= nil then
+        out.dra = true
+    end
+    if k8s.annotation(pod, M.KAI_FRACTION) or k8s.annotation(pod, M.KAI_MEMORY) or k8s.annotation(pod, M.KAI_DEVICES) then
+        out.kai = true
+    end
+    local meta = k8s.pod_meta(pod)
+    for key in pairs(meta and type(meta.annotations) == "table" and meta.annotations or NONE) do
+        if type(key) == "string" and (key == M.FRACTION or key == M.MEMORY or key:sub(1, #M.FRACTION + 1) == M.FRACTION .. "."
+            or key:sub(1, #M.MEMORY + 1) == M.MEMORY .. ".") then
+            out.gpuguard = true
+        end
+    end
+    return out
+end
+
+--- The backend dialect a pod is already written in and that gpuguard passes through: "dra",
+--- "kai", "hami" or "volcano"; nil for none.  Two at once is an error (nil and a message).
+function M.foreign(d)
+    local found
+    for _, name in ipairs({ "dra", "kai", "hami", "volcano" }) do
+        if d[name] then
+            if found then
+                return nil, string.format("the pod asks for GPUs in two dialects at once (%s and %s); use one", found,
+                    name)
+            end
+            found = name
+        end
+    end
+    return found
+end
+
+-- Charges ------------------------------------------------------------------------------------
+
+-- quota.pod_charge's context for a pod on pool (nil: unknown), replicas charged at R.
+local function context(cfg, pool, memory_mib, replicas)
+    local mig = pool and pool.sharing == "mig" and pool or fleet.pool_for_mode(cfg, "mig")
+    local ctx = { model = mig and mig.model, catalog = fleet.catalog(cfg), memory_mib = memory_mib,
+                  replicas = replicas }
+    if pool and pool.sharing == "mig" and pool.mig_strategy == "single" then
+        ctx.gpu_means, ctx.profile = "mig", pool.mig_profile
+    elseif pool and (pool.sharing == "time-slicing" or pool.sharing == "mps")
+        and (pool.shared_resource or "nvidia.com/gpu") == "nvidia.com/gpu" then
+        ctx.gpu_means = "replica"
+    end
+    return ctx
+end
+
+local function has_replicas(breakdown)
+    for _, b in ipairs(breakdown) do
+        for _, it in ipairs(b.items) do
+            if it.rule:sub(1, 14) == "shared replica" then
+                return true
+            end
+        end
+    end
+    return false
+end
+
+--[[
+The charge of a pod in milli-GPU and a breakdown (as quota.pod_charge's, plus "pod" entries for
+DRA claims and KAI annotations); nil and a message saying what to change for a value that is
+illegal in its own dialect.  opts (optional): pool = the pool that serves it (default: the pool
+its nodeSelector names), namespace = the request's (default: the pod's, else "default"),
+lookup = function(kind, namespace, name) for DRA objects (default: gpuguard.dra).  The third
+result is the GPU device classes of its DRA claims (a list; .shared_claim when it names a
+ResourceClaim).
+]]
+function M.charge(pod, cfg, opts)
+    opts = opts or NONE
+    local spec = k8s.pod_spec(pod)
+    if not spec then
+        return 0, {}, {}
+    end
+    local pool = opts.pool or M.pool_of(pod, cfg)
+    local model = pool and fleet.model(cfg, pool)
+    local memory_mib = model and model.memory_mib or smallest_memory(cfg)
+    local share, k = kai_share(pod, spec, memory_mib)
+    if share == nil and k then
+        return nil, k
+    end
+    local dra, dra_items, classes = pod_dra(pod, spec, cfg, pool, opts.lookup or host_lookup, opts.namespace)
+    if not dra then
+        return nil, dra_items
+    end
+    local replicas = pool and (pool.replicas or 1) or 1
+    local ctx = context(cfg, pool, memory_mib, replicas)
+    ctx.fraction_milli, ctx.fraction_devices = share, k
+    local ok, total, breakdown = pcall(quota.pod_charge, spec, ctx)
+    if not ok then
+        return nil, tostring(total):gsub("^.-quota%.pod_charge: ", "")
+    elseif not total then
+        return nil, breakdown
+    end
+    if has_replicas(breakdown) then
+        -- Open: the annotation may refine it between 1 milli per replica and the whole device.
+        local note = k8s.annotation(pod, M.CHARGE)
+        local milli = type(note) == "string" and #note <= 12 and note:match("^%d+$") and math.tointeger(tonumber(note))
+        if milli then
+            ctx.replicas = nil
+            ctx.replica_milli = 1
+            local floor = quota.pod_charge(spec, ctx)
+            ctx.replica_milli, ctx.replicas = nil, 1
+            local ceiling = quota.pod_charge(spec, ctx)
+            total = math.max(floor, math.min(ceiling, milli))
+        elseif not pool then
+            ctx.replicas = 1
+            total = quota.pod_charge(spec, ctx)
+        end
+    end
+    if dra > 0 or #dra_items > 0 then
+        breakdown[#breakdown + 1] = { kind = "pod", charge = dra, items = dra_items }
+    end
+    return total + dra, breakdown, classes
+end
+
+-- What a ResourceClaim holds on its own: nothing when its pod or the scheduler's
+-- extended-resource pod is charged for it; one GPU per request when it cannot be read.
+local function claim_usage(claim, cfg)
+    if M.claim_charged_elsewhere(claim) then
+        return 0
+    end
+    local meta = type(claim.metadata) == "table" and claim.metadata or NONE
+    local c = M.claim_charge(cfg, claim.spec, "ResourceClaim " .. tostring(meta.name))
+    if c then
+        return c
+    end
+    local devices = type(claim.spec) == "table" and claim.spec.devices
+    return math.max(1, #list(type(devices) == "table" and devices.requests)) * 1000
+end
+
+--- The charge the inventory counts for a running pod or a ResourceClaim: intent.charge without
+--- the messages, a pod whose values are illegal counted as one GPU per GPU container (it was
+--- never admitted by gpuguard; fail closed).
+function M.usage_charge(pod, cfg)
+    if pod.kind == "ResourceClaim" then
+        return claim_usage(pod, cfg)
+    end
+    local total = M.charge(pod, cfg)
+    if total then
+        return total
+    end
+    local spec, n = k8s.pod_spec(pod), 0
+    for c in k8s.containers(spec or NONE, { init = true, regular = true }) do
+        local ok, items = pcall(gpu.requested, c)
+        n = n + ((not ok or #items > 0) and 1 or 0)
+    end
+    return math.max(n, 1) * 1000
+end
+
+--- True when a pod asks for a GPU in any dialect (a malformed request counts as asking; so does
+--- a DRA claim that cannot be read).
+function M.wants_gpu(pod, cfg, namespace)
+    local d = M.dialects(pod)
+    if not d.dra then
+        return next(d) ~= nil
+    end
+    if d.kai or d.hami or d.volcano or d.mig or d.shared or d["device-plugin"] or d.gpuguard or d.malformed then
+        return true
+    end
+    local _, _, classes = M.charge(pod, cfg, { namespace = namespace })
+    return classes == nil or #classes > 0 or classes.shared_claim == true
+end
+
+--- True when the pod is on a shared GPU: anything but whole exclusive GPUs (a fraction, a MIG
+--- slice, a replica, HAMi, Volcano vGPU, KAI, a DRA MIG device or a shared claim).
+function M.shared(pod, cfg, namespace)
+    local decision = k8s.annotation(pod, M.DECISION)
+    -- "8 whole GPUs: exclusive on pool ..." names the size before the mode.
+    decision = decision and (decision:match("^%d+ whole GPUs?: (.*)$") or decision)
+    if decision and decision:sub(1, 10) ~= "exclusive " and decision:sub(1, 4) ~= "dra " then
+        return true
+    end
+    local d = M.dialects(pod)
+    if d.kai or d.hami or d.volcano or d.mig or d.shared or d.gpuguard then
+        return true
+    end
+    local pool = M.pool_of(pod, cfg)
+    if pool and pool.sharing ~= "exclusive" and not d.dra then
+        return true
+    end
+    if d.dra then
+        local _, _, classes = M.charge(pod, cfg, { namespace = namespace })
+        for _, c in ipairs(classes or NONE) do
+            if c == MIG_CLASS then
+                return true
+            end
+        end
+        return classes and classes.shared_claim == true
+    end
+    return false
+end
+
+return M

@@ -1,0 +1,75 @@
+--[[
+50-gpu-claims.lua - DRA ResourceClaims and ResourceClaimTemplates at creation.
+
+validate (CREATE; claims and templates of GPU device classes only, see intent.class_unit):
+  * a request for every device of a class (allocationMode: All) is denied, unless
+    dra.allocation_all gives such a request a charge;
+  * a claim or template charged more than quotas.max_per_pod is denied: a pod using it could
+    never be admitted;
+  * a ResourceClaim that pods will share is charged to its namespace once, here (its pods are
+    charged nothing): denied when the namespace would go over its quota.
+Claims generated from a pod's template (annotation resource.kubernetes.io/pod-claim-name) and
+the scheduler's claims for extended resources were charged with their pod: left alone, since
+denying them would only leave an admitted pod pending.
+
+Config keys: dra.classes, dra.allocation_all, quotas.max_per_pod, quotas.namespaces,
+quotas.default, quotas.inventory_not_ready.
+]]
+
+local gg = require "gpuguard"
+local quota = require "quota"
+local intent = require "intent"
+
+local AMOUNT = { allow_above_one = true, allow_zero = true }
+
+-- A quota amount of the configuration in milli-GPU (40-gpu-quota checks them when loading).
+local function gpus(v)
+    return (quota.parse_fraction(v, AMOUNT))
+end
+
+local function validate(req, obj, cfg)
+    if intent.claim_charged_elsewhere(obj) then
+        return
+    end
+    local template = req.kind == "ResourceClaimTemplate"
+    local spec = type(obj.spec) == "table" and obj.spec
+    if template then
+        spec = spec and spec.spec
+    end
+    local name = type(obj.metadata) == "table" and obj.metadata.name or req.name
+    local charge, classes = intent.claim_charge(cfg, spec, req.kind .. " " .. tostring(name))
+    if not charge then
+        req:deny(classes)
+        return
+    end
+    if #classes == 0 then
+        return -- no GPU device class: not gpuguard's business
+    end
+    local q = cfg.quotas
+    local max = q and q.max_per_pod ~= nil and gpus(q.max_per_pod)
+    if max and charge > max then
+        req:deny(string.format("the %s asks for %s GPUs, more than the %s allowed per pod; ask for fewer devices",
+            template and "template" or "claim", quota.format_gpus(charge), quota.format_gpus(max)))
+        return
+    end
+    local limit = q and (q.namespaces and q.namespaces[req.namespace] or q.default)
+    if template or limit == nil then
+        return
+    end
+    local used, ready = gg.usage(req.namespace)
+    if not ready and q.inventory_not_ready == "deny" then
+        req:deny("GPU usage is not known yet (the inventory has not synced); try again in a minute")
+        return
+    end
+    local ok, why = quota.check(ready and used or 0, charge, gpus(limit), "namespace " .. req.namespace)
+    if not ok then
+        req:deny((why:gsub("this pod", "this claim")))
+    end
+end
+
+return {
+    name = "gpu-claims",
+    description = "DRA claims and claim templates for GPUs: no All requests, within the quotas.",
+    match = { kinds = { "ResourceClaim", "ResourceClaimTemplate" }, operations = { "CREATE" } },
+    validate = validate,
+}

@@ -1,0 +1,222 @@
+"""The inventory's ResourceClaims and ResourceClaimTemplates in the running server: `gpuguard
+serve --kubeconfig` against the stand-in API server (fake_apiserver.py) with the shipped policies
+and deploy/gpuguard.yaml (team-q's quota: 2 GPUs).  Claims and templates are listed and watched
+(resource.k8s.io v1, else v1beta2, else v1beta1), a template the watch has not delivered is
+fetched with a GET before deciding, and a running pod's charge comes from its spec whatever its
+gpuguard.io/charge annotation says.  Every wait is a bounded loop."""
+
+import pytest
+
+from fake_apiserver import gpu_pod
+from test_inventory_sync import (NS, admission, fake, metrics, new_pod, ready_with, serve,  # noqa: F401
+                                 wait_for, write_kubeconfig)
+
+DRA = "/apis/resource.k8s.io"
+
+
+def template(name, count=1, ns=NS, version="v1"):
+    req = {"name": "gpus"}
+    exact = {"deviceClassName": "gpu.nvidia.com", "count": count}
+    if version == "v1beta1":
+        req.update(exact)  # the flat form
+    else:
+        req["exactly"] = exact
+    return {"apiVersion": f"resource.k8s.io/{version}", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, "namespace": ns, "uid": f"uid-t-{name}",
+                         "managedFields": [{"manager": "kubectl"}]},
+            "spec": {"spec": {"devices": {"requests": [req]}}}}
+
+
+def claim(name, count=1, ns=NS, version="v1", annotations=None):
+    obj = template(name, count, ns, version)
+    obj["kind"] = "ResourceClaim"
+    obj["metadata"]["uid"] = f"uid-c-{name}"
+    obj["spec"] = obj["spec"]["spec"]
+    if annotations:
+        obj["metadata"]["annotations"] = annotations
+    obj["status"] = {"allocation": {"devices": {"results": [
+        {"request": "gpus", "driver": "gpu.nvidia.com", "pool": "node-1", "device": f"gpu-{i}"}
+        for i in range(count)]}}}
+    return obj
+
+
+def dra_pod(name, ref, ns=NS, running=False):
+    """A pod with one claim: ref is ("template", name) or ("claim", name)."""
+    key = "resourceClaimTemplateName" if ref[0] == "template" else "resourceClaimName"
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": name, "namespace": ns, "labels": {"team": "q"}},
+           "spec": {"containers": [{"name": "ctr", "image": "ubuntu:22.04",
+                                    "resources": {"claims": [{"name": "gpus"}]}}],
+                    "resourceClaims": [{"name": "gpus", key: ref[1]}],
+                    "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists",
+                                     "effect": "NoSchedule"}]}}
+    if running:
+        pod["metadata"]["uid"] = f"uid-p-{name}"
+        pod["spec"]["nodeSelector"] = {"gpuguard.io/pool": "a100-dra"}
+        pod["status"] = {"phase": "Running"}
+    return pod
+
+
+def usage(server, ns=NS):
+    for line in metrics(server).splitlines():
+        if line.startswith(f'gpuguard_inventory_usage_gpus{{namespace="{ns}"}}'):
+            return line.split()[-1]
+    return None
+
+
+@pytest.fixture
+def dra(binary, certs, tmp_path, fake):
+    def start(setup):
+        f = fake()
+        setup(f)
+        server = serve(binary, certs, tmp_path, write_kubeconfig(tmp_path, f.url))
+        started.append(server)
+        return f, server
+
+    started = []
+    yield start
+    for server in started:
+        assert server.proc.poll() is None, "the server died"
+        assert server.stop() == 0
+
+
+def test_claims_and_templates_are_listed_watched_and_deleted(dra):
+    def setup(f):
+        f.add_object(template("one-gpu"))
+        f.add(dra_pod("trainer", ("template", "one-gpu"), running=True))
+        # generated from trainer's template: charged with the pod, not again
+        f.add_object(claim("trainer-gpus-x7k2p", 1,
+                           annotations={"resource.kubernetes.io/pod-claim-name": "gpus"}))
+
+    f, server = dra(setup)
+    assert ready_with(server, 1)
+    assert wait_for(lambda: f.requests_of("watch", f"{DRA}/v1/resourceclaims")
+                    and f.requests_of("watch", f"{DRA}/v1/resourceclaimtemplates"))
+    assert wait_for(lambda: usage(server) == "1.000")
+    ok, msg, _, _ = admission(server, dra_pod("second", ("template", "one-gpu")))
+    assert ok, msg  # 1 in use + 1 = the quota of 2
+    # A shared claim appears: charged once, on its own.
+    f.add_object(claim("shared", 1))
+    assert wait_for(lambda: usage(server) == "2.000")
+    ok, msg, _, _ = admission(server, dra_pod("third", ("template", "one-gpu")))
+    assert not ok and msg == ("gpu-quota: namespace team-q would use 3 of 2 GPUs (in use 2, "
+                              "this pod 1); ask for fewer GPUs or free GPUs"), msg
+    # Its pods add nothing.
+    ok, msg, _, _ = admission(server, dra_pod("reader", ("claim", "shared")))
+    assert ok, msg
+    f.delete_object("ResourceClaim", "uid-c-shared")
+    assert wait_for(lambda: usage(server) == "1.000")
+    assert wait_for(lambda: admission(server, dra_pod("fourth", ("template", "one-gpu")))[0])
+    # A template added after the start is used; deleted, it is gone.
+    f.add_object(template("two-gpus", 2))
+    ok, msg, _, _ = admission(server, dra_pod("big", ("template", "two-gpus")))
+    assert not ok and "would use 3 of 2 GPUs (in use 1, this pod 2)" in msg, msg
+    f.delete_object("ResourceClaimTemplate", "uid-t-two-gpus")
+    assert wait_for(lambda: admission(server, dra_pod("big", ("template", "two-gpus")))[1] ==
+                    "gpu-sharing: resourceClaims gpus names ResourceClaimTemplate "
+                    "team-q/two-gpus, which does not exist; create it first")
+
+
+def test_a_template_the_watch_has_not_shown_is_fetched(dra):
+    f, server = dra(lambda f: f.add_object(template("late", 2), hidden=True))
+    assert ready_with(server, 0)
+    get = f"{DRA}/v1/namespaces/{NS}/resourceclaimtemplates/late"
+    ok, msg, _, _ = admission(server, dra_pod("p", ("template", "late")))
+    assert ok, msg
+    assert len(f.requests_of("get", get)) == 1
+    ok, _, _, _ = admission(server, dra_pod("q", ("template", "late")))
+    assert ok and len(f.requests_of("get", get)) == 1  # kept: asked once
+    # One that does not exist is denied, naming it, once the API server said so.
+    ok, msg, _, _ = admission(server, dra_pod("r", ("template", "nowhere")))
+    assert not ok and msg == ("gpu-sharing: resourceClaims gpus names ResourceClaimTemplate "
+                              "team-q/nowhere, which does not exist; create it first"), msg
+    # (asked by each policy that looked: absence is not kept, the template may come next)
+    assert f.requests_of("get", f"{DRA}/v1/namespaces/{NS}/resourceclaimtemplates/nowhere")
+
+
+def test_an_older_resource_api_is_used_when_v1_is_not_served(dra):
+    def setup(f):
+        f.served_versions = {"v1beta1"}
+        f.add_object(claim("pair", 2, version="v1beta1"))
+
+    f, server = dra(setup)
+    assert ready_with(server, 0)
+    assert wait_for(lambda: usage(server) == "2.000")
+    assert f.requests_of("list", f"{DRA}/v1/resourceclaims")
+    assert f.requests_of("list", f"{DRA}/v1beta2/resourceclaims")
+    assert wait_for(lambda: f.requests_of("watch", f"{DRA}/v1beta1/resourceclaims"))
+    ok, msg, _, _ = admission(server, new_pod())
+    assert not ok and "would use 3 of 2 GPUs (in use 2, this pod 1)" in msg, msg
+
+
+def test_a_charge_annotation_cannot_free_quota(dra):
+    def setup(f):
+        f.add(gpu_pod(NS, "big", gpus=2, charge=0))
+
+    f, server = dra(setup)
+    assert ready_with(server, 1)
+    assert usage(server) == "2.000"
+    ok, msg, _, _ = admission(server, new_pod())
+    assert not ok and msg == ("gpu-quota: namespace team-q would use 3 of 2 GPUs (in use 2, "
+                              "this pod 1); ask for fewer GPUs or free GPUs"), msg
+
+
+def review_claim(server, obj, dry_run=True):
+    """The validating call for a claim or template CREATE: (allowed, message)."""
+    conn = server.connect(timeout=10)
+    plural = obj["kind"].lower() + "s"
+    version = obj["apiVersion"].split("/")[1]
+    req = {"uid": "3f0a6e6c-0000-4000-8000-000000000001",
+           "kind": {"group": "resource.k8s.io", "version": version, "kind": obj["kind"]},
+           "resource": {"group": "resource.k8s.io", "version": version, "resource": plural},
+           "namespace": obj["metadata"]["namespace"], "name": obj["metadata"]["name"],
+           "operation": "CREATE",
+           "userInfo": {"username": "alice", "groups": ["system:authenticated"]},
+           "object": obj, "oldObject": None, "dryRun": dry_run}
+    status, _, got = conn.review({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                                  "request": req}, path="/validate")
+    conn.close()
+    assert status == 200, got
+    return got["response"]["allowed"], got["response"].get("status", {}).get("message")
+
+
+def test_claims_and_templates_are_checked_at_creation(dra):
+    f, server = dra(lambda f: f.add_object(claim("held", 1)))
+    assert ready_with(server, 0)
+    assert wait_for(lambda: usage(server) == "1.000")
+    assert review_claim(server, template("one")) == (True, None)
+    assert review_claim(server, claim("one-more", 1)) == (True, None)  # 1 + 1: the quota
+    assert review_claim(server, claim("two-more", 2)) == (
+        False, "gpu-claims: namespace team-q would use 3 of 2 GPUs (in use 1, this claim 2); "
+               "ask for fewer GPUs or free GPUs")
+    every = template("every")
+    every["spec"]["spec"]["devices"]["requests"][0]["exactly"] = {
+        "deviceClassName": "gpu.nvidia.com", "allocationMode": "All"}
+    assert review_claim(server, every) == (
+        False, "gpu-claims: ResourceClaimTemplate every request gpus asks for every device of "
+               "class gpu.nvidia.com (allocationMode: All); ask for a count of devices instead")
+    assert review_claim(server, template("nine", 9)) == (
+        False, "gpu-claims: the template asks for 9 GPUs, more than the 8 allowed per pod; ask "
+               "for fewer devices")
+    # Generated from an admitted pod's template: charged with the pod, never denied here.
+    generated = claim("p-gpus-x7k2p", 9, annotations={"resource.kubernetes.io/pod-claim-name": "gpus"})
+    assert review_claim(server, generated) == (True, None)
+    # Devices that are not GPUs are not gpuguard's business.
+    nic = claim("nic", 64)
+    nic["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = "rdma.example.com"
+    assert review_claim(server, nic) == (True, None)
+
+
+def test_an_admitted_claim_counts_until_the_watch_shows_it(dra):
+    f, server = dra(lambda f: None)
+    assert ready_with(server, 0)
+    # Admitted for real (not a dry run): it counts at once, before the API server stores it.
+    assert review_claim(server, claim("first", 1), dry_run=False) == (True, None)
+    assert review_claim(server, claim("second", 2), dry_run=False) == (
+        False, "gpu-claims: namespace team-q would use 3 of 2 GPUs (in use 1, this claim 2); "
+               "ask for fewer GPUs or free GPUs")
+    # The watch shows it: the reservation gives way to the claim itself, counted once.
+    f.add_object(claim("first", 1))
+    assert wait_for(lambda: usage(server) == "1.000")
+    assert review_claim(server, claim("third", 1), dry_run=True) == (True, None)
+    assert review_claim(server, claim("fourth", 2), dry_run=True)[0] is False
