@@ -242,7 +242,7 @@ static void collect_owner(void *ctx, const char *ns, const char *name, const cha
 static void test_owners_of_gpu_pods(void **state)
 {
     (void)state;
-    struct inventory *inv = inv_new();
+    struct inventory *inv = new_inventory();
     json_t *owned = pod("u1", "ml", "chat-5d8f7c9b4-x2x7z", "Running", "{\"nvidia.com/gpu\":\"1\"}",
                         "{}", "inference");
     json_object_set_new(json_object_get(owned, "metadata"), "ownerReferences",
@@ -259,7 +259,7 @@ static void test_owners_of_gpu_pods(void **state)
     json_decref(seen);
     json_decref(owned);
     json_decref(bare);
-    inv_free(inv);
+    free_inventory(inv);
 }
 
 int main(void)
