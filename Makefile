@@ -37,8 +37,8 @@ UNIT_BIN  := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 BENCH_SRC := $(wildcard tests/bench/*.c)
 BENCH_BIN := $(BENCH_SRC:tests/bench/%.c=$(BUILD)/bench/%)
 # Small programs over the core library that the Python tests drive.
-TOOL_SRC  := $(wildcard tests/tools/*.c)
-TOOL_BIN  := $(TOOL_SRC:tests/tools/%.c=$(BUILD)/tests/tools/%)
+TOOL_SRC  := $(filter-out tests/tools/failmalloc.c,$(wildcard tests/tools/*.c))
+TOOL_BIN  := $(TOOL_SRC:tests/tools/%.c=$(BUILD)/tests/tools/%) $(BUILD)/tests/tools/failmalloc.so
 
 # Fuzz targets (tests/fuzz/fuzz_<target>.c): each also links with replay.c into
 # a corpus replayer that `make test` runs over tests/fuzz/corpus/<target>.
@@ -92,6 +92,11 @@ $(BUILD)/tests/test_%: tests/unit/test_%.c $(CORE_LIB)
 $(BUILD)/tests/tools/%: tests/tools/%.c $(CORE_LIB)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(CORE_LIB) $(LDLIBS)
+
+# An LD_PRELOAD shim that fails allocations in the running server (not under sanitizers).
+$(BUILD)/tests/tools/failmalloc.so: tests/tools/failmalloc.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -fPIC -shared -o $@ $<
 
 $(BUILD)/fuzz/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c $(CORE_LIB)
 	@mkdir -p $(@D)

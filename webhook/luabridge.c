@@ -67,7 +67,16 @@ struct lb_vm {
     int obj_ref, req_ref;          /* the current request's tables */
     const struct adm_request *req; /* the current request; NULL between requests */
     struct lb_report report;       /* the current call's report */
+    bool report_lost;              /* a req:deny failed: the call fails, even if it went on */
 };
+
+/* Tests only: decides whether an allocation fails (see lb_set_alloc_hook). */
+static bool (*alloc_hook)(size_t size);
+
+void lb_set_alloc_hook(bool (*fail)(size_t size))
+{
+    alloc_hook = fail;
+}
 
 static struct lb_vm *vm_of(lua_State *L)
 {
@@ -201,14 +210,14 @@ static void *lb_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
         vm->mem -= old;
         return NULL;
     }
-    if (nsize > old && vm->mem + (nsize - old) > vm->limits.memory) {
-        if (vm->running)
-            arm_kill(vm, LB_OUT_OF_MEMORY);
-        return NULL;
-    }
-    void *p;
+    void *p = NULL;
+    if ((nsize > old && vm->mem + (nsize - old) > vm->limits.memory) ||
+        (alloc_hook && nsize > old && alloc_hook(nsize)))
+        goto refused;
     if (!pooled) {
         p = ptr ? realloc(ptr, nsize) : new_block(vm, nsize);
+        if (!p && nsize <= osize)
+            p = ptr; /* a shrink must not fail: keep the larger block */
     } else if (nsize <= osize || (nsize <= BLOCKPOOL_MAX && blockpool_same_class(osize, nsize))) {
         p = ptr;
     } else if ((p = new_block(vm, nsize)) != NULL) {
@@ -216,11 +225,17 @@ static void *lb_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
         blockpool_put(vm->pool, ptr, osize);
     }
     if (!p)
-        return NULL;
+        goto refused;
     vm->mem = vm->mem - old + nsize;
     if (vm->mem > vm->mem_peak)
         vm->mem_peak = vm->mem;
     return p;
+refused:
+    /* Lua raises a memory error, which a policy could catch with pcall:
+     * the kill makes sure the call fails all the same. */
+    if (vm->running)
+        arm_kill(vm, LB_OUT_OF_MEMORY);
+    return NULL;
 }
 
 /* ---- read-only proxies ------------------------------------------------ */
@@ -749,11 +764,19 @@ static int infer_shape(lua_State *L, int idx)
     return all_strings ? 0 : -1;
 }
 
+/* v, or a failure that names the path when making it ran out of memory. */
+static enum gg_status made(json_t *v, struct path *p, struct gg_err *err)
+{
+    return v ? GG_OK : path_fail(p, err, "out of memory");
+}
+
 static enum gg_status array_to_json(lua_State *L, int idx, struct path *p, json_t **out,
                                     struct gg_err *err)
 {
     size_t n = lua_rawlen(L, idx);
     json_t *arr = json_array();
+    if (!arr)
+        return made(arr, p, err);
     for (size_t i = 1; i <= n; i++) {
         json_t *item;
         p->seg[p->depth].key = NULL;
@@ -767,7 +790,10 @@ static enum gg_status array_to_json(lua_State *L, int idx, struct path *p, json_
             json_decref(arr);
             return st;
         }
-        json_array_append_new(arr, item);
+        if (json_array_append_new(arr, item) != 0) {
+            json_decref(arr);
+            return made(NULL, p, err);
+        }
     }
     *out = arr;
     return GG_OK;
@@ -777,7 +803,7 @@ static enum gg_status object_to_json(lua_State *L, int idx, struct path *p, json
                                      struct gg_err *err)
 {
     json_t *obj = json_object();
-    enum gg_status st = GG_OK;
+    enum gg_status st = made(obj, p, err);
     lua_pushnil(L);
     while (st == GG_OK && lua_next(L, idx)) {
         if (lua_type(L, -2) != LUA_TSTRING) {
@@ -851,12 +877,12 @@ static enum gg_status to_json(lua_State *L, int idx, struct path *p, json_t **ou
     case LUA_TNUMBER:
         if (lua_isinteger(L, idx)) {
             *out = json_integer((json_int_t)lua_tointeger(L, idx));
-            return GG_OK;
+            return made(*out, p, err);
         }
         if (!isfinite(lua_tonumber(L, idx)))
             return path_fail(p, err, "a number is not finite (JSON has no inf or nan)");
         *out = json_real(lua_tonumber(L, idx));
-        return GG_OK;
+        return made(*out, p, err);
     case LUA_TBOOLEAN:
         *out = json_boolean(lua_toboolean(L, idx));
         return GG_OK;
@@ -1429,6 +1455,8 @@ static enum gg_status read_decl(lua_State *L, const char *file, struct lb_policy
     static const char *const fields[] = {"name", "description", "mode", "failure", "match"};
     int t = lua_gettop(L);
     json_t *decl = json_object();
+    if (!decl)
+        return gg_fail(err, GG_ERR_NOMEM, "%s: out of memory", file);
     for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
         if (lua_getfield(L, t, fields[i]) != LUA_TNIL) {
             json_t *v = NULL;
@@ -1440,7 +1468,10 @@ static enum gg_status read_decl(lua_State *L, const char *file, struct lb_policy
                 json_decref(decl);
                 return gg_fail(err, GG_ERR_INVALID, "%s: field %s: %s", file, fields[i], sub.msg);
             }
-            json_object_set_new(decl, fields[i], v);
+            if (json_object_set_new(decl, fields[i], v) != 0) {
+                json_decref(decl);
+                return gg_fail(err, GG_ERR_NOMEM, "%s: out of memory", file);
+            }
         }
         lua_pop(L, 1);
     }
@@ -1486,14 +1517,52 @@ static enum gg_status run_file(struct lb_vm *vm, const char *chunkname, const st
     return GG_OK;
 }
 
+/* lb_policy_load's arguments and result, for load_protected. */
+struct load_call {
+    struct lb_vm *vm;
+    const struct lb_source *src;
+    struct lb_policy_info *info;
+    struct gg_err *err;
+    enum gg_status st;
+};
+
+static enum gg_status policy_load(struct lb_vm *vm, const struct lb_source *src,
+                                  struct lb_policy_info *info, struct gg_err *err);
+
+static int load_protected(lua_State *L)
+{
+    struct load_call *c = lua_touserdata(L, 1);
+    lua_settop(L, 0);
+    c->st = policy_load(c->vm, c->src, c->info, c->err);
+    return 0;
+}
+
+/* Reading the declaration makes strings, which raise on a failed allocation:
+ * the load runs under lua_pcall, and such a failure refuses the policy. */
 enum gg_status lb_policy_load(struct lb_vm *vm, const struct lb_source *src,
                               struct lb_policy_info *info, struct gg_err *err)
+{
+    memset(info, 0, sizeof(*info));
+    struct load_call c = {vm, src, NULL, err, GG_ERR_NOMEM};
+    c.info = info;
+    lua_pushcfunction(vm->L, load_protected);
+    lua_pushlightuserdata(vm->L, &c);
+    if (lua_pcall(vm->L, 1, 0, 0) != LUA_OK) {
+        c.st = gg_fail(err, GG_ERR_NOMEM, "%s: %s", src->name,
+                       lua_tostring(vm->L, -1) ? lua_tostring(vm->L, -1) : "out of memory");
+        lua_pop(vm->L, 1);
+        lb_policy_info_clear(info);
+    }
+    return c.st;
+}
+
+static enum gg_status policy_load(struct lb_vm *vm, const struct lb_source *src,
+                                  struct lb_policy_info *info, struct gg_err *err)
 {
     lua_State *L = vm->L;
     int top = lua_gettop(L);
     char chunkname[160];
     snprintf(chunkname, sizeof(chunkname), "@policies/%s", src->name);
-    memset(info, 0, sizeof(*info));
     if (run_file(vm, chunkname, src, err) != GG_OK)
         return GG_ERR_POLICY;
     if (!lua_istable(L, -1)) {
@@ -1549,15 +1618,17 @@ void lb_report_clear(struct lb_report *report)
     memset(report, 0, sizeof(*report));
 }
 
+/* The current call's report; a part that cannot be made stays NULL (appends then fail). */
 static struct lb_report *current_report(lua_State *L)
 {
-    struct lb_vm *vm = vm_of(L);
-    if (!vm->report.denials) {
-        vm->report.denials = json_array();
-        vm->report.warnings = json_array();
-        vm->report.audit = json_object();
-    }
-    return &vm->report;
+    struct lb_report *r = &vm_of(L)->report;
+    if (!r->denials)
+        r->denials = json_array();
+    if (!r->warnings)
+        r->warnings = json_array();
+    if (!r->audit)
+        r->audit = json_object();
+    return r;
 }
 
 /* Messages must be valid UTF-8: they end up in JSON. */
@@ -1571,9 +1642,16 @@ static json_t *checked_string(lua_State *L, int idx, const char *what)
     return v;
 }
 
+/* A denial that cannot be recorded fails the call even when pcall catches the error. */
 static int l_req_deny(lua_State *L)
 {
-    json_array_append_new(current_report(L)->denials, checked_string(L, 2, "req:deny message"));
+    struct lb_vm *vm = vm_of(L);
+    bool lost = vm->report_lost;
+    vm->report_lost = true;
+    json_t *msg = checked_string(L, 2, "req:deny message");
+    if (json_array_append_new(current_report(L)->denials, msg) != 0)
+        return luaL_error(L, "req:deny: out of memory recording the denial");
+    vm->report_lost = lost;
     return 0;
 }
 
@@ -1630,7 +1708,11 @@ static int build_request(lua_State *L)
     lua_pushboolean(L, req->dry_run);
     lua_setfield(L, -2, "dry_run");
     push_req_proxy(L);
-    return 2;
+    /* Here, in protected mode: luaL_ref allocates. */
+    struct lb_vm *vm = vm_of(L);
+    vm->req_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    vm->obj_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    return 0;
 }
 
 enum gg_status lb_request_begin(struct lb_vm *vm, const struct adm_request *req, json_t *object,
@@ -1642,13 +1724,11 @@ enum gg_status lb_request_begin(struct lb_vm *vm, const struct adm_request *req,
     lua_pushcfunction(L, build_request);
     lua_pushlightuserdata(L, (void *)req);
     lua_pushlightuserdata(L, object);
-    if (lua_pcall(L, 2, 2, 0) != LUA_OK) {
+    if (lua_pcall(L, 2, 0, 0) != LUA_OK) {
         enum gg_status st = gg_fail(err, GG_ERR_INVALID, "%s", lua_tostring(L, -1));
         lua_pop(L, 1);
         return st;
     }
-    vm->req_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-    vm->obj_ref = luaL_ref(L, LUA_REGISTRYINDEX);
     budget_open(vm, deadline_us);
     return GG_OK;
 }
@@ -1677,7 +1757,12 @@ enum lb_outcome lb_policy_call(struct lb_vm *vm, int index, enum lb_phase phase,
     lua_rawgeti(L, LUA_REGISTRYINDEX, vm->obj_ref);
     lua_getfield(L, LUA_REGISTRYINDEX, "gpuguard.config");
     /* One budget for the whole request, opened by lb_request_begin. */
+    vm->report_lost = false;
     enum lb_outcome outcome = protected_call(vm, 3, err, traceback);
+    if (outcome == LB_DONE && vm->report_lost) {
+        outcome = LB_RAISED;
+        gg_fail(err, GG_ERR_POLICY, "a req:deny call failed and the policy went on");
+    }
     *report = vm->report;
     memset(&vm->report, 0, sizeof(vm->report));
     return outcome;
@@ -1761,6 +1846,7 @@ static enum gg_status prune_value(lua_State *L, int idx, json_t *ov, struct path
 /* The two halves of a pruned container, made at its first difference. */
 struct pruned {
     json_t *o, *e;
+    bool failed; /* an allocation failed: the halves are incomplete */
 };
 
 static void pruned_drop(struct pruned *r)
@@ -1777,7 +1863,7 @@ static void pruned_drop(struct pruned *r)
 static enum gg_status prune_array(lua_State *L, int idx, const json_t *original, struct path *p,
                                   json_t **orig_out, json_t **edit_out, struct gg_err *err)
 {
-    struct pruned r = {NULL, NULL};
+    struct pruned r = {NULL, NULL, false};
     enum gg_status st = GG_OK;
     idx = lua_absindex(L, idx);
     size_t n = json_array_size(original);
@@ -1793,16 +1879,17 @@ static enum gg_status prune_array(lua_State *L, int idx, const json_t *original,
         if (st == GG_OK && (so || se) && !r.o) {
             r.o = json_array();
             r.e = json_array();
-            for (size_t k = 0; k < i; k++) {
-                json_array_append_new(r.o, json_null());
-                json_array_append_new(r.e, json_null());
-            }
+            for (size_t k = 0; k < i; k++)
+                r.failed |= json_array_append_new(r.o, json_null()) ||
+                            json_array_append_new(r.e, json_null());
         }
-        if (r.o) {
-            json_array_append_new(r.o, so ? so : json_null());
-            json_array_append_new(r.e, se ? se : json_null());
+        if (r.o || r.e) {
+            r.failed |= json_array_append_new(r.o, so ? so : json_null()) != 0;
+            r.failed |= json_array_append_new(r.e, se ? se : json_null()) != 0;
         }
     }
+    if (st == GG_OK && r.failed)
+        st = path_fail(p, err, "out of memory");
     if (st != GG_OK)
         pruned_drop(&r);
     *orig_out = r.o;
@@ -1812,10 +1899,11 @@ static enum gg_status prune_array(lua_State *L, int idx, const json_t *original,
 
 static void pruned_start(struct pruned *r)
 {
-    if (!r->o) {
+    if (!r->o && !r->e) {
         r->o = json_object();
         r->e = json_object();
     }
+    r->failed |= !r->o || !r->e;
 }
 
 /* Members of original whose key the Lua table at idx no longer has. */
@@ -1829,7 +1917,7 @@ static void prune_removed(lua_State *L, int idx, const json_t *original, struct 
         lua_pushlstring(L, key, key_len);
         if (lua_rawget(L, idx) == LUA_TNIL) {
             pruned_start(r);
-            json_object_setn(r->o, key, key_len, ov);
+            r->failed |= json_object_setn(r->o, key, key_len, ov) != 0;
         }
         lua_pop(L, 1);
     }
@@ -1838,7 +1926,7 @@ static void prune_removed(lua_State *L, int idx, const json_t *original, struct 
 static enum gg_status prune_object(lua_State *L, int idx, const json_t *original, struct path *p,
                                    json_t **orig_out, json_t **edit_out, struct gg_err *err)
 {
-    struct pruned r = {NULL, NULL};
+    struct pruned r = {NULL, NULL, false};
     enum gg_status st = GG_OK;
     size_t matched = 0; /* Lua keys the original has: fewer than its size means removals */
     idx = lua_absindex(L, idx);
@@ -1864,7 +1952,7 @@ static enum gg_status prune_object(lua_State *L, int idx, const json_t *original
         if (st == GG_OK && (so || se)) {
             pruned_start(&r);
             if (so)
-                json_object_setn_new(r.o, key, key_len, so);
+                r.failed |= json_object_setn_new(r.o, key, key_len, so) != 0;
             if (se && json_object_setn_new(r.e, key, key_len, se) != 0)
                 st = path_fail(p, err, "an object key is not valid UTF-8");
         }
@@ -1875,6 +1963,8 @@ static enum gg_status prune_object(lua_State *L, int idx, const json_t *original
     }
     if (st == GG_OK && matched < json_object_size(original))
         prune_removed(L, idx, original, &r);
+    if (st == GG_OK && r.failed)
+        st = path_fail(p, err, "out of memory");
     if (st != GG_OK)
         pruned_drop(&r);
     *orig_out = r.o;
@@ -1901,11 +1991,52 @@ static enum gg_status prune_value(lua_State *L, int idx, json_t *ov, struct path
     return st;
 }
 
+/* lb_request_patch's work and its result, run in protected mode. */
+struct patch_call {
+    const json_t *original;
+    json_t *patch;
+    struct gg_err *err;
+    enum gg_status st;
+};
+
+static enum gg_status request_patch(lua_State *L, const json_t *original, json_t **patch,
+                                    struct gg_err *err);
+
+static int patch_protected(lua_State *L)
+{
+    struct patch_call *c = lua_touserdata(L, 1);
+    lua_settop(L, 0);
+    c->st = request_patch(L, c->original, &c->patch, c->err);
+    return 0;
+}
+
+/*
+ * The diff pushes strings and grows the stack, which raise on a failed
+ * allocation: it runs under lua_pcall, and such a failure refuses the edit.
+ */
 enum gg_status lb_request_patch(struct lb_vm *vm, const json_t *original, json_t **patch,
                                 struct gg_err *err)
 {
+    struct patch_call c = {original, NULL, err, GG_ERR_NOMEM};
     lua_State *L = vm->L;
-    lua_rawgeti(L, LUA_REGISTRYINDEX, vm->obj_ref);
+    lua_pushcfunction(L, patch_protected);
+    lua_pushlightuserdata(L, &c);
+    if (lua_pcall(L, 1, 0, 0) != LUA_OK) {
+        c.st = gg_fail(err, GG_ERR_NOMEM, "the edited object cannot be JSON: %s",
+                       lua_tostring(L, -1) ? lua_tostring(L, -1) : "out of memory");
+        lua_pop(L, 1);
+        json_decref(c.patch);
+        return c.st;
+    }
+    if (c.st == GG_OK)
+        *patch = c.patch;
+    return c.st;
+}
+
+static enum gg_status request_patch(lua_State *L, const json_t *original, json_t **patch,
+                                    struct gg_err *err)
+{
+    lua_rawgeti(L, LUA_REGISTRYINDEX, vm_of(L)->obj_ref);
     struct path p = {0};
     struct gg_err sub = {{0}};
     json_t *o = NULL, *e = NULL;
@@ -1914,16 +2045,16 @@ enum gg_status lb_request_patch(struct lb_vm *vm, const json_t *original, json_t
     if (shape == SHAPE_LAZY_OBJECT) { /* no policy looked at it */
         lua_pop(L, 1);
         *patch = json_array();
-        return GG_OK;
+        return *patch ? GG_OK : gg_fail(err, GG_ERR_NOMEM, "out of memory");
     }
     if (shape != SHAPE_OBJECT)
         st = gg_fail(&sub, GG_ERR_INVALID, "the object was replaced by something else");
     else
         st = prune_object(L, -1, original, &p, &o, &e, &sub);
     lua_pop(L, 1);
-    if (st == GG_OK && !o)
-        *patch = json_array(); /* nothing differs */
-    else if (st == GG_OK)
+    if (st == GG_OK && !o && !(*patch = json_array())) /* nothing differs */
+        st = gg_fail(&sub, GG_ERR_NOMEM, "out of memory");
+    else if (st == GG_OK && o)
         st = jp_diff(o, e, patch, &sub);
     json_decref(o);
     json_decref(e);

@@ -129,4 +129,10 @@ void lb_report_clear(struct lb_report *report);
 enum gg_status lb_run_tests(struct lb_vm *vm, const struct lb_source *src, json_t **results,
                             struct gg_err *err);
 
+/*
+ * Tests only: fail a Lua allocation of size bytes when fail() says so, as
+ * if the allocator had run out (NULL: never).  Process-wide.
+ */
+void lb_set_alloc_hook(bool (*fail)(size_t size));
+
 #endif

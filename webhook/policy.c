@@ -81,7 +81,7 @@ void policy_set_release(struct policy_set *set)
 {
     if (!set || atomic_fetch_sub(&set->refs, 1) != 1)
         return;
-    for (size_t i = 0; i < set->n; i++)
+    for (size_t i = 0; set->policies && i < set->n; i++)
         json_decref(set->policies[i].decl);
     free(set->policies);
     policy_free_sources(set->modules, set->n_modules);
@@ -115,7 +115,9 @@ enum gg_status policy_read_sources(const char *dir, bool strip_ext, struct lb_so
         return gg_fail(err, GG_ERR_IO, "%s: cannot read the directory", dir);
     enum gg_status st = GG_OK;
     struct lb_source *src = calloc((size_t)n + 1, sizeof(*src));
-    if (n > MAX_SOURCES)
+    if (!src)
+        st = gg_fail(err, GG_ERR_NOMEM, "%s: out of memory", dir);
+    else if (n > MAX_SOURCES)
         st = gg_fail(err, GG_ERR_TOOBIG, "%s: more than %d Lua files", dir, MAX_SOURCES);
     for (int i = 0; i < n; i++) {
         if (st == GG_OK) {
@@ -123,7 +125,9 @@ enum gg_status policy_read_sources(const char *dir, bool strip_ext, struct lb_so
             snprintf(path, sizeof(path), "%s/%s", dir, names[i]->d_name);
             st = gg_read_file(path, MAX_SOURCE_FILE, &src[i].text, &src[i].len, err);
             src[i].name = strdup(names[i]->d_name);
-            if (strip_ext)
+            if (st == GG_OK && !src[i].name)
+                st = gg_fail(err, GG_ERR_NOMEM, "%s: out of memory", path);
+            if (st == GG_OK && strip_ext)
                 src[i].name[strlen(src[i].name) - 4] = '\0';
         }
         free(names[i]);
@@ -252,8 +256,9 @@ static enum gg_status check_policies(struct policy_set *set, struct gg_err *err)
 {
     struct lb_policy_info *infos = calloc(set->n + 1, sizeof(*infos));
     struct lb_vm *vm = NULL;
-    enum gg_status st = build_vm(set, NULL, infos, &vm, err);
     set->policies = calloc(set->n + 1, sizeof(*set->policies));
+    enum gg_status st = infos && set->policies ? build_vm(set, NULL, infos, &vm, err)
+                                               : gg_fail(err, GG_ERR_NOMEM, "out of memory");
     for (size_t i = 0; st == GG_OK && i < set->n; i++) {
         st = policy_from_info(&set->policies[i], &infos[i], set->files[i].name, err);
         for (size_t j = 0; st == GG_OK && j < i; j++)
@@ -261,7 +266,7 @@ static enum gg_status check_policies(struct policy_set *set, struct gg_err *err)
                 st = gg_fail(err, GG_ERR_INVALID, "%s and %s both name a policy %s",
                              set->files[j].name, set->files[i].name, set->policies[i].name);
     }
-    for (size_t i = 0; i < set->n; i++)
+    for (size_t i = 0; infos && i < set->n; i++)
         lb_policy_info_clear(&infos[i]);
     free(infos);
     lb_vm_free(vm);
@@ -326,6 +331,14 @@ enum gg_status engine_new(const struct policy_paths *paths, struct engine **out,
     e->paths.policies = dup_or_null(paths->policies);
     e->paths.lua = dup_or_null(paths->lua);
     e->paths.config = dup_or_null(paths->config);
+    if (!e->paths.policies || !e->paths.lua || (paths->config && !e->paths.config)) {
+        free((char *)e->paths.policies);
+        free((char *)e->paths.lua);
+        free((char *)e->paths.config);
+        free(e);
+        policy_set_release(set);
+        return gg_fail(err, GG_ERR_NOMEM, "out of memory");
+    }
     pthread_mutex_init(&e->lock, NULL);
     pthread_key_create(&e->vm_key, free_thread_vm);
     e->live = set;
@@ -564,7 +577,18 @@ struct gather {
     json_t *denials, *warnings, *audit, *fired;
     json_t *modes;        /* fired policy -> the mode it ran in */
     bool failed_mutation; /* a mutate call failed: its edits are not trusted */
+    bool lost;            /* a denial could not be recorded: the verdict is a denial */
 };
+
+/* Shown when a denial could not be recorded (no allocation needed). */
+#define LOST_DENIAL "gpuguard: out of memory while recording a denial; denied to be safe"
+
+/* Record an enforced denial; a failure to record it is itself a denial. */
+static void deny(struct gather *g, const char *text)
+{
+    if (json_array_append_new(g->denials, json_string(text)) != 0)
+        g->lost = true;
+}
 
 static const char *const mode_names[] = {"enforce", "warn", "audit"};
 
@@ -588,10 +612,12 @@ static void add_audit(struct gather *g, const char *policy, const char *key, jso
 static void add_denial(struct gather *g, const char *policy, int mode, const char *msg)
 {
     char *text = NULL;
-    if (asprintf(&text, "%s: %s", policy, msg) < 0)
+    if (asprintf(&text, "%s: %s", policy, msg) < 0) {
+        g->lost = g->lost || mode == POLICY_ENFORCE;
         return;
+    }
     if (mode == POLICY_ENFORCE)
-        json_array_append_new(g->denials, json_string(text));
+        deny(g, text);
     else if (mode == POLICY_WARN)
         json_array_append_new(g->warnings, json_string(text));
     else {
@@ -687,7 +713,11 @@ static enum metrics_policy_result policy_result(enum lb_outcome outcome, int mod
     }
 }
 
-/* Run one phase over the matching policies; false when the VM broke. */
+/*
+ * Run one phase over the matching policies; false when the VM broke.  The
+ * policies after a break still get their turn: each fails at once and its
+ * failure verdict counts, so a break never skips a policy that would deny.
+ */
 static bool run_phase(struct lb_vm *vm, const struct policy_set *set, const struct adm_request *req,
                       enum lb_phase phase, struct gather *g)
 {
@@ -712,10 +742,8 @@ static bool run_phase(struct lb_vm *vm, const struct policy_set *set, const stru
                 g->failed_mutation = true;
         }
         free(traceback);
-        if (lb_vm_broken(vm))
-            return false;
     }
-    return true;
+    return !lb_vm_broken(vm);
 }
 
 static char *join_lines(const json_t *list)
@@ -747,7 +775,7 @@ static enum gg_status finish_mutation(struct lb_vm *vm, const struct adm_request
     }
     if (lb_request_patch(vm, req->object, &out->patch, err) != GG_OK) {
         /* A policy built something that is not JSON: its edit is refused. */
-        json_array_append_new(g->denials, json_string(err->msg));
+        deny(g, err->msg);
         out->patch = json_array();
         return GG_OK;
     }
@@ -820,13 +848,14 @@ enum gg_status engine_evaluate(struct engine *e, const struct adm_request *req, 
     int64_t lua_deadline = t0 / 1000 + set->limits.timeout_us;
     if (lua_deadline > deadline_us - DEADLINE_MARGIN_US)
         lua_deadline = deadline_us - DEADLINE_MARGIN_US;
-    struct gather g = {json_array(), json_array(),  json_object(),
-                       json_array(), json_object(), false};
+    struct gather g = {json_array(),  json_array(), json_object(), json_array(),
+                       json_object(), false,        false};
+    g.lost = !g.denials || !g.warnings || !g.audit || !g.fired || !g.modes;
     if (lb_request_begin(vm, req, req->object, lua_deadline, err) != GG_OK) {
         /* The object itself is beyond what policies may see (too deep, too big). */
         char text[300];
         snprintf(text, sizeof(text), "gpuguard: %s", err->msg);
-        json_array_append_new(g.denials, json_string(text));
+        deny(&g, text);
         out->patch = json_array();
     } else {
         bool alive = true;
@@ -843,17 +872,26 @@ enum gg_status engine_evaluate(struct engine *e, const struct adm_request *req, 
             t1 = now_ns();
             out->timing.diff = t1 - t0;
         }
-        if (st == GG_OK && alive && (phases & PHASE_VALIDATE)) {
+        if (st == GG_OK && (phases & PHASE_VALIDATE)) {
             run_phase(vm, set, req, LB_VALIDATE, &g);
             out->timing.validate = now_ns() - t1;
         }
         lb_request_end(vm);
         metrics_lua_memory(lb_vm_memory_peak(vm));
     }
+    if (st == GG_OK && (phases & PHASE_MUTATE) && !out->patch)
+        g.lost = true; /* the mutations are lost: never admit without them */
+    if (st == GG_OK && g.lost)
+        deny(&g, LOST_DENIAL);
     if (st == GG_OK) {
-        out->allowed = json_array_size(g.denials) == 0;
-        if (!out->allowed)
-            out->message = join_lines(g.denials);
+        out->allowed = !g.lost && json_array_size(g.denials) == 0;
+        if (!out->allowed) {
+            out->message = json_array_size(g.denials) ? join_lines(g.denials) : strdup(LOST_DENIAL);
+            if (!out->message)
+                st = gg_fail(err, GG_ERR_NOMEM, "out of memory writing a denial");
+        }
+    }
+    if (st == GG_OK) {
         if (!out->allowed || g.failed_mutation) {
             json_decref(out->patch);
             out->patch = json_array();
@@ -870,6 +908,8 @@ enum gg_status engine_evaluate(struct engine *e, const struct adm_request *req, 
     json_decref(g.fired);
     json_decref(g.modes);
     policy_set_release(set);
+    if (st != GG_OK)
+        policy_verdict_clear(out);
     return st;
 }
 

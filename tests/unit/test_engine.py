@@ -457,6 +457,40 @@ return { name = "boom", validate = function() error("kaboom") end }
                              "failure allow)"]
 
 
+def test_a_stopped_vm_still_gives_every_later_policy_its_failure_verdict(engine):
+    """A policy that may fail open and stops the VM must not skip the policies
+    after it: each fails in turn with its own failure verdict."""
+    engine.policy("10-spin.lua", """
+return { name = "spin", failure = "allow", validate = function() while true do end end }
+""")
+    engine.policy("20-deny.lua", """
+return { name = "deny", validate = function(req) req:deny("no") end }
+""")
+    engine.configure("engine:\n  instructions: 100000\n")
+    v = engine.run(review(pod()), phases="validate")
+    assert v["allowed"] is False
+    assert v["message"] == ("deny: policy error: the Lua VM was stopped earlier in this "
+                            "request")
+    assert v["warnings"] == ["spin: policy stopped: instruction budget exhausted (ignored: "
+                             "failure allow)"]
+    v = engine.run(review(pod()), phases="both")
+    assert v["allowed"] is False
+
+
+def test_a_denial_caught_by_pcall_still_counts(engine):
+    engine.policy("10-deny.lua", """
+return { name = "deny", validate = function(req)
+  local ok = pcall(req.deny, req, "first")
+  assert(ok)
+  pcall(req.deny, req, nil)  -- a failed denial fails the call even when caught
+end }
+""")
+    v = engine.run(review(pod()), phases="validate")
+    assert v["allowed"] is False
+    assert v["message"] == ("deny: first\ndeny: policy error: a req:deny call failed and the "
+                            "policy went on")
+
+
 def test_failed_mutation_drops_all_edits(engine):
     engine.policy("10-add-label.lua", ADD_LABEL)
     engine.policy("20-boom.lua", """
@@ -548,6 +582,9 @@ return { name = "fine", validate = function(req) req:warn("still running") end }
     # Twice on one engine: the second request runs on a rebuilt VM.
     v = engine.run(review(pod()), phases="validate", repeat=2)
     assert v["allowed"] is False
+    if message.startswith("boom: policy stopped:"):
+        # A stopped VM fails the policies after it too, each with its own verdict.
+        message += "\nfine: policy error: the Lua VM was stopped earlier in this request"
     assert v["message"] == message
 
 
