@@ -245,6 +245,19 @@ static void push_registry(lua_State *L, const void *key)
     lua_rawgetp(L, LUA_REGISTRYINDEX, key);
 }
 
+/* Whether the value at idx is a read-only proxy. */
+static bool is_proxy(lua_State *L, int idx)
+{
+    idx = lua_absindex(L, idx);
+    if (!lua_istable(L, idx))
+        return false;
+    push_registry(L, &key_ro_target);
+    lua_pushvalue(L, idx);
+    bool proxy = lua_rawget(L, -2) == LUA_TTABLE;
+    lua_pop(L, 2);
+    return proxy;
+}
+
 /* If the value at idx is a read-only proxy, replace it with its shadow. */
 static void unproxy(lua_State *L, int idx)
 {
@@ -328,11 +341,7 @@ static void push_readonly_at(lua_State *L, int idx, int depth)
         lua_pushvalue(L, idx);
         return;
     }
-    push_registry(L, &key_ro_target); /* already a proxy? */
-    lua_pushvalue(L, idx);
-    int is_proxy = lua_rawget(L, -2) == LUA_TTABLE;
-    lua_pop(L, 2);
-    if (is_proxy) {
+    if (is_proxy(L, idx)) {
         lua_pushvalue(L, idx);
         return;
     }
@@ -907,12 +916,30 @@ static enum gg_status lua_to_json(lua_State *L, int idx, json_t **out, struct gg
 
 /* ---- the gpuguard module ---------------------------------------------- */
 
+static void push_copy(lua_State *L, int idx);
+
+/*
+ * gpuguard.array(t) / gpuguard.object(t): t marked, and returned.  A
+ * read-only table (configuration, library, request) is never changed: the
+ * result is a marked shallow copy (its nested tables stay read-only), so
+ * `spec.nodeSelector = gg.object(pool.node_selector)` works and leaves the
+ * pool as it was.  A table whose metatable is protected is refused.
+ */
 static int l_mark(lua_State *L, const void *mt_key)
 {
     if (lua_isnoneornil(L, 1))
         lua_newtable(L);
     luaL_checktype(L, 1, LUA_TTABLE);
     lua_settop(L, 1);
+    enum shape shape = shape_of(L, 1);
+    if (is_proxy(L, 1)) {
+        push_copy(L, 1);
+        lua_replace(L, 1);
+    } else if (is_lazy(shape)) {
+        materialize(L, 1, shape); /* its hidden entry must not become a member */
+    } else if (shape == SHAPE_NONE && luaL_getmetafield(L, 1, "__metatable") != LUA_TNIL) {
+        return luaL_error(L, "cannot mark a table whose metatable is protected");
+    }
     mark(L, mt_key);
     return 1;
 }

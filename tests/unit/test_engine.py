@@ -634,6 +634,102 @@ end }
                             "need into a table of your own")
 
 
+# Every C function of the sandbox that takes a table, applied to read-only
+# tables: the configuration, the request's user and a library module.
+TABLE_FUNCTIONS = {
+    "gpuguard.array": "gg.array(t)",
+    "gpuguard.object": "gg.object(t)",
+    "gpuguard.is_array": "gg.is_array(t)",
+    "gpuguard.is_object": "gg.is_object(t)",
+    "setmetatable": "setmetatable(t, nil)",
+    "getmetatable": "getmetatable(t).__index = nil",
+    "next": "next(t)",
+    "rawget": "rawget(t, 1)",
+    "rawlen": "rawlen(t)",
+    "rawequal": "rawequal(t, t)",
+    "pairs": "for k in pairs(t) do end",
+    "ipairs": "for i in ipairs(t) do end",
+    "table.insert": "table.insert(t, 'system:masters')",
+    "table.remove": "table.remove(t)",
+    "table.sort": "table.sort(t)",
+    "table.concat": "table.concat(t)",
+    "table.unpack": "table.unpack(t)",
+    "table.move within": "table.move(t, 1, 1, 2)",
+    "table.move into": "table.move({ 'system:masters' }, 1, 1, 1, t)",
+}
+
+
+@pytest.mark.parametrize("name", sorted(TABLE_FUNCTIONS))
+def test_no_table_function_changes_a_read_only_table(engine, name):
+    engine.configure("quotas:\n  default: 4\n")
+    engine.module("util", "return { nested = { 'x' } }")
+    engine.policy("10-poke.lua", """
+local gg = require "gpuguard"
+return { name = "poke", validate = function(req, pod, cfg)
+  for _, t in ipairs({ cfg.quotas, req.user.groups, require("util").nested }) do
+    pcall(function() %s end)
+  end
+end }
+""" % TABLE_FUNCTIONS[name])
+    engine.policy("20-check.lua", """
+return { name = "check", validate = function(req, pod, cfg)
+  local groups, nested = req.user.groups, require("util").nested
+  req:warn(string.format("%s %d %s %s %s %s", tostring(cfg.quotas.default), #groups,
+    tostring(groups[1]), tostring(nested[1]), getmetatable(cfg.quotas), getmetatable(groups)))
+end }
+""")
+    v = engine.run(review(pod()), phases="validate", repeat=2)
+    assert v["allowed"] is True
+    assert v["warnings"] == ["check: 4 1 dev x read-only read-only"]
+
+
+def test_marking_a_read_only_table_returns_a_marked_copy(engine):
+    engine.configure("pools:\n  - name: a100\n    node_selector: {pool: a100}\n")
+    engine.policy("10-place.lua", """
+local gg = require "gpuguard"
+return { name = "place", mutate = function(req, pod, cfg)
+  local sel = gg.object(cfg.pools[1].node_selector)
+  assert(gg.is_object(sel) and sel ~= cfg.pools[1].node_selector)
+  sel.extra = "mine"
+  pod.spec.nodeSelector = sel
+  req:warn("pool " .. tostring(cfg.pools[1].node_selector.pool) .. " "
+           .. tostring(cfg.pools[1].node_selector.extra))
+end }
+""")
+    v = engine.run(review(pod()), phases="mutate", repeat=3)
+    assert v["warnings"] == ["place: pool a100 nil"]
+    assert v["patch"] == [{"op": "add", "path": "/spec/nodeSelector",
+                           "value": {"pool": "a100", "extra": "mine"}}]
+
+
+def test_marking_an_untouched_object_table_keeps_its_members(engine):
+    engine.policy("10-mark.lua", """
+local gg = require "gpuguard"
+return { name = "mark", mutate = function(req, pod)
+  local spec = gg.object(pod.spec)
+  local n = 0
+  for k in pairs(spec) do n = n + 1 end
+  req:warn("members " .. n .. " " .. type(spec.containers))
+end }
+""")
+    v = engine.run(review(pod()), phases="mutate")
+    assert v["allowed"] is True
+    assert v["warnings"] == ["mark: members 1 table"]
+    assert v["patch"] == []
+
+
+def test_marking_a_table_with_a_protected_metatable_is_refused(engine):
+    engine.policy("10-mark.lua", """
+local gg = require "gpuguard"
+return { name = "mark", validate = function(req)
+  gg.object(setmetatable({}, { __metatable = "mine" }))
+end }
+""")
+    v = engine.run(review(pod()), phases="validate")
+    assert v["message"] == ("mark: policy error: policies/10-mark.lua:4: cannot mark a table "
+                            "whose metatable is protected")
+
+
 def test_module_tables_below_the_top_are_read_only(engine):
     engine.module("util", "local M = {} M.limits = { gpus = 4 } return M")
     engine.policy("10-use.lua", """
