@@ -43,12 +43,21 @@ static const char key_req_proxy, key_req_proxy_mt, key_req_shadow_mt;
 static const char key_loaded, key_globals, key_policies, key_module, key_null_marker;
 
 /* What a table's metatable says it is (see shape_of). */
-enum shape { SHAPE_NONE, SHAPE_OBJECT, SHAPE_ARRAY, SHAPE_LAZY_OBJECT, SHAPE_LAZY_ARRAY, N_SHAPES };
+enum shape {
+    SHAPE_NONE,
+    SHAPE_OBJECT,
+    SHAPE_ARRAY,
+    SHAPE_LAZY_OBJECT,
+    SHAPE_LAZY_ARRAY,
+    SHAPE_FROZEN_OBJECT, /* a stub behind a read-only proxy (validate's object) */
+    SHAPE_FROZEN_ARRAY,
+    N_SHAPES
+};
 
 struct lb_vm {
     lua_State *L;
     const void *marks[N_SHAPES]; /* the marking metatables, by shape */
-    int lazy_mt_ref[2];          /* registry refs of the lazy object and array metatables */
+    int lazy_mt_ref[4];          /* registry refs of the lazy, then frozen, object and array mts */
     lua_Integer epoch;           /* the current request's number, for its stubs */
     struct lb_limits limits;
     const struct lb_source *modules; /* borrowed from the policy set */
@@ -65,6 +74,7 @@ struct lb_vm {
     bool broken;
     int n_policies;
     int obj_ref, req_ref;          /* the current request's tables */
+    int frozen_ref;                /* the object as validate sees it: read-only */
     const struct adm_request *req; /* the current request; NULL between requests */
     struct lb_report report;       /* the current call's report */
     bool report_lost;              /* a req:deny failed: the call fails, even if it went on */
@@ -101,9 +111,20 @@ static enum shape shape_of(lua_State *L, int idx)
     return SHAPE_NONE;
 }
 
+/* A stub: filled from its JSON on first use (frozen ones fill with read-only children). */
 static bool is_lazy(enum shape s)
 {
-    return s == SHAPE_LAZY_OBJECT || s == SHAPE_LAZY_ARRAY;
+    return s >= SHAPE_LAZY_OBJECT;
+}
+
+static bool is_frozen(enum shape s)
+{
+    return s >= SHAPE_FROZEN_OBJECT;
+}
+
+static bool is_array_shape(enum shape s)
+{
+    return s == SHAPE_ARRAY || s == SHAPE_LAZY_ARRAY || s == SHAPE_FROZEN_ARRAY;
 }
 
 static int64_t now_us(void)
@@ -279,12 +300,20 @@ static int ro_newindex(lua_State *L)
                          "library): copy what you need into a table of your own");
 }
 
-/* The shadow behind a proxy: its metatable's __index. */
+static int frozen_newindex(lua_State *L)
+{
+    return luaL_error(L, "the object is read-only in validate (edit it in mutate)");
+}
+
+static void materialize_if_lazy(lua_State *L, int idx);
+
+/* The shadow behind a proxy (its metatable's __index), filled if it is a stub. */
 static void push_shadow(lua_State *L, int proxy)
 {
     lua_getmetatable(L, proxy);
     lua_getfield(L, -1, "__index");
     lua_remove(L, -2);
+    materialize_if_lazy(L, -1);
 }
 
 static int ro_len(lua_State *L)
@@ -311,10 +340,10 @@ static int ro_pairs(lua_State *L)
 }
 
 /* A read-only proxy's metatable, but for its __index (the shadow). */
-static void push_ro_metatable(lua_State *L, lua_CFunction pairs)
+static void push_ro_metatable(lua_State *L, lua_CFunction newindex, lua_CFunction pairs)
 {
     lua_createtable(L, 0, 5);
-    lua_pushcfunction(L, ro_newindex);
+    lua_pushcfunction(L, newindex);
     lua_setfield(L, -2, "__newindex");
     lua_pushcfunction(L, ro_len);
     lua_setfield(L, -2, "__len");
@@ -322,6 +351,20 @@ static void push_ro_metatable(lua_State *L, lua_CFunction pairs)
     lua_setfield(L, -2, "__pairs");
     lua_pushliteral(L, "read-only");
     lua_setfield(L, -2, "__metatable");
+}
+
+/* Make the table at proxy a read-only view of the table at shadow. */
+static void set_shadow(lua_State *L, int proxy, int shadow, lua_CFunction newindex)
+{
+    push_registry(L, &key_ro_target);
+    lua_pushvalue(L, proxy);
+    lua_pushvalue(L, shadow);
+    lua_rawset(L, -3);
+    lua_pop(L, 1);
+    push_ro_metatable(L, newindex, ro_pairs);
+    lua_pushvalue(L, shadow);
+    lua_setfield(L, -2, "__index");
+    lua_setmetatable(L, proxy);
 }
 
 /*
@@ -364,15 +407,7 @@ static void push_readonly_at(lua_State *L, int idx, int depth)
     lua_pushvalue(L, proxy);
     lua_rawset(L, -3);
     lua_pop(L, 1);
-    push_registry(L, &key_ro_target);
-    lua_pushvalue(L, proxy);
-    lua_pushvalue(L, shadow);
-    lua_rawset(L, -3);
-    lua_pop(L, 1);
-    push_ro_metatable(L, ro_pairs);
-    lua_pushvalue(L, shadow);
-    lua_setfield(L, -2, "__index");
-    lua_setmetatable(L, proxy);
+    set_shadow(L, proxy, shadow, ro_newindex);
     lua_pushnil(L);
     while (lua_next(L, idx)) {
         if (depth < LB_MAX_DEPTH)
@@ -511,25 +546,34 @@ static void push_json_or_raise(lua_State *L, const json_t *v, const char *what)
  * its original source is unchanged.  next, rawget and rawlen are wrapped to
  * fill a stub first; nothing else in the sandbox reads a table raw.  A stub
  * kept past its request fills as empty: its epoch is over.
+ *
+ * Validate sees the object frozen: each container is a read-only proxy (as
+ * for the configuration) whose shadow is a frozen stub, which fills with
+ * proxies of frozen stubs in turn.  An edit raises; nothing is copied.
  */
 
-/* The two lazy metatables, pushed by integer registry refs (array lookups). */
-static void push_lazy_mts(lua_State *L)
+/* The two lazy (or frozen) metatables, pushed by integer registry refs. */
+static void push_lazy_mts(lua_State *L, bool frozen)
 {
     const struct lb_vm *vm = vm_of(L);
-    luaL_checkstack(L, 6, "object too deep");
-    lua_rawgeti(L, LUA_REGISTRYINDEX, vm->lazy_mt_ref[0]);
-    lua_rawgeti(L, LUA_REGISTRYINDEX, vm->lazy_mt_ref[1]);
+    luaL_checkstack(L, 12, "object too deep");
+    lua_rawgeti(L, LUA_REGISTRYINDEX, vm->lazy_mt_ref[2 * frozen]);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, vm->lazy_mt_ref[2 * frozen + 1]);
 }
 
-/* Push v, a container as a stub; mts is where push_lazy_mts put the object one. */
-static void push_lazy_at(lua_State *L, const json_t *v, int mts)
+/*
+ * Push v, a container as a stub; mts is where push_lazy_mts put the object
+ * one.  A frozen stub is pushed behind its read-only proxy.
+ */
+static void push_lazy_at(lua_State *L, const json_t *v, int mts, bool frozen)
 {
     if (!json_is_object(v) && !json_is_array(v)) {
         push_scalar(L, v);
         return;
     }
     bool array = json_is_array(v);
+    if (frozen)
+        lua_newtable(L); /* the proxy */
     /* Sized now: filling an empty table later would grow it step by step. */
     int n = (int)(array ? json_array_size(v) : json_object_size(v));
     lua_createtable(L, array ? n : 0, array ? 1 : n + 1);
@@ -538,6 +582,10 @@ static void push_lazy_at(lua_State *L, const json_t *v, int mts)
     lua_pushlightuserdata(L, (void *)v);
     lua_pushinteger(L, vm_of(L)->epoch);
     lua_rawset(L, -3);
+    if (frozen) {
+        set_shadow(L, lua_gettop(L) - 1, lua_gettop(L), frozen_newindex);
+        lua_pop(L, 1);
+    }
 }
 
 /*
@@ -567,23 +615,24 @@ static void materialize(lua_State *L, int idx, enum shape shape)
 {
     idx = lua_absindex(L, idx);
     int top = lua_gettop(L);
+    bool frozen = is_frozen(shape);
     const json_t *v = stub_source(L, idx, true), *item;
-    push_registry(L, shape == SHAPE_LAZY_ARRAY ? &key_array_mt : &key_object_mt);
+    push_registry(L, is_array_shape(shape) ? &key_array_mt : &key_object_mt);
     lua_setmetatable(L, idx);
-    push_lazy_mts(L);
+    push_lazy_mts(L, frozen);
     const char *key;
     size_t key_len, i;
     if (json_is_object(v)) {
         json_object_keylen_foreach((json_t *)v, key, key_len, item)
         {
             lua_pushlstring(L, key, key_len);
-            push_lazy_at(L, item, top + 1);
+            push_lazy_at(L, item, top + 1, frozen);
             lua_rawset(L, idx);
         }
     } else if (json_is_array(v)) {
         json_array_foreach(v, i, item)
         {
-            push_lazy_at(L, item, top + 1);
+            push_lazy_at(L, item, top + 1, frozen);
             lua_rawseti(L, idx, (lua_Integer)i + 1);
         }
     }
@@ -597,12 +646,12 @@ static void materialize_if_lazy(lua_State *L, int idx)
         materialize(L, idx, s);
 }
 
-/* Push the request's object, lazily. */
-static void push_lazy(lua_State *L, const json_t *v)
+/* Push the request's object, lazily (frozen: read-only, for validate). */
+static void push_lazy(lua_State *L, const json_t *v, bool frozen)
 {
     int top = lua_gettop(L);
-    push_lazy_mts(L);
-    push_lazy_at(L, v, top + 1);
+    push_lazy_mts(L, frozen);
+    push_lazy_at(L, v, top + 1, frozen);
     lua_replace(L, top + 1);
     lua_settop(L, top + 1);
 }
@@ -650,9 +699,11 @@ static int lazy_pairs(lua_State *L)
 }
 
 /* The sandbox's next, rawget and rawlen: as Lua's, after filling a stub. */
+/* (A read-only proxy is read through its shadow, which holds its members.) */
 static int l_next(lua_State *L)
 {
     luaL_checktype(L, 1, LUA_TTABLE);
+    unproxy(L, 1);
     materialize_if_lazy(L, 1);
     return raw_next(L);
 }
@@ -661,6 +712,7 @@ static int l_rawget(lua_State *L)
 {
     luaL_checktype(L, 1, LUA_TTABLE);
     luaL_checkany(L, 2);
+    unproxy(L, 1);
     return lazy_index(L);
 }
 
@@ -668,10 +720,11 @@ static int l_rawlen(lua_State *L)
 {
     int t = lua_type(L, 1);
     luaL_argexpected(L, t == LUA_TTABLE || t == LUA_TSTRING, 1, "table or string");
+    unproxy(L, 1);
     return lazy_len(L);
 }
 
-/* The four marking metatables, each hiding itself behind its shape's name. */
+/* The marking metatables, each hiding itself behind its shape's name. */
 static void make_marks(lua_State *L, struct lb_vm *vm)
 {
     static const luaL_Reg lazy[] = {{"__index", lazy_index},
@@ -683,10 +736,9 @@ static void make_marks(lua_State *L, struct lb_vm *vm)
         const void *key;
         const char *name;
         enum shape shape;
-    } marks[] = {{&key_object_mt, "object", SHAPE_OBJECT},
-                 {&key_array_mt, "array", SHAPE_ARRAY},
-                 {NULL, "object", SHAPE_LAZY_OBJECT},
-                 {NULL, "array", SHAPE_LAZY_ARRAY}};
+    } marks[] = {{&key_object_mt, "object", SHAPE_OBJECT}, {&key_array_mt, "array", SHAPE_ARRAY},
+                 {NULL, "object", SHAPE_LAZY_OBJECT},      {NULL, "array", SHAPE_LAZY_ARRAY},
+                 {NULL, "object", SHAPE_FROZEN_OBJECT},    {NULL, "array", SHAPE_FROZEN_ARRAY}};
     for (size_t i = 0; i < sizeof(marks) / sizeof(marks[0]); i++) {
         lua_newtable(L);
         if (is_lazy(marks[i].shape))
@@ -695,7 +747,7 @@ static void make_marks(lua_State *L, struct lb_vm *vm)
         lua_setfield(L, -2, "__metatable");
         vm->marks[marks[i].shape] = lua_topointer(L, -1);
         if (is_lazy(marks[i].shape))
-            vm->lazy_mt_ref[marks[i].shape == SHAPE_LAZY_ARRAY] = luaL_ref(L, LUA_REGISTRYINDEX);
+            vm->lazy_mt_ref[marks[i].shape - SHAPE_LAZY_OBJECT] = luaL_ref(L, LUA_REGISTRYINDEX);
         else
             lua_rawsetp(L, LUA_REGISTRYINDEX, marks[i].key);
     }
@@ -959,7 +1011,7 @@ static enum shape arg_shape(lua_State *L)
     lua_settop(L, 1);
     unproxy(L, 1);
     enum shape s = shape_of(L, 1);
-    return s == SHAPE_LAZY_OBJECT ? SHAPE_OBJECT : s == SHAPE_LAZY_ARRAY ? SHAPE_ARRAY : s;
+    return s == SHAPE_NONE ? s : is_array_shape(s) ? SHAPE_ARRAY : SHAPE_OBJECT;
 }
 
 static int l_is_array(lua_State *L)
@@ -1135,6 +1187,7 @@ static void push_copy(lua_State *L, int idx)
 {
     lua_pushvalue(L, idx);
     unproxy(L, -1);
+    materialize_if_lazy(L, -1);
     lua_newtable(L);
     lua_pushnil(L);
     while (lua_next(L, -3)) {
@@ -1299,7 +1352,7 @@ static void make_req_proxy(lua_State *L)
     lua_setfield(L, -2, "__index");
     lua_rawsetp(L, LUA_REGISTRYINDEX, &key_req_shadow_mt);
     lua_newtable(L); /* the proxy */
-    push_ro_metatable(L, req_pairs);
+    push_ro_metatable(L, ro_newindex, req_pairs);
     lua_pushvalue(L, -1);
     lua_rawsetp(L, LUA_REGISTRYINDEX, &key_req_proxy_mt);
     lua_setmetatable(L, -2);
@@ -1370,7 +1423,7 @@ enum gg_status lb_vm_new(const struct lb_limits *limits, const struct lb_source 
     vm->modules = modules;
     vm->n_modules = n_modules;
     vm->inventory = inventory;
-    vm->obj_ref = vm->req_ref = LUA_NOREF;
+    vm->obj_ref = vm->req_ref = vm->frozen_ref = LUA_NOREF;
     vm->watchdog = watchdog_new(watchdog_fired);
     vm->pool = blockpool_new(LB_POOL_RESERVE);
     vm->L = lua_newstate(lb_alloc, vm);
@@ -1717,10 +1770,12 @@ static int build_request(lua_State *L)
                 luaL_error(L, "%s nests deeper than %d levels", lazy_req_fields[i].what,
                            LB_MAX_DEPTH);
     }
-    if (object)
-        push_lazy(L, object);
-    else
-        lua_pushnil(L);
+    for (int frozen = 0; frozen < 2; frozen++) {
+        if (object)
+            push_lazy(L, object, frozen);
+        else
+            lua_pushnil(L);
+    }
     static const luaL_Reg methods[] = {
         {"deny", l_req_deny}, {"warn", l_req_warn}, {"audit", l_req_audit}, {NULL, NULL}};
     lua_createtable(L, 0, 12);
@@ -1738,6 +1793,7 @@ static int build_request(lua_State *L)
     /* Here, in protected mode: luaL_ref allocates. */
     struct lb_vm *vm = vm_of(L);
     vm->req_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    vm->frozen_ref = luaL_ref(L, LUA_REGISTRYINDEX);
     vm->obj_ref = luaL_ref(L, LUA_REGISTRYINDEX);
     return 0;
 }
@@ -1781,7 +1837,7 @@ enum lb_outcome lb_policy_call(struct lb_vm *vm, int index, enum lb_phase phase,
         return LB_DONE;
     }
     lua_rawgeti(L, LUA_REGISTRYINDEX, vm->req_ref);
-    lua_rawgeti(L, LUA_REGISTRYINDEX, vm->obj_ref);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, phase == LB_VALIDATE ? vm->frozen_ref : vm->obj_ref);
     lua_getfield(L, LUA_REGISTRYINDEX, "gpuguard.config");
     /* One budget for the whole request, opened by lb_request_begin. */
     vm->report_lost = false;
@@ -2100,7 +2156,8 @@ void lb_request_end(struct lb_vm *vm)
     vm->epoch++; /* stubs kept past the request must not reach its JSON */
     luaL_unref(vm->L, LUA_REGISTRYINDEX, vm->obj_ref);
     luaL_unref(vm->L, LUA_REGISTRYINDEX, vm->req_ref);
-    vm->obj_ref = vm->req_ref = LUA_NOREF;
+    luaL_unref(vm->L, LUA_REGISTRYINDEX, vm->frozen_ref);
+    vm->obj_ref = vm->req_ref = vm->frozen_ref = LUA_NOREF;
     lb_report_clear(&vm->report);
     /* A big object (a 10 MB annotation) is copied into the VM, and once the
      * generational collector has aged the copy only a major collection frees

@@ -491,6 +491,58 @@ end }
                             "policy went on")
 
 
+FROZEN_EDIT = "the object is read-only in validate (edit it in mutate)"
+
+
+@pytest.mark.parametrize("edit, where", [
+    ("pod.metadata.labels = { x = 'y' }", "policies/10-edit.lua:2: "),
+    ("pod.spec.containers[1].image = 'evil'", "policies/10-edit.lua:2: "),
+    ("pod.spec.containers[2] = { name = 'extra' }", "policies/10-edit.lua:2: "),
+    ("table.insert(pod.spec.containers, { name = 'extra' })", ""),
+    ("table.remove(pod.spec.containers)", ""),
+    ("pod.spec.containers[1].resources = nil", "policies/10-edit.lua:2: "),
+])
+def test_validate_sees_the_object_read_only(engine, edit, where):
+    engine.policy("10-edit.lua", """
+return { name = "edit", validate = function(req, pod) %s end }
+""" % edit)
+    engine.policy("20-look.lua", """
+local gg = require "gpuguard"
+return { name = "look", validate = function(req, pod)
+  local c = pod.spec.containers
+  local keys = {}
+  for k in pairs(pod.metadata) do keys[#keys + 1] = k end
+  table.sort(keys)
+  req:warn(string.format("%s %d %s %s %s %s %s %s", tostring(pod.metadata.labels), #c,
+    c[1].image, tostring(c[1].resources ~= nil), table.concat(keys, ","),
+    tostring(gg.is_array(c) and gg.is_object(c[1])), rawlen(c), next(c[1]) and "next" or "none"))
+end }
+""")
+    obj = pod(containers=[{"name": "c", "image": "busybox", "resources": {}}])
+    for phases in ("validate", "both"):
+        v = engine.run(review(obj), phases=phases)
+        assert v["allowed"] is False
+        assert v["message"] == "edit: policy error: " + where + FROZEN_EDIT
+        assert v["warnings"] == ["look: nil 1 busybox true name,namespace true 1 next"]
+
+
+def test_validate_after_mutate_sees_the_edits_read_only(engine):
+    engine.policy("10-add-label.lua", ADD_LABEL)
+    engine.policy("20-look.lua", """
+local gg = require "gpuguard"
+return { name = "look", validate = function(req, pod)
+  local copy = gg.object(pod.metadata.labels)
+  copy.mine = "yes"
+  req:warn(pod.metadata.labels["gpuguard.io/checked"] .. " " .. tostring(pod.metadata.labels.mine))
+  pod.metadata.labels.mine = "no"
+end }
+""")
+    v = engine.run(review(pod()), phases="both")
+    assert v["allowed"] is False
+    assert v["warnings"] == ["look: yes nil"]
+    assert v["message"] == "look: policy error: policies/20-look.lua:7: " + FROZEN_EDIT
+
+
 def test_failed_mutation_drops_all_edits(engine):
     engine.policy("10-add-label.lua", ADD_LABEL)
     engine.policy("20-boom.lua", """
