@@ -42,15 +42,15 @@ TOOL_BIN  := $(TOOL_SRC:tests/tools/%.c=$(BUILD)/tests/tools/%) $(BUILD)/tests/t
 
 # Fuzz targets (tests/fuzz/fuzz_<target>.c): each also links with replay.c into
 # a corpus replayer that `make test` runs over tests/fuzz/corpus/<target>.
-FUZZ_TARGETS ?= admission jsonpatch quantity yaml manifest luabridge
+FUZZ_TARGETS ?= admission jsonpatch quantity yaml manifest luabridge luapattern
 FUZZ_SECONDS ?= 600
 FUZZ_ARGS    ?=
 FUZZ_DIR     := build/fuzz
 FUZZ_SAN     := -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined
-# luabridge keeps one Lua VM for the whole run and its garbage outlives each
-# input, so libFuzzer's leak check after every input would scan the heap most
-# of the time (60 times slower); its leaks are checked at exit instead.
-FUZZ_FLAGS_luabridge := -detect_leaks=0
+# luabridge and luapattern keep Lua VMs for the whole run and their garbage
+# outlives each input, so libFuzzer's leak check after every input would scan
+# the heap most of the time (60 times slower); their leaks are checked at exit.
+FUZZ_FLAGS_VM := -detect_leaks=0
 REPLAY_BIN   := $(FUZZ_TARGETS:%=$(BUILD)/fuzz/replay_%)
 
 DEV_CERTS := certs/dev
@@ -155,7 +155,7 @@ fuzz: deps
 	@mkdir -p $(FUZZ_DIR)/crashes; failed=""; for t in $(FUZZ_TARGETS); do \
 	    mkdir -p $(FUZZ_DIR)/corpus/$$t && cp -R tests/fuzz/corpus/$$t/. $(FUZZ_DIR)/corpus/$$t/; \
 	    echo "== fuzz $$t for $(FUZZ_SECONDS) s"; flags=""; \
-	    case $$t in luabridge) flags="$(FUZZ_FLAGS_luabridge)";; esac; \
+	    case $$t in luabridge|luapattern) flags="$(FUZZ_FLAGS_VM)";; esac; \
 	    $(FUZZ_DIR)/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -timeout=10 -print_final_stats=1 \
 	        -dict=tests/fuzz/$$t.dict -artifact_prefix=$(FUZZ_DIR)/crashes/$$t- $$flags $(FUZZ_ARGS) \
 	        $(FUZZ_DIR)/corpus/$$t || failed="$$failed $$t"; \

@@ -26,8 +26,8 @@
 
 /* Nesting deeper than this is refused when converting JSON <-> Lua. */
 #define LB_MAX_DEPTH 100
-/* Lua pattern functions refuse longer subjects: matching is quadratic and
- * runs in C, out of reach of the instruction budget. */
+/* Lua pattern functions refuse longer subjects (their steps are budgeted,
+ * but a subject this long is a mistake). */
 #define LB_MAX_PATTERN_SUBJECT (64 * 1024)
 
 struct lb_limits {

@@ -570,6 +570,35 @@ static bool policy_matches(const struct policy *p, const struct adm_request *req
     return true;
 }
 
+/* ---- evaluations in flight ------------------------------------------- */
+
+static int64_t now_ns(void);
+
+/* Each worker thread's evaluation in flight: its deadline, 0 when idle. */
+#define MAX_TRACKED_THREADS 256
+static _Atomic int64_t in_flight[MAX_TRACKED_THREADS];
+static atomic_int n_tracked;
+static _Thread_local int tracked = -1;
+
+/* This thread's slot; NULL past MAX_TRACKED_THREADS threads (never seen stuck). */
+static _Atomic int64_t *flight_slot(void)
+{
+    if (tracked < 0)
+        tracked = atomic_fetch_add(&n_tracked, 1);
+    return tracked < MAX_TRACKED_THREADS ? &in_flight[tracked] : NULL;
+}
+
+int engine_overdue(void)
+{
+    int64_t now = now_ns() / 1000;
+    int n = atomic_load(&n_tracked), stuck = 0;
+    for (int i = 0; i < n && i < MAX_TRACKED_THREADS; i++) {
+        int64_t deadline = atomic_load_explicit(&in_flight[i], memory_order_relaxed);
+        stuck += deadline && now > deadline + ENGINE_STUCK_GRACE_US;
+    }
+    return stuck;
+}
+
 /* ---- verdicts --------------------------------------------------------- */
 
 /* What the evaluation has gathered so far. */
@@ -857,10 +886,27 @@ static void reserve(struct engine *e, const struct adm_request *req, unsigned ph
         inv_reserve(e->inventory, req->namespace, name, cls, charge, INV_RESERVATION_TTL_MS);
 }
 
+static enum gg_status evaluate(struct engine *e, const struct adm_request *req, unsigned phases,
+                               int64_t deadline_us, struct policy_verdict *out, struct gg_err *err);
+
 enum gg_status engine_evaluate(struct engine *e, const struct adm_request *req, unsigned phases,
                                int64_t deadline_us, struct policy_verdict *out, struct gg_err *err)
 {
     memset(out, 0, sizeof(*out));
+    _Atomic int64_t *flight = flight_slot();
+    if (flight)
+        atomic_store_explicit(flight, deadline_us, memory_order_relaxed);
+    enum gg_status st = evaluate(e, req, phases, deadline_us, out, err);
+    if (flight)
+        atomic_store_explicit(flight, 0, memory_order_relaxed);
+    if (now_ns() / 1000 > deadline_us)
+        metrics_deadline_overrun();
+    return st;
+}
+
+static enum gg_status evaluate(struct engine *e, const struct adm_request *req, unsigned phases,
+                               int64_t deadline_us, struct policy_verdict *out, struct gg_err *err)
+{
     struct policy_set *set = acquire(e);
     struct lb_vm *vm = NULL;
     enum gg_status st = thread_vm(e, set, &vm, err);

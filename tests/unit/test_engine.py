@@ -564,7 +564,8 @@ SANDBOX_ESCAPES = {
         "for i = 1, 100 do pcall(function() while true do end end) end; req:deny('escaped')",
         "boom: policy stopped: instruction budget exhausted"),
     "string.rep bomb": ("local s = string.rep('x', 1 << 30)",
-                        "boom: policy stopped: memory limit exceeded"),
+                        "boom: policy error: policies/10-boom.lua:1: string.rep: the result "
+                        "would exceed the memory limit"),
     "table bomb": ("local t = {} for i = 1, 1e9 do t[i] = {i} end",
                    "boom: policy stopped: memory limit exceeded"),
     "string growth in pcall": (
@@ -620,6 +621,68 @@ SANDBOX_ESCAPES = {
                              "boom: policy error: policies/10-boom.lua:1: pattern matching on a "
                              "string of 70000 bytes (the limit is 65536)"),
 }
+
+
+# Library calls that looped in C for hours: each now ends within the request.
+SLOW = "string.rep('a', 60000)"
+C_LOOPS = {
+    "find .-.-.-.-.-.-b": ("string.find(%s, '.-.-.-.-.-.-b')" % SLOW, "stopped: out of time"),
+    "find .-b": ("string.find(%s, '.-b')" % SLOW, "stopped: out of time"),
+    "method find": ("(%s):find('.-.-b')" % SLOW, "stopped: out of time"),
+    "match": ("string.match(%s, '(.-)%%1b')" % SLOW, "stopped: out of time"),
+    "gmatch": ("(function() for m in string.gmatch(%s, '.-.-b') do end end)()" % SLOW, "stopped: out of time"),
+    "gsub": ("string.gsub(%s, 'a-a-a-b', 'x')" % SLOW, "stopped: out of time"),
+    "table.move": ("table.move({}, 1, 2^62, 1)",
+                   "error: policies/10-slow.lua:3: table.move: 4611686018427387904 elements "
+                   "cannot fit in the memory limit"),
+    "table.concat": ("table.concat({}, '', 1, 2^62)",
+                     "error: policies/10-slow.lua:3: table.concat: 4611686018427387904 "
+                     "elements cannot fit in the memory limit"),
+    "table.concat __len": ("table.concat(setmetatable({}, { __len = function() return 2^62 end "
+                           "}))", "error: policies/10-slow.lua:3: table.concat: "
+                                  "4611686018427387904 elements cannot fit in the memory limit"),
+    "table.unpack": ("table.unpack({}, 1, 2^62)",
+                     "error: policies/10-slow.lua:3: table.unpack: 4611686018427387904 "
+                     "elements cannot fit in the memory limit"),
+    "string.rep": ("string.rep('ab', 2^40, ',')",
+                   "error: policies/10-slow.lua:3: string.rep: the result would exceed the "
+                   "memory limit"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(C_LOOPS))
+def test_library_calls_end_within_the_request(engine, name):
+    body, outcome = C_LOOPS[name]
+    engine.configure("engine:\n  timeout: 300ms\n  instructions: 1000000000000\n")
+    engine.policy("10-slow.lua", """
+return { name = "slow", validate = function(req)
+  local r = %s
+  req:warn("finished")
+end }
+""" % body)
+    v = engine.run(review(pod()), phases="validate")
+    assert v["allowed"] is False
+    assert v["message"] == "slow: policy " + outcome
+
+
+def test_matching_steps_count_against_the_instruction_budget(engine):
+    engine.configure("engine:\n  timeout: 10s\n  instructions: 1000000\n")
+    engine.policy("10-slow.lua", """
+return { name = "slow", validate = function(req) string.find(%s, '.-.-b') end }
+""" % SLOW)
+    v = engine.run(review(pod()), phases="validate")
+    assert v["message"] == "slow: policy stopped: instruction budget exhausted"
+
+
+def test_empty_repeats_return_at_once(engine):
+    engine.policy("10-rep.lua", """
+return { name = "rep", validate = function(req)
+  req:deny(string.format("[%s] [%s] %d", string.rep("", 2^62), string.rep("", 2^62, ""),
+                         select("#", utf8.char(65, 66))))
+end }
+""")
+    v = engine.run(review(pod()), phases="validate")
+    assert v["message"] == "rep: [] [] 1"
 
 
 @pytest.mark.parametrize("name", sorted(SANDBOX_ESCAPES))
