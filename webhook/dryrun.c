@@ -152,7 +152,14 @@ static json_t *with_namespace(const json_t *pod, const char *ns)
     if (!json_is_object(copy))
         return copy;
     json_t *meta = json_object_get(copy, "metadata");
+    /* json_copy drops a member it cannot copy: the sizes must match. */
+    size_t members = json_object_size(meta);
     meta = json_is_object(meta) ? json_copy(meta) : json_object();
+    if (json_object_size(copy) != json_object_size(pod) || json_object_size(meta) != members) {
+        json_decref(meta);
+        json_decref(copy);
+        return NULL;
+    }
     const char *have = json_string_value(json_object_get(meta, "namespace"));
     /* Without its namespace the object would escape namespaced rules: all or nothing. */
     if (json_object_set_new(copy, "metadata", meta) != 0 ||

@@ -2,8 +2,8 @@
  * alloc_sweep.c - the allocation-failure sweep: no failed allocation may
  * turn a denial into "allowed" or crash the engine.
  *
- *   alloc_sweep --policies DIR --lua DIR [--config FILE] [--layer L] [--load] [--stride S]
- *               REVIEW.json
+ *   alloc_sweep --policies DIR --lua DIR [--config FILE] [--layer L] [--load] [--dryrun]
+ *               [--stride S] REVIEW.json
  *
  * REVIEW.json must be denied.  For each allocator layer (L: libc, jansson,
  * lua, or all) the sweep counts the allocations of one evaluation of the
@@ -13,6 +13,9 @@
  * never "allowed".  With --load the same is done for loading the policy
  * set (engine_new) and for reloading it (engine_reload), which must either
  * succeed or fail and keep the last good set, still denying the review.
+ * With --dryrun each evaluation is the CLI's (dr_evaluate, as `gpuguard
+ * check` runs it) on the review's object without its namespace, which the
+ * dry run must add back.
  *
  * The layers: libc's malloc, calloc and realloc are replaced in this
  * program (glibc lets a program do so; its own strdup, asprintf and the
@@ -24,6 +27,7 @@
  * review, 1 when one did (each such K is printed), 2 on bad usage.
  */
 #include "admission.h"
+#include "dryrun.h"
 #include "luabridge.h"
 #include "policy.h"
 
@@ -122,9 +126,23 @@ static int64_t now_us(void)
     return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
+/* With --dryrun: the object evaluated through dr_evaluate, and its namespace. */
+static json_t *dry_pod;
+static const char *dry_namespace;
+
 /* 1: allowed, 0: denied, -1: the engine could not evaluate. */
 static int evaluate(struct engine *e, const struct adm_request *req)
 {
+    if (dry_pod) {
+        struct dr_options o = {.namespace = dry_namespace};
+        struct dr_result r;
+        struct gg_err err = {{0}};
+        if (dr_evaluate(e, dry_pod, &o, &r, &err) != GG_OK)
+            return -1;
+        int allowed = r.allowed ? 1 : 0;
+        dr_result_clear(&r);
+        return allowed;
+    }
     struct policy_verdict v;
     struct gg_err err = {{0}};
     if (engine_evaluate(e, req, PHASE_MUTATE | PHASE_VALIDATE, now_us() + 10000000, &v, &err) !=
@@ -231,7 +249,7 @@ int main(int argc, char **argv)
 {
     struct policy_paths paths = {.policies = "policies", .lua = "lua"};
     const char *review = NULL, *layer = "all";
-    bool load = false;
+    bool load = false, dryrun = false;
     long stride = 1;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--policies") == 0 && i + 1 < argc)
@@ -246,12 +264,15 @@ int main(int argc, char **argv)
             stride = strtol(argv[++i], NULL, 10);
         else if (strcmp(argv[i], "--load") == 0)
             load = true;
+        else if (strcmp(argv[i], "--dryrun") == 0)
+            dryrun = true;
         else
             review = argv[i];
     }
     if (!review || stride < 1) {
         fprintf(stderr, "usage: alloc_sweep --policies DIR --lua DIR [--config FILE] "
-                        "[--layer libc|jansson|lua|all] [--load] [--stride S] REVIEW.json\n");
+                        "[--layer libc|jansson|lua|all] [--load] [--dryrun] [--stride S] "
+                        "REVIEW.json\n");
         return 2;
     }
     json_set_alloc_funcs(json_alloc, free);
@@ -270,6 +291,11 @@ int main(int argc, char **argv)
         return 2;
     }
     free(text);
+    if (dryrun) {
+        dry_pod = json_deep_copy(req.object);
+        json_object_del(json_object_get(dry_pod, "metadata"), "namespace");
+        dry_namespace = req.namespace;
+    }
     long allowed = 0;
     if (evaluate(engine, &req) != 0) {
         fprintf(stderr, "%s: not denied without failures; the sweep needs a denial\n", review);
@@ -285,6 +311,7 @@ int main(int argc, char **argv)
         allowed += load ? sweep_load(&paths, &req, (enum layer)l, stride)
                         : sweep_review(engine, &req, (enum layer)l, stride);
     }
+    json_decref(dry_pod);
     adm_request_clear(&req);
     engine_free(engine);
     return allowed ? 1 : 0;

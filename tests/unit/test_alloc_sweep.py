@@ -1,7 +1,8 @@
 """The allocation-failure sweep (tests/tools/alloc_sweep.c) over the shipped
-policies: with the K-th allocation failing, for every K of one review and
-of one policy load, in libc's malloc family, jansson and the Lua allocator,
-a review that must be denied is never allowed and nothing crashes."""
+policies: with the K-th allocation failing, for every K of one review (in
+the engine and in the CLI's dry run) and of one policy load, in libc's
+malloc family, jansson and the Lua allocator, a review that must be denied
+is never allowed and nothing crashes."""
 
 import os
 import re
@@ -49,8 +50,11 @@ def layers():
     return ["jansson", "lua"] if asan else ["libc", "jansson", "lua"]
 
 
-def test_no_failed_allocation_in_a_review_allows_it():
-    rows = tallies(sweep())
+@pytest.mark.parametrize("path", [[], ["--dryrun"]], ids=["engine", "dry run"])
+def test_no_failed_allocation_in_a_review_allows_it(path):
+    """The engine as the server calls it, and the dry run of `gpuguard check`
+    (which also gives the object its namespace back)."""
+    rows = tallies(sweep(*path))
     assert sorted(layer for _, layer in rows) == sorted(layers())
     for (what, layer), (n, runs, denied, errors, allowed) in rows.items():
         assert what == "review"
