@@ -43,6 +43,7 @@
 static const char key_array_mt, key_object_mt, key_ro_target, key_ro_cache;
 static const char key_req_proxy, key_req_proxy_mt, key_req_shadow_mt;
 static const char key_loaded, key_globals, key_policies, key_module, key_null_marker;
+static const char key_shadow; /* a frozen proxy's one (hidden) entry: its shadow */
 
 /* What a table's metatable says it is (see shape_of). */
 enum shape {
@@ -51,8 +52,9 @@ enum shape {
     SHAPE_ARRAY,
     SHAPE_LAZY_OBJECT,
     SHAPE_LAZY_ARRAY,
-    SHAPE_FROZEN_OBJECT, /* a stub behind a read-only proxy (validate's object) */
+    SHAPE_FROZEN_OBJECT, /* a stub behind a frozen proxy (validate's object) */
     SHAPE_FROZEN_ARRAY,
+    SHAPE_FROZEN, /* a frozen proxy: validate's view of an object or array */
     N_SHAPES
 };
 
@@ -60,6 +62,7 @@ struct lb_vm {
     lua_State *L;
     const void *marks[N_SHAPES]; /* the marking metatables, by shape */
     int lazy_mt_ref[4];          /* registry refs of the lazy, then frozen, object and array mts */
+    int frozen_mt_ref;           /* registry ref of the frozen proxies' metatable */
     lua_Integer epoch;           /* the current request's number, for its stubs */
     struct lb_limits limits;
     const struct lb_source *modules; /* borrowed from the policy set */
@@ -113,15 +116,15 @@ static enum shape shape_of(lua_State *L, int idx)
     return SHAPE_NONE;
 }
 
-/* A stub: filled from its JSON on first use (frozen ones fill with read-only children). */
+/* A stub: filled from its JSON on first use. */
 static bool is_lazy(enum shape s)
 {
-    return s >= SHAPE_LAZY_OBJECT;
+    return s >= SHAPE_LAZY_OBJECT && s <= SHAPE_FROZEN_ARRAY;
 }
 
-static bool is_frozen(enum shape s)
+static bool is_frozen_stub(enum shape s)
 {
-    return s >= SHAPE_FROZEN_OBJECT;
+    return s == SHAPE_FROZEN_OBJECT || s == SHAPE_FROZEN_ARRAY;
 }
 
 static bool is_array_shape(enum shape s)
@@ -268,12 +271,17 @@ static void push_registry(lua_State *L, const void *key)
     lua_rawgetp(L, LUA_REGISTRYINDEX, key);
 }
 
-/* Whether the value at idx is a read-only proxy. */
+static enum shape shape_of(lua_State *L, int idx);
+static void materialize_if_lazy(lua_State *L, int idx);
+
+/* Whether the value at idx is a read-only proxy (frozen ones included). */
 static bool is_proxy(lua_State *L, int idx)
 {
     idx = lua_absindex(L, idx);
     if (!lua_istable(L, idx))
         return false;
+    if (shape_of(L, idx) == SHAPE_FROZEN)
+        return true;
     push_registry(L, &key_ro_target);
     lua_pushvalue(L, idx);
     bool proxy = lua_rawget(L, -2) == LUA_TTABLE;
@@ -281,12 +289,18 @@ static bool is_proxy(lua_State *L, int idx)
     return proxy;
 }
 
-/* If the value at idx is a read-only proxy, replace it with its shadow. */
+/* If the value at idx is a read-only proxy, replace it with its shadow (filled). */
 static void unproxy(lua_State *L, int idx)
 {
     idx = lua_absindex(L, idx);
     if (!lua_istable(L, idx))
         return;
+    if (shape_of(L, idx) == SHAPE_FROZEN) {
+        lua_rawgetp(L, idx, &key_shadow);
+        lua_replace(L, idx);
+        materialize_if_lazy(L, idx);
+        return;
+    }
     push_registry(L, &key_ro_target);
     lua_pushvalue(L, idx);
     if (lua_rawget(L, -2) == LUA_TTABLE)
@@ -302,20 +316,11 @@ static int ro_newindex(lua_State *L)
                          "library): copy what you need into a table of your own");
 }
 
-static int frozen_newindex(lua_State *L)
-{
-    return luaL_error(L, "the object is read-only in validate (edit it in mutate)");
-}
-
-static void materialize_if_lazy(lua_State *L, int idx);
-
-/* The shadow behind a proxy (its metatable's __index), filled if it is a stub. */
+/* The shadow behind a proxy (its metatable's __index, or a frozen proxy's entry). */
 static void push_shadow(lua_State *L, int proxy)
 {
-    lua_getmetatable(L, proxy);
-    lua_getfield(L, -1, "__index");
-    lua_remove(L, -2);
-    materialize_if_lazy(L, -1);
+    lua_pushvalue(L, proxy);
+    unproxy(L, -1);
 }
 
 static int ro_len(lua_State *L)
@@ -342,10 +347,10 @@ static int ro_pairs(lua_State *L)
 }
 
 /* A read-only proxy's metatable, but for its __index (the shadow). */
-static void push_ro_metatable(lua_State *L, lua_CFunction newindex, lua_CFunction pairs)
+static void push_ro_metatable(lua_State *L, lua_CFunction pairs)
 {
     lua_createtable(L, 0, 5);
-    lua_pushcfunction(L, newindex);
+    lua_pushcfunction(L, ro_newindex);
     lua_setfield(L, -2, "__newindex");
     lua_pushcfunction(L, ro_len);
     lua_setfield(L, -2, "__len");
@@ -356,14 +361,14 @@ static void push_ro_metatable(lua_State *L, lua_CFunction newindex, lua_CFunctio
 }
 
 /* Make the table at proxy a read-only view of the table at shadow. */
-static void set_shadow(lua_State *L, int proxy, int shadow, lua_CFunction newindex)
+static void set_shadow(lua_State *L, int proxy, int shadow)
 {
     push_registry(L, &key_ro_target);
     lua_pushvalue(L, proxy);
     lua_pushvalue(L, shadow);
     lua_rawset(L, -3);
     lua_pop(L, 1);
-    push_ro_metatable(L, newindex, ro_pairs);
+    push_ro_metatable(L, ro_pairs);
     lua_pushvalue(L, shadow);
     lua_setfield(L, -2, "__index");
     lua_setmetatable(L, proxy);
@@ -409,7 +414,7 @@ static void push_readonly_at(lua_State *L, int idx, int depth)
     lua_pushvalue(L, proxy);
     lua_rawset(L, -3);
     lua_pop(L, 1);
-    set_shadow(L, proxy, shadow, ro_newindex);
+    set_shadow(L, proxy, shadow);
     lua_pushnil(L);
     while (lua_next(L, idx)) {
         if (depth < LB_MAX_DEPTH)
@@ -549,9 +554,13 @@ static void push_json_or_raise(lua_State *L, const json_t *v, const char *what)
  * fill a stub first; nothing else in the sandbox reads a table raw.  A stub
  * kept past its request fills as empty: its epoch is over.
  *
- * Validate sees the object frozen: each container is a read-only proxy (as
- * for the configuration) whose shadow is a frozen stub, which fills with
- * proxies of frozen stubs in turn.  An edit raises; nothing is copied.
+ * Validate sees the object frozen.  Each container it reaches is a frozen
+ * proxy: a table whose only entry is hidden (a light userdata key: its
+ * shadow, a frozen stub) and whose metatable, one for all of them, reads
+ * through to the shadow and raises on any write.  A shadow fills like a
+ * stub, with frozen stubs as children; a child gets its own proxy when it
+ * is first read, kept in the shadow in its place.  Nothing is copied, and
+ * nothing a policy can reach in validate is writable.
  */
 
 /* The two lazy (or frozen) metatables, pushed by integer registry refs. */
@@ -563,19 +572,14 @@ static void push_lazy_mts(lua_State *L, bool frozen)
     lua_rawgeti(L, LUA_REGISTRYINDEX, vm->lazy_mt_ref[2 * frozen + 1]);
 }
 
-/*
- * Push v, a container as a stub; mts is where push_lazy_mts put the object
- * one.  A frozen stub is pushed behind its read-only proxy.
- */
-static void push_lazy_at(lua_State *L, const json_t *v, int mts, bool frozen)
+/* Push v, a container as a stub; mts is where push_lazy_mts put the object one. */
+static void push_lazy_at(lua_State *L, const json_t *v, int mts)
 {
     if (!json_is_object(v) && !json_is_array(v)) {
         push_scalar(L, v);
         return;
     }
     bool array = json_is_array(v);
-    if (frozen)
-        lua_newtable(L); /* the proxy */
     /* Sized now: filling an empty table later would grow it step by step. */
     int n = (int)(array ? json_array_size(v) : json_object_size(v));
     lua_createtable(L, array ? n : 0, array ? 1 : n + 1);
@@ -584,10 +588,63 @@ static void push_lazy_at(lua_State *L, const json_t *v, int mts, bool frozen)
     lua_pushlightuserdata(L, (void *)v);
     lua_pushinteger(L, vm_of(L)->epoch);
     lua_rawset(L, -3);
-    if (frozen) {
-        set_shadow(L, lua_gettop(L) - 1, lua_gettop(L), frozen_newindex);
-        lua_pop(L, 1);
-    }
+}
+
+/* Replace the frozen stub on the top of the stack with its proxy. */
+static void wrap_frozen(lua_State *L)
+{
+    luaL_checkstack(L, 3, "object too deep");
+    lua_createtable(L, 0, 1);
+    lua_pushvalue(L, -2);
+    lua_rawsetp(L, -2, &key_shadow);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, vm_of(L)->frozen_mt_ref);
+    lua_setmetatable(L, -2);
+    lua_replace(L, -2);
+}
+
+/* The value on the top, read from shadow at key: a frozen stub gets its proxy, kept there. */
+static void wrap_child(lua_State *L, int shadow, int key)
+{
+    if (!is_frozen_stub(shape_of(L, -1)))
+        return;
+    wrap_frozen(L);
+    lua_pushvalue(L, key);
+    lua_pushvalue(L, -2);
+    lua_rawset(L, shadow);
+}
+
+/* A frozen proxy's metamethods: read through to the shadow, refuse writes. */
+static int frozen_index(lua_State *L)
+{
+    lua_settop(L, 2);
+    unproxy(L, 1);
+    lua_pushvalue(L, 2);
+    lua_rawget(L, 1);
+    wrap_child(L, 1, 2);
+    return 1;
+}
+
+static int frozen_newindex(lua_State *L)
+{
+    return luaL_error(L, "the object is read-only in validate (edit it in mutate)");
+}
+
+static int frozen_next(lua_State *L)
+{
+    lua_settop(L, 2);
+    unproxy(L, 1);
+    if (!lua_next(L, 1))
+        return 0;
+    wrap_child(L, 1, 2);
+    return 2;
+}
+
+static int frozen_pairs(lua_State *L)
+{
+    lua_pushcfunction(L, frozen_next);
+    lua_pushvalue(L, 1);
+    lua_pushnil(L);
+    return 3;
 }
 
 /*
@@ -617,7 +674,7 @@ static void materialize(lua_State *L, int idx, enum shape shape)
 {
     idx = lua_absindex(L, idx);
     int top = lua_gettop(L);
-    bool frozen = is_frozen(shape);
+    bool frozen = is_frozen_stub(shape);
     const json_t *v = stub_source(L, idx, true), *item;
     push_registry(L, is_array_shape(shape) ? &key_array_mt : &key_object_mt);
     lua_setmetatable(L, idx);
@@ -628,13 +685,13 @@ static void materialize(lua_State *L, int idx, enum shape shape)
         json_object_keylen_foreach((json_t *)v, key, key_len, item)
         {
             lua_pushlstring(L, key, key_len);
-            push_lazy_at(L, item, top + 1, frozen);
+            push_lazy_at(L, item, top + 1);
             lua_rawset(L, idx);
         }
     } else if (json_is_array(v)) {
         json_array_foreach(v, i, item)
         {
-            push_lazy_at(L, item, top + 1, frozen);
+            push_lazy_at(L, item, top + 1);
             lua_rawseti(L, idx, (lua_Integer)i + 1);
         }
     }
@@ -653,7 +710,9 @@ static void push_lazy(lua_State *L, const json_t *v, bool frozen)
 {
     int top = lua_gettop(L);
     push_lazy_mts(L, frozen);
-    push_lazy_at(L, v, top + 1, frozen);
+    push_lazy_at(L, v, top + 1);
+    if (frozen && lua_istable(L, -1))
+        wrap_frozen(L);
     lua_replace(L, top + 1);
     lua_settop(L, top + 1);
 }
@@ -705,6 +764,12 @@ static int lazy_pairs(lua_State *L)
 static int l_next(lua_State *L)
 {
     luaL_checktype(L, 1, LUA_TTABLE);
+    if (shape_of(L, 1) == SHAPE_FROZEN) {
+        if (frozen_next(L))
+            return 2;
+        lua_pushnil(L);
+        return 1;
+    }
     unproxy(L, 1);
     materialize_if_lazy(L, 1);
     return raw_next(L);
@@ -714,6 +779,8 @@ static int l_rawget(lua_State *L)
 {
     luaL_checktype(L, 1, LUA_TTABLE);
     luaL_checkany(L, 2);
+    if (shape_of(L, 1) == SHAPE_FROZEN)
+        return frozen_index(L);
     unproxy(L, 1);
     return lazy_index(L);
 }
@@ -734,22 +801,32 @@ static void make_marks(lua_State *L, struct lb_vm *vm)
                                     {"__len", lazy_len},
                                     {"__pairs", lazy_pairs},
                                     {NULL, NULL}};
+    static const luaL_Reg frozen[] = {{"__index", frozen_index},
+                                      {"__newindex", frozen_newindex},
+                                      {"__len", ro_len},
+                                      {"__pairs", frozen_pairs},
+                                      {NULL, NULL}};
     const struct {
         const void *key;
         const char *name;
         enum shape shape;
     } marks[] = {{&key_object_mt, "object", SHAPE_OBJECT}, {&key_array_mt, "array", SHAPE_ARRAY},
                  {NULL, "object", SHAPE_LAZY_OBJECT},      {NULL, "array", SHAPE_LAZY_ARRAY},
-                 {NULL, "object", SHAPE_FROZEN_OBJECT},    {NULL, "array", SHAPE_FROZEN_ARRAY}};
+                 {NULL, "object", SHAPE_FROZEN_OBJECT},    {NULL, "array", SHAPE_FROZEN_ARRAY},
+                 {NULL, "read-only", SHAPE_FROZEN}};
     for (size_t i = 0; i < sizeof(marks) / sizeof(marks[0]); i++) {
         lua_newtable(L);
         if (is_lazy(marks[i].shape))
             luaL_setfuncs(L, lazy, 0);
+        else if (marks[i].shape == SHAPE_FROZEN)
+            luaL_setfuncs(L, frozen, 0);
         lua_pushstring(L, marks[i].name);
         lua_setfield(L, -2, "__metatable");
         vm->marks[marks[i].shape] = lua_topointer(L, -1);
         if (is_lazy(marks[i].shape))
             vm->lazy_mt_ref[marks[i].shape - SHAPE_LAZY_OBJECT] = luaL_ref(L, LUA_REGISTRYINDEX);
+        else if (marks[i].shape == SHAPE_FROZEN)
+            vm->frozen_mt_ref = luaL_ref(L, LUA_REGISTRYINDEX);
         else
             lua_rawsetp(L, LUA_REGISTRYINDEX, marks[i].key);
     }
@@ -1503,17 +1580,21 @@ static void build_globals(lua_State *L)
 /* A shallow copy of the table at idx (a proxy is copied from its shadow). */
 static void push_copy(lua_State *L, int idx)
 {
+    idx = lua_absindex(L, idx);
+    bool frozen = shape_of(L, idx) == SHAPE_FROZEN;
     lua_pushvalue(L, idx);
     unproxy(L, -1);
-    materialize_if_lazy(L, -1);
+    int src = lua_gettop(L);
     lua_newtable(L);
     lua_pushnil(L);
-    while (lua_next(L, -3)) {
+    while (lua_next(L, src)) {
+        if (frozen) /* the copy's children stay read-only */
+            wrap_child(L, src, lua_gettop(L) - 1);
         lua_pushvalue(L, -2);
         lua_insert(L, -2);
-        lua_rawset(L, -4);
+        lua_rawset(L, src + 1);
     }
-    lua_remove(L, -2);
+    lua_remove(L, src);
 }
 
 /*
@@ -1670,7 +1751,7 @@ static void make_req_proxy(lua_State *L)
     lua_setfield(L, -2, "__index");
     lua_rawsetp(L, LUA_REGISTRYINDEX, &key_req_shadow_mt);
     lua_newtable(L); /* the proxy */
-    push_ro_metatable(L, ro_newindex, req_pairs);
+    push_ro_metatable(L, req_pairs);
     lua_pushvalue(L, -1);
     lua_rawsetp(L, LUA_REGISTRYINDEX, &key_req_proxy_mt);
     lua_setmetatable(L, -2);

@@ -501,6 +501,11 @@ FROZEN_EDIT = "the object is read-only in validate (edit it in mutate)"
     ("table.insert(pod.spec.containers, { name = 'extra' })", ""),
     ("table.remove(pod.spec.containers)", ""),
     ("pod.spec.containers[1].resources = nil", "policies/10-edit.lua:2: "),
+    ("for k, v in pairs(pod.spec) do v[1].x = 1 end", "policies/10-edit.lua:2: "),
+    ("local k, v = next(pod.spec); v[1].image = 'evil'", "policies/10-edit.lua:2: "),
+    ("rawget(pod.spec, 'containers')[1].image = 'evil'", "policies/10-edit.lua:2: "),
+    ("require('gpuguard').object(pod.spec).containers[1].image = 'evil'",
+     "policies/10-edit.lua:2: "),
 ])
 def test_validate_sees_the_object_read_only(engine, edit, where):
     engine.policy("10-edit.lua", """
