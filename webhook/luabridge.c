@@ -43,7 +43,8 @@
 static const char key_array_mt, key_object_mt, key_ro_target, key_ro_cache;
 static const char key_req_proxy, key_req_proxy_mt, key_req_shadow_mt;
 static const char key_loaded, key_globals, key_policies, key_module, key_null_marker;
-static const char key_shadow; /* a frozen proxy's one (hidden) entry: its shadow */
+static const char key_shadow;       /* a frozen proxy's one (hidden) entry: its shadow */
+static const char key_frozen_cache; /* the request's frozen proxies, by the table they show */
 
 /* What a table's metatable says it is (see shape_of). */
 enum shape {
@@ -52,16 +53,14 @@ enum shape {
     SHAPE_ARRAY,
     SHAPE_LAZY_OBJECT,
     SHAPE_LAZY_ARRAY,
-    SHAPE_FROZEN_OBJECT, /* a stub behind a frozen proxy (validate's object) */
-    SHAPE_FROZEN_ARRAY,
-    SHAPE_FROZEN, /* a frozen proxy: validate's view of an object or array */
+    SHAPE_FROZEN, /* a frozen proxy: validate's read-only view of a table of the object */
     N_SHAPES
 };
 
 struct lb_vm {
     lua_State *L;
     const void *marks[N_SHAPES]; /* the marking metatables, by shape */
-    int lazy_mt_ref[4];          /* registry refs of the lazy, then frozen, object and array mts */
+    int lazy_mt_ref[2];          /* registry refs of the lazy object and array metatables */
     int frozen_mt_ref;           /* registry ref of the frozen proxies' metatable */
     lua_Integer epoch;           /* the current request's number, for its stubs */
     struct lb_limits limits;
@@ -116,20 +115,9 @@ static enum shape shape_of(lua_State *L, int idx)
     return SHAPE_NONE;
 }
 
-/* A stub: filled from its JSON on first use. */
 static bool is_lazy(enum shape s)
 {
-    return s >= SHAPE_LAZY_OBJECT && s <= SHAPE_FROZEN_ARRAY;
-}
-
-static bool is_frozen_stub(enum shape s)
-{
-    return s == SHAPE_FROZEN_OBJECT || s == SHAPE_FROZEN_ARRAY;
-}
-
-static bool is_array_shape(enum shape s)
-{
-    return s == SHAPE_ARRAY || s == SHAPE_LAZY_ARRAY || s == SHAPE_FROZEN_ARRAY;
+    return s == SHAPE_LAZY_OBJECT || s == SHAPE_LAZY_ARRAY;
 }
 
 static int64_t now_us(void)
@@ -554,22 +542,23 @@ static void push_json_or_raise(lua_State *L, const json_t *v, const char *what)
  * fill a stub first; nothing else in the sandbox reads a table raw.  A stub
  * kept past its request fills as empty: its epoch is over.
  *
- * Validate sees the object frozen.  Each container it reaches is a frozen
- * proxy: a table whose only entry is hidden (a light userdata key: its
- * shadow, a frozen stub) and whose metatable, one for all of them, reads
- * through to the shadow and raises on any write.  A shadow fills like a
- * stub, with frozen stubs as children; a child gets its own proxy when it
- * is first read, kept in the shadow in its place.  Nothing is copied, and
- * nothing a policy can reach in validate is writable.
+ *
+ * Validate sees the object frozen: the same tables (as mutate left them),
+ * each behind a frozen proxy made when it is first reached.  A frozen proxy
+ * is a table whose only entry is hidden (a light userdata key: the table it
+ * shows); its metatable, one for all of them, reads through to that table,
+ * gives nested tables behind their own proxies and raises on any write.
+ * The request keeps one proxy per table, so nothing is copied and nothing a
+ * policy can reach in validate is writable.
  */
 
-/* The two lazy (or frozen) metatables, pushed by integer registry refs. */
-static void push_lazy_mts(lua_State *L, bool frozen)
+/* The two lazy metatables, pushed by integer registry refs (array lookups). */
+static void push_lazy_mts(lua_State *L)
 {
     const struct lb_vm *vm = vm_of(L);
-    luaL_checkstack(L, 12, "object too deep");
-    lua_rawgeti(L, LUA_REGISTRYINDEX, vm->lazy_mt_ref[2 * frozen]);
-    lua_rawgeti(L, LUA_REGISTRYINDEX, vm->lazy_mt_ref[2 * frozen + 1]);
+    luaL_checkstack(L, 6, "object too deep");
+    lua_rawgeti(L, LUA_REGISTRYINDEX, vm->lazy_mt_ref[0]);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, vm->lazy_mt_ref[1]);
 }
 
 /* Push v, a container as a stub; mts is where push_lazy_mts put the object one. */
@@ -590,37 +579,43 @@ static void push_lazy_at(lua_State *L, const json_t *v, int mts)
     lua_rawset(L, -3);
 }
 
-/* Replace the frozen stub on the top of the stack with its proxy. */
-static void wrap_frozen(lua_State *L)
+/*
+ * Replace the table on the top of the stack with its frozen proxy (made
+ * once per request); other values, read-only proxies included, stay.
+ */
+static void freeze(lua_State *L)
 {
-    luaL_checkstack(L, 3, "object too deep");
-    lua_createtable(L, 0, 1);
+    if (!lua_istable(L, -1) || is_proxy(L, -1))
+        return;
+    luaL_checkstack(L, 4, "object too deep");
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &key_frozen_cache);
     lua_pushvalue(L, -2);
+    if (lua_rawget(L, -2) == LUA_TTABLE) {
+        lua_replace(L, -3);
+        lua_pop(L, 1);
+        return;
+    }
+    lua_pop(L, 1);
+    lua_createtable(L, 0, 1); /* the proxy */
+    lua_pushvalue(L, -3);
     lua_rawsetp(L, -2, &key_shadow);
     lua_rawgeti(L, LUA_REGISTRYINDEX, vm_of(L)->frozen_mt_ref);
     lua_setmetatable(L, -2);
-    lua_replace(L, -2);
-}
-
-/* The value on the top, read from shadow at key: a frozen stub gets its proxy, kept there. */
-static void wrap_child(lua_State *L, int shadow, int key)
-{
-    if (!is_frozen_stub(shape_of(L, -1)))
-        return;
-    wrap_frozen(L);
-    lua_pushvalue(L, key);
+    lua_pushvalue(L, -3);
     lua_pushvalue(L, -2);
-    lua_rawset(L, shadow);
+    lua_rawset(L, -4); /* cache[table] = proxy */
+    lua_replace(L, -3);
+    lua_pop(L, 1);
 }
 
-/* A frozen proxy's metamethods: read through to the shadow, refuse writes. */
+/* A frozen proxy's metamethods: read through to the table it shows, refuse writes. */
 static int frozen_index(lua_State *L)
 {
     lua_settop(L, 2);
     unproxy(L, 1);
     lua_pushvalue(L, 2);
     lua_rawget(L, 1);
-    wrap_child(L, 1, 2);
+    freeze(L);
     return 1;
 }
 
@@ -635,7 +630,7 @@ static int frozen_next(lua_State *L)
     unproxy(L, 1);
     if (!lua_next(L, 1))
         return 0;
-    wrap_child(L, 1, 2);
+    freeze(L);
     return 2;
 }
 
@@ -674,11 +669,10 @@ static void materialize(lua_State *L, int idx, enum shape shape)
 {
     idx = lua_absindex(L, idx);
     int top = lua_gettop(L);
-    bool frozen = is_frozen_stub(shape);
     const json_t *v = stub_source(L, idx, true), *item;
-    push_registry(L, is_array_shape(shape) ? &key_array_mt : &key_object_mt);
+    push_registry(L, shape == SHAPE_LAZY_ARRAY ? &key_array_mt : &key_object_mt);
     lua_setmetatable(L, idx);
-    push_lazy_mts(L, frozen);
+    push_lazy_mts(L);
     const char *key;
     size_t key_len, i;
     if (json_is_object(v)) {
@@ -705,14 +699,12 @@ static void materialize_if_lazy(lua_State *L, int idx)
         materialize(L, idx, s);
 }
 
-/* Push the request's object, lazily (frozen: read-only, for validate). */
-static void push_lazy(lua_State *L, const json_t *v, bool frozen)
+/* Push the request's object, lazily. */
+static void push_lazy(lua_State *L, const json_t *v)
 {
     int top = lua_gettop(L);
-    push_lazy_mts(L, frozen);
+    push_lazy_mts(L);
     push_lazy_at(L, v, top + 1);
-    if (frozen && lua_istable(L, -1))
-        wrap_frozen(L);
     lua_replace(L, top + 1);
     lua_settop(L, top + 1);
 }
@@ -810,9 +802,10 @@ static void make_marks(lua_State *L, struct lb_vm *vm)
         const void *key;
         const char *name;
         enum shape shape;
-    } marks[] = {{&key_object_mt, "object", SHAPE_OBJECT}, {&key_array_mt, "array", SHAPE_ARRAY},
-                 {NULL, "object", SHAPE_LAZY_OBJECT},      {NULL, "array", SHAPE_LAZY_ARRAY},
-                 {NULL, "object", SHAPE_FROZEN_OBJECT},    {NULL, "array", SHAPE_FROZEN_ARRAY},
+    } marks[] = {{&key_object_mt, "object", SHAPE_OBJECT},
+                 {&key_array_mt, "array", SHAPE_ARRAY},
+                 {NULL, "object", SHAPE_LAZY_OBJECT},
+                 {NULL, "array", SHAPE_LAZY_ARRAY},
                  {NULL, "read-only", SHAPE_FROZEN}};
     for (size_t i = 0; i < sizeof(marks) / sizeof(marks[0]); i++) {
         lua_newtable(L);
@@ -1090,7 +1083,7 @@ static enum shape arg_shape(lua_State *L)
     lua_settop(L, 1);
     unproxy(L, 1);
     enum shape s = shape_of(L, 1);
-    return s == SHAPE_NONE ? s : is_array_shape(s) ? SHAPE_ARRAY : SHAPE_OBJECT;
+    return s == SHAPE_LAZY_OBJECT ? SHAPE_OBJECT : s == SHAPE_LAZY_ARRAY ? SHAPE_ARRAY : s;
 }
 
 static int l_is_array(lua_State *L)
@@ -1589,7 +1582,7 @@ static void push_copy(lua_State *L, int idx)
     lua_pushnil(L);
     while (lua_next(L, src)) {
         if (frozen) /* the copy's children stay read-only */
-            wrap_child(L, src, lua_gettop(L) - 1);
+            freeze(L);
         lua_pushvalue(L, -2);
         lua_insert(L, -2);
         lua_rawset(L, src + 1);
@@ -2169,12 +2162,18 @@ static int build_request(lua_State *L)
                 luaL_error(L, "%s nests deeper than %d levels", lazy_req_fields[i].what,
                            LB_MAX_DEPTH);
     }
-    for (int frozen = 0; frozen < 2; frozen++) {
-        if (object)
-            push_lazy(L, object, frozen);
-        else
-            lua_pushnil(L);
-    }
+    lua_newtable(L); /* this request's frozen proxies, weak both ways */
+    lua_createtable(L, 0, 1);
+    lua_pushliteral(L, "kv");
+    lua_setfield(L, -2, "__mode");
+    lua_setmetatable(L, -2);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &key_frozen_cache);
+    if (object)
+        push_lazy(L, object);
+    else
+        lua_pushnil(L);
+    lua_pushvalue(L, -1);
+    freeze(L); /* what validate gets */
     static const luaL_Reg methods[] = {
         {"deny", l_req_deny}, {"warn", l_req_warn}, {"audit", l_req_audit}, {NULL, NULL}};
     lua_createtable(L, 0, 12);
@@ -2557,6 +2556,8 @@ void lb_request_end(struct lb_vm *vm)
     luaL_unref(vm->L, LUA_REGISTRYINDEX, vm->req_ref);
     luaL_unref(vm->L, LUA_REGISTRYINDEX, vm->frozen_ref);
     vm->obj_ref = vm->req_ref = vm->frozen_ref = LUA_NOREF;
+    lua_pushnil(vm->L);
+    lua_rawsetp(vm->L, LUA_REGISTRYINDEX, &key_frozen_cache);
     lb_report_clear(&vm->report);
     /* A big object (a 10 MB annotation) is copied into the VM, and once the
      * generational collector has aged the copy only a major collection frees

@@ -805,6 +805,7 @@ static enum gg_status finish_mutation(struct lb_vm *vm, const struct adm_request
     if (lb_request_patch(vm, req->object, &out->patch, err) != GG_OK) {
         /* A policy built something that is not JSON: its edit is refused. */
         deny(g, err->msg);
+        g->failed_mutation = true;
         out->patch = json_array();
         return GG_OK;
     }
@@ -845,27 +846,21 @@ static void audit_summary(struct gather *g, const struct policy_verdict *out)
 }
 
 /*
- * Validate sees the object as mutate left it, and read-only: after edits in
- * the same evaluation (the CLI; the server runs one phase a call), the
- * request starts again from the patched JSON.  An object the policies may
- * not see is a denial, as at the start, and *validate is cleared.
+ * Validate sees the object as mutate left it, read-only.  When the mutate
+ * edits were dropped (a mutate call failed, or its edit is not JSON), it
+ * starts again from the object as it came, as the API server would send it.
+ * An object the policies may not see is a denial, as at the start, and
+ * *validate is cleared.
  */
-static enum gg_status begin_validate(struct lb_vm *vm, const struct adm_request *req,
-                                     int64_t deadline_us, struct gather *g,
-                                     const struct policy_verdict *out, json_t **mutated,
-                                     bool *validate, struct gg_err *err)
+static void begin_validate(struct lb_vm *vm, const struct adm_request *req, int64_t deadline_us,
+                           struct gather *g, bool *validate, struct gg_err *err)
 {
-    if (out->mutated)
-        *mutated = json_incref(out->mutated);
-    else if (jp_apply_copy(req->object, out->patch, mutated, err) != GG_OK)
-        return GG_ERR_INVALID; /* a patch that does not apply to its own source: a bug */
-    if (lb_request_begin(vm, req, *mutated, deadline_us, err) != GG_OK) {
+    if (lb_request_begin(vm, req, req->object, deadline_us, err) != GG_OK) {
         char text[300];
         snprintf(text, sizeof(text), "gpuguard: %s", err->msg);
         deny(g, text);
         *validate = false;
     }
-    return GG_OK;
 }
 
 /* An admitted GPU pod counts against its namespace at once (see inventory.h). */
@@ -929,7 +924,6 @@ static enum gg_status evaluate(struct engine *e, const struct adm_request *req, 
         out->patch = json_array();
     } else {
         bool alive = true;
-        json_t *mutated = NULL;
         t1 = now_ns();
         out->timing.to_lua = t1 - t0;
         if (phases & PHASE_MUTATE) {
@@ -944,14 +938,13 @@ static enum gg_status evaluate(struct engine *e, const struct adm_request *req, 
             out->timing.diff = t1 - t0;
         }
         bool validate = (phases & PHASE_VALIDATE) != 0;
-        if (st == GG_OK && alive && validate && json_array_size(out->patch))
-            st = begin_validate(vm, req, lua_deadline, &g, out, &mutated, &validate, err);
+        if (st == GG_OK && alive && validate && g.failed_mutation)
+            begin_validate(vm, req, lua_deadline, &g, &validate, err);
         if (st == GG_OK && validate) {
             run_phase(vm, set, req, LB_VALIDATE, &g);
             out->timing.validate = now_ns() - t1;
         }
         lb_request_end(vm);
-        json_decref(mutated);
         metrics_lua_memory(lb_vm_memory_peak(vm));
     }
     if (st == GG_OK && (phases & PHASE_MUTATE) && !out->patch)

@@ -548,6 +548,24 @@ end }
     assert v["message"] == "look: policy error: policies/20-look.lua:7: " + FROZEN_EDIT
 
 
+def test_validate_after_a_failed_mutation_sees_the_object_as_it_came(engine):
+    engine.policy("10-half.lua", """
+return { name = "half", failure = "allow", mutate = function(req, pod)
+  pod.metadata.labels = require("gpuguard").object({ added = "yes" })
+  error("then fails")
+end }
+""")
+    engine.policy("20-look.lua", """
+return { name = "look", validate = function(req, pod)
+  req:warn("labels " .. tostring(pod.metadata.labels))
+end }
+""")
+    v = engine.run(review(pod()), phases="both")
+    assert v["allowed"] is True
+    assert v["patch"] == []
+    assert v["warnings"][1] == "look: labels nil"
+
+
 def test_failed_mutation_drops_all_edits(engine):
     engine.policy("10-add-label.lua", ADD_LABEL)
     engine.policy("20-boom.lua", """
