@@ -585,7 +585,7 @@ static void push_lazy_at(lua_State *L, const json_t *v, int mts)
  */
 static void freeze(lua_State *L)
 {
-    if (!lua_istable(L, -1) || is_proxy(L, -1))
+    if (!lua_istable(L, -1))
         return;
     luaL_checkstack(L, 4, "object too deep");
     lua_rawgetp(L, LUA_REGISTRYINDEX, &key_frozen_cache);
@@ -596,6 +596,10 @@ static void freeze(lua_State *L)
         return;
     }
     lua_pop(L, 1);
+    if (is_proxy(L, -2)) {
+        lua_pop(L, 1);
+        return;
+    }
     lua_createtable(L, 0, 1); /* the proxy */
     lua_pushvalue(L, -3);
     lua_rawsetp(L, -2, &key_shadow);
@@ -612,7 +616,9 @@ static void freeze(lua_State *L)
 static int frozen_index(lua_State *L)
 {
     lua_settop(L, 2);
-    unproxy(L, 1);
+    lua_rawgetp(L, 1, &key_shadow);
+    lua_replace(L, 1);
+    materialize_if_lazy(L, 1);
     lua_pushvalue(L, 2);
     lua_rawget(L, 1);
     freeze(L);
@@ -2162,9 +2168,9 @@ static int build_request(lua_State *L)
                 luaL_error(L, "%s nests deeper than %d levels", lazy_req_fields[i].what,
                            LB_MAX_DEPTH);
     }
-    lua_newtable(L); /* this request's frozen proxies, weak both ways */
+    lua_newtable(L); /* this request's frozen proxies (a proxy nobody holds may go) */
     lua_createtable(L, 0, 1);
-    lua_pushliteral(L, "kv");
+    lua_pushliteral(L, "v");
     lua_setfield(L, -2, "__mode");
     lua_setmetatable(L, -2);
     lua_rawsetp(L, LUA_REGISTRYINDEX, &key_frozen_cache);
