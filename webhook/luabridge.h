@@ -103,7 +103,8 @@ enum gg_status lb_request_begin(struct lb_vm *vm, const struct adm_request *req,
                                 int64_t deadline_us, struct gg_err *err);
 
 /*
- * Call policy `index`'s mutate or validate.  report gets what it reported
+ * Call policy `index`'s mutate or validate (which gets the object read-only,
+ * as mutate left it).  report gets what it reported
  * (fresh JSON owned by the caller, also on failure); on a failure err holds
  * the message and *traceback (malloc'ed, may be NULL) the Lua traceback.
  */
