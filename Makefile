@@ -41,20 +41,20 @@ UNIT_BIN  := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 BENCH_SRC := $(wildcard tests/bench/*.c)
 BENCH_BIN := $(BENCH_SRC:tests/bench/%.c=$(BUILD)/bench/%)
 # Small programs over the core library that the Python tests drive.
-TOOL_SRC  := $(wildcard tests/tools/*.c)
-TOOL_BIN  := $(TOOL_SRC:tests/tools/%.c=$(BUILD)/tests/tools/%)
+TOOL_SRC  := $(filter-out tests/tools/failmalloc.c,$(wildcard tests/tools/*.c))
+TOOL_BIN  := $(TOOL_SRC:tests/tools/%.c=$(BUILD)/tests/tools/%) $(BUILD)/tests/tools/failmalloc.so
 
 # Fuzz targets (tests/fuzz/fuzz_<target>.c): each also links with replay.c into
 # a corpus replayer that `make test` runs over tests/fuzz/corpus/<target>.
-FUZZ_TARGETS ?= admission jsonpatch quantity yaml manifest luabridge
+FUZZ_TARGETS ?= admission jsonpatch quantity yaml manifest luabridge luapattern
 FUZZ_SECONDS ?= 600
 FUZZ_ARGS    ?=
 FUZZ_DIR     := build/fuzz
 FUZZ_SAN     := -fsanitize=fuzzer-no-link,address,undefined -fno-sanitize-recover=undefined
-# luabridge keeps one Lua VM for the whole run and its garbage outlives each
-# input, so libFuzzer's leak check after every input would scan the heap most
-# of the time (60 times slower); its leaks are checked at exit instead.
-FUZZ_FLAGS_luabridge := -detect_leaks=0
+# luabridge and luapattern keep Lua VMs for the whole run and their garbage
+# outlives each input, so libFuzzer's leak check after every input would scan
+# the heap most of the time (60 times slower); their leaks are checked at exit.
+FUZZ_FLAGS_VM := -detect_leaks=0
 REPLAY_BIN   := $(FUZZ_TARGETS:%=$(BUILD)/fuzz/replay_%)
 
 DEV_CERTS := certs/dev
@@ -96,6 +96,11 @@ $(BUILD)/tests/test_%: tests/unit/test_%.c $(CORE_LIB)
 $(BUILD)/tests/tools/%: tests/tools/%.c $(CORE_LIB)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(CORE_LIB) $(LDLIBS)
+
+# An LD_PRELOAD shim that fails allocations in the running server (not under sanitizers).
+$(BUILD)/tests/tools/failmalloc.so: tests/tools/failmalloc.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -fPIC -shared -o $@ $<
 
 $(BUILD)/fuzz/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c $(CORE_LIB)
 	@mkdir -p $(@D)
@@ -154,7 +159,7 @@ fuzz: deps
 	@mkdir -p $(FUZZ_DIR)/crashes; failed=""; for t in $(FUZZ_TARGETS); do \
 	    mkdir -p $(FUZZ_DIR)/corpus/$$t && cp -R tests/fuzz/corpus/$$t/. $(FUZZ_DIR)/corpus/$$t/; \
 	    echo "== fuzz $$t for $(FUZZ_SECONDS) s"; flags=""; \
-	    case $$t in luabridge) flags="$(FUZZ_FLAGS_luabridge)";; esac; \
+	    case $$t in luabridge|luapattern) flags="$(FUZZ_FLAGS_VM)";; esac; \
 	    $(FUZZ_DIR)/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -timeout=10 -print_final_stats=1 \
 	        -dict=tests/fuzz/$$t.dict -artifact_prefix=$(FUZZ_DIR)/crashes/$$t- $$flags $(FUZZ_ARGS) \
 	        $(FUZZ_DIR)/corpus/$$t || failed="$$failed $$t"; \

@@ -291,7 +291,7 @@ enum gg_status adm_encode(const struct adm_request *req, const struct adm_verdic
     }
     put_warnings_and_audit(&b, verdict);
     BUF_LITERAL(&b, "}}");
-    if (st == GG_OK && !b.data)
+    if (st == GG_OK && (!b.data || b.failed)) /* never send a response with a piece missing */
         st = gg_fail(err, GG_ERR_NOMEM, "cannot serialize the response");
     if (st != GG_OK) {
         buf_clear(&b);

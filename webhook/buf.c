@@ -15,6 +15,7 @@ void buf_init(struct buf *b, size_t max)
     b->len = 0;
     b->cap = 0;
     b->max = max;
+    b->failed = false;
 }
 
 void buf_clear(struct buf *b)
@@ -27,8 +28,10 @@ void buf_clear(struct buf *b)
 
 static enum gg_status reserve(struct buf *b, size_t extra)
 {
-    if (extra > b->max || b->len > b->max - extra)
+    if (extra > b->max || b->len > b->max - extra) {
+        b->failed = true;
         return GG_ERR_TOOBIG;
+    }
     size_t need = b->len + extra + 1;
     if (need <= b->cap)
         return GG_OK;
@@ -36,8 +39,10 @@ static enum gg_status reserve(struct buf *b, size_t extra)
     while (cap < need)
         cap = cap > SIZE_MAX / 2 ? need : cap * 2;
     char *data = realloc(b->data, cap);
-    if (!data)
+    if (!data) {
+        b->failed = true;
         return GG_ERR_NOMEM;
+    }
     b->data = data;
     b->cap = cap;
     return GG_OK;

@@ -10,6 +10,7 @@
 
 #include "gpuguard.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 
 struct buf {
@@ -17,6 +18,7 @@ struct buf {
     size_t len;
     size_t cap;
     size_t max;
+    bool failed; /* an append failed: text written since then lacks a piece */
 };
 
 void buf_init(struct buf *b, size_t max);

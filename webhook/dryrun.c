@@ -157,11 +157,21 @@ static json_t *with_namespace(const json_t *pod, const char *ns)
     if (!json_is_object(copy))
         return copy;
     json_t *meta = json_object_get(copy, "metadata");
+    /* json_copy drops a member it cannot copy: the sizes must match. */
+    size_t members = json_object_size(meta);
     meta = json_is_object(meta) ? json_copy(meta) : json_object();
-    json_object_set_new(copy, "metadata", meta);
+    if (json_object_size(copy) != json_object_size(pod) || json_object_size(meta) != members) {
+        json_decref(meta);
+        json_decref(copy);
+        return NULL;
+    }
     const char *have = json_string_value(json_object_get(meta, "namespace"));
-    if (!have || !*have)
-        json_object_set_new(meta, "namespace", json_string(ns));
+    /* Without its namespace the object would escape namespaced rules: all or nothing. */
+    if (json_object_set_new(copy, "metadata", meta) != 0 ||
+        ((!have || !*have) && json_object_set_new(meta, "namespace", json_string(ns)) != 0)) {
+        json_decref(copy);
+        return NULL;
+    }
     return copy;
 }
 
@@ -182,6 +192,10 @@ enum gg_status dr_evaluate(struct engine *e, const json_t *pod, const struct dr_
         old = with_namespace(o->old_object ? o->old_object : pod, r.namespace);
     else if (strcmp(op, "DELETE") == 0)
         old = json_incref(object);
+    if (strcmp(op, "UPDATE") == 0 && !old) {
+        json_decref(object);
+        return gg_fail(err, GG_ERR_NOMEM, "out of memory");
+    }
     dr_uid(uid);
     st = call(e, has_object ? object : NULL, old, r.namespace, o, uid, PHASE_MUTATE, &mv, err);
     if (st != GG_OK)

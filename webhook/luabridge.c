@@ -19,6 +19,7 @@
 #include "inventory.h"
 #include "jsonpatch.h"
 #include "log.h"
+#include "luapattern.h"
 #include "ownerfold.h"
 #include "quantity.h"
 #include "rsstore.h"
@@ -26,6 +27,7 @@
 
 #include <lauxlib.h>
 #include <lua.h>
+#include <ctype.h>
 #include <lualib.h>
 #include <math.h>
 #include <stddef.h>
@@ -43,14 +45,25 @@
 static const char key_array_mt, key_object_mt, key_ro_target, key_ro_cache;
 static const char key_req_proxy, key_req_proxy_mt, key_req_shadow_mt;
 static const char key_loaded, key_globals, key_policies, key_module, key_null_marker;
+static const char key_shadow;       /* a frozen proxy's one (hidden) entry: its shadow */
+static const char key_frozen_cache; /* the request's frozen proxies, by the table they show */
 
 /* What a table's metatable says it is (see shape_of). */
-enum shape { SHAPE_NONE, SHAPE_OBJECT, SHAPE_ARRAY, SHAPE_LAZY_OBJECT, SHAPE_LAZY_ARRAY, N_SHAPES };
+enum shape {
+    SHAPE_NONE,
+    SHAPE_OBJECT,
+    SHAPE_ARRAY,
+    SHAPE_LAZY_OBJECT,
+    SHAPE_LAZY_ARRAY,
+    SHAPE_FROZEN, /* a frozen proxy: validate's read-only view of a table of the object */
+    N_SHAPES
+};
 
 struct lb_vm {
     lua_State *L;
     const void *marks[N_SHAPES]; /* the marking metatables, by shape */
     int lazy_mt_ref[2];          /* registry refs of the lazy object and array metatables */
+    int frozen_mt_ref;           /* registry ref of the frozen proxies' metatable */
     lua_Integer epoch;           /* the current request's number, for its stubs */
     struct lb_limits limits;
     const struct lb_source *modules; /* borrowed from the policy set */
@@ -67,9 +80,19 @@ struct lb_vm {
     bool broken;
     int n_policies;
     int obj_ref, req_ref;          /* the current request's tables */
+    int frozen_ref;                /* the object as validate sees it: read-only */
     const struct adm_request *req; /* the current request; NULL between requests */
     struct lb_report report;       /* the current call's report */
+    bool report_lost;              /* a req:deny failed: the call fails, even if it went on */
 };
+
+/* Tests only: decides whether an allocation fails (see lb_set_alloc_hook). */
+static bool (*alloc_hook)(size_t size);
+
+void lb_set_alloc_hook(bool (*fail)(size_t size))
+{
+    alloc_hook = fail;
+}
 
 static struct lb_vm *vm_of(lua_State *L)
 {
@@ -203,14 +226,14 @@ static void *lb_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
         vm->mem -= old;
         return NULL;
     }
-    if (nsize > old && vm->mem + (nsize - old) > vm->limits.memory) {
-        if (vm->running)
-            arm_kill(vm, LB_OUT_OF_MEMORY);
-        return NULL;
-    }
-    void *p;
+    void *p = NULL;
+    if ((nsize > old && vm->mem + (nsize - old) > vm->limits.memory) ||
+        (alloc_hook && nsize > old && alloc_hook(nsize)))
+        goto refused;
     if (!pooled) {
         p = ptr ? realloc(ptr, nsize) : new_block(vm, nsize);
+        if (!p && nsize <= osize)
+            p = ptr; /* a shrink must not fail: keep the larger block */
     } else if (nsize <= osize || (nsize <= BLOCKPOOL_MAX && blockpool_same_class(osize, nsize))) {
         p = ptr;
     } else if ((p = new_block(vm, nsize)) != NULL) {
@@ -218,11 +241,17 @@ static void *lb_alloc(void *ud, void *ptr, size_t osize, size_t nsize)
         blockpool_put(vm->pool, ptr, osize);
     }
     if (!p)
-        return NULL;
+        goto refused;
     vm->mem = vm->mem - old + nsize;
     if (vm->mem > vm->mem_peak)
         vm->mem_peak = vm->mem;
     return p;
+refused:
+    /* Lua raises a memory error, which a policy could catch with pcall:
+     * the kill makes sure the call fails all the same. */
+    if (vm->running)
+        arm_kill(vm, LB_OUT_OF_MEMORY);
+    return NULL;
 }
 
 /* ---- read-only proxies ------------------------------------------------ */
@@ -232,12 +261,36 @@ static void push_registry(lua_State *L, const void *key)
     lua_rawgetp(L, LUA_REGISTRYINDEX, key);
 }
 
-/* If the value at idx is a read-only proxy, replace it with its shadow. */
+static enum shape shape_of(lua_State *L, int idx);
+static void materialize_if_lazy(lua_State *L, int idx);
+
+/* Whether the value at idx is a read-only proxy (frozen ones included). */
+static bool is_proxy(lua_State *L, int idx)
+{
+    idx = lua_absindex(L, idx);
+    if (!lua_istable(L, idx))
+        return false;
+    if (shape_of(L, idx) == SHAPE_FROZEN)
+        return true;
+    push_registry(L, &key_ro_target);
+    lua_pushvalue(L, idx);
+    bool proxy = lua_rawget(L, -2) == LUA_TTABLE;
+    lua_pop(L, 2);
+    return proxy;
+}
+
+/* If the value at idx is a read-only proxy, replace it with its shadow (filled). */
 static void unproxy(lua_State *L, int idx)
 {
     idx = lua_absindex(L, idx);
     if (!lua_istable(L, idx))
         return;
+    if (shape_of(L, idx) == SHAPE_FROZEN) {
+        lua_rawgetp(L, idx, &key_shadow);
+        lua_replace(L, idx);
+        materialize_if_lazy(L, idx);
+        return;
+    }
     push_registry(L, &key_ro_target);
     lua_pushvalue(L, idx);
     if (lua_rawget(L, -2) == LUA_TTABLE)
@@ -253,12 +306,11 @@ static int ro_newindex(lua_State *L)
                          "library): copy what you need into a table of your own");
 }
 
-/* The shadow behind a proxy: its metatable's __index. */
+/* The shadow behind a proxy (its metatable's __index, or a frozen proxy's entry). */
 static void push_shadow(lua_State *L, int proxy)
 {
-    lua_getmetatable(L, proxy);
-    lua_getfield(L, -1, "__index");
-    lua_remove(L, -2);
+    lua_pushvalue(L, proxy);
+    unproxy(L, -1);
 }
 
 static int ro_len(lua_State *L)
@@ -298,6 +350,20 @@ static void push_ro_metatable(lua_State *L, lua_CFunction pairs)
     lua_setfield(L, -2, "__metatable");
 }
 
+/* Make the table at proxy a read-only view of the table at shadow. */
+static void set_shadow(lua_State *L, int proxy, int shadow)
+{
+    push_registry(L, &key_ro_target);
+    lua_pushvalue(L, proxy);
+    lua_pushvalue(L, shadow);
+    lua_rawset(L, -3);
+    lua_pop(L, 1);
+    push_ro_metatable(L, ro_pairs);
+    lua_pushvalue(L, shadow);
+    lua_setfield(L, -2, "__index");
+    lua_setmetatable(L, proxy);
+}
+
 /*
  * Push a read-only view of the table at idx (other values are pushed as is).
  *
@@ -315,11 +381,7 @@ static void push_readonly_at(lua_State *L, int idx, int depth)
         lua_pushvalue(L, idx);
         return;
     }
-    push_registry(L, &key_ro_target); /* already a proxy? */
-    lua_pushvalue(L, idx);
-    int is_proxy = lua_rawget(L, -2) == LUA_TTABLE;
-    lua_pop(L, 2);
-    if (is_proxy) {
+    if (is_proxy(L, idx)) {
         lua_pushvalue(L, idx);
         return;
     }
@@ -342,15 +404,7 @@ static void push_readonly_at(lua_State *L, int idx, int depth)
     lua_pushvalue(L, proxy);
     lua_rawset(L, -3);
     lua_pop(L, 1);
-    push_registry(L, &key_ro_target);
-    lua_pushvalue(L, proxy);
-    lua_pushvalue(L, shadow);
-    lua_rawset(L, -3);
-    lua_pop(L, 1);
-    push_ro_metatable(L, ro_pairs);
-    lua_pushvalue(L, shadow);
-    lua_setfield(L, -2, "__index");
-    lua_setmetatable(L, proxy);
+    set_shadow(L, proxy, shadow);
     lua_pushnil(L);
     while (lua_next(L, idx)) {
         if (depth < LB_MAX_DEPTH)
@@ -489,6 +543,15 @@ static void push_json_or_raise(lua_State *L, const json_t *v, const char *what)
  * its original source is unchanged.  next, rawget and rawlen are wrapped to
  * fill a stub first; nothing else in the sandbox reads a table raw.  A stub
  * kept past its request fills as empty: its epoch is over.
+ *
+ *
+ * Validate sees the object frozen: the same tables (as mutate left them),
+ * each behind a frozen proxy made when it is first reached.  A frozen proxy
+ * is a table whose only entry is hidden (a light userdata key: the table it
+ * shows); its metatable, one for all of them, reads through to that table,
+ * gives nested tables behind their own proxies and raises on any write.
+ * The request keeps one proxy per table, so nothing is copied and nothing a
+ * policy can reach in validate is writable.
  */
 
 /* The two lazy metatables, pushed by integer registry refs (array lookups). */
@@ -516,6 +579,75 @@ static void push_lazy_at(lua_State *L, const json_t *v, int mts)
     lua_pushlightuserdata(L, (void *)v);
     lua_pushinteger(L, vm_of(L)->epoch);
     lua_rawset(L, -3);
+}
+
+/*
+ * Replace the table on the top of the stack with its frozen proxy (made
+ * once per request); other values, read-only proxies included, stay.
+ */
+static void freeze(lua_State *L)
+{
+    if (!lua_istable(L, -1))
+        return;
+    luaL_checkstack(L, 4, "object too deep");
+    lua_rawgetp(L, LUA_REGISTRYINDEX, &key_frozen_cache);
+    lua_pushvalue(L, -2);
+    if (lua_rawget(L, -2) == LUA_TTABLE) {
+        lua_replace(L, -3);
+        lua_pop(L, 1);
+        return;
+    }
+    lua_pop(L, 1);
+    if (is_proxy(L, -2)) {
+        lua_pop(L, 1);
+        return;
+    }
+    lua_createtable(L, 0, 1); /* the proxy */
+    lua_pushvalue(L, -3);
+    lua_rawsetp(L, -2, &key_shadow);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, vm_of(L)->frozen_mt_ref);
+    lua_setmetatable(L, -2);
+    lua_pushvalue(L, -3);
+    lua_pushvalue(L, -2);
+    lua_rawset(L, -4); /* cache[table] = proxy */
+    lua_replace(L, -3);
+    lua_pop(L, 1);
+}
+
+/* A frozen proxy's metamethods: read through to the table it shows, refuse writes. */
+static int frozen_index(lua_State *L)
+{
+    lua_settop(L, 2);
+    lua_rawgetp(L, 1, &key_shadow);
+    lua_replace(L, 1);
+    materialize_if_lazy(L, 1);
+    lua_pushvalue(L, 2);
+    lua_rawget(L, 1);
+    freeze(L);
+    return 1;
+}
+
+static int frozen_newindex(lua_State *L)
+{
+    return luaL_error(L, "the object is read-only in validate (edit it in mutate)");
+}
+
+static int frozen_next(lua_State *L)
+{
+    lua_settop(L, 2);
+    unproxy(L, 1);
+    if (!lua_next(L, 1))
+        return 0;
+    freeze(L);
+    return 2;
+}
+
+static int frozen_pairs(lua_State *L)
+{
+    lua_pushcfunction(L, frozen_next);
+    lua_pushvalue(L, 1);
+    lua_pushnil(L);
+    return 3;
 }
 
 /*
@@ -628,9 +760,17 @@ static int lazy_pairs(lua_State *L)
 }
 
 /* The sandbox's next, rawget and rawlen: as Lua's, after filling a stub. */
+/* (A read-only proxy is read through its shadow, which holds its members.) */
 static int l_next(lua_State *L)
 {
     luaL_checktype(L, 1, LUA_TTABLE);
+    if (shape_of(L, 1) == SHAPE_FROZEN) {
+        if (frozen_next(L))
+            return 2;
+        lua_pushnil(L);
+        return 1;
+    }
+    unproxy(L, 1);
     materialize_if_lazy(L, 1);
     return raw_next(L);
 }
@@ -639,6 +779,9 @@ static int l_rawget(lua_State *L)
 {
     luaL_checktype(L, 1, LUA_TTABLE);
     luaL_checkany(L, 2);
+    if (shape_of(L, 1) == SHAPE_FROZEN)
+        return frozen_index(L);
+    unproxy(L, 1);
     return lazy_index(L);
 }
 
@@ -646,10 +789,11 @@ static int l_rawlen(lua_State *L)
 {
     int t = lua_type(L, 1);
     luaL_argexpected(L, t == LUA_TTABLE || t == LUA_TSTRING, 1, "table or string");
+    unproxy(L, 1);
     return lazy_len(L);
 }
 
-/* The four marking metatables, each hiding itself behind its shape's name. */
+/* The marking metatables, each hiding itself behind its shape's name. */
 static void make_marks(lua_State *L, struct lb_vm *vm)
 {
     static const luaL_Reg lazy[] = {{"__index", lazy_index},
@@ -657,6 +801,11 @@ static void make_marks(lua_State *L, struct lb_vm *vm)
                                     {"__len", lazy_len},
                                     {"__pairs", lazy_pairs},
                                     {NULL, NULL}};
+    static const luaL_Reg frozen[] = {{"__index", frozen_index},
+                                      {"__newindex", frozen_newindex},
+                                      {"__len", ro_len},
+                                      {"__pairs", frozen_pairs},
+                                      {NULL, NULL}};
     const struct {
         const void *key;
         const char *name;
@@ -664,16 +813,21 @@ static void make_marks(lua_State *L, struct lb_vm *vm)
     } marks[] = {{&key_object_mt, "object", SHAPE_OBJECT},
                  {&key_array_mt, "array", SHAPE_ARRAY},
                  {NULL, "object", SHAPE_LAZY_OBJECT},
-                 {NULL, "array", SHAPE_LAZY_ARRAY}};
+                 {NULL, "array", SHAPE_LAZY_ARRAY},
+                 {NULL, "read-only", SHAPE_FROZEN}};
     for (size_t i = 0; i < sizeof(marks) / sizeof(marks[0]); i++) {
         lua_newtable(L);
         if (is_lazy(marks[i].shape))
             luaL_setfuncs(L, lazy, 0);
+        else if (marks[i].shape == SHAPE_FROZEN)
+            luaL_setfuncs(L, frozen, 0);
         lua_pushstring(L, marks[i].name);
         lua_setfield(L, -2, "__metatable");
         vm->marks[marks[i].shape] = lua_topointer(L, -1);
         if (is_lazy(marks[i].shape))
-            vm->lazy_mt_ref[marks[i].shape == SHAPE_LAZY_ARRAY] = luaL_ref(L, LUA_REGISTRYINDEX);
+            vm->lazy_mt_ref[marks[i].shape - SHAPE_LAZY_OBJECT] = luaL_ref(L, LUA_REGISTRYINDEX);
+        else if (marks[i].shape == SHAPE_FROZEN)
+            vm->frozen_mt_ref = luaL_ref(L, LUA_REGISTRYINDEX);
         else
             lua_rawsetp(L, LUA_REGISTRYINDEX, marks[i].key);
     }
@@ -751,11 +905,19 @@ static int infer_shape(lua_State *L, int idx)
     return all_strings ? 0 : -1;
 }
 
+/* v, or a failure that names the path when making it ran out of memory. */
+static enum gg_status made(json_t *v, struct path *p, struct gg_err *err)
+{
+    return v ? GG_OK : path_fail(p, err, "out of memory");
+}
+
 static enum gg_status array_to_json(lua_State *L, int idx, struct path *p, json_t **out,
                                     struct gg_err *err)
 {
     size_t n = lua_rawlen(L, idx);
     json_t *arr = json_array();
+    if (!arr)
+        return made(arr, p, err);
     for (size_t i = 1; i <= n; i++) {
         json_t *item;
         p->seg[p->depth].key = NULL;
@@ -769,7 +931,10 @@ static enum gg_status array_to_json(lua_State *L, int idx, struct path *p, json_
             json_decref(arr);
             return st;
         }
-        json_array_append_new(arr, item);
+        if (json_array_append_new(arr, item) != 0) {
+            json_decref(arr);
+            return made(NULL, p, err);
+        }
     }
     *out = arr;
     return GG_OK;
@@ -779,7 +944,7 @@ static enum gg_status object_to_json(lua_State *L, int idx, struct path *p, json
                                      struct gg_err *err)
 {
     json_t *obj = json_object();
-    enum gg_status st = GG_OK;
+    enum gg_status st = made(obj, p, err);
     lua_pushnil(L);
     while (st == GG_OK && lua_next(L, idx)) {
         if (lua_type(L, -2) != LUA_TSTRING) {
@@ -853,12 +1018,12 @@ static enum gg_status to_json(lua_State *L, int idx, struct path *p, json_t **ou
     case LUA_TNUMBER:
         if (lua_isinteger(L, idx)) {
             *out = json_integer((json_int_t)lua_tointeger(L, idx));
-            return GG_OK;
+            return made(*out, p, err);
         }
         if (!isfinite(lua_tonumber(L, idx)))
             return path_fail(p, err, "a number is not finite (JSON has no inf or nan)");
         *out = json_real(lua_tonumber(L, idx));
-        return GG_OK;
+        return made(*out, p, err);
     case LUA_TBOOLEAN:
         *out = json_boolean(lua_toboolean(L, idx));
         return GG_OK;
@@ -883,12 +1048,30 @@ static enum gg_status lua_to_json(lua_State *L, int idx, json_t **out, struct gg
 
 /* ---- the gpuguard module ---------------------------------------------- */
 
+static void push_copy(lua_State *L, int idx);
+
+/*
+ * gpuguard.array(t) / gpuguard.object(t): t marked, and returned.  A
+ * read-only table (configuration, library, request) is never changed: the
+ * result is a marked shallow copy (its nested tables stay read-only), so
+ * `spec.nodeSelector = gg.object(pool.node_selector)` works and leaves the
+ * pool as it was.  A table whose metatable is protected is refused.
+ */
 static int l_mark(lua_State *L, const void *mt_key)
 {
     if (lua_isnoneornil(L, 1))
         lua_newtable(L);
     luaL_checktype(L, 1, LUA_TTABLE);
     lua_settop(L, 1);
+    enum shape shape = shape_of(L, 1);
+    if (is_proxy(L, 1)) {
+        push_copy(L, 1);
+        lua_replace(L, 1);
+    } else if (is_lazy(shape)) {
+        materialize(L, 1, shape); /* its hidden entry must not become a member */
+    } else if (shape == SHAPE_NONE && luaL_getmetafield(L, 1, "__metatable") != LUA_TNIL) {
+        return luaL_error(L, "cannot mark a table whose metatable is protected");
+    }
     mark(L, mt_key);
     return 1;
 }
@@ -1111,37 +1294,353 @@ static int l_setmetatable(lua_State *L)
     return 1;
 }
 
-/* string.find and friends, refusing subjects long enough to stall in C. */
-static int l_guarded_pattern(lua_State *L)
+/* ---- library functions that run long in C ---------------------------- */
+
+/*
+ * The budgets act between Lua instructions; these library functions could
+ * loop in C for hours on one call.  The pattern functions use gpuguard's
+ * own matcher (luapattern.c), which counts its steps against the
+ * instruction budget and checks the deadline; the functions that loop over
+ * a count refuse counts that could not fit in the VM's memory anyway.
+ */
+
+/* A pattern match's budget check: its steps count as instructions. */
+static bool pattern_budget(void *ctx)
 {
-    size_t len;
-    luaL_checklstring(L, 1, &len);
-    if (len > LB_MAX_PATTERN_SUBJECT)
-        return luaL_error(L, "pattern matching on a string of %d bytes (the limit is %d)", (int)len,
-                          LB_MAX_PATTERN_SUBJECT);
+    struct lb_vm *vm = ctx;
+    if (vm->kill == LB_DONE && vm->running) {
+        vm->used += LP_CHECK_STEPS;
+        if (vm->used > vm->limits.instructions)
+            arm_kill(vm, LB_OUT_OF_BUDGET);
+        else if (vm->deadline_us && now_us() > vm->deadline_us)
+            arm_kill(vm, LB_OUT_OF_TIME);
+    }
+    return vm->kill != LB_DONE;
+}
+
+static int pattern_error(lua_State *L, const struct lp_state *ms)
+{
+    if (ms->stopped)
+        return luaL_error(L, "%s", kill_message(vm_of(L)->kill));
+    return luaL_error(L, "%s", ms->error);
+}
+
+/* The subject of a pattern function (argument 1), at most LB_MAX_PATTERN_SUBJECT bytes. */
+static const char *subject(lua_State *L, size_t *len)
+{
+    const char *s = luaL_checklstring(L, 1, len);
+    if (*len > LB_MAX_PATTERN_SUBJECT)
+        luaL_error(L, "pattern matching on a string of %d bytes (the limit is %d)", (int)*len,
+                   LB_MAX_PATTERN_SUBJECT);
+    return s;
+}
+
+/* Where a match starts for init (1-based, negative from the end), as string.find. */
+static size_t start_index(lua_Integer pos, size_t len)
+{
+    if (pos > 0)
+        return (size_t)pos;
+    if (pos == 0 || pos < -(lua_Integer)len)
+        return 1;
+    return len + (size_t)pos + 1;
+}
+
+/* Capture i of the match [s, e): the whole match when there are no captures. */
+static void push_capture(lua_State *L, const struct lp_state *ms, int i, const char *s,
+                         const char *e)
+{
+    if (i >= ms->level) {
+        if (i != 0)
+            luaL_error(L, "invalid capture index %%%d", i + 1);
+        lua_pushlstring(L, s, (size_t)(e - s));
+    } else if (ms->capture[i].len == LP_CAP_UNFINISHED) {
+        luaL_error(L, "unfinished capture");
+    } else if (ms->capture[i].len == LP_CAP_POSITION) {
+        lua_pushinteger(L, (lua_Integer)(ms->capture[i].init - ms->src) + 1);
+    } else {
+        lua_pushlstring(L, ms->capture[i].init, (size_t)ms->capture[i].len);
+    }
+}
+
+/* All captures (the whole match when there are none and s is set). */
+static int push_captures(lua_State *L, const struct lp_state *ms, const char *s, const char *e)
+{
+    int n = ms->level == 0 && s ? 1 : ms->level;
+    luaL_checkstack(L, n, "too many captures");
+    for (int i = 0; i < n; i++)
+        push_capture(L, ms, i, s, e);
+    return n;
+}
+
+static int find_or_match(lua_State *L, bool find)
+{
+    size_t ls, lp;
+    const char *s = subject(L, &ls);
+    const char *p = luaL_checklstring(L, 2, &lp);
+    size_t init = start_index(luaL_optinteger(L, 3, 1), ls) - 1;
+    if (init > ls) {
+        luaL_pushfail(L);
+        return 1;
+    }
+    const char *start, *end;
+    if (find && (lua_toboolean(L, 4) || lp_plain(p, lp))) {
+        start = lp_memfind(s + init, ls - init, p, lp);
+        if (start) {
+            lua_pushinteger(L, (lua_Integer)(start - s) + 1);
+            lua_pushinteger(L, (lua_Integer)(start - s + lp));
+            return 2;
+        }
+    } else {
+        struct lp_state ms;
+        lp_init(&ms, s, ls, p, lp, true, pattern_budget, vm_of(L));
+        int found = lp_find(&ms, s + init, NULL, &start, &end);
+        if (found < 0)
+            return pattern_error(L, &ms);
+        if (found && find) {
+            lua_pushinteger(L, (lua_Integer)(start - s) + 1);
+            lua_pushinteger(L, (lua_Integer)(end - s));
+            return push_captures(L, &ms, NULL, NULL) + 2;
+        }
+        if (found)
+            return push_captures(L, &ms, start, end);
+    }
+    luaL_pushfail(L);
+    return 1;
+}
+
+static int l_find(lua_State *L)
+{
+    return find_or_match(L, true);
+}
+
+static int l_match(lua_State *L)
+{
+    return find_or_match(L, false);
+}
+
+/* gmatch's state, kept with the subject and pattern as the iterator's upvalues. */
+struct gmatch {
+    struct lp_state ms;
+    const char *src;  /* where the next search starts */
+    const char *last; /* the end of the last match */
+};
+
+static int gmatch_next(lua_State *L)
+{
+    struct gmatch *gm = lua_touserdata(L, lua_upvalueindex(3));
+    const char *start, *end;
+    if (gm->src > gm->ms.src_end)
+        return 0;
+    int found = lp_find(&gm->ms, gm->src, gm->last, &start, &end);
+    if (found < 0)
+        return pattern_error(L, &gm->ms);
+    if (!found)
+        return 0;
+    gm->src = gm->last = end;
+    return push_captures(L, &gm->ms, start, end);
+}
+
+static int l_gmatch(lua_State *L)
+{
+    size_t ls, lp;
+    const char *s = subject(L, &ls);
+    const char *p = luaL_checklstring(L, 2, &lp);
+    size_t init = start_index(luaL_optinteger(L, 3, 1), ls) - 1;
+    lua_settop(L, 2);
+    struct gmatch *gm = lua_newuserdatauv(L, sizeof(*gm), 0);
+    /* A '^' does not anchor gmatch: it would stop the iteration. */
+    lp_init(&gm->ms, s, ls, p, lp, false, pattern_budget, vm_of(L));
+    gm->src = s + (init > ls ? ls + 1 : init);
+    gm->last = NULL;
+    lua_pushcclosure(L, gmatch_next, 3);
+    return 1;
+}
+
+/* gsub's replacement string for the match [s, e): %0-%9 and %%. */
+static void add_replacement(lua_State *L, luaL_Buffer *b, const struct lp_state *ms, const char *s,
+                            const char *e)
+{
+    size_t l;
+    const char *text = lua_tolstring(L, 3, &l), *esc;
+    while ((esc = memchr(text, '%', l)) != NULL) {
+        luaL_addlstring(b, text, (size_t)(esc - text));
+        esc++; /* the repl string's NUL ends a trailing '%' */
+        if (*esc == '%') {
+            luaL_addchar(b, '%');
+        } else if (*esc == '0') {
+            luaL_addlstring(b, s, (size_t)(e - s));
+        } else if (isdigit((unsigned char)*esc)) {
+            push_capture(L, ms, *esc - '1', s, e);
+            luaL_tolstring(L, -1, NULL);
+            lua_remove(L, -2);
+            luaL_addvalue(b);
+        } else {
+            luaL_error(L, "invalid use of '%c' in replacement string", '%');
+        }
+        l -= (size_t)(esc + 1 - text);
+        text = esc + 1;
+    }
+    luaL_addlstring(b, text, l);
+}
+
+/* gsub's replacement for the match [s, e), by the type of argument 3. */
+static void add_value(lua_State *L, luaL_Buffer *b, const struct lp_state *ms, const char *s,
+                      const char *e, int type)
+{
+    if (type == LUA_TFUNCTION) {
+        lua_pushvalue(L, 3);
+        lua_call(L, push_captures(L, ms, s, e), 1);
+    } else if (type == LUA_TTABLE) {
+        push_capture(L, ms, 0, s, e);
+        lua_gettable(L, 3);
+    } else {
+        add_replacement(L, b, ms, s, e);
+        return;
+    }
+    if (!lua_toboolean(L, -1)) { /* nil or false: keep the original */
+        lua_pop(L, 1);
+        luaL_addlstring(b, s, (size_t)(e - s));
+    } else if (!lua_isstring(L, -1)) {
+        luaL_error(L, "invalid replacement value (a %s)", luaL_typename(L, -1));
+    } else {
+        luaL_addvalue(b);
+    }
+}
+
+static int l_gsub(lua_State *L)
+{
+    size_t ls, lp;
+    const char *src = subject(L, &ls);
+    const char *p = luaL_checklstring(L, 2, &lp);
+    int type = lua_type(L, 3);
+    lua_Integer max = luaL_optinteger(L, 4, (lua_Integer)ls + 1), n = 0;
+    luaL_argexpected(L,
+                     type == LUA_TNUMBER || type == LUA_TSTRING || type == LUA_TFUNCTION ||
+                         type == LUA_TTABLE,
+                     3, "string/function/table");
+    luaL_Buffer b;
+    luaL_buffinit(L, &b);
+    struct lp_state ms;
+    lp_init(&ms, src, ls, p, lp, true, pattern_budget, vm_of(L));
+    const char *s = src, *last = NULL, *start, *end;
+    while (n < max) {
+        int found = lp_find(&ms, s, last, &start, &end);
+        if (found < 0)
+            return pattern_error(L, &ms);
+        if (!found)
+            break;
+        luaL_addlstring(&b, s, (size_t)(start - s));
+        n++;
+        add_value(L, &b, &ms, start, end, type);
+        s = last = end;
+        if (ms.anchor)
+            break;
+    }
+    luaL_addlstring(&b, s, (size_t)(ms.src_end - s));
+    luaL_pushresult(&b);
+    lua_pushinteger(L, n);
+    return 2;
+}
+
+/* The stock function (upvalue 1) with the arguments as they are. */
+static int call_stock(lua_State *L)
+{
     lua_pushvalue(L, lua_upvalueindex(1));
     lua_insert(L, 1);
     lua_call(L, lua_gettop(L) - 1, LUA_MULTRET);
     return lua_gettop(L);
 }
 
-static void guard_string_library(lua_State *L)
+/* Refuse a count of elements that could not fit in the VM's memory (16 bytes each). */
+static void check_count(lua_State *L, const char *fn, lua_Integer from, lua_Integer to)
 {
-    static const char *const patterned[] = {"find", "match", "gmatch", "gsub"};
-    lua_getglobal(L, "string");
-    for (size_t i = 0; i < sizeof(patterned) / sizeof(patterned[0]); i++) {
-        lua_getfield(L, -1, patterned[i]);
-        lua_pushcclosure(L, l_guarded_pattern, 1);
-        lua_setfield(L, -2, patterned[i]);
+    lua_Unsigned cap = vm_of(L)->limits.memory / 16;
+    if (to >= from && (lua_Unsigned)to - (lua_Unsigned)from >= cap)
+        luaL_error(L, "%s: %I elements cannot fit in the memory limit", fn,
+                   (lua_Integer)((lua_Unsigned)to - (lua_Unsigned)from + 1));
+}
+
+static int l_rep(lua_State *L)
+{
+    size_t l, lsep;
+    luaL_checklstring(L, 1, &l);
+    lua_Integer n = luaL_checkinteger(L, 2);
+    luaL_optlstring(L, 3, "", &lsep);
+    if (n > 0 && l + lsep == 0) { /* empty, however many times: no loop */
+        lua_pushliteral(L, "");
+        return 1;
     }
+    if (n > 0 && (lua_Unsigned)n > vm_of(L)->limits.memory / (l + lsep))
+        return luaL_error(L, "string.rep: the result would exceed the memory limit");
+    return call_stock(L);
+}
+
+static int l_move(lua_State *L)
+{
+    check_count(L, "table.move", luaL_checkinteger(L, 2), luaL_checkinteger(L, 3));
+    return call_stock(L);
+}
+
+/* table.concat and table.unpack: list, then the range (i, j) at argument first. */
+static int l_ranged(lua_State *L, const char *fn, int first)
+{
+    if (lua_type(L, 1) != LUA_TTABLE)
+        return call_stock(L); /* it says what is wrong */
+    lua_Integer i = luaL_optinteger(L, first, 1);
+    lua_Integer j =
+        lua_isnoneornil(L, first + 1) ? luaL_len(L, 1) : luaL_checkinteger(L, first + 1);
+    check_count(L, fn, i, j);
+    lua_settop(L, first + 1);
+    lua_pushinteger(L, j); /* the length, once: __len may not change its mind */
+    lua_replace(L, first + 1);
+    return call_stock(L);
+}
+
+static int l_concat(lua_State *L)
+{
+    return l_ranged(L, "table.concat", 3);
+}
+
+static int l_unpack(lua_State *L)
+{
+    return l_ranged(L, "table.unpack", 2);
+}
+
+static int l_utf8_char(lua_State *L)
+{
+    check_count(L, "utf8.char", 1, lua_gettop(L));
+    return call_stock(L);
+}
+
+/* Install fn as lib.name, with the stock lib.name as its upvalue. */
+static void wrap(lua_State *L, const char *lib, const char *name, lua_CFunction fn)
+{
+    lua_getglobal(L, lib);
+    lua_getfield(L, -1, name);
+    lua_pushcclosure(L, fn, 1);
+    lua_setfield(L, -2, name);
+    lua_pop(L, 1);
+}
+
+static void guard_libraries(lua_State *L)
+{
+    static const luaL_Reg patterned[] = {
+        {"find", l_find}, {"match", l_match}, {"gmatch", l_gmatch}, {"gsub", l_gsub}, {NULL, NULL}};
+    lua_getglobal(L, "string");
+    luaL_setfuncs(L, patterned, 0);
     lua_pushnil(L);
     lua_setfield(L, -2, "dump");
-    /* Hide the string metatable (its __index is the real string table). */
+    /* Hide the string metatable (its __index is this string table). */
     lua_pushliteral(L, "");
     lua_getmetatable(L, -1);
     lua_pushliteral(L, "string");
     lua_setfield(L, -2, "__metatable");
     lua_pop(L, 3);
+    wrap(L, "string", "rep", l_rep);
+    wrap(L, "table", "move", l_move);
+    wrap(L, "table", "concat", l_concat);
+    wrap(L, "table", "unpack", l_unpack);
+    wrap(L, "utf8", "char", l_utf8_char);
 }
 
 static int l_require(lua_State *L);
@@ -1172,16 +1671,21 @@ static void build_globals(lua_State *L)
 /* A shallow copy of the table at idx (a proxy is copied from its shadow). */
 static void push_copy(lua_State *L, int idx)
 {
+    idx = lua_absindex(L, idx);
+    bool frozen = shape_of(L, idx) == SHAPE_FROZEN;
     lua_pushvalue(L, idx);
     unproxy(L, -1);
+    int src = lua_gettop(L);
     lua_newtable(L);
     lua_pushnil(L);
-    while (lua_next(L, -3)) {
+    while (lua_next(L, src)) {
+        if (frozen) /* the copy's children stay read-only */
+            freeze(L);
         lua_pushvalue(L, -2);
         lua_insert(L, -2);
-        lua_rawset(L, -4);
+        lua_rawset(L, src + 1);
     }
-    lua_remove(L, -2);
+    lua_remove(L, src);
 }
 
 /*
@@ -1376,7 +1880,7 @@ static int open_sandbox(lua_State *L)
         luaL_requiref(L, lib->name, lib->func, 1);
         lua_pop(L, 1);
     }
-    guard_string_library(L);
+    guard_libraries(L);
     make_ro_metatable(L);
     make_marks(L, vm);
     make_req_proxy(L);
@@ -1409,7 +1913,7 @@ enum gg_status lb_vm_new(const struct lb_limits *limits, const struct lb_source 
     vm->modules = modules;
     vm->n_modules = n_modules;
     vm->inventory = inventory;
-    vm->obj_ref = vm->req_ref = LUA_NOREF;
+    vm->obj_ref = vm->req_ref = vm->frozen_ref = LUA_NOREF;
     vm->watchdog = watchdog_new(watchdog_fired);
     vm->pool = blockpool_new(LB_POOL_RESERVE);
     vm->L = lua_newstate(lb_alloc, vm);
@@ -1521,6 +2025,8 @@ static enum gg_status read_decl(lua_State *L, const char *file, struct lb_policy
     static const char *const fields[] = {"name", "description", "mode", "failure", "match"};
     int t = lua_gettop(L);
     json_t *decl = json_object();
+    if (!decl)
+        return gg_fail(err, GG_ERR_NOMEM, "%s: out of memory", file);
     for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
         if (lua_getfield(L, t, fields[i]) != LUA_TNIL) {
             json_t *v = NULL;
@@ -1532,7 +2038,10 @@ static enum gg_status read_decl(lua_State *L, const char *file, struct lb_policy
                 json_decref(decl);
                 return gg_fail(err, GG_ERR_INVALID, "%s: field %s: %s", file, fields[i], sub.msg);
             }
-            json_object_set_new(decl, fields[i], v);
+            if (json_object_set_new(decl, fields[i], v) != 0) {
+                json_decref(decl);
+                return gg_fail(err, GG_ERR_NOMEM, "%s: out of memory", file);
+            }
         }
         lua_pop(L, 1);
     }
@@ -1578,14 +2087,52 @@ static enum gg_status run_file(struct lb_vm *vm, const char *chunkname, const st
     return GG_OK;
 }
 
+/* lb_policy_load's arguments and result, for load_protected. */
+struct load_call {
+    struct lb_vm *vm;
+    const struct lb_source *src;
+    struct lb_policy_info *info;
+    struct gg_err *err;
+    enum gg_status st;
+};
+
+static enum gg_status policy_load(struct lb_vm *vm, const struct lb_source *src,
+                                  struct lb_policy_info *info, struct gg_err *err);
+
+static int load_protected(lua_State *L)
+{
+    struct load_call *c = lua_touserdata(L, 1);
+    lua_settop(L, 0);
+    c->st = policy_load(c->vm, c->src, c->info, c->err);
+    return 0;
+}
+
+/* Reading the declaration makes strings, which raise on a failed allocation:
+ * the load runs under lua_pcall, and such a failure refuses the policy. */
 enum gg_status lb_policy_load(struct lb_vm *vm, const struct lb_source *src,
                               struct lb_policy_info *info, struct gg_err *err)
+{
+    memset(info, 0, sizeof(*info));
+    struct load_call c = {vm, src, NULL, err, GG_ERR_NOMEM};
+    c.info = info;
+    lua_pushcfunction(vm->L, load_protected);
+    lua_pushlightuserdata(vm->L, &c);
+    if (lua_pcall(vm->L, 1, 0, 0) != LUA_OK) {
+        c.st = gg_fail(err, GG_ERR_NOMEM, "%s: %s", src->name,
+                       lua_tostring(vm->L, -1) ? lua_tostring(vm->L, -1) : "out of memory");
+        lua_pop(vm->L, 1);
+        lb_policy_info_clear(info);
+    }
+    return c.st;
+}
+
+static enum gg_status policy_load(struct lb_vm *vm, const struct lb_source *src,
+                                  struct lb_policy_info *info, struct gg_err *err)
 {
     lua_State *L = vm->L;
     int top = lua_gettop(L);
     char chunkname[160];
     snprintf(chunkname, sizeof(chunkname), "@policies/%s", src->name);
-    memset(info, 0, sizeof(*info));
     if (run_file(vm, chunkname, src, err) != GG_OK)
         return GG_ERR_POLICY;
     if (!lua_istable(L, -1)) {
@@ -1641,15 +2188,17 @@ void lb_report_clear(struct lb_report *report)
     memset(report, 0, sizeof(*report));
 }
 
+/* The current call's report; a part that cannot be made stays NULL (appends then fail). */
 static struct lb_report *current_report(lua_State *L)
 {
-    struct lb_vm *vm = vm_of(L);
-    if (!vm->report.denials) {
-        vm->report.denials = json_array();
-        vm->report.warnings = json_array();
-        vm->report.audit = json_object();
-    }
-    return &vm->report;
+    struct lb_report *r = &vm_of(L)->report;
+    if (!r->denials)
+        r->denials = json_array();
+    if (!r->warnings)
+        r->warnings = json_array();
+    if (!r->audit)
+        r->audit = json_object();
+    return r;
 }
 
 /* Messages must be valid UTF-8: they end up in JSON. */
@@ -1663,9 +2212,16 @@ static json_t *checked_string(lua_State *L, int idx, const char *what)
     return v;
 }
 
+/* A denial that cannot be recorded fails the call even when pcall catches the error. */
 static int l_req_deny(lua_State *L)
 {
-    json_array_append_new(current_report(L)->denials, checked_string(L, 2, "req:deny message"));
+    struct lb_vm *vm = vm_of(L);
+    bool lost = vm->report_lost;
+    vm->report_lost = true;
+    json_t *msg = checked_string(L, 2, "req:deny message");
+    if (json_array_append_new(current_report(L)->denials, msg) != 0)
+        return luaL_error(L, "req:deny: out of memory recording the denial");
+    vm->report_lost = lost;
     return 0;
 }
 
@@ -1704,10 +2260,18 @@ static int build_request(lua_State *L)
                 luaL_error(L, "%s nests deeper than %d levels", lazy_req_fields[i].what,
                            LB_MAX_DEPTH);
     }
+    lua_newtable(L); /* this request's frozen proxies (a proxy nobody holds may go) */
+    lua_createtable(L, 0, 1);
+    lua_pushliteral(L, "v");
+    lua_setfield(L, -2, "__mode");
+    lua_setmetatable(L, -2);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &key_frozen_cache);
     if (object)
         push_lazy(L, object);
     else
         lua_pushnil(L);
+    lua_pushvalue(L, -1);
+    freeze(L); /* what validate gets */
     static const luaL_Reg methods[] = {
         {"deny", l_req_deny}, {"warn", l_req_warn}, {"audit", l_req_audit}, {NULL, NULL}};
     lua_createtable(L, 0, 12);
@@ -1722,7 +2286,12 @@ static int build_request(lua_State *L)
     lua_pushboolean(L, req->dry_run);
     lua_setfield(L, -2, "dry_run");
     push_req_proxy(L);
-    return 2;
+    /* Here, in protected mode: luaL_ref allocates. */
+    struct lb_vm *vm = vm_of(L);
+    vm->req_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    vm->frozen_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    vm->obj_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    return 0;
 }
 
 enum gg_status lb_request_begin(struct lb_vm *vm, const struct adm_request *req, json_t *object,
@@ -1734,13 +2303,11 @@ enum gg_status lb_request_begin(struct lb_vm *vm, const struct adm_request *req,
     lua_pushcfunction(L, build_request);
     lua_pushlightuserdata(L, (void *)req);
     lua_pushlightuserdata(L, object);
-    if (lua_pcall(L, 2, 2, 0) != LUA_OK) {
+    if (lua_pcall(L, 2, 0, 0) != LUA_OK) {
         enum gg_status st = gg_fail(err, GG_ERR_INVALID, "%s", lua_tostring(L, -1));
         lua_pop(L, 1);
         return st;
     }
-    vm->req_ref = luaL_ref(L, LUA_REGISTRYINDEX);
-    vm->obj_ref = luaL_ref(L, LUA_REGISTRYINDEX);
     budget_open(vm, deadline_us);
     return GG_OK;
 }
@@ -1766,10 +2333,15 @@ enum lb_outcome lb_policy_call(struct lb_vm *vm, int index, enum lb_phase phase,
         return LB_DONE;
     }
     lua_rawgeti(L, LUA_REGISTRYINDEX, vm->req_ref);
-    lua_rawgeti(L, LUA_REGISTRYINDEX, vm->obj_ref);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, phase == LB_VALIDATE ? vm->frozen_ref : vm->obj_ref);
     lua_getfield(L, LUA_REGISTRYINDEX, "gpuguard.config");
     /* One budget for the whole request, opened by lb_request_begin. */
+    vm->report_lost = false;
     enum lb_outcome outcome = protected_call(vm, 3, err, traceback);
+    if (outcome == LB_DONE && vm->report_lost) {
+        outcome = LB_RAISED;
+        gg_fail(err, GG_ERR_POLICY, "a req:deny call failed and the policy went on");
+    }
     *report = vm->report;
     memset(&vm->report, 0, sizeof(vm->report));
     return outcome;
@@ -1853,6 +2425,7 @@ static enum gg_status prune_value(lua_State *L, int idx, json_t *ov, struct path
 /* The two halves of a pruned container, made at its first difference. */
 struct pruned {
     json_t *o, *e;
+    bool failed; /* an allocation failed: the halves are incomplete */
 };
 
 static void pruned_drop(struct pruned *r)
@@ -1869,7 +2442,7 @@ static void pruned_drop(struct pruned *r)
 static enum gg_status prune_array(lua_State *L, int idx, const json_t *original, struct path *p,
                                   json_t **orig_out, json_t **edit_out, struct gg_err *err)
 {
-    struct pruned r = {NULL, NULL};
+    struct pruned r = {NULL, NULL, false};
     enum gg_status st = GG_OK;
     idx = lua_absindex(L, idx);
     size_t n = json_array_size(original);
@@ -1885,16 +2458,17 @@ static enum gg_status prune_array(lua_State *L, int idx, const json_t *original,
         if (st == GG_OK && (so || se) && !r.o) {
             r.o = json_array();
             r.e = json_array();
-            for (size_t k = 0; k < i; k++) {
-                json_array_append_new(r.o, json_null());
-                json_array_append_new(r.e, json_null());
-            }
+            for (size_t k = 0; k < i; k++)
+                r.failed |= json_array_append_new(r.o, json_null()) ||
+                            json_array_append_new(r.e, json_null());
         }
-        if (r.o) {
-            json_array_append_new(r.o, so ? so : json_null());
-            json_array_append_new(r.e, se ? se : json_null());
+        if (r.o || r.e) {
+            r.failed |= json_array_append_new(r.o, so ? so : json_null()) != 0;
+            r.failed |= json_array_append_new(r.e, se ? se : json_null()) != 0;
         }
     }
+    if (st == GG_OK && r.failed)
+        st = path_fail(p, err, "out of memory");
     if (st != GG_OK)
         pruned_drop(&r);
     *orig_out = r.o;
@@ -1904,10 +2478,11 @@ static enum gg_status prune_array(lua_State *L, int idx, const json_t *original,
 
 static void pruned_start(struct pruned *r)
 {
-    if (!r->o) {
+    if (!r->o && !r->e) {
         r->o = json_object();
         r->e = json_object();
     }
+    r->failed |= !r->o || !r->e;
 }
 
 /* Members of original whose key the Lua table at idx no longer has. */
@@ -1921,7 +2496,7 @@ static void prune_removed(lua_State *L, int idx, const json_t *original, struct 
         lua_pushlstring(L, key, key_len);
         if (lua_rawget(L, idx) == LUA_TNIL) {
             pruned_start(r);
-            json_object_setn(r->o, key, key_len, ov);
+            r->failed |= json_object_setn(r->o, key, key_len, ov) != 0;
         }
         lua_pop(L, 1);
     }
@@ -1930,7 +2505,7 @@ static void prune_removed(lua_State *L, int idx, const json_t *original, struct 
 static enum gg_status prune_object(lua_State *L, int idx, const json_t *original, struct path *p,
                                    json_t **orig_out, json_t **edit_out, struct gg_err *err)
 {
-    struct pruned r = {NULL, NULL};
+    struct pruned r = {NULL, NULL, false};
     enum gg_status st = GG_OK;
     size_t matched = 0; /* Lua keys the original has: fewer than its size means removals */
     idx = lua_absindex(L, idx);
@@ -1956,7 +2531,7 @@ static enum gg_status prune_object(lua_State *L, int idx, const json_t *original
         if (st == GG_OK && (so || se)) {
             pruned_start(&r);
             if (so)
-                json_object_setn_new(r.o, key, key_len, so);
+                r.failed |= json_object_setn_new(r.o, key, key_len, so) != 0;
             if (se && json_object_setn_new(r.e, key, key_len, se) != 0)
                 st = path_fail(p, err, "an object key is not valid UTF-8");
         }
@@ -1967,6 +2542,8 @@ static enum gg_status prune_object(lua_State *L, int idx, const json_t *original
     }
     if (st == GG_OK && matched < json_object_size(original))
         prune_removed(L, idx, original, &r);
+    if (st == GG_OK && r.failed)
+        st = path_fail(p, err, "out of memory");
     if (st != GG_OK)
         pruned_drop(&r);
     *orig_out = r.o;
@@ -1993,11 +2570,52 @@ static enum gg_status prune_value(lua_State *L, int idx, json_t *ov, struct path
     return st;
 }
 
+/* lb_request_patch's work and its result, run in protected mode. */
+struct patch_call {
+    const json_t *original;
+    json_t *patch;
+    struct gg_err *err;
+    enum gg_status st;
+};
+
+static enum gg_status request_patch(lua_State *L, const json_t *original, json_t **patch,
+                                    struct gg_err *err);
+
+static int patch_protected(lua_State *L)
+{
+    struct patch_call *c = lua_touserdata(L, 1);
+    lua_settop(L, 0);
+    c->st = request_patch(L, c->original, &c->patch, c->err);
+    return 0;
+}
+
+/*
+ * The diff pushes strings and grows the stack, which raise on a failed
+ * allocation: it runs under lua_pcall, and such a failure refuses the edit.
+ */
 enum gg_status lb_request_patch(struct lb_vm *vm, const json_t *original, json_t **patch,
                                 struct gg_err *err)
 {
+    struct patch_call c = {original, NULL, err, GG_ERR_NOMEM};
     lua_State *L = vm->L;
-    lua_rawgeti(L, LUA_REGISTRYINDEX, vm->obj_ref);
+    lua_pushcfunction(L, patch_protected);
+    lua_pushlightuserdata(L, &c);
+    if (lua_pcall(L, 1, 0, 0) != LUA_OK) {
+        c.st = gg_fail(err, GG_ERR_NOMEM, "the edited object cannot be JSON: %s",
+                       lua_tostring(L, -1) ? lua_tostring(L, -1) : "out of memory");
+        lua_pop(L, 1);
+        json_decref(c.patch);
+        return c.st;
+    }
+    if (c.st == GG_OK)
+        *patch = c.patch;
+    return c.st;
+}
+
+static enum gg_status request_patch(lua_State *L, const json_t *original, json_t **patch,
+                                    struct gg_err *err)
+{
+    lua_rawgeti(L, LUA_REGISTRYINDEX, vm_of(L)->obj_ref);
     struct path p = {0};
     struct gg_err sub = {{0}};
     json_t *o = NULL, *e = NULL;
@@ -2006,16 +2624,16 @@ enum gg_status lb_request_patch(struct lb_vm *vm, const json_t *original, json_t
     if (shape == SHAPE_LAZY_OBJECT) { /* no policy looked at it */
         lua_pop(L, 1);
         *patch = json_array();
-        return GG_OK;
+        return *patch ? GG_OK : gg_fail(err, GG_ERR_NOMEM, "out of memory");
     }
     if (shape != SHAPE_OBJECT)
         st = gg_fail(&sub, GG_ERR_INVALID, "the object was replaced by something else");
     else
         st = prune_object(L, -1, original, &p, &o, &e, &sub);
     lua_pop(L, 1);
-    if (st == GG_OK && !o)
-        *patch = json_array(); /* nothing differs */
-    else if (st == GG_OK)
+    if (st == GG_OK && !o && !(*patch = json_array())) /* nothing differs */
+        st = gg_fail(&sub, GG_ERR_NOMEM, "out of memory");
+    else if (st == GG_OK && o)
         st = jp_diff(o, e, patch, &sub);
     json_decref(o);
     json_decref(e);
@@ -2034,7 +2652,10 @@ void lb_request_end(struct lb_vm *vm)
     vm->epoch++; /* stubs kept past the request must not reach its JSON */
     luaL_unref(vm->L, LUA_REGISTRYINDEX, vm->obj_ref);
     luaL_unref(vm->L, LUA_REGISTRYINDEX, vm->req_ref);
-    vm->obj_ref = vm->req_ref = LUA_NOREF;
+    luaL_unref(vm->L, LUA_REGISTRYINDEX, vm->frozen_ref);
+    vm->obj_ref = vm->req_ref = vm->frozen_ref = LUA_NOREF;
+    lua_pushnil(vm->L);
+    lua_rawsetp(vm->L, LUA_REGISTRYINDEX, &key_frozen_cache);
     lb_report_clear(&vm->report);
     /* A big object (a 10 MB annotation) is copied into the VM, and once the
      * generational collector has aged the copy only a major collection frees

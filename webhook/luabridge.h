@@ -26,8 +26,8 @@
 
 /* Nesting deeper than this is refused when converting JSON <-> Lua. */
 #define LB_MAX_DEPTH 100
-/* Lua pattern functions refuse longer subjects: matching is quadratic and
- * runs in C, out of reach of the instruction budget. */
+/* Lua pattern functions refuse longer subjects (their steps are budgeted,
+ * but a subject this long is a mistake). */
 #define LB_MAX_PATTERN_SUBJECT (64 * 1024)
 
 struct lb_limits {
@@ -103,7 +103,8 @@ enum gg_status lb_request_begin(struct lb_vm *vm, const struct adm_request *req,
                                 int64_t deadline_us, struct gg_err *err);
 
 /*
- * Call policy `index`'s mutate or validate.  report gets what it reported
+ * Call policy `index`'s mutate or validate (which gets the object read-only,
+ * as mutate left it).  report gets what it reported
  * (fresh JSON owned by the caller, also on failure); on a failure err holds
  * the message and *traceback (malloc'ed, may be NULL) the Lua traceback.
  */
@@ -128,5 +129,11 @@ void lb_report_clear(struct lb_report *report);
  */
 enum gg_status lb_run_tests(struct lb_vm *vm, const struct lb_source *src, json_t **results,
                             struct gg_err *err);
+
+/*
+ * Tests only: fail a Lua allocation of size bytes when fail() says so, as
+ * if the allocator had run out (NULL: never).  Process-wide.
+ */
+void lb_set_alloc_hook(bool (*fail)(size_t size));
 
 #endif

@@ -43,6 +43,7 @@ static struct {
 static atomic_int n_policies;
 static pthread_mutex_t policy_lock = PTHREAD_MUTEX_INITIALIZER;
 static atomic_size_t lua_memory_peak;
+static atomic_uint_fast64_t deadline_overruns;
 
 /* HTTP error statuses we answer, 400..599, one counter each. */
 static atomic_uint_fast64_t http_errors[200];
@@ -100,6 +101,11 @@ void metrics_policy_observe(int slot, enum metrics_policy_result result, double 
         return;
     atomic_fetch_add_explicit(&policies[slot].results[result], 1, memory_order_relaxed);
     observe(&policies[slot].duration, seconds);
+}
+
+void metrics_deadline_overrun(void)
+{
+    atomic_fetch_add_explicit(&deadline_overruns, 1, memory_order_relaxed);
 }
 
 void metrics_lua_memory(size_t peak)
@@ -234,10 +240,15 @@ static enum gg_status render_policies(struct buf *out)
                          "# HELP gpuguard_lua_memory_peak_bytes Largest Lua VM memory seen.\n"
                          "# TYPE gpuguard_lua_memory_peak_bytes gauge\n"
                          "gpuguard_lua_memory_peak_bytes %zu\n"
+                         "# HELP gpuguard_deadline_overruns_total Evaluations that ended past "
+                         "their request's deadline.\n"
+                         "# TYPE gpuguard_deadline_overruns_total counter\n"
+                         "gpuguard_deadline_overruns_total %llu\n"
                          "# HELP gpuguard_build_info The running gpuguard build.\n"
                          "# TYPE gpuguard_build_info gauge\n"
                          "gpuguard_build_info{version=\"%s\"} 1\n",
-                         atomic_load(&lua_memory_peak), GG_VERSION);
+                         atomic_load(&lua_memory_peak),
+                         (unsigned long long)atomic_load(&deadline_overruns), GG_VERSION);
     return st;
 }
 

@@ -46,6 +46,9 @@ void metrics_observe_admission(enum metrics_endpoint ep, enum metrics_operation 
 int metrics_policy_slot(const char *name);
 void metrics_policy_observe(int slot, enum metrics_policy_result result, double seconds);
 
+/* An evaluation that ended past its request's deadline. */
+void metrics_deadline_overrun(void);
+
 /* A Lua VM's memory high-water mark, in bytes; the largest seen is exported. */
 void metrics_lua_memory(size_t peak);
 

@@ -81,7 +81,7 @@ void policy_set_release(struct policy_set *set)
 {
     if (!set || atomic_fetch_sub(&set->refs, 1) != 1)
         return;
-    for (size_t i = 0; i < set->n; i++)
+    for (size_t i = 0; set->policies && i < set->n; i++)
         json_decref(set->policies[i].decl);
     free(set->policies);
     policy_free_sources(set->modules, set->n_modules);
@@ -115,7 +115,9 @@ enum gg_status policy_read_sources(const char *dir, bool strip_ext, struct lb_so
         return gg_fail(err, GG_ERR_IO, "%s: cannot read the directory", dir);
     enum gg_status st = GG_OK;
     struct lb_source *src = calloc((size_t)n + 1, sizeof(*src));
-    if (n > MAX_SOURCES)
+    if (!src)
+        st = gg_fail(err, GG_ERR_NOMEM, "%s: out of memory", dir);
+    else if (n > MAX_SOURCES)
         st = gg_fail(err, GG_ERR_TOOBIG, "%s: more than %d Lua files", dir, MAX_SOURCES);
     for (int i = 0; i < n; i++) {
         if (st == GG_OK) {
@@ -123,7 +125,9 @@ enum gg_status policy_read_sources(const char *dir, bool strip_ext, struct lb_so
             snprintf(path, sizeof(path), "%s/%s", dir, names[i]->d_name);
             st = gg_read_file(path, MAX_SOURCE_FILE, &src[i].text, &src[i].len, err);
             src[i].name = strdup(names[i]->d_name);
-            if (strip_ext)
+            if (st == GG_OK && !src[i].name)
+                st = gg_fail(err, GG_ERR_NOMEM, "%s: out of memory", path);
+            if (st == GG_OK && strip_ext)
                 src[i].name[strlen(src[i].name) - 4] = '\0';
         }
         free(names[i]);
@@ -261,8 +265,9 @@ static enum gg_status check_policies(struct policy_set *set, struct gg_err *err)
 {
     struct lb_policy_info *infos = calloc(set->n + 1, sizeof(*infos));
     struct lb_vm *vm = NULL;
-    enum gg_status st = build_vm(set, NULL, infos, &vm, err);
     set->policies = calloc(set->n + 1, sizeof(*set->policies));
+    enum gg_status st = infos && set->policies ? build_vm(set, NULL, infos, &vm, err)
+                                               : gg_fail(err, GG_ERR_NOMEM, "out of memory");
     for (size_t i = 0; st == GG_OK && i < set->n; i++) {
         st = policy_from_info(&set->policies[i], &infos[i], set->files[i].name, err);
         for (size_t j = 0; st == GG_OK && j < i; j++)
@@ -270,7 +275,7 @@ static enum gg_status check_policies(struct policy_set *set, struct gg_err *err)
                 st = gg_fail(err, GG_ERR_INVALID, "%s and %s both name a policy %s",
                              set->files[j].name, set->files[i].name, set->policies[i].name);
     }
-    for (size_t i = 0; i < set->n; i++)
+    for (size_t i = 0; infos && i < set->n; i++)
         lb_policy_info_clear(&infos[i]);
     free(infos);
     lb_vm_free(vm);
@@ -335,6 +340,14 @@ enum gg_status engine_new(const struct policy_paths *paths, struct engine **out,
     e->paths.policies = dup_or_null(paths->policies);
     e->paths.lua = dup_or_null(paths->lua);
     e->paths.config = dup_or_null(paths->config);
+    if (!e->paths.policies || !e->paths.lua || (paths->config && !e->paths.config)) {
+        free((char *)e->paths.policies);
+        free((char *)e->paths.lua);
+        free((char *)e->paths.config);
+        free(e);
+        policy_set_release(set);
+        return gg_fail(err, GG_ERR_NOMEM, "out of memory");
+    }
     pthread_mutex_init(&e->lock, NULL);
     pthread_key_create(&e->vm_key, free_thread_vm);
     e->live = set;
@@ -566,6 +579,35 @@ static bool policy_matches(const struct policy *p, const struct adm_request *req
     return true;
 }
 
+/* ---- evaluations in flight ------------------------------------------- */
+
+static int64_t now_ns(void);
+
+/* Each worker thread's evaluation in flight: its deadline, 0 when idle. */
+#define MAX_TRACKED_THREADS 256
+static _Atomic int64_t in_flight[MAX_TRACKED_THREADS];
+static atomic_int n_tracked;
+static _Thread_local int tracked = -1;
+
+/* This thread's slot; NULL past MAX_TRACKED_THREADS threads (never seen stuck). */
+static _Atomic int64_t *flight_slot(void)
+{
+    if (tracked < 0)
+        tracked = atomic_fetch_add(&n_tracked, 1);
+    return tracked < MAX_TRACKED_THREADS ? &in_flight[tracked] : NULL;
+}
+
+int engine_overdue(void)
+{
+    int64_t now = now_ns() / 1000;
+    int n = atomic_load(&n_tracked), stuck = 0;
+    for (int i = 0; i < n && i < MAX_TRACKED_THREADS; i++) {
+        int64_t deadline = atomic_load_explicit(&in_flight[i], memory_order_relaxed);
+        stuck += deadline && now > deadline + ENGINE_STUCK_GRACE_US;
+    }
+    return stuck;
+}
+
 /* ---- verdicts --------------------------------------------------------- */
 
 /* What the evaluation has gathered so far. */
@@ -573,7 +615,18 @@ struct gather {
     json_t *denials, *warnings, *audit, *fired;
     json_t *modes;        /* fired policy -> the mode it ran in */
     bool failed_mutation; /* a mutate call failed: its edits are not trusted */
+    bool lost;            /* a denial could not be recorded: the verdict is a denial */
 };
+
+/* Shown when a denial could not be recorded (no allocation needed). */
+#define LOST_DENIAL "gpuguard: out of memory while recording a denial; denied to be safe"
+
+/* Record an enforced denial; a failure to record it is itself a denial. */
+static void deny(struct gather *g, const char *text)
+{
+    if (json_array_append_new(g->denials, json_string(text)) != 0)
+        g->lost = true;
+}
 
 static const char *const mode_names[] = {"enforce", "warn", "audit"};
 
@@ -597,10 +650,12 @@ static void add_audit(struct gather *g, const char *policy, const char *key, jso
 static void add_denial(struct gather *g, const char *policy, int mode, const char *msg)
 {
     char *text = NULL;
-    if (asprintf(&text, "%s: %s", policy, msg) < 0)
+    if (asprintf(&text, "%s: %s", policy, msg) < 0) {
+        g->lost = g->lost || mode == POLICY_ENFORCE;
         return;
+    }
     if (mode == POLICY_ENFORCE)
-        json_array_append_new(g->denials, json_string(text));
+        deny(g, text);
     else if (mode == POLICY_WARN)
         json_array_append_new(g->warnings, json_string(text));
     else {
@@ -696,7 +751,11 @@ static enum metrics_policy_result policy_result(enum lb_outcome outcome, int mod
     }
 }
 
-/* Run one phase over the matching policies; false when the VM broke. */
+/*
+ * Run one phase over the matching policies; false when the VM broke.  The
+ * policies after a break still get their turn: each fails at once and its
+ * failure verdict counts, so a break never skips a policy that would deny.
+ */
 static bool run_phase(struct lb_vm *vm, const struct policy_set *set, const struct adm_request *req,
                       enum lb_phase phase, struct gather *g)
 {
@@ -721,10 +780,8 @@ static bool run_phase(struct lb_vm *vm, const struct policy_set *set, const stru
                 g->failed_mutation = true;
         }
         free(traceback);
-        if (lb_vm_broken(vm))
-            return false;
     }
-    return true;
+    return !lb_vm_broken(vm);
 }
 
 static char *join_lines(const json_t *list)
@@ -756,7 +813,8 @@ static enum gg_status finish_mutation(struct lb_vm *vm, const struct adm_request
     }
     if (lb_request_patch(vm, req->object, &out->patch, err) != GG_OK) {
         /* A policy built something that is not JSON: its edit is refused. */
-        json_array_append_new(g->denials, json_string(err->msg));
+        deny(g, err->msg);
+        g->failed_mutation = true;
         out->patch = json_array();
         return GG_OK;
     }
@@ -796,6 +854,24 @@ static void audit_summary(struct gather *g, const struct policy_verdict *out)
         json_object_set_new(g->audit, "policies", json_string(list));
 }
 
+/*
+ * Validate sees the object as mutate left it, read-only.  When the mutate
+ * edits were dropped (a mutate call failed, or its edit is not JSON), it
+ * starts again from the object as it came, as the API server would send it.
+ * An object the policies may not see is a denial, as at the start, and
+ * *validate is cleared.
+ */
+static void begin_validate(struct lb_vm *vm, const struct adm_request *req, int64_t deadline_us,
+                           struct gather *g, bool *validate, struct gg_err *err)
+{
+    if (lb_request_begin(vm, req, req->object, deadline_us, err) != GG_OK) {
+        char text[300];
+        snprintf(text, sizeof(text), "gpuguard: %s", err->msg);
+        deny(g, text);
+        *validate = false;
+    }
+}
+
 /* An admitted GPU pod or DRA claim counts against its namespace at once (see inventory.h). */
 static void reserve(struct engine *e, const struct adm_request *req, unsigned phases,
                     const struct policy_verdict *v)
@@ -815,10 +891,27 @@ static void reserve(struct engine *e, const struct adm_request *req, unsigned ph
         inv_reserve(e->inventory, req->namespace, name, cls, charge, INV_RESERVATION_TTL_MS);
 }
 
+static enum gg_status evaluate(struct engine *e, const struct adm_request *req, unsigned phases,
+                               int64_t deadline_us, struct policy_verdict *out, struct gg_err *err);
+
 enum gg_status engine_evaluate(struct engine *e, const struct adm_request *req, unsigned phases,
                                int64_t deadline_us, struct policy_verdict *out, struct gg_err *err)
 {
     memset(out, 0, sizeof(*out));
+    _Atomic int64_t *flight = flight_slot();
+    if (flight)
+        atomic_store_explicit(flight, deadline_us, memory_order_relaxed);
+    enum gg_status st = evaluate(e, req, phases, deadline_us, out, err);
+    if (flight)
+        atomic_store_explicit(flight, 0, memory_order_relaxed);
+    if (now_ns() / 1000 > deadline_us)
+        metrics_deadline_overrun();
+    return st;
+}
+
+static enum gg_status evaluate(struct engine *e, const struct adm_request *req, unsigned phases,
+                               int64_t deadline_us, struct policy_verdict *out, struct gg_err *err)
+{
     struct policy_set *set = acquire(e);
     struct lb_vm *vm = NULL;
     enum gg_status st = thread_vm(e, set, &vm, err);
@@ -830,13 +923,14 @@ enum gg_status engine_evaluate(struct engine *e, const struct adm_request *req, 
     int64_t lua_deadline = t0 / 1000 + set->limits.timeout_us;
     if (lua_deadline > deadline_us - DEADLINE_MARGIN_US)
         lua_deadline = deadline_us - DEADLINE_MARGIN_US;
-    struct gather g = {json_array(), json_array(),  json_object(),
-                       json_array(), json_object(), false};
+    struct gather g = {json_array(),  json_array(), json_object(), json_array(),
+                       json_object(), false,        false};
+    g.lost = !g.denials || !g.warnings || !g.audit || !g.fired || !g.modes;
     if (lb_request_begin(vm, req, req->object, lua_deadline, err) != GG_OK) {
         /* The object itself is beyond what policies may see (too deep, too big). */
         char text[300];
         snprintf(text, sizeof(text), "gpuguard: %s", err->msg);
-        json_array_append_new(g.denials, json_string(text));
+        deny(&g, text);
         out->patch = json_array();
     } else {
         bool alive = true;
@@ -853,17 +947,29 @@ enum gg_status engine_evaluate(struct engine *e, const struct adm_request *req, 
             t1 = now_ns();
             out->timing.diff = t1 - t0;
         }
-        if (st == GG_OK && alive && (phases & PHASE_VALIDATE)) {
+        bool validate = (phases & PHASE_VALIDATE) != 0;
+        if (st == GG_OK && alive && validate && g.failed_mutation)
+            begin_validate(vm, req, lua_deadline, &g, &validate, err);
+        if (st == GG_OK && validate) {
             run_phase(vm, set, req, LB_VALIDATE, &g);
             out->timing.validate = now_ns() - t1;
         }
         lb_request_end(vm);
         metrics_lua_memory(lb_vm_memory_peak(vm));
     }
+    if (st == GG_OK && (phases & PHASE_MUTATE) && !out->patch)
+        g.lost = true; /* the mutations are lost: never admit without them */
+    if (st == GG_OK && g.lost)
+        deny(&g, LOST_DENIAL);
     if (st == GG_OK) {
-        out->allowed = json_array_size(g.denials) == 0;
-        if (!out->allowed)
-            out->message = join_lines(g.denials);
+        out->allowed = !g.lost && json_array_size(g.denials) == 0;
+        if (!out->allowed) {
+            out->message = json_array_size(g.denials) ? join_lines(g.denials) : strdup(LOST_DENIAL);
+            if (!out->message)
+                st = gg_fail(err, GG_ERR_NOMEM, "out of memory writing a denial");
+        }
+    }
+    if (st == GG_OK) {
         if (!out->allowed || g.failed_mutation) {
             json_decref(out->patch);
             out->patch = json_array();
@@ -880,6 +986,8 @@ enum gg_status engine_evaluate(struct engine *e, const struct adm_request *req, 
     json_decref(g.fired);
     json_decref(g.modes);
     policy_set_release(set);
+    if (st != GG_OK)
+        policy_verdict_clear(out);
     return st;
 }
 

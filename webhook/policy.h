@@ -115,6 +115,15 @@ enum gg_status engine_evaluate(struct engine *e, const struct adm_request *req, 
                                int64_t deadline_us, struct policy_verdict *out, struct gg_err *err);
 void policy_verdict_clear(struct policy_verdict *v);
 
+/*
+ * Evaluations still running ENGINE_STUCK_GRACE_US past their deadline_us:
+ * a worker stuck where no budget reaches (/healthz fails while there are
+ * any).  Evaluations that end past their deadline are counted in
+ * gpuguard_deadline_overruns_total.
+ */
+#define ENGINE_STUCK_GRACE_US 2000000
+int engine_overdue(void);
+
 /* Warnings as the API server keeps them: no control characters, at most
  * POLICY_WARNING_MAX characters each, under POLICY_WARNINGS_TOTAL in all. */
 #define POLICY_WARNING_MAX 120

@@ -352,8 +352,13 @@ static enum MHD_Result on_ops(void *cls, struct MHD_Connection *c, const char *u
     *upload_data_size = 0;
     if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0)
         return send_text(c, MHD_HTTP_METHOD_NOT_ALLOWED, "use GET\n");
-    if (strcmp(url, "/healthz") == 0)
-        return send_text(c, MHD_HTTP_OK, "ok\n");
+    if (strcmp(url, "/healthz") == 0) {
+        int stuck = engine_overdue(); /* no budget reaches them: restart the process */
+        char line[96];
+        snprintf(line, sizeof(line), "stuck: %d evaluations past their deadline\n", stuck);
+        return stuck ? send_text(c, MHD_HTTP_SERVICE_UNAVAILABLE, line)
+                     : send_text(c, MHD_HTTP_OK, "ok\n");
+    }
     if (strcmp(url, "/readyz") == 0) {
         char line[1200], note[700] = "";
         if (s->ready_note) /* a second line, e.g. "inventory: ready (12 pods)" */

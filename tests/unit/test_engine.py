@@ -457,6 +457,115 @@ return { name = "boom", validate = function() error("kaboom") end }
                              "failure allow)"]
 
 
+def test_a_stopped_vm_still_gives_every_later_policy_its_failure_verdict(engine):
+    """A policy that may fail open and stops the VM must not skip the policies
+    after it: each fails in turn with its own failure verdict."""
+    engine.policy("10-spin.lua", """
+return { name = "spin", failure = "allow", validate = function() while true do end end }
+""")
+    engine.policy("20-deny.lua", """
+return { name = "deny", validate = function(req) req:deny("no") end }
+""")
+    engine.configure("engine:\n  instructions: 100000\n")
+    v = engine.run(review(pod()), phases="validate")
+    assert v["allowed"] is False
+    assert v["message"] == ("deny: policy error: the Lua VM was stopped earlier in this "
+                            "request")
+    assert v["warnings"] == ["spin: policy stopped: instruction budget exhausted (ignored: "
+                             "failure allow)"]
+    v = engine.run(review(pod()), phases="both")
+    assert v["allowed"] is False
+
+
+def test_a_denial_caught_by_pcall_still_counts(engine):
+    engine.policy("10-deny.lua", """
+return { name = "deny", validate = function(req)
+  local ok = pcall(req.deny, req, "first")
+  assert(ok)
+  pcall(req.deny, req, nil)  -- a failed denial fails the call even when caught
+end }
+""")
+    v = engine.run(review(pod()), phases="validate")
+    assert v["allowed"] is False
+    assert v["message"] == ("deny: first\ndeny: policy error: a req:deny call failed and the "
+                            "policy went on")
+
+
+FROZEN_EDIT = "the object is read-only in validate (edit it in mutate)"
+
+
+@pytest.mark.parametrize("edit, where", [
+    ("pod.metadata.labels = { x = 'y' }", "policies/10-edit.lua:2: "),
+    ("pod.spec.containers[1].image = 'evil'", "policies/10-edit.lua:2: "),
+    ("pod.spec.containers[2] = { name = 'extra' }", "policies/10-edit.lua:2: "),
+    ("table.insert(pod.spec.containers, { name = 'extra' })", ""),
+    ("table.remove(pod.spec.containers)", ""),
+    ("pod.spec.containers[1].resources = nil", "policies/10-edit.lua:2: "),
+    ("for k, v in pairs(pod.spec) do v[1].x = 1 end", "policies/10-edit.lua:2: "),
+    ("local k, v = next(pod.spec); v[1].image = 'evil'", "policies/10-edit.lua:2: "),
+    ("rawget(pod.spec, 'containers')[1].image = 'evil'", "policies/10-edit.lua:2: "),
+    ("require('gpuguard').object(pod.spec).containers[1].image = 'evil'",
+     "policies/10-edit.lua:2: "),
+])
+def test_validate_sees_the_object_read_only(engine, edit, where):
+    engine.policy("10-edit.lua", """
+return { name = "edit", validate = function(req, pod) %s end }
+""" % edit)
+    engine.policy("20-look.lua", """
+local gg = require "gpuguard"
+return { name = "look", validate = function(req, pod)
+  local c = pod.spec.containers
+  local keys = {}
+  for k in pairs(pod.metadata) do keys[#keys + 1] = k end
+  table.sort(keys)
+  req:warn(string.format("%s %d %s %s %s %s %s %s", tostring(pod.metadata.labels), #c,
+    c[1].image, tostring(c[1].resources ~= nil), table.concat(keys, ","),
+    tostring(gg.is_array(c) and gg.is_object(c[1])), rawlen(c), next(c[1]) and "next" or "none"))
+end }
+""")
+    obj = pod(containers=[{"name": "c", "image": "busybox", "resources": {}}])
+    for phases in ("validate", "both"):
+        v = engine.run(review(obj), phases=phases)
+        assert v["allowed"] is False
+        assert v["message"] == "edit: policy error: " + where + FROZEN_EDIT
+        assert v["warnings"] == ["look: nil 1 busybox true name,namespace true 1 next"]
+
+
+def test_validate_after_mutate_sees_the_edits_read_only(engine):
+    engine.policy("10-add-label.lua", ADD_LABEL)
+    engine.policy("20-look.lua", """
+local gg = require "gpuguard"
+return { name = "look", validate = function(req, pod)
+  local copy = gg.object(pod.metadata.labels)
+  copy.mine = "yes"
+  req:warn(pod.metadata.labels["gpuguard.io/checked"] .. " " .. tostring(pod.metadata.labels.mine))
+  pod.metadata.labels.mine = "no"
+end }
+""")
+    v = engine.run(review(pod()), phases="both")
+    assert v["allowed"] is False
+    assert v["warnings"] == ["look: yes nil"]
+    assert v["message"] == "look: policy error: policies/20-look.lua:7: " + FROZEN_EDIT
+
+
+def test_validate_after_a_failed_mutation_sees_the_object_as_it_came(engine):
+    engine.policy("10-half.lua", """
+return { name = "half", failure = "allow", mutate = function(req, pod)
+  pod.metadata.labels = require("gpuguard").object({ added = "yes" })
+  error("then fails")
+end }
+""")
+    engine.policy("20-look.lua", """
+return { name = "look", validate = function(req, pod)
+  req:warn("labels " .. tostring(pod.metadata.labels))
+end }
+""")
+    v = engine.run(review(pod()), phases="both")
+    assert v["allowed"] is True
+    assert v["patch"] == []
+    assert v["warnings"][1] == "look: labels nil"
+
+
 def test_failed_mutation_drops_all_edits(engine):
     engine.policy("10-add-label.lua", ADD_LABEL)
     engine.policy("20-boom.lua", """
@@ -478,7 +587,8 @@ SANDBOX_ESCAPES = {
         "for i = 1, 100 do pcall(function() while true do end end) end; req:deny('escaped')",
         "boom: policy stopped: instruction budget exhausted"),
     "string.rep bomb": ("local s = string.rep('x', 1 << 30)",
-                        "boom: policy stopped: memory limit exceeded"),
+                        "boom: policy error: policies/10-boom.lua:1: string.rep: the result "
+                        "would exceed the memory limit"),
     "table bomb": ("local t = {} for i = 1, 1e9 do t[i] = {i} end",
                    "boom: policy stopped: memory limit exceeded"),
     "string growth in pcall": (
@@ -536,6 +646,68 @@ SANDBOX_ESCAPES = {
 }
 
 
+# Library calls that looped in C for hours: each now ends within the request.
+SLOW = "string.rep('a', 60000)"
+C_LOOPS = {
+    "find .-.-.-.-.-.-b": ("string.find(%s, '.-.-.-.-.-.-b')" % SLOW, "stopped: out of time"),
+    "find .-b": ("string.find(%s, '.-b')" % SLOW, "stopped: out of time"),
+    "method find": ("(%s):find('.-.-b')" % SLOW, "stopped: out of time"),
+    "match": ("string.match(%s, '(.-)%%1b')" % SLOW, "stopped: out of time"),
+    "gmatch": ("(function() for m in string.gmatch(%s, '.-.-b') do end end)()" % SLOW, "stopped: out of time"),
+    "gsub": ("string.gsub(%s, 'a-a-a-b', 'x')" % SLOW, "stopped: out of time"),
+    "table.move": ("table.move({}, 1, 2^62, 1)",
+                   "error: policies/10-slow.lua:3: table.move: 4611686018427387904 elements "
+                   "cannot fit in the memory limit"),
+    "table.concat": ("table.concat({}, '', 1, 2^62)",
+                     "error: policies/10-slow.lua:3: table.concat: 4611686018427387904 "
+                     "elements cannot fit in the memory limit"),
+    "table.concat __len": ("table.concat(setmetatable({}, { __len = function() return 2^62 end "
+                           "}))", "error: policies/10-slow.lua:3: table.concat: "
+                                  "4611686018427387904 elements cannot fit in the memory limit"),
+    "table.unpack": ("table.unpack({}, 1, 2^62)",
+                     "error: policies/10-slow.lua:3: table.unpack: 4611686018427387904 "
+                     "elements cannot fit in the memory limit"),
+    "string.rep": ("string.rep('ab', 2^40, ',')",
+                   "error: policies/10-slow.lua:3: string.rep: the result would exceed the "
+                   "memory limit"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(C_LOOPS))
+def test_library_calls_end_within_the_request(engine, name):
+    body, outcome = C_LOOPS[name]
+    engine.configure("engine:\n  timeout: 300ms\n  instructions: 1000000000000\n")
+    engine.policy("10-slow.lua", """
+return { name = "slow", validate = function(req)
+  local r = %s
+  req:warn("finished")
+end }
+""" % body)
+    v = engine.run(review(pod()), phases="validate")
+    assert v["allowed"] is False
+    assert v["message"] == "slow: policy " + outcome
+
+
+def test_matching_steps_count_against_the_instruction_budget(engine):
+    engine.configure("engine:\n  timeout: 10s\n  instructions: 1000000\n")
+    engine.policy("10-slow.lua", """
+return { name = "slow", validate = function(req) string.find(%s, '.-.-b') end }
+""" % SLOW)
+    v = engine.run(review(pod()), phases="validate")
+    assert v["message"] == "slow: policy stopped: instruction budget exhausted"
+
+
+def test_empty_repeats_return_at_once(engine):
+    engine.policy("10-rep.lua", """
+return { name = "rep", validate = function(req)
+  req:deny(string.format("[%s] [%s] %d", string.rep("", 2^62), string.rep("", 2^62, ""),
+                         select("#", utf8.char(65, 66))))
+end }
+""")
+    v = engine.run(review(pod()), phases="validate")
+    assert v["message"] == "rep: [] [] 1"
+
+
 @pytest.mark.parametrize("name", sorted(SANDBOX_ESCAPES))
 def test_sandbox_escape_ends_in_a_clean_failure(engine, name):
     body, message = SANDBOX_ESCAPES[name]
@@ -548,6 +720,9 @@ return { name = "fine", validate = function(req) req:warn("still running") end }
     # Twice on one engine: the second request runs on a rebuilt VM.
     v = engine.run(review(pod()), phases="validate", repeat=2)
     assert v["allowed"] is False
+    if message.startswith("boom: policy stopped:"):
+        # A stopped VM fails the policies after it too, each with its own verdict.
+        message += "\nfine: policy error: the Lua VM was stopped earlier in this request"
     assert v["message"] == message
 
 
@@ -595,6 +770,102 @@ end }
     assert v["message"] == ("cfg: policy error: policies/10-cfg.lua:4: attempt to modify a "
                             "read-only table (shared configuration or library): copy what you "
                             "need into a table of your own")
+
+
+# Every C function of the sandbox that takes a table, applied to read-only
+# tables: the configuration, the request's user and a library module.
+TABLE_FUNCTIONS = {
+    "gpuguard.array": "gg.array(t)",
+    "gpuguard.object": "gg.object(t)",
+    "gpuguard.is_array": "gg.is_array(t)",
+    "gpuguard.is_object": "gg.is_object(t)",
+    "setmetatable": "setmetatable(t, nil)",
+    "getmetatable": "getmetatable(t).__index = nil",
+    "next": "next(t)",
+    "rawget": "rawget(t, 1)",
+    "rawlen": "rawlen(t)",
+    "rawequal": "rawequal(t, t)",
+    "pairs": "for k in pairs(t) do end",
+    "ipairs": "for i in ipairs(t) do end",
+    "table.insert": "table.insert(t, 'system:masters')",
+    "table.remove": "table.remove(t)",
+    "table.sort": "table.sort(t)",
+    "table.concat": "table.concat(t)",
+    "table.unpack": "table.unpack(t)",
+    "table.move within": "table.move(t, 1, 1, 2)",
+    "table.move into": "table.move({ 'system:masters' }, 1, 1, 1, t)",
+}
+
+
+@pytest.mark.parametrize("name", sorted(TABLE_FUNCTIONS))
+def test_no_table_function_changes_a_read_only_table(engine, name):
+    engine.configure("quotas:\n  default: 4\n")
+    engine.module("util", "return { nested = { 'x' } }")
+    engine.policy("10-poke.lua", """
+local gg = require "gpuguard"
+return { name = "poke", validate = function(req, pod, cfg)
+  for _, t in ipairs({ cfg.quotas, req.user.groups, require("util").nested }) do
+    pcall(function() %s end)
+  end
+end }
+""" % TABLE_FUNCTIONS[name])
+    engine.policy("20-check.lua", """
+return { name = "check", validate = function(req, pod, cfg)
+  local groups, nested = req.user.groups, require("util").nested
+  req:warn(string.format("%s %d %s %s %s %s", tostring(cfg.quotas.default), #groups,
+    tostring(groups[1]), tostring(nested[1]), getmetatable(cfg.quotas), getmetatable(groups)))
+end }
+""")
+    v = engine.run(review(pod()), phases="validate", repeat=2)
+    assert v["allowed"] is True
+    assert v["warnings"] == ["check: 4 1 dev x read-only read-only"]
+
+
+def test_marking_a_read_only_table_returns_a_marked_copy(engine):
+    engine.configure("pools:\n  - name: a100\n    node_selector: {pool: a100}\n")
+    engine.policy("10-place.lua", """
+local gg = require "gpuguard"
+return { name = "place", mutate = function(req, pod, cfg)
+  local sel = gg.object(cfg.pools[1].node_selector)
+  assert(gg.is_object(sel) and sel ~= cfg.pools[1].node_selector)
+  sel.extra = "mine"
+  pod.spec.nodeSelector = sel
+  req:warn("pool " .. tostring(cfg.pools[1].node_selector.pool) .. " "
+           .. tostring(cfg.pools[1].node_selector.extra))
+end }
+""")
+    v = engine.run(review(pod()), phases="mutate", repeat=3)
+    assert v["warnings"] == ["place: pool a100 nil"]
+    assert v["patch"] == [{"op": "add", "path": "/spec/nodeSelector",
+                           "value": {"pool": "a100", "extra": "mine"}}]
+
+
+def test_marking_an_untouched_object_table_keeps_its_members(engine):
+    engine.policy("10-mark.lua", """
+local gg = require "gpuguard"
+return { name = "mark", mutate = function(req, pod)
+  local spec = gg.object(pod.spec)
+  local n = 0
+  for k in pairs(spec) do n = n + 1 end
+  req:warn("members " .. n .. " " .. type(spec.containers))
+end }
+""")
+    v = engine.run(review(pod()), phases="mutate")
+    assert v["allowed"] is True
+    assert v["warnings"] == ["mark: members 1 table"]
+    assert v["patch"] == []
+
+
+def test_marking_a_table_with_a_protected_metatable_is_refused(engine):
+    engine.policy("10-mark.lua", """
+local gg = require "gpuguard"
+return { name = "mark", validate = function(req)
+  gg.object(setmetatable({}, { __metatable = "mine" }))
+end }
+""")
+    v = engine.run(review(pod()), phases="validate")
+    assert v["message"] == ("mark: policy error: policies/10-mark.lua:4: cannot mark a table "
+                            "whose metatable is protected")
 
 
 def test_module_tables_below_the_top_are_read_only(engine):
