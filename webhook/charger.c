@@ -3,9 +3,10 @@
  * its own.
  *
  * The VM holds the library and configuration of the engine's live set and
- * one built-in policy whose validate hands intent.usage_charge's answer back
- * as an audit value: the engine's ordinary request path, with no second
- * way into Lua.  A reload (a new set generation) rebuilds the VM before the
+ * one built-in policy whose mutate hands intent.usage_charge's answer back
+ * as an audit value (mutate, not validate: a trimmed pod is given its kind,
+ * and validate sees the object read-only): the engine's ordinary request
+ * path, with no second way into Lua.  A reload (a new set generation) rebuilds the VM before the
  * next charge.
  */
 #include "charger.h"
@@ -26,7 +27,7 @@
 static const char charge_policy[] =
     "local intent = require 'intent'\n"
     "return { name = 'charge', description = 'what the inventory counts',\n"
-    "  validate = function(req, obj, cfg)\n"
+    "  mutate = function(req, obj, cfg)\n"
     "    if obj.kind == nil then obj.kind, obj.apiVersion = 'Pod', 'v1' end -- a trimmed pod\n"
     "    req:audit('charge', tostring(intent.usage_charge(obj, cfg)))\n"
     "  end }\n";
@@ -152,7 +153,7 @@ int64_t charger_charge(void *charger, const json_t *obj)
     if (refresh(c, &err) == GG_OK &&
         lb_request_begin(c->vm, &req, (json_t *)obj, mono_us() + CHARGE_DEADLINE_US, &err) ==
             GG_OK) {
-        if (lb_policy_call(c->vm, 0, LB_VALIDATE, &report, &err, NULL) == LB_DONE) {
+        if (lb_policy_call(c->vm, 0, LB_MUTATE, &report, &err, NULL) == LB_DONE) {
             const char *text = json_string_value(json_object_get(report.audit, "charge"));
             char *end = NULL;
             long long v = text ? strtoll(text, &end, 10) : -1;
