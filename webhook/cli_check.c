@@ -21,6 +21,7 @@
 #include "log.h"
 #include "manifest.h"
 #include "policy.h"
+#include "workloads.h"
 #include "yamldoc.h"
 
 #include <errno.h>
@@ -238,21 +239,17 @@ static enum gg_status check_template(struct check_run *r, const char *file, stru
                                      json_t *doc, struct gg_err *err)
 {
     struct dr_options dopts = {.namespace = r->o.namespace, .user = r->o.user};
-    struct dr_result res;
+    struct wl_result wr;
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    enum gg_status st = dr_evaluate(r->engine, e->pod, &dopts, &res, err);
+    enum gg_status st = wl_template(r->engine, e, doc, &dopts, &wr, err);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     if (st != GG_OK)
         return st;
+    const struct dr_result *res = &wr.pod;
     double seconds = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
-    json_t *dropped = NULL;
-    if (res.allowed && json_array_size(res.patch) && r->emitted) {
-        json_t *mapped = NULL;
-        st = mf_map_patch(e, doc, res.patch, &mapped, &dropped, err);
-        if (st == GG_OK)
-            st = jp_apply(doc, mapped, err);
-        json_decref(mapped);
+    if (json_array_size(wr.mapped) && r->emitted) {
+        st = jp_apply(doc, wr.mapped, err);
         if (st != GG_OK) {
             char msg[512];
             snprintf(msg, sizeof(msg),
@@ -263,28 +260,27 @@ static enum gg_status check_template(struct check_run *r, const char *file, stru
         }
     }
     r->checked++;
-    if (res.allowed)
+    if (res->allowed)
         r->allowed++;
     else
         r->denied++;
-    if (json_array_size(res.warnings))
+    if (json_array_size(res->warnings))
         r->warned++;
     json_t *rec = json_pack(
         "{s:s,s:s,s:I,s:I,s:s,s:s,s:s,s:s,s:s,s:s,s:o,s:O,s:b,s:o,s:o,s:O,s:O,s:O,s:o,s:O}", "type",
         "template", "file", file, "document", (json_int_t)e->doc_number, "line",
         (json_int_t)e->line, "apiVersion", e->api_version, "kind", e->kind, "name", e->name,
-        "namespace", res.namespace, "path", e->path, "pointer", e->template_ptr, "owner",
-        owner_json(e), "owners", e->owners, "allowed", res.allowed, "message",
-        str_or_null(res.message), "denied_in", str_or_null(res.denied_by), "warnings", res.warnings,
-        "audit", res.audit, "policies", res.fired, "decision", str_or_null(res.decision), "patch",
-        res.patch);
+        "namespace", res->namespace, "path", e->path, "pointer", e->template_ptr, "owner",
+        owner_json(e), "owners", e->owners, "allowed", res->allowed, "message",
+        str_or_null(res->message), "denied_in", str_or_null(res->denied_by), "warnings",
+        res->warnings, "audit", res->audit, "policies", res->fired, "decision",
+        str_or_null(res->decision), "patch", res->patch);
     if (rec && r->o.format == OUT_JUNIT) /* testcase time; not part of the JSON output */
         json_object_set_new(rec, "seconds", json_real(seconds));
-    if (rec && dropped && json_array_size(dropped))
-        json_object_set(rec, "unmapped_patch", dropped);
+    if (rec && r->emitted && json_array_size(wr.dropped))
+        json_object_set(rec, "unmapped_patch", wr.dropped);
     json_array_append_new(r->records, rec);
-    json_decref(dropped);
-    dr_result_clear(&res);
+    wl_result_clear(&wr);
     return st;
 }
 

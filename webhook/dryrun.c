@@ -109,7 +109,8 @@ static enum gg_status call(struct engine *e, const json_t *object, const json_t 
     if (st != GG_OK)
         return st;
     int64_t timeout = o->timeout_ms > 0 ? o->timeout_ms : DR_DEFAULT_TIMEOUT_MS;
-    st = engine_evaluate(e, &req, phase, now_us() + timeout * 1000, v, err);
+    int64_t deadline = o->deadline_us > 0 ? o->deadline_us : now_us() + timeout * 1000;
+    st = engine_evaluate(e, &req, phase, deadline, v, err);
     adm_request_clear(&req);
     return st;
 }
@@ -128,7 +129,7 @@ void dr_result_clear(struct dr_result *r)
     memset(r, 0, sizeof(*r));
 }
 
-static void add_fired(json_t *into, const json_t *names)
+void dr_add_fired(json_t *into, const json_t *names)
 {
     size_t i, j;
     json_t *n, *m;
@@ -209,7 +210,7 @@ enum gg_status dr_evaluate(struct engine *e, const json_t *pod, const struct dr_
         goto out;
     json_array_extend(r.warnings, vv.warnings);
     json_object_update(r.audit, vv.audit);
-    add_fired(r.fired, vv.fired);
+    dr_add_fired(r.fired, vv.fired);
     r.allowed = vv.allowed;
     if (!vv.allowed) {
         r.denied_by = "validate";

@@ -28,6 +28,7 @@ struct dr_options {
     const json_t *groups;     /* userInfo.groups; ["system:authenticated"] when NULL */
     const json_t *old_object; /* UPDATE: the object before (the pod itself when NULL) */
     int64_t timeout_ms;       /* the webhook timeout the API server sends; 10 s when 0 */
+    int64_t deadline_us;      /* CLOCK_MONOTONIC time to answer by; now + timeout_ms when 0 */
 };
 
 struct dr_result {
@@ -69,6 +70,9 @@ void dr_result_clear(struct dr_result *r);
  */
 enum gg_status dr_mutate(struct engine *e, const json_t *pod, const struct dr_options *o,
                          json_t **patch, char **denial, struct gg_err *err);
+
+/* Append to the array into the names of names it does not hold yet. */
+void dr_add_fired(json_t *into, const json_t *names);
 
 /* A random version-4 UUID, as the API server uses for request uids. */
 void dr_uid(char out[37]);

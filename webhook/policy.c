@@ -95,6 +95,11 @@ size_t policy_set_count(const struct policy_set *set)
     return set->n;
 }
 
+const json_t *policy_set_config(const struct policy_set *set)
+{
+    return set->config;
+}
+
 const char *policy_set_name(const struct policy_set *set, size_t i)
 {
     return set->policies[i].name;
@@ -278,8 +283,10 @@ enum gg_status policy_set_load(const struct policy_paths *paths, uint64_t genera
     set->generation = generation;
     struct gg_err sub = {{0}};
     enum gg_status st = cfg_load(paths->config, &set->config, err);
+    enum cfg_workloads_mode wmode;
     if (st == GG_OK && ((st = cfg_limits(set->config, &set->limits, &sub)) != GG_OK ||
-                        (st = cfg_check_enforcement(set->config, &sub)) != GG_OK))
+                        (st = cfg_check_enforcement(set->config, &sub)) != GG_OK ||
+                        (st = cfg_workloads_mode(set->config, &wmode, &sub)) != GG_OK))
         gg_fail(err, st, "%s: %s", paths->config, sub.msg);
     if (st == GG_OK)
         st = policy_read_sources(paths->lua, true, &set->modules, &set->n_modules, err);

@@ -43,6 +43,8 @@ enum gg_status policy_set_load(const struct policy_paths *paths, uint64_t genera
 void policy_set_release(struct policy_set *set);
 size_t policy_set_count(const struct policy_set *set);
 const char *policy_set_name(const struct policy_set *set, size_t i);
+/* The set's configuration file as JSON (an object; empty without a file). */
+const json_t *policy_set_config(const struct policy_set *set);
 
 /* The engine: the live policy set and its generation. */
 enum gg_status engine_new(const struct policy_paths *paths, struct engine **out,

@@ -1,0 +1,57 @@
+/*
+ * workloads.h - a workload (a Deployment, a Job, an operator's custom
+ * resource: every kind manifest.h finds pod templates in) through the pod
+ * policies: each template becomes the Pod its controller would create
+ * (manifest.c), goes through both webhooks (dryrun.c), and the patch on
+ * that Pod is mapped back onto the template.  `gpuguard check` and the
+ * server's /mutate and /validate both go through wl_template, so a
+ * workload gets the same answer from either.
+ */
+#ifndef GG_WORKLOADS_H
+#define GG_WORKLOADS_H
+
+#include "admission.h"
+#include "dryrun.h"
+#include "gpuguard.h"
+#include "manifest.h"
+#include "policy.h"
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#define WL_MAX_TEMPLATES 64 /* pod templates in one workload under review */
+
+/* One template through the policies. */
+struct wl_result {
+    struct dr_result pod; /* the Pod's answer: allowed, message, warnings, patch on the Pod */
+    json_t *mapped;       /* that patch on the document (RFC 6902); [] when denied or none */
+    json_t *dropped;      /* ops on the Pod with no place in the template; [] when none */
+};
+
+/*
+ * Put e's Pod through the webhooks as dr_evaluate does and map an allowed
+ * Pod's patch onto doc (the document e was collected from, as it is now).
+ */
+enum gg_status wl_template(struct engine *engine, const struct mf_entry *e, const json_t *doc,
+                           const struct dr_options *o, struct wl_result *out, struct gg_err *err);
+void wl_result_clear(struct wl_result *r);
+
+/*
+ * Answer a review of a workload at endpoint: *handled is false (and *out
+ * untouched) when the request is not for an object with pod templates
+ * (Pods included), which the caller evaluates as it is.  Otherwise *out is
+ * the workload's verdict:
+ *   - UPDATE that leaves every template as it was: allowed, nothing run;
+ *   - any template denied: denied, each denial prefixed by its template's
+ *     path ("spec.template: gpu-sharing: ...");
+ *   - else allowed, with the templates' patches mapped onto the object on
+ *     the mutating endpoint, unless workloads.mode is validate: then no
+ *     patch and one warning per change the pods will get instead.
+ * Warnings are the templates', prefixed by their path.
+ */
+enum gg_status wl_review(struct engine *engine, const struct adm_request *req,
+                         enum adm_endpoint endpoint, int64_t deadline_us, bool *handled,
+                         struct policy_verdict *out, struct gg_err *err);
+
+#endif
