@@ -1,7 +1,8 @@
 /*
- * dryrun.h - one pod through the policies the way the API server would put
- * it through gpuguard's two webhooks: the AdmissionReview it would send, the
- * mutating call, the patch applied, then the validating call on the result.
+ * dryrun.h - one pod (or any object) through the policies the way the API
+ * server would put it through gpuguard's two webhooks: the AdmissionReview
+ * it would send, the mutating call, the patch applied, then the validating
+ * call on the result.
  * Used by `gpuguard check` and `gpuguard test`, so both run exactly what the
  * server runs (the same decode, the same engine).
  *
@@ -49,7 +50,9 @@ const char *dr_namespace(const json_t *pod, const char *fallback);
 
 /*
  * The AdmissionReview (admission.k8s.io/v1) the API server would send for
- * object (a Pod; NULL on DELETE/CONNECT) in namespace ns.  A new reference.
+ * object (NULL on DELETE/CONNECT) in namespace ns: its kind and resource
+ * from the object's apiVersion and kind (the resource is the kind in lower
+ * case plus "s"), a Pod when it has no kind.  A new reference.
  */
 json_t *dr_review(const json_t *object, const json_t *old_object, const char *ns,
                   const struct dr_options *o, const char *uid);

@@ -80,8 +80,8 @@ static json_t *prefixed(const char *path, const char *text)
     return v;
 }
 
-/* One warning per op a template's pods get when the workload is not patched. */
-static void warn_changes(json_t *warnings, const struct mf_entry *e, const json_t *ops)
+/* One warning per op that workloads.mode: validate keeps off the object. */
+static void warn_changes(json_t *warnings, const char *path, const char *what, const json_t *ops)
 {
     size_t i;
     json_t *op;
@@ -92,11 +92,10 @@ static void warn_changes(json_t *warnings, const struct mf_entry *e, const json_
         json_t *v = json_object_get(op, "value");
         size_t n = v ? json_dumpb(v, value, sizeof(value) - 1, JSON_COMPACT | JSON_ENCODE_ANY) : 0;
         value[n < sizeof(value) ? n : sizeof(value) - 1] = '\0';
-        snprintf(text, sizeof(text),
-                 "workloads.mode is validate, so the pods get the change: %s %.256s%s%s",
+        snprintf(text, sizeof(text), "workloads.mode is validate, so %s: %s %.256s%s%s", what,
                  json_string_value(json_object_get(op, "op")),
                  json_string_value(json_object_get(op, "path")), v ? " " : "", value);
-        json_array_append_new(warnings, prefixed(e->path, text));
+        json_array_append_new(warnings, prefixed(path, text));
     }
 }
 
@@ -110,11 +109,12 @@ struct gather {
  * validating call, after the mutating one said it all). */
 enum changes { CHANGES_PATCH, CHANGES_WARN, CHANGES_NONE };
 
-static void add_denial(struct gather *g, const struct mf_entry *e, const char *message)
+/* A denial, after its template's path (none for the object's own). */
+static void add_denial(struct gather *g, const char *path, const char *message)
 {
     char *joined = NULL;
-    if (asprintf(&joined, "%s%s%s: %s", g->denials ? g->denials : "", g->denials ? "; " : "",
-                 e->path, message) < 0)
+    if (asprintf(&joined, "%s%s%s%s%s", g->denials ? g->denials : "", g->denials ? "; " : "",
+                 path ? path : "", path ? ": " : "", message) < 0)
         return;
     free(g->denials);
     g->denials = joined;
@@ -126,7 +126,7 @@ static void add_template(struct gather *g, const struct mf_entry *e, const struc
     size_t i;
     json_t *w;
     if (!r->pod.allowed)
-        add_denial(g, e, r->pod.message ? r->pod.message : "denied");
+        add_denial(g, e->path, r->pod.message ? r->pod.message : "denied");
     json_array_foreach(r->pod.warnings, i, w)
         json_array_append_new(g->warnings, prefixed(e->path, json_string_value(w)));
     json_object_update(g->audit, r->pod.audit);
@@ -134,7 +134,7 @@ static void add_template(struct gather *g, const struct mf_entry *e, const struc
     if (changes == CHANGES_PATCH)
         json_array_extend(g->patch, r->mapped);
     else if (changes == CHANGES_WARN)
-        warn_changes(g->warnings, e, r->mapped);
+        warn_changes(g->warnings, e->path, "the pods get the change", r->mapped);
     json_array_foreach(changes == CHANGES_PATCH ? r->dropped : NULL, i, w)
     {
         char text[200];
@@ -154,13 +154,61 @@ static void request_user(const struct adm_request *req, struct dr_options *o)
     o->groups = json_is_array(groups) ? groups : NULL;
 }
 
-static enum gg_status workloads_mode(struct engine *engine, enum cfg_workloads_mode *mode,
-                                     struct gg_err *err)
+/* What the configuration says about workloads and this request's user. */
+struct settings {
+    enum cfg_workloads_mode mode;
+    bool controller; /* the user is one of queues.controller_accounts */
+};
+
+static enum gg_status read_settings(struct engine *engine, const struct adm_request *req,
+                                    struct settings *out, struct gg_err *err)
 {
     struct policy_set *set = engine_live_set(engine);
-    enum gg_status st = cfg_workloads_mode(set ? policy_set_config(set) : NULL, mode, err);
+    const json_t *config = set ? policy_set_config(set) : NULL;
+    enum gg_status st = cfg_workloads_mode(config, &out->mode, err);
+    const char *user = json_string_value(json_object_get(req->user_info, "username"));
+    json_t *accounts =
+        json_object_get(json_object_get(config, "queues"), WL_CONTROLLER_ACCOUNTS_KEY);
+    size_t i;
+    json_t *a;
+    out->controller = false;
+    json_array_foreach(accounts, i, a) out->controller =
+        out->controller || (user && json_is_string(a) && strcmp(json_string_value(a), user) == 0);
     policy_set_release(set);
     return st;
+}
+
+enum gg_status wl_object(struct engine *engine, const json_t *obj, const struct dr_options *o,
+                         struct dr_result *out, struct gg_err *err)
+{
+    return dr_evaluate(engine, obj, o, out, err);
+}
+
+/* The object itself through the policies that match its kind (queue routing). */
+static enum gg_status review_object(struct engine *engine, const struct adm_request *req,
+                                    const struct dr_options *o, enum changes changes,
+                                    struct gather *g, json_t **patched, struct gg_err *err)
+{
+    struct dr_result r;
+    struct dr_options own = *o;
+    own.operation = adm_operation_name(req->operation);
+    own.old_object = req->old_object;
+    enum gg_status st = wl_object(engine, req->object, &own, &r, err);
+    if (st != GG_OK)
+        return st;
+    if (!r.allowed)
+        add_denial(g, NULL, r.message ? r.message : "denied");
+    json_array_extend(g->warnings, r.warnings);
+    json_object_update(g->audit, r.audit);
+    dr_add_fired(g->fired, r.fired);
+    if (changes == CHANGES_PATCH) {
+        json_array_extend(g->patch, r.patch);
+        *patched = json_incref(r.mutated);
+    } else if (changes == CHANGES_WARN) {
+        warn_changes(g->warnings, req->kind, "it is not changed", r.patch);
+    }
+    dr_result_clear(&r);
+    return GG_OK;
 }
 
 enum gg_status wl_review(struct engine *engine, const struct adm_request *req,
@@ -179,14 +227,18 @@ enum gg_status wl_review(struct engine *engine, const struct adm_request *req,
     *handled = true;
     memset(out, 0, sizeof(*out));
     struct gather g = {json_array(), json_array(), json_object(), json_array(), NULL};
-    enum cfg_workloads_mode mode = CFG_WORKLOADS_MUTATE;
+    struct settings cfg;
+    json_t *patched = NULL;
     if (!g.patch || !g.warnings || !g.audit || !g.fired) {
         st = gg_fail(err, GG_ERR_NOMEM, "out of memory");
         goto out;
     }
-    if ((st = workloads_mode(engine, &mode, err)) != GG_OK)
+    if ((st = read_settings(engine, req, &cfg, err)) != GG_OK)
         goto out;
-    if (set.templates > WL_MAX_TEMPLATES) {
+    if (req->operation == ADM_UPDATE && cfg.controller) {
+        /* A queue controller's own edits (Kueue's flavor selectors and tolerations on a
+         * suspended workload, and their removal): allowed as they are. */
+    } else if (set.templates > WL_MAX_TEMPLATES) {
         char text[200];
         snprintf(text, sizeof(text), "gpuguard: the %.64s has %zu pod templates, more than %d",
                  req->kind, set.templates, WL_MAX_TEMPLATES);
@@ -194,15 +246,22 @@ enum gg_status wl_review(struct engine *engine, const struct adm_request *req,
     } else if (req->operation == ADM_CREATE || !templates_unchanged(req, &set)) {
         struct dr_options o = {.namespace = req->namespace, .deadline_us = deadline_us};
         request_user(req, &o);
-        enum changes changes = endpoint != ADM_MUTATING       ? CHANGES_NONE
-                               : mode == CFG_WORKLOADS_MUTATE ? CHANGES_PATCH
-                                                              : CHANGES_WARN;
+        enum changes changes = endpoint != ADM_MUTATING           ? CHANGES_NONE
+                               : cfg.mode == CFG_WORKLOADS_MUTATE ? CHANGES_PATCH
+                                                                  : CHANGES_WARN;
+        st = review_object(engine, req, &o, changes, &g, &patched, err);
+        if (st == GG_OK && patched) {
+            /* The templates as they are after the object's own changes. */
+            mf_set_clear(&set);
+            st = mf_collect_object(patched, "object", &set, err);
+        }
         for (size_t i = 0; st == GG_OK && i < set.count; i++) {
             struct wl_result r;
             const struct mf_entry *e = &set.entries[i];
             if (e->type != MF_TEMPLATE)
                 continue;
-            if ((st = wl_template(engine, e, req->object, &o, &r, err)) != GG_OK)
+            if ((st = wl_template(engine, e, patched ? patched : req->object, &o, &r, err)) !=
+                GG_OK)
                 break;
             add_template(&g, e, &r, changes);
             wl_result_clear(&r);
@@ -221,6 +280,7 @@ enum gg_status wl_review(struct engine *engine, const struct adm_request *req,
     if (!out->warnings)
         st = gg_fail(err, GG_ERR_NOMEM, "out of memory");
 out:
+    json_decref(patched);
     json_decref(g.patch);
     json_decref(g.warnings);
     json_decref(g.audit);

@@ -21,6 +21,8 @@
 #include <stdint.h>
 
 #define WL_MAX_TEMPLATES 64 /* pod templates in one workload under review */
+/* queues.<key>: users whose UPDATEs of workloads are allowed unreviewed (Kueue's controller) */
+#define WL_CONTROLLER_ACCOUNTS_KEY "controller_accounts"
 
 /* One template through the policies. */
 struct wl_result {
@@ -38,16 +40,26 @@ enum gg_status wl_template(struct engine *engine, const struct mf_entry *e, cons
 void wl_result_clear(struct wl_result *r);
 
 /*
+ * The object itself (not its templates) through both webhooks, for the
+ * policies that match its kind, queue routing above all: dr_evaluate.
+ */
+enum gg_status wl_object(struct engine *engine, const json_t *obj, const struct dr_options *o,
+                         struct dr_result *out, struct gg_err *err);
+
+/*
  * Answer a review of a workload at endpoint: *handled is false (and *out
  * untouched) when the request is not for an object with pod templates
  * (Pods included), which the caller evaluates as it is.  Otherwise *out is
  * the workload's verdict:
- *   - UPDATE that leaves every template as it was: allowed, nothing run;
+ *   - UPDATE that leaves every template as it was, or by one of
+ *     queues.controller_accounts: allowed, nothing run;
+ *   - the object through wl_object, then each template of the object as
+ *     that left it through wl_template;
  *   - any template denied: denied, each denial prefixed by its template's
  *     path ("spec.template: gpu-sharing: ...");
- *   - else allowed, with the templates' patches mapped onto the object on
- *     the mutating endpoint, unless workloads.mode is validate: then no
- *     patch and one warning per change the pods will get instead.
+ *   - else allowed, with the object's patch and the templates' patches
+ *     mapped onto the object on the mutating endpoint, unless
+ *     workloads.mode is validate: then no patch and one warning per change.
  * Warnings are the templates', prefixed by their path.
  */
 enum gg_status wl_review(struct engine *engine, const struct adm_request *req,
