@@ -547,11 +547,13 @@ static bool labels_match(const json_t *selector, const json_t *object)
 static bool policy_matches(const struct policy *p, const struct adm_request *req)
 {
     const json_t *m = p->match;
-    json_t *v;
+    json_t *v = json_object_get(m, "kinds");
+    /* Without kinds, Pods only: workloads come to the webhook too, and a policy written for
+     * pods sees their templates as pods (workloads.h). */
+    if (v ? !in_list(v, req->kind) : strcmp(req->kind, "Pod") != 0)
+        return false;
     if (!m)
         return true;
-    if ((v = json_object_get(m, "kinds")) && !in_list(v, req->kind))
-        return false;
     if ((v = json_object_get(m, "operations")) && !in_list(v, adm_operation_name(req->operation)))
         return false;
     if ((v = json_object_get(m, "namespaces"))) {

@@ -291,3 +291,15 @@ out:
         policy_verdict_clear(out);
     return st;
 }
+
+const char *wl_queue(const json_t *obj)
+{
+    static const char *const labels[] = {WL_KUEUE_QUEUE_LABEL, WL_KAI_QUEUE_LABEL};
+    json_t *l = json_object_get(json_object_get(obj, "metadata"), "labels");
+    for (size_t i = 0; i < sizeof(labels) / sizeof(labels[0]); i++) {
+        const char *q = json_string_value(json_object_get(l, labels[i]));
+        if (q)
+            return q;
+    }
+    return NULL;
+}

@@ -23,6 +23,9 @@
 #define WL_MAX_TEMPLATES 64 /* pod templates in one workload under review */
 /* queues.<key>: users whose UPDATEs of workloads are allowed unreviewed (Kueue's controller) */
 #define WL_CONTROLLER_ACCOUNTS_KEY "controller_accounts"
+/* The queue labels lua/queues.lua sets */
+#define WL_KUEUE_QUEUE_LABEL "kueue.x-k8s.io/queue-name"
+#define WL_KAI_QUEUE_LABEL "kai.scheduler/queue"
 
 /* One template through the policies. */
 struct wl_result {
@@ -45,6 +48,9 @@ void wl_result_clear(struct wl_result *r);
  */
 enum gg_status wl_object(struct engine *engine, const json_t *obj, const struct dr_options *o,
                          struct dr_result *out, struct gg_err *err);
+
+/* The queue obj names (Kueue's or KAI's label), or NULL. */
+const char *wl_queue(const json_t *obj);
 
 /*
  * Answer a review of a workload at endpoint: *handled is false (and *out
