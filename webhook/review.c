@@ -53,6 +53,9 @@ static void log_decision(const struct adm_request *req, enum adm_endpoint endpoi
         (review_now_us() - start_us) / 1000.0);
     if (v->message)
         json_object_set_new(fields, "message", json_string(v->message));
+    json_t *charge = json_object_get(v->audit, WL_CHARGE_AUDIT_KEY);
+    if (charge)
+        json_object_set(fields, "charge", charge);
     if (log_get_level() == LOG_DEBUG && req->object)
         json_object_set(fields, "object", req->object);
     log_fields(LOG_INFO, "decision", fields);

@@ -103,6 +103,8 @@ static void warn_changes(json_t *warnings, const char *path, const char *what, c
 struct gather {
     json_t *patch, *warnings, *audit, *fired;
     char *denials;
+    long long charge; /* milli-GPU-equivalents of all the pods, WL_CHARGE_ANNOTATION x count */
+    char charges[WL_CHARGE_TEXT];
 };
 
 /* What a template's changes become: the patch, warnings, or nothing (the
@@ -118,6 +120,56 @@ static void add_denial(struct gather *g, const char *path, const char *message)
         return;
     free(g->denials);
     g->denials = joined;
+}
+
+/* An integer member of obj, or 1. */
+static long long count_member(const json_t *obj, const char *key)
+{
+    json_t *v = json_object_get(obj, key);
+    return json_is_integer(v) && json_integer_value(v) >= 0 ? json_integer_value(v) : 1;
+}
+
+long long wl_pod_count(const json_t *obj, const char *template_ptr)
+{
+    long long n = 1;
+    char prefix[1024];
+    size_t len = strlen(template_ptr);
+    if (len >= sizeof(prefix))
+        return 1;
+    /* Every ancestor of the template, each prefix ending where a reference token does. */
+    for (size_t at = 1; at < len; at++) {
+        if (template_ptr[at] != '/')
+            continue;
+        json_t *parent = NULL;
+        memcpy(prefix, template_ptr, at);
+        prefix[at] = '\0';
+        if (jp_pointer_get(obj, prefix, &parent, NULL) != GG_OK || !json_is_object(parent))
+            continue;
+        n *= count_member(parent, "replicas") * count_member(parent, "parallelism");
+        if (strcmp(template_ptr + at, "/workerTemplate") == 0) /* a LeaderWorkerSet group */
+            n *= count_member(parent, "size") > 0 ? count_member(parent, "size") - 1 : 0;
+        if (n > WL_MAX_PODS)
+            return WL_MAX_PODS;
+    }
+    return n;
+}
+
+/* The template's charge times its pods, into the workload's. */
+static void add_charge(struct gather *g, const struct mf_entry *e, const json_t *doc,
+                       const struct wl_result *r)
+{
+    const char *note = json_string_value(
+        json_object_get(json_object_get(json_object_get(r->pod.mutated, "metadata"), "annotations"),
+                        WL_CHARGE_ANNOTATION));
+    char *end = NULL;
+    long long milli = note ? strtoll(note, &end, 10) : 0;
+    if (!note || *end || milli <= 0)
+        return;
+    long long pods = wl_pod_count(doc, e->template_ptr);
+    g->charge += milli * pods;
+    size_t used = strlen(g->charges);
+    snprintf(g->charges + used, sizeof(g->charges) - used, "%s%s %lld.%03lld x %lld",
+             used ? ", " : "", e->path, milli / 1000, milli % 1000, pods);
 }
 
 static void add_template(struct gather *g, const struct mf_entry *e, const struct wl_result *r,
@@ -226,7 +278,7 @@ enum gg_status wl_review(struct engine *engine, const struct adm_request *req,
     }
     *handled = true;
     memset(out, 0, sizeof(*out));
-    struct gather g = {json_array(), json_array(), json_object(), json_array(), NULL};
+    struct gather g = {json_array(), json_array(), json_object(), json_array(), NULL, 0, ""};
     struct settings cfg;
     json_t *patched = NULL;
     if (!g.patch || !g.warnings || !g.audit || !g.fired) {
@@ -264,11 +316,18 @@ enum gg_status wl_review(struct engine *engine, const struct adm_request *req,
                 GG_OK)
                 break;
             add_template(&g, e, &r, changes);
+            add_charge(&g, e, patched ? patched : req->object, &r);
             wl_result_clear(&r);
         }
     }
     if (st != GG_OK)
         goto out;
+    if (g.charge > 0) {
+        char text[WL_CHARGE_TEXT + 64];
+        snprintf(text, sizeof(text), "%lld.%03lld GPU-equivalents: %s", g.charge / 1000,
+                 g.charge % 1000, g.charges);
+        json_object_set_new(g.audit, WL_CHARGE_AUDIT_KEY, json_string(text));
+    }
     out->allowed = g.denials == NULL;
     out->message = g.denials;
     g.denials = NULL;

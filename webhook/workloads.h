@@ -23,6 +23,10 @@
 #define WL_MAX_TEMPLATES 64 /* pod templates in one workload under review */
 /* queues.<key>: users whose UPDATEs of workloads are allowed unreviewed (Kueue's controller) */
 #define WL_CONTROLLER_ACCOUNTS_KEY "controller_accounts"
+#define WL_MAX_PODS 1000000 /* a bound on the pods counted for one template */
+#define WL_CHARGE_TEXT 512  /* the per-template part of the charge's audit annotation */
+#define WL_CHARGE_ANNOTATION "gpuguard.io/charge" /* a pod's charge, in milli-GPUs */
+#define WL_CHARGE_AUDIT_KEY "workload-charge"
 /* The queue labels lua/queues.lua sets */
 #define WL_KUEUE_QUEUE_LABEL "kueue.x-k8s.io/queue-name"
 #define WL_KAI_QUEUE_LABEL "kai.scheduler/queue"
@@ -49,6 +53,16 @@ void wl_result_clear(struct wl_result *r);
 enum gg_status wl_object(struct engine *engine, const json_t *obj, const struct dr_options *o,
                          struct dr_result *out, struct gg_err *err);
 
+/*
+ * How many pods obj asks for from the template at template_ptr: the
+ * replicas and parallelism of every object on the way to it (a Deployment's
+ * replicas, a JobSet's replicated job's replicas times its Job's
+ * parallelism, a Kubeflow role's or Ray group's replicas), times size - 1
+ * for a LeaderWorkerSet's workers; 1 when nothing says.  A DaemonSet counts
+ * one (per node).  At most WL_MAX_PODS.
+ */
+long long wl_pod_count(const json_t *obj, const char *template_ptr);
+
 /* The queue obj names (Kueue's or KAI's label), or NULL. */
 const char *wl_queue(const json_t *obj);
 
@@ -66,7 +80,10 @@ const char *wl_queue(const json_t *obj);
  *   - else allowed, with the object's patch and the templates' patches
  *     mapped onto the object on the mutating endpoint, unless
  *     workloads.mode is validate: then no patch and one warning per change.
- * Warnings are the templates', prefixed by their path.
+ * Warnings are the templates', prefixed by their path.  The workload's
+ * charge (each template's gpuguard.io/charge times wl_pod_count) is the
+ * audit annotation WL_CHARGE_AUDIT_KEY: "2.286 GPU-equivalents:
+ * spec.template 1.143 x 2".
  */
 enum gg_status wl_review(struct engine *engine, const struct adm_request *req,
                          enum adm_endpoint endpoint, int64_t deadline_us, bool *handled,

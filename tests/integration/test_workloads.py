@@ -244,3 +244,24 @@ def test_pods_of_an_admitted_template_get_no_second_patch(policy_server, binary,
     status, _, got = policy_server.connect().review(review, path="/mutate")
     assert got["response"]["allowed"] is True
     assert "patch" not in got["response"], json.loads(base64.b64decode(got["response"]["patch"]))
+
+
+@pytest.mark.parametrize("kind, charge", [
+    ("Deployment", "0.286 GPU-equivalents: spec.template 0.143 x 2"),
+    ("Job", "0.286 GPU-equivalents: spec.template 0.143 x 2"),
+    ("PyTorchJob", "6.143 GPU-equivalents: spec.pytorchReplicaSpecs.Master.template 0.143 x 1, "
+                   "spec.pytorchReplicaSpecs.Worker.template 2.000 x 3"),
+    ("JobSet", "0.572 GPU-equivalents: spec.replicatedJobs[0].template.spec.template 0.143 x 2, "
+               "spec.replicatedJobs[1].template.spec.template 0.143 x 2"),
+    ("LeaderWorkerSet", "6.286 GPU-equivalents: "
+                        "spec.leaderWorkerTemplate.leaderTemplate 0.143 x 2, "
+                        "spec.leaderWorkerTemplate.workerTemplate 1.000 x 6"),
+])
+def test_the_workload_charge_is_in_the_decision(policy_server, kind, charge):
+    """Template charge x replicas, parallelism and group sizes, as an audit annotation and in
+    the decision log line; the live quota stays with the pods."""
+    resp, _ = answer(policy_server, WORKLOADS[kind]())
+    assert resp["auditAnnotations"]["workload-charge"] == charge
+    lines = [r for r in policy_server.log_lines()
+             if r.get("msg") == "decision" and r.get("uid") == resp["uid"]]
+    assert [r["charge"] for r in lines] == [charge]
