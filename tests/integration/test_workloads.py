@@ -94,8 +94,10 @@ def answer(srv, obj, path="/mutate", **kw):
     return resp, patch
 
 
-def write_config(tmp_path, extra=""):
-    text = (REPO / "deploy" / "gpuguard.yaml").read_text() + extra
+def write_config(tmp_path, mode="mutate"):
+    text = (REPO / "deploy" / "gpuguard.yaml").read_text()
+    assert "\nworkloads:\n  mode: mutate\n" in text
+    text = text.replace("\nworkloads:\n  mode: mutate\n", f"\nworkloads:\n  mode: {mode}\n")
     path = tmp_path / "gpuguard.yaml"
     path.write_text(text)
     return path
@@ -118,7 +120,7 @@ def policy_server(binary, certs, tmp_path_factory):
 @pytest.fixture(scope="module")
 def validate_server(binary, certs, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("workloads-validate")
-    srv = serve(binary, certs, tmp, write_config(tmp, "\nworkloads:\n  mode: validate\n"))
+    srv = serve(binary, certs, tmp, write_config(tmp, "validate"))
     yield srv
     assert srv.stop() == 0
 
