@@ -144,6 +144,15 @@ local function check_pool(p, i, catalog, seen)
     end
     check_string_map(p.node_selector, at .. ".node_selector")
     check_taints(p.taints, at .. ".taints")
+    if p.placement ~= nil and p.placement ~= "kueue" then
+        fail("%s.placement: must be kueue (Kueue's ResourceFlavors place the pods) or absent", at)
+    end
+end
+
+--- Does gpuguard pin pods to the pool's nodes?  Not when Kueue's ResourceFlavors do
+--- (placement: kueue): a nodeSelector of ours could conflict with a flavor's nodeLabels.
+function M.places(pool)
+    return pool.placement ~= "kueue"
 end
 
 -- Catalogs built from a configuration, once per VM: building one walks every model.

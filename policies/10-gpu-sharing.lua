@@ -312,7 +312,7 @@ local function decide(req, pod, cfg)
             end
         end
     end
-    if selector then -- not for mixed MIG, exclusive, HAMi or KAI
+    if selector and fleet.places(pool) then -- not for mixed MIG, exclusive, HAMi or KAI
         local spec = k8s.pod_spec(pod)
         for k, v in pairs(selector) do
             k8s.set_node_selector(spec, k, v)

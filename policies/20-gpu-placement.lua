@@ -87,7 +87,7 @@ local function place(req, pod, cfg)
     if not pool then
         return
     end
-    for k, v in pairs(pool.node_selector or {}) do
+    for k, v in pairs(fleet.places(pool) and pool.node_selector or {}) do
         k8s.set_node_selector(spec, k, v)
     end
     local taints = pool.taints or {}

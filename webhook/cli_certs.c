@@ -31,8 +31,9 @@ static const char help_text[] =
     "\n"
     "With --kustomize-patch FILE it also writes FILE, a kustomize strategic merge\n"
     "patch that sets caBundle on the MutatingWebhookConfiguration and the\n"
-    "ValidatingWebhookConfiguration named gpuguard (webhooks mutate.gpuguard.io\n"
-    "and validate.gpuguard.io), for deploy/overlays/self-managed/webhook-cabundle.yaml.\n"
+    "ValidatingWebhookConfiguration named gpuguard (webhooks mutate.gpuguard.io,\n"
+    "workloads.mutate.gpuguard.io, validate.gpuguard.io and\n"
+    "workloads.validate.gpuguard.io), for deploy/overlays/self-managed/webhook-cabundle.yaml.\n"
     "\n"
     "flags:\n"
     "  --service NAME    name of the webhook Service (required)\n"
@@ -139,11 +140,12 @@ static bool parse_days(const char *s, int *out)
 #define WEBHOOK_CONFIG_NAME "gpuguard"
 #define MUTATING_WEBHOOK_NAME "mutate.gpuguard.io"
 #define VALIDATING_WEBHOOK_NAME "validate.gpuguard.io"
+#define WORKLOADS_PREFIX "workloads."
 
 static const char patch_format[] =
     "# Written by `gpuguard certs --kustomize-patch`: a kustomize strategic merge patch that\n"
     "# sets caBundle (the base64 of ca.crt) on both webhook configurations of gpuguard.\n"
-    "# The serving certificate is for %s.%s.svc; the CA is valid until %s.\n"
+    "# The serving certificate is for %2$s.%3$s.svc; the CA is valid until %4$s.\n"
     "# Write it again with the certificates: the CA private key is not kept.\n"
     "apiVersion: admissionregistration.k8s.io/v1\n"
     "kind: MutatingWebhookConfiguration\n"
@@ -152,7 +154,10 @@ static const char patch_format[] =
     "webhooks:\n"
     "  - name: " MUTATING_WEBHOOK_NAME "\n"
     "    clientConfig:\n"
-    "      caBundle: %s\n"
+    "      caBundle: %1$s\n"
+    "  - name: " WORKLOADS_PREFIX MUTATING_WEBHOOK_NAME "\n"
+    "    clientConfig:\n"
+    "      caBundle: %1$s\n"
     "---\n"
     "apiVersion: admissionregistration.k8s.io/v1\n"
     "kind: ValidatingWebhookConfiguration\n"
@@ -161,7 +166,10 @@ static const char patch_format[] =
     "webhooks:\n"
     "  - name: " VALIDATING_WEBHOOK_NAME "\n"
     "    clientConfig:\n"
-    "      caBundle: %s\n";
+    "      caBundle: %1$s\n"
+    "  - name: " WORKLOADS_PREFIX VALIDATING_WEBHOOK_NAME "\n"
+    "    clientConfig:\n"
+    "      caBundle: %1$s\n";
 
 /* Without force, refuse an existing path; never accept a directory. */
 static enum gg_status patch_check_target(const char *path, bool force, struct gg_err *err)
@@ -346,7 +354,7 @@ int cli_certs(int argc, char **argv)
     if (st == GG_OK)
         certs_format_time(bundle.not_after, until);
     if (st == GG_OK && patch_path) {
-        if (asprintf(&patch, patch_format, opts.service, opts.ns, until, ca_b64, ca_b64) < 0) {
+        if (asprintf(&patch, patch_format, ca_b64, opts.service, opts.ns, until) < 0) {
             patch = NULL;
             st = gg_fail(&err, GG_ERR_NOMEM, "out of memory");
         } else {

@@ -24,6 +24,7 @@
 #include "manifest.h"
 #include "policy.h"
 #include "rsstore.h"
+#include "workloads.h"
 #include "yamldoc.h"
 
 #include <errno.h>
@@ -79,9 +80,10 @@ static void check_usage(FILE *out)
         "every Pod and pod template (Deployment, StatefulSet, Job, CronJob, Kubeflow jobs and\n"
         "Notebook, KServe InferenceService, Ray, JobSet, LeaderWorkerSet, Volcano, List items,\n"
         "...), built as its operator builds the pod (with the operator's labels), goes through\n"
-        "mutate, then validate on the mutated pod.  PATH is a file, a directory (searched\n"
-        "recursively for .yaml, .yml and .json files) or - for stdin; files may hold several\n"
-        "YAML or JSON documents.\n"
+        "mutate, then validate on the mutated pod, as the webhook does at apply time; each\n"
+        "workload itself goes first (queue routing: the queue it lands in is reported).\n"
+        "PATH is a file, a directory (searched recursively for .yaml, .yml and .json files)\n"
+        "or - for stdin; files may hold several YAML or JSON documents.\n"
         "\n"
         "flags:\n"
         "  --config FILE          gpuguard configuration (YAML) [none]\n"
@@ -248,26 +250,27 @@ static void add_skipped(struct check_run *r, const char *file, const struct mf_e
                                     "pointer", e->object_ptr, "reason", e->reason));
 }
 
-/* Put one template through the webhooks and record the result. */
+/*
+ * Put one template through the webhooks and record the result, with its
+ * object's own (object: NULL for a Pod document): a denial of either
+ * denies, and the queue is the object's, else the pod's.
+ */
 static enum gg_status check_template(struct check_run *r, const char *file, struct mf_entry *e,
-                                     json_t *doc, struct gg_err *err)
+                                     json_t *doc, const struct dr_result *object,
+                                     struct gg_err *err)
 {
     struct dr_options dopts = {.namespace = r->o.namespace, .user = r->o.user};
-    struct dr_result res;
+    struct wl_result wr;
     struct timespec t0, t1;
     clock_gettime(CLOCK_MONOTONIC, &t0);
-    enum gg_status st = dr_evaluate(r->engine, e->pod, &dopts, &res, err);
+    enum gg_status st = wl_template(r->engine, e, doc, &dopts, &wr, err);
     clock_gettime(CLOCK_MONOTONIC, &t1);
     if (st != GG_OK)
         return st;
+    const struct dr_result *res = &wr.pod;
     double seconds = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
-    json_t *dropped = NULL;
-    if (res.allowed && json_array_size(res.patch) && r->emitted) {
-        json_t *mapped = NULL;
-        st = mf_map_patch(e, doc, res.patch, &mapped, &dropped, err);
-        if (st == GG_OK)
-            st = jp_apply(doc, mapped, err);
-        json_decref(mapped);
+    if (json_array_size(wr.mapped) && r->emitted) {
+        st = jp_apply(doc, wr.mapped, err);
         if (st != GG_OK) {
             char msg[512];
             snprintf(msg, sizeof(msg),
@@ -277,29 +280,61 @@ static enum gg_status check_template(struct check_run *r, const char *file, stru
             st = GG_OK;
         }
     }
+    bool allowed = res->allowed && (!object || object->allowed);
+    const char *message = res->message ? res->message : object ? object->message : NULL;
+    json_t *warnings = json_array();
+    if (object)
+        json_array_extend(warnings, object->warnings);
+    json_array_extend(warnings, res->warnings);
+    const char *queue = object ? wl_queue(object->mutated) : NULL;
+    if (!queue)
+        queue = wl_queue(res->mutated);
     r->checked++;
-    if (res.allowed)
+    if (allowed)
         r->allowed++;
     else
         r->denied++;
-    if (json_array_size(res.warnings))
+    if (json_array_size(warnings))
         r->warned++;
     json_t *rec = json_pack(
         "{s:s,s:s,s:I,s:I,s:s,s:s,s:s,s:s,s:s,s:s,s:o,s:O,s:b,s:o,s:o,s:O,s:O,s:O,s:o,s:O}", "type",
         "template", "file", file, "document", (json_int_t)e->doc_number, "line",
         (json_int_t)e->line, "apiVersion", e->api_version, "kind", e->kind, "name", e->name,
-        "namespace", res.namespace, "path", e->path, "pointer", e->template_ptr, "owner",
-        owner_json(e), "owners", e->owners, "allowed", res.allowed, "message",
-        str_or_null(res.message), "denied_in", str_or_null(res.denied_by), "warnings", res.warnings,
-        "audit", res.audit, "policies", res.fired, "decision", str_or_null(res.decision), "patch",
-        res.patch);
+        "namespace", res->namespace, "path", e->path, "pointer", e->template_ptr, "owner",
+        owner_json(e), "owners", e->owners, "allowed", allowed, "message", str_or_null(message),
+        "denied_in",
+        str_or_null(res->denied_by ? res->denied_by
+                    : allowed      ? NULL
+                                   : "object"),
+        "warnings", warnings, "audit", res->audit, "policies", res->fired, "decision",
+        str_or_null(res->decision), "patch", res->patch);
+    if (rec)
+        json_object_set_new(rec, "queue", str_or_null(queue));
     if (rec && r->o.format == OUT_JUNIT) /* testcase time; not part of the JSON output */
         json_object_set_new(rec, "seconds", json_real(seconds));
-    if (rec && dropped && json_array_size(dropped))
-        json_object_set(rec, "unmapped_patch", dropped);
+    if (rec && r->emitted && json_array_size(wr.dropped))
+        json_object_set(rec, "unmapped_patch", wr.dropped);
     json_array_append_new(r->records, rec);
-    json_decref(dropped);
-    dr_result_clear(&res);
+    json_decref(warnings);
+    wl_result_clear(&wr);
+    return st;
+}
+
+/*
+ * A workload itself through the webhooks (queue routing), before its
+ * templates; with --emit-mutated its patch goes onto the document.
+ */
+static enum gg_status check_object(struct check_run *r, json_t *doc, const struct mf_entry *e,
+                                   struct dr_result *out, struct gg_err *err)
+{
+    struct dr_options dopts = {.namespace = r->o.namespace, .user = r->o.user};
+    json_t *obj = NULL;
+    if (jp_pointer_get(doc, e->object_ptr, &obj, NULL) != GG_OK)
+        return gg_fail(err, GG_ERR_INVALID, "%s: no object", e->object_ptr);
+    enum gg_status st = wl_object(r->engine, obj, &dopts, out, err);
+    if (st == GG_OK && r->emitted && out->allowed && json_array_size(out->patch) &&
+        (st = jp_apply(obj, out->patch, err)) != GG_OK)
+        dr_result_clear(out);
     return st;
 }
 
@@ -333,13 +368,30 @@ static enum gg_status check_input(struct check_run *r, const char *name, bool fr
     }
     st = GG_OK;
     cli_keep_dra(r->inventory, &set, stream.docs, r->o.namespace);
+    struct dr_result object = {0};
+    bool have_object = false;
     for (size_t i = 0; st == GG_OK && i < set.count; i++) {
         struct mf_entry *e = &set.entries[i];
-        if (e->type == MF_SKIPPED)
+        json_t *doc = json_array_get(stream.docs, e->doc);
+        if (e->type == MF_SKIPPED) {
             add_skipped(r, file, e);
-        else
-            st = check_template(r, file, e, json_array_get(stream.docs, e->doc), &err);
+            continue;
+        }
+        bool first = i == 0 || set.entries[i - 1].doc != e->doc ||
+                     strcmp(set.entries[i - 1].object_ptr, e->object_ptr) != 0;
+        if (first && have_object) {
+            dr_result_clear(&object);
+            have_object = false;
+        }
+        if (first && strcmp(e->template_ptr, e->object_ptr) != 0) {
+            st = check_object(r, doc, e, &object, &err);
+            have_object = st == GG_OK;
+        }
+        if (st == GG_OK)
+            st = check_template(r, file, e, doc, have_object ? &object : NULL, &err);
     }
+    if (have_object)
+        dr_result_clear(&object);
     if (st != GG_OK) {
         fprintf(stderr, "gpuguard check: %s: %s\n", file, err.msg);
         r->errors++;
@@ -411,6 +463,9 @@ static void print_text_template(const struct check_run *r, const json_t *rec)
     const char *decision = json_string_value(json_object_get(rec, "decision"));
     if (decision)
         fprintf(f, "         decision: %s\n", decision);
+    const char *queue = json_string_value(json_object_get(rec, "queue"));
+    if (queue)
+        fprintf(f, "         queue: %s\n", queue);
     json_t *patch = json_object_get(rec, "patch");
     if (r->o.show_patch && json_array_size(patch)) {
         size_t k;
@@ -579,7 +634,8 @@ static void junit_case(FILE *f, const json_t *rec)
     }
     json_t *warnings = json_object_get(rec, "warnings");
     const char *decision = json_string_value(json_object_get(rec, "decision"));
-    if (json_array_size(warnings) || decision) {
+    const char *queue = json_string_value(json_object_get(rec, "queue"));
+    if (json_array_size(warnings) || decision || queue) {
         size_t i;
         json_t *w;
         fputs("      <system-out>", f);
@@ -592,6 +648,11 @@ static void junit_case(FILE *f, const json_t *rec)
         if (decision) {
             xml_text(f, "decision: ");
             xml_text(f, decision);
+            xml_text(f, "\n");
+        }
+        if (queue) {
+            xml_text(f, "queue: ");
+            xml_text(f, queue);
             xml_text(f, "\n");
         }
         fputs("</system-out>\n", f);

@@ -206,3 +206,23 @@ void cfg_enforcement_for(const json_t *root, const char *policy, const char *ns,
     if (m >= 0)
         *mode = m;
 }
+
+enum gg_status cfg_workloads_mode(const json_t *root, enum cfg_workloads_mode *out,
+                                  struct gg_err *err)
+{
+    json_t *section = json_object_get(root, "workloads");
+    *out = CFG_WORKLOADS_MUTATE;
+    if (!section || json_is_null(section))
+        return GG_OK;
+    if (!json_is_object(section))
+        return gg_fail(err, GG_ERR_INVALID, "workloads: must be a mapping");
+    json_t *mode = json_object_get(section, "mode");
+    if (!mode)
+        return GG_OK;
+    const char *m = json_string_value(mode);
+    if (m && strcmp(m, "validate") == 0)
+        *out = CFG_WORKLOADS_VALIDATE;
+    else if (!m || strcmp(m, "mutate") != 0)
+        return gg_fail(err, GG_ERR_INVALID, "workloads.mode: must be mutate or validate");
+    return GG_OK;
+}

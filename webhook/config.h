@@ -23,6 +23,9 @@
  *
  * The most specific setting wins: policy in namespace, namespace, policy,
  * global, then the policy file's own `mode` / `failure`.
+ *
+ *   workloads:
+ *     mode: validate         # workloads are only checked, never patched (default mutate)
  */
 #ifndef GG_CONFIG_H
 #define GG_CONFIG_H
@@ -56,6 +59,12 @@ enum gg_status cfg_check_enforcement(const json_t *root, struct gg_err *err);
  */
 void cfg_enforcement_for(const json_t *root, const char *policy, const char *ns, int *mode,
                          int *failure);
+
+enum cfg_workloads_mode { CFG_WORKLOADS_MUTATE, CFG_WORKLOADS_VALIDATE };
+
+/* workloads.mode (mutate when absent); err names the key when it is wrong. */
+enum gg_status cfg_workloads_mode(const json_t *root, enum cfg_workloads_mode *out,
+                                  struct gg_err *err);
 
 /* "enforce" | "warn" | "audit" -> 0..2, "deny" | "allow" -> 0..1; -1 if unknown. */
 int cfg_mode_parse(const char *s);

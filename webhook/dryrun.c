@@ -7,6 +7,7 @@
 #include "admission.h"
 #include "jsonpatch.h"
 
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,7 @@
 #include <time.h>
 
 #define DR_DEFAULT_TIMEOUT_MS 10000
+#define DR_NAME_MAX 256 /* a group, version, kind or resource name */
 
 void dr_uid(char out[37])
 {
@@ -54,10 +56,28 @@ static const char *operation_of(const struct dr_options *o)
     return o->operation && *o->operation ? o->operation : "CREATE";
 }
 
+/* The group, version, kind and plural resource of obj: a Pod when it says nothing. */
+static void gvk_of(const json_t *obj, char *group, char *version, char *kind, char *resource)
+{
+    const char *av = json_string_value(json_object_get(obj, "apiVersion"));
+    const char *k = json_string_value(json_object_get(obj, "kind"));
+    const char *slash = av ? strrchr(av, '/') : NULL;
+    snprintf(kind, DR_NAME_MAX, "%s", k && *k ? k : "Pod");
+    snprintf(group, DR_NAME_MAX, "%.*s", slash ? (int)(slash - av) : 0, av ? av : "");
+    snprintf(version, DR_NAME_MAX, "%s", slash ? slash + 1 : av && *av ? av : "v1");
+    size_t i = 0;
+    for (; kind[i] && i + 2 < DR_NAME_MAX; i++)
+        resource[i] = (char)tolower((unsigned char)kind[i]);
+    resource[i] = 's';
+    resource[i + 1] = '\0';
+}
+
 json_t *dr_review(const json_t *object, const json_t *old_object, const char *ns,
                   const struct dr_options *o, const char *uid)
 {
     const char *op = operation_of(o);
+    char group[DR_NAME_MAX], version[DR_NAME_MAX], kind[DR_NAME_MAX], resource[DR_NAME_MAX];
+    gvk_of(object ? object : old_object, group, version, kind, resource);
     const char *name = json_string_value(
         json_object_get(json_object_get(object ? object : old_object, "metadata"), "name"));
     const char *options_kind = strcmp(op, "CREATE") == 0   ? "CreateOptions"
@@ -69,12 +89,12 @@ json_t *dr_review(const json_t *object, const json_t *old_object, const char *ns
     json_t *request = json_pack(
         "{s:s,s:{s:s,s:s,s:s},s:{s:s,s:s,s:s},s:{s:s,s:s,s:s},s:{s:s,s:s,s:s},s:s,s:s,s:s,"
         "s:{s:s,s:o},s:O?,s:O?,s:b}",
-        "uid", uid, "kind", "group", "", "version", "v1", "kind", "Pod", "resource", "group", "",
-        "version", "v1", "resource", "pods", "requestKind", "group", "", "version", "v1", "kind",
-        "Pod", "requestResource", "group", "", "version", "v1", "resource", "pods", "name",
-        name ? name : "", "namespace", ns, "operation", op, "userInfo", "username",
-        o->user ? o->user : DR_DEFAULT_USER, "groups", groups, "object", object, "oldObject",
-        old_object, "dryRun", 0);
+        "uid", uid, "kind", "group", group, "version", version, "kind", kind, "resource", "group",
+        group, "version", version, "resource", resource, "requestKind", "group", group, "version",
+        version, "kind", kind, "requestResource", "group", group, "version", version, "resource",
+        resource, "name", name ? name : "", "namespace", ns, "operation", op, "userInfo",
+        "username", o->user ? o->user : DR_DEFAULT_USER, "groups", groups, "object", object,
+        "oldObject", old_object, "dryRun", 0);
     if (!request)
         return NULL;
     if (o->sub_resource && *o->sub_resource &&
@@ -114,7 +134,8 @@ static enum gg_status call(struct engine *e, const json_t *object, const json_t 
     if (st != GG_OK)
         return st;
     int64_t timeout = o->timeout_ms > 0 ? o->timeout_ms : DR_DEFAULT_TIMEOUT_MS;
-    st = engine_evaluate(e, &req, phase, now_us() + timeout * 1000, v, err);
+    int64_t deadline = o->deadline_us > 0 ? o->deadline_us : now_us() + timeout * 1000;
+    st = engine_evaluate(e, &req, phase, deadline, v, err);
     adm_request_clear(&req);
     return st;
 }
@@ -133,7 +154,7 @@ void dr_result_clear(struct dr_result *r)
     memset(r, 0, sizeof(*r));
 }
 
-static void add_fired(json_t *into, const json_t *names)
+void dr_add_fired(json_t *into, const json_t *names)
 {
     size_t i, j;
     json_t *n, *m;
@@ -228,7 +249,7 @@ enum gg_status dr_evaluate(struct engine *e, const json_t *pod, const struct dr_
         goto out;
     json_array_extend(r.warnings, vv.warnings);
     json_object_update(r.audit, vv.audit);
-    add_fired(r.fired, vv.fired);
+    dr_add_fired(r.fired, vv.fired);
     r.allowed = vv.allowed;
     if (!vv.allowed) {
         r.denied_by = "validate";

@@ -1,7 +1,8 @@
 /*
- * dryrun.h - one pod through the policies the way the API server would put
- * it through gpuguard's two webhooks: the AdmissionReview it would send, the
- * mutating call, the patch applied, then the validating call on the result.
+ * dryrun.h - one pod (or any object) through the policies the way the API
+ * server would put it through gpuguard's two webhooks: the AdmissionReview
+ * it would send, the mutating call, the patch applied, then the validating
+ * call on the result.
  * Used by `gpuguard check` and `gpuguard test`, so both run exactly what the
  * server runs (the same decode, the same engine).
  *
@@ -29,6 +30,7 @@ struct dr_options {
     const char *sub_resource; /* subResource ("ephemeralcontainers"); none when NULL or "" */
     const json_t *old_object; /* UPDATE: the object before (the pod itself when NULL) */
     int64_t timeout_ms;       /* the webhook timeout the API server sends; 10 s when 0 */
+    int64_t deadline_us;      /* CLOCK_MONOTONIC time to answer by; now + timeout_ms when 0 */
 };
 
 struct dr_result {
@@ -49,7 +51,9 @@ const char *dr_namespace(const json_t *pod, const char *fallback);
 
 /*
  * The AdmissionReview (admission.k8s.io/v1) the API server would send for
- * object (a Pod; NULL on DELETE/CONNECT) in namespace ns.  A new reference.
+ * object (NULL on DELETE/CONNECT) in namespace ns: its kind and resource
+ * from the object's apiVersion and kind (the resource is the kind in lower
+ * case plus "s"), a Pod when it has no kind.  A new reference.
  */
 json_t *dr_review(const json_t *object, const json_t *old_object, const char *ns,
                   const struct dr_options *o, const char *uid);
@@ -70,6 +74,9 @@ void dr_result_clear(struct dr_result *r);
  */
 enum gg_status dr_mutate(struct engine *e, const json_t *pod, const struct dr_options *o,
                          json_t **patch, char **denial, struct gg_err *err);
+
+/* Append to the array into the names of names it does not hold yet. */
+void dr_add_fired(json_t *into, const json_t *names);
 
 /* A random version-4 UUID, as the API server uses for request uids. */
 void dr_uid(char out[37]);

@@ -86,13 +86,26 @@ static uint32_t fnv32(const char *s, uint32_t h)
 
 /* Like Kubernetes' pod-template-hash: the decimal FNV-32a of the template
  * spelled in the alphabet of rand.SafeEncodeString. */
+static int hash_text(const char *buffer, size_t size, void *data)
+{
+    uint32_t *h = data;
+    for (size_t i = 0; i < size; i++) {
+        *h ^= (unsigned char)buffer[i];
+        *h *= 16777619u;
+    }
+    return 0;
+}
+
+/* The text is hashed as it is written, without a copy: inside the server's
+ * arena (arena.h) a jansson-allocated string could not go to free(). */
 static void template_hash(const json_t *tpl, char *out, size_t size)
 {
     static const char alphabet[] = "bcdfghjklmnpqrstvwxz2456789";
-    char *text = json_dumps(tpl, JSON_COMPACT | JSON_SORT_KEYS);
+    uint32_t h = 2166136261u;
     char digits[16];
-    snprintf(digits, sizeof(digits), "%u", fnv32(text ? text : "", 2166136261u));
-    free(text);
+    if (tpl)
+        json_dump_callback(tpl, hash_text, &h, JSON_COMPACT | JSON_SORT_KEYS);
+    snprintf(digits, sizeof(digits), "%u", h);
     size_t i;
     for (i = 0; digits[i] && i + 1 < size; i++)
         out[i] = alphabet[(unsigned char)digits[i] % (sizeof(alphabet) - 1)];
@@ -1008,6 +1021,18 @@ static enum gg_status visit(struct collector *c, const json_t *obj, const char *
     return add_skipped(c, &o, o.seen ? "no pod template with a spec" : "no pod template");
 }
 
+/* The collector's entries into *out, or released on failure. */
+static enum gg_status collected(struct collector *c, enum gg_status st, struct mf_set *out)
+{
+    if (st != GG_OK) {
+        struct mf_set tmp = {c->entries, c->count, 0, 0};
+        mf_set_clear(&tmp);
+        return st;
+    }
+    *out = (struct mf_set){c->entries, c->count, c->templates, c->skipped};
+    return GG_OK;
+}
+
 enum gg_status mf_collect(const struct yd_stream *stream, const char *source, struct mf_set *out,
                           struct gg_err *err)
 {
@@ -1019,13 +1044,14 @@ enum gg_status mf_collect(const struct yd_stream *stream, const char *source, st
         c.line = stream->pos[i].line;
         st = visit(&c, json_array_get(stream->docs, i), "", "", 0);
     }
-    if (st != GG_OK) {
-        struct mf_set tmp = {c.entries, c.count, 0, 0};
-        mf_set_clear(&tmp);
-        return st;
-    }
-    *out = (struct mf_set){c.entries, c.count, c.templates, c.skipped};
-    return GG_OK;
+    return collected(&c, st, out);
+}
+
+enum gg_status mf_collect_object(const json_t *obj, const char *source, struct mf_set *out,
+                                 struct gg_err *err)
+{
+    struct collector c = {.source = source ? source : "<object>", .number = 1, .err = err};
+    return collected(&c, visit(&c, obj, "", "", 0), out);
 }
 
 /* ---- patches back onto templates ---------------------------------------- */

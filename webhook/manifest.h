@@ -129,6 +129,13 @@ enum gg_status mf_collect(const struct yd_stream *stream, const char *source, st
 void mf_set_clear(struct mf_set *set);
 
 /*
+ * mf_collect for one object already parsed (the object of an admission
+ * request): its entries have doc 0, document number 1 and line 0.
+ */
+enum gg_status mf_collect_object(const json_t *obj, const char *source, struct mf_set *out,
+                                 struct gg_err *err);
+
+/*
  * Map a JSON pointer into e's Pod onto the document: /metadata/... under
  * e->meta_ptr, /spec/... under the template pointer (for a KServe
  * component, /spec/<field> is the component's <field> and the first

@@ -95,6 +95,11 @@ size_t policy_set_count(const struct policy_set *set)
     return set->n;
 }
 
+const json_t *policy_set_config(const struct policy_set *set)
+{
+    return set->config;
+}
+
 const char *policy_set_name(const struct policy_set *set, size_t i)
 {
     return set->policies[i].name;
@@ -292,8 +297,10 @@ enum gg_status policy_set_load(const struct policy_paths *paths, uint64_t genera
     set->generation = generation;
     struct gg_err sub = {{0}};
     enum gg_status st = cfg_load(paths->config, &set->config, err);
+    enum cfg_workloads_mode wmode;
     if (st == GG_OK && ((st = cfg_limits(set->config, &set->limits, &sub)) != GG_OK ||
-                        (st = cfg_check_enforcement(set->config, &sub)) != GG_OK))
+                        (st = cfg_check_enforcement(set->config, &sub)) != GG_OK ||
+                        (st = cfg_workloads_mode(set->config, &wmode, &sub)) != GG_OK))
         gg_fail(err, st, "%s: %s", paths->config, sub.msg);
     if (st == GG_OK)
         st = policy_read_sources(paths->lua, true, &set->modules, &set->n_modules, err);
@@ -562,11 +569,13 @@ static bool labels_match(const json_t *selector, const json_t *object)
 static bool policy_matches(const struct policy *p, const struct adm_request *req)
 {
     const json_t *m = p->match;
-    json_t *v;
+    json_t *v = json_object_get(m, "kinds");
+    /* Without kinds, Pods only: workloads come to the webhook too, and a policy written for
+     * pods sees their templates as pods (workloads.h). */
+    if (v ? !in_list(v, req->kind) : strcmp(req->kind, "Pod") != 0)
+        return false;
     if (!m)
         return true;
-    if ((v = json_object_get(m, "kinds")) && !in_list(v, req->kind))
-        return false;
     if ((v = json_object_get(m, "operations")) && !in_list(v, adm_operation_name(req->operation)))
         return false;
     if ((v = json_object_get(m, "namespaces"))) {

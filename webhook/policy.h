@@ -51,6 +51,8 @@ struct inventory;
 enum gg_status policy_set_library_vm(const struct policy_set *set, struct inventory *inventory,
                                      struct lb_vm **out, struct gg_err *err);
 const char *policy_set_name(const struct policy_set *set, size_t i);
+/* The set's configuration file as JSON (an object; empty without a file). */
+const json_t *policy_set_config(const struct policy_set *set);
 
 /* The engine: the live policy set and its generation. */
 enum gg_status engine_new(const struct policy_paths *paths, struct engine **out,

@@ -2,11 +2,14 @@
  * review.c - the request flow: decode the review, evaluate the policies,
  * encode the answer, log the decision.  The JSON of one request lives in
  * the thread's arena (arena.h) and is all released before returning.
+ * Workloads (objects with pod templates) go through their templates'
+ * pods (workloads.h), everything else through the policies as it is.
  */
 #include "review.h"
 
 #include "arena.h"
 #include "log.h"
+#include "workloads.h"
 
 #include <stdlib.h>
 #include <time.h>
@@ -50,6 +53,9 @@ static void log_decision(const struct adm_request *req, enum adm_endpoint endpoi
         (review_now_us() - start_us) / 1000.0);
     if (v->message)
         json_object_set_new(fields, "message", json_string(v->message));
+    json_t *charge = json_object_get(v->audit, WL_CHARGE_AUDIT_KEY);
+    if (charge)
+        json_object_set(fields, "charge", charge);
     if (log_get_level() == LOG_DEBUG && req->object)
         json_object_set(fields, "object", req->object);
     log_fields(LOG_INFO, "decision", fields);
@@ -68,8 +74,11 @@ enum gg_status review_handle(struct engine *engine, const char *body, size_t len
         return st;
     }
     struct policy_verdict v;
-    st = engine_evaluate(engine, &req, endpoint == ADM_MUTATING ? PHASE_MUTATE : PHASE_VALIDATE,
-                         deadline_us, &v, err);
+    bool workload = false;
+    st = wl_review(engine, &req, endpoint, deadline_us, &workload, &v, err);
+    if (st == GG_OK && !workload)
+        st = engine_evaluate(engine, &req, endpoint == ADM_MUTATING ? PHASE_MUTATE : PHASE_VALIDATE,
+                             deadline_us, &v, err);
     if (st == GG_OK) {
         struct adm_verdict answer = {.allowed = v.allowed,
                                      .message = v.message,

@@ -53,8 +53,10 @@ FLAGS = (
 )
 # The webhook configurations of deploy/base/webhooks.yaml that the patch targets.
 PATCH_TARGETS = [
-    ("MutatingWebhookConfiguration", "gpuguard", "mutate.gpuguard.io"),
-    ("ValidatingWebhookConfiguration", "gpuguard", "validate.gpuguard.io"),
+    ("MutatingWebhookConfiguration", "gpuguard",
+     ["mutate.gpuguard.io", "workloads.mutate.gpuguard.io"]),
+    ("ValidatingWebhookConfiguration", "gpuguard",
+     ["validate.gpuguard.io", "workloads.validate.gpuguard.io"]),
 ]
 
 
@@ -300,12 +302,15 @@ def test_kustomize_patch(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["out", "webhook-cabundle.yaml"]  # no temporaries
     ca = (out / "ca.crt").read_bytes()
     line = [l for l in res.stdout.splitlines() if l.startswith("caBundle: ")][0]
-    for doc, (kind, name, hook) in zip(read_patch(patch), PATCH_TARGETS):
+    docs = read_patch(patch)
+    assert len(docs) == len(PATCH_TARGETS)
+    for doc, (kind, name, hooks) in zip(docs, PATCH_TARGETS):
         assert doc["apiVersion"] == "admissionregistration.k8s.io/v1"
         assert doc["kind"] == kind
         assert doc["metadata"] == {"name": name}
-        # A strategic merge patch: the webhook is found by name, only caBundle is set.
-        assert doc["webhooks"] == [{"name": hook, "clientConfig": {"caBundle": line[10:]}}]
+        # A strategic merge patch: each webhook is found by name, only caBundle is set.
+        assert doc["webhooks"] == [{"name": hook, "clientConfig": {"caBundle": line[10:]}}
+                                   for hook in hooks]
         assert base64.b64decode(line[10:], validate=True) == ca
 
 
@@ -315,7 +320,7 @@ def test_kustomize_patch_with_print_ca_bundle(tmp_path):
     bundle = res.stdout.strip()
     assert res.stdout == bundle + "\n"
     for doc in read_patch(patch):
-        assert doc["webhooks"][0]["clientConfig"]["caBundle"] == bundle
+        assert [h["clientConfig"]["caBundle"] for h in doc["webhooks"]] == [bundle, bundle]
 
 
 def test_kustomize_patch_refuses_to_overwrite(tmp_path):

@@ -307,7 +307,7 @@ end }
 
 TEMPLATE_FIELDS = {"type", "file", "document", "line", "apiVersion", "kind", "name", "namespace",
                    "path", "pointer", "owner", "owners", "allowed", "message", "denied_in",
-                   "warnings", "audit", "policies", "decision", "patch"}
+                   "warnings", "audit", "policies", "decision", "queue", "patch"}
 SKIPPED_FIELDS = {"type", "file", "document", "line", "apiVersion", "kind", "name", "namespace",
                   "pointer", "reason"}
 SUMMARY_FIELDS = {"type", "checked", "allowed", "denied", "warned", "skipped", "errors",
@@ -330,7 +330,7 @@ def test_json_output_fields(check):
         "denied_in": "validate",
         "warnings": ["gpu-limit: no team label; add metadata.labels.team"],
         "audit": pod["audit"], "policies": ["gpu-limit"],
-        "decision": "exclusive: 8 GPU",
+        "decision": "exclusive: 8 GPU", "queue": None,
         "patch": [{"op": "add", "path": "/metadata/annotations",
                    "value": {"gpuguard.io/decision": "exclusive: 8 GPU"}},
                   {"op": "add", "path": "/spec/tolerations",

@@ -439,9 +439,10 @@ def test_sync_script_check_passes():
 def test_webhook_configuration(render, kind, serve_help):
     cfg = one(render, kind, WEBHOOK_CONFIG)
     svc = one(render, "Service", SERVICE)
-    assert len(cfg["webhooks"]) == 1
-    hook = cfg["webhooks"][0]
     mutating = kind.startswith("Mutating")
+    assert [h["name"] for h in cfg["webhooks"]] == [
+        p + ("mutate" if mutating else "validate") + ".gpuguard.io" for p in ("", "workloads.")]
+    hook = cfg["webhooks"][0]
     assert hook["name"] == ("mutate" if mutating else "validate") + ".gpuguard.io"
     assert hook["admissionReviewVersions"] == ["v1"]
     assert hook["sideEffects"] == "None"
@@ -600,6 +601,85 @@ def test_updates_the_conditions_skip_are_ones_the_policies_allow(base, tmp_path)
                                      case["old_object"], new), f"{path.name}: {case['name']}"
             denied += 1
     assert denied >= 3
+def workload_hook(render, kind):
+    return one(render, kind, WEBHOOK_CONFIG)["webhooks"][1]
+
+
+# The resources the workload rules name, with an object of each holding a template:
+# (kind, the object's spec around the template T).  The server must treat each as a workload.
+WORKLOAD_RESOURCES = {
+    ("", "replicationcontrollers"): ("ReplicationController", lambda t: {"spec": {"template": t}}),
+    ("", "podtemplates"): ("PodTemplate", lambda t: {"template": t}),
+    **{("apps", r): (k, lambda t: {"spec": {"template": t}})
+       for r, k in (("deployments", "Deployment"), ("replicasets", "ReplicaSet"),
+                    ("statefulsets", "StatefulSet"), ("daemonsets", "DaemonSet"))},
+    ("batch", "jobs"): ("Job", lambda t: {"spec": {"template": t}}),
+    ("batch", "cronjobs"): ("CronJob",
+                            lambda t: {"spec": {"jobTemplate": {"spec": {"template": t}}}}),
+    **{("kubeflow.org", k.lower() + "s"): (k, lambda t, f=f: {
+        "spec": {f + "ReplicaSpecs": {"Worker": {"replicas": 2, "template": t}}}})
+       for k, f in (("PyTorchJob", "pytorch"), ("TFJob", "tf"), ("MPIJob", "mpi"),
+                    ("XGBoostJob", "xgb"), ("PaddleJob", "paddle"), ("JAXJob", "jax"))},
+    # The notebook controller's pods take the Notebook's own labels and annotations.
+    ("kubeflow.org", "notebooks"): ("Notebook", lambda t: {
+        "metadata": t["metadata"], "spec": {"template": {"spec": t["spec"]}}}),
+    ("ray.io", "rayclusters"): ("RayCluster", lambda t: {"spec": {"headGroupSpec": {
+        "template": t}}}),
+    ("ray.io", "rayjobs"): ("RayJob", lambda t: {"spec": {"rayClusterSpec": {
+        "headGroupSpec": {"template": t}}}}),
+    ("ray.io", "rayservices"): ("RayService", lambda t: {"spec": {"rayClusterConfig": {
+        "headGroupSpec": {"template": t}}}}),
+    ("jobset.x-k8s.io", "jobsets"): ("JobSet", lambda t: {"spec": {"replicatedJobs": [
+        {"name": "w", "template": {"spec": {"template": t}}}]}}),
+    ("leaderworkerset.x-k8s.io", "leaderworkersets"): ("LeaderWorkerSet", lambda t: {
+        "spec": {"leaderWorkerTemplate": {"size": 2, "workerTemplate": t}}}),
+    ("batch.volcano.sh", "jobs"): ("Job", lambda t: {"spec": {"tasks": [
+        {"name": "w", "template": t}]}}),
+    ("serving.kserve.io", "inferenceservices"): ("InferenceService", lambda t: {
+        "spec": {"predictor": dict(t["metadata"], **t["spec"])}}),
+}
+
+
+def rule_resources(hook):
+    return {(g, r) for rule in hook["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
+
+
+@pytest.mark.parametrize("kind", WEBHOOK_KINDS)
+def test_workload_rules(render, kind):
+    hook, pods = workload_hook(render, kind), one(render, kind, WEBHOOK_CONFIG)["webhooks"][0]
+    for key in ("admissionReviewVersions", "sideEffects", "timeoutSeconds", "failurePolicy",
+                "matchPolicy", "clientConfig", "namespaceSelector"):  # caBundle included
+        assert hook[key] == pods[key], key
+    assert hook.get("reinvocationPolicy") == pods.get("reinvocationPolicy")
+    assert rule_resources(hook) == set(WORKLOAD_RESOURCES)
+    for rule in hook["rules"]:
+        assert rule["operations"] == ["CREATE", "UPDATE"] and rule["scope"] == "Namespaced"
+        assert rule["apiVersions"] == (["v1"] if rule["apiGroups"][0] in ("", "apps", "batch")
+                                       else ["*"])
+    # UPDATEs reach gpuguard only when a template changed: the condition compares where each
+    # kind keeps its templates, never the whole object (status, annotations, scaling).
+    [cond] = hook["matchConditions"]
+    expr = " ".join(cond["expression"].split())
+    assert expr.startswith("request.operation == 'CREATE' || (")
+    for part in ("object.spec.jobTemplate != oldObject.spec.jobTemplate",
+                 "object.template != oldObject.template",
+                 "object.spec.headGroupSpec != oldObject.spec.headGroupSpec",
+                 "object.spec.workerGroupSpecs.map(g, g.template)",
+                 "object.spec.template != oldObject.spec.template",
+                 "object.spec != oldObject.spec"):
+        assert part in expr, part
+    assert "object != oldObject" not in expr and "metadata" not in expr
+    assert expr.count("(") == expr.count(")")
+
+
+def test_gpuguard_mutates_before_kueue(render):
+    """The API server calls mutating webhooks in configuration-name order: gpuguard's must
+    come before Kueue's so that its pool and sharing choices are in place when Kueue reads
+    the workload, and IfNeeded runs it again after Kueue."""
+    cfg = one(render, "MutatingWebhookConfiguration", WEBHOOK_CONFIG)
+    assert sorted([cfg["metadata"]["name"], "kueue-mutating-webhook-configuration"])[0] == \
+        cfg["metadata"]["name"]
+    assert all(h["reinvocationPolicy"] == "IfNeeded" for h in cfg["webhooks"])
 
 
 def test_webhook_configurations_can_be_applied_last(render):
@@ -694,13 +774,13 @@ def test_self_managed_overlay_placeholder(self_managed):
     assert not find(self_managed, "Secret"), "the Secret is created with kubectl, not in git"
     assert not find(self_managed, "Certificate")
     patch = (OVERLAYS / "self-managed" / "webhook-cabundle.yaml").read_text()
-    assert patch.count(PLACEHOLDER) == 2
+    assert patch.count(PLACEHOLDER) == 4
     with pytest.raises(binascii.Error):
         base64.b64decode(PLACEHOLDER, validate=True)
     for kind in WEBHOOK_KINDS:
         hooks = one(self_managed, kind, WEBHOOK_CONFIG)["webhooks"]
-        assert len(hooks) == 1
-        assert hooks[0]["clientConfig"]["caBundle"] == PLACEHOLDER
+        assert len(hooks) == 2
+        assert [h["clientConfig"]["caBundle"] for h in hooks] == [PLACEHOLDER] * 2
 
 
 @pytest.fixture
@@ -731,12 +811,14 @@ def test_self_managed_overlay_with_generated_patch(repo_copy, tmp_path, binary, 
     for kind in WEBHOOK_KINDS:
         cfg = one(docs, kind, WEBHOOK_CONFIG)
         want = one(base, kind, WEBHOOK_CONFIG)
-        assert len(cfg["webhooks"]) == 1, "the patch merges into the webhook by name"
-        hook = dict(cfg["webhooks"][0])
-        hook["clientConfig"] = dict(hook["clientConfig"])
-        bundle = hook["clientConfig"].pop("caBundle")
-        assert base64.b64decode(bundle, validate=True) == ca
-        assert [hook] == want["webhooks"], "only caBundle changes"
+        assert len(cfg["webhooks"]) == 2, "the patch merges into the webhooks by name"
+        hooks = []
+        for hook in cfg["webhooks"]:
+            hook = dict(hook, clientConfig=dict(hook["clientConfig"]))
+            bundle = hook["clientConfig"].pop("caBundle")
+            assert base64.b64decode(bundle, validate=True) == ca
+            hooks.append(hook)
+        assert hooks == want["webhooks"], "only caBundle changes"
     if shutil.which("openssl"):
         bundle_file = tmp_path / "bundle.pem"
         bundle_file.write_bytes(base64.b64decode(bundle))
@@ -844,10 +926,18 @@ def materialize(docs, root, certs):
     return args
 
 
+BIG_TEMPLATE = {"metadata": {"labels": {"team": "a", "gpuguard.io/workload-class": "inference"},
+                             "annotations": {"gpuguard.io/gpu-memory": "90Gi"}},
+                "spec": {"containers": [{"name": "main", "image": "vllm"}]}}
+BIG_DENIAL = ("gpu-sharing: container main: no MIG profile of A100-80GB has 90Gi of memory; "
+              "the largest is 7g.80gb (80Gi); ask for less or use another class")
+
+
 @needs_kubectl
 def test_rendered_pod_serves(base, binary, certs, tmp_path):
-    """The rendered ConfigMaps and arguments start the real server: ready, and both
-    webhook paths answer a pod review."""
+    """The rendered ConfigMaps and arguments start the real server: ready, both webhook
+    paths answer a pod review, and every resource of the workload rules is reviewed as a
+    workload (its template denied, the denial naming the template)."""
     args = materialize(base, tmp_path / "pod", certs)
     server = start_server(binary, certs, tmp_path, *args, ready_timeout=30)
     try:
@@ -864,6 +954,26 @@ def test_rendered_pod_serves(base, binary, certs, tmp_path):
             assert status == 200, answer
             assert answer["response"]["uid"] == review["request"]["uid"]
             assert ("patch" in answer["response"]) == (path == "/mutate"), answer
+        for (group, resource), (kind, wrap) in sorted(WORKLOAD_RESOURCES.items()):
+            obj = wrap(BIG_TEMPLATE)
+            obj.update(kind=kind, apiVersion=f"{group}/v1" if group else "v1",
+                       metadata=dict(obj.get("metadata", {}), name="w", namespace="team-a"))
+            review = {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                      "request": {"uid": f"uid-{resource}", "operation": "CREATE",
+                                  "kind": {"group": group, "version": "v1", "kind": kind},
+                                  "resource": {"group": group, "version": "v1",
+                                               "resource": resource},
+                                  "namespace": "team-a", "name": "w", "object": obj,
+                                  "userInfo": {"username": "alice"}}}
+            for kind_ in WEBHOOK_KINDS:
+                path = workload_hook(base, kind_)["clientConfig"]["service"]["path"]
+                conn = server.connect()
+                status, _, answer = conn.review(review, path=path, timeout="5s")
+                conn.close()
+                assert status == 200, answer
+                msg = answer["response"].get("status", {}).get("message", str(answer))
+                assert msg.endswith(": " + BIG_DENIAL) and not msg.startswith("gpu-sharing"), \
+                    (resource, msg)
         log = server.log_lines()
         assert not [rec for rec in log if rec.get("level") == "error"], log
         # The policies came from the rendered ConfigMap, all of them.
