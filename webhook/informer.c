@@ -1631,7 +1631,7 @@ static void *run(void *arg)
 /* -- the GET of a template the watch has not shown yet -- */
 
 #define FETCH_TIMEOUT_MS 3000 /* well inside the API server's webhook timeout (10 s by default) */
-#define FETCH_MIN_MS 10        /* less left before the review's deadline: not worth asking */
+#define FETCH_MIN_MS 10       /* less left before the review's deadline: not worth asking */
 
 static bool on_fetch_body(void *ctx, const char *data, size_t len)
 {
