@@ -1630,7 +1630,8 @@ static void *run(void *arg)
 
 /* -- the GET of a template the watch has not shown yet -- */
 
-#define FETCH_TIMEOUT_S 3 /* well inside the API server's webhook timeout (10 s by default) */
+#define FETCH_TIMEOUT_MS 3000 /* well inside the API server's webhook timeout (10 s by default) */
+#define FETCH_MIN_MS 10       /* less left before the review's deadline: not worth asking */
 
 static bool on_fetch_body(void *ctx, const char *data, size_t len)
 {
@@ -1644,8 +1645,27 @@ static bool is_name(const char *s)
     return n && n <= 253 && strspn(s, "abcdefghijklmnopqrstuvwxyz0123456789-.") == n;
 }
 
+static int64_t mono_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
+}
+
+/* Milliseconds the GET may take: FETCH_TIMEOUT_MS, or what is left before deadline_us. */
+static long fetch_budget_ms(int64_t deadline_us)
+{
+    int64_t left = deadline_us ? (deadline_us - mono_us()) / 1000 : FETCH_TIMEOUT_MS;
+    return left < FETCH_TIMEOUT_MS ? (long)(left > 0 ? left : 0) : FETCH_TIMEOUT_MS;
+}
+
+/*
+ * The GET runs on a policy's thread, inside a review: it must end by the
+ * review's deadline, waiting for the client included (another review's GET
+ * may hold it), or the review would outlive its ?timeout=.
+ */
 static json_t *fetch(void *ctx, const char *kind, const char *ns, const char *name,
-                     struct gg_err *err)
+                     int64_t deadline_us, struct gg_err *err)
 {
     struct informer *f = ctx;
     if (strcmp(kind, "ResourceClaimTemplate") != 0 || !is_name(ns) || !is_name(name))
@@ -1653,19 +1673,40 @@ static json_t *fetch(void *ctx, const char *kind, const char *ns, const char *na
     char path[700];
     snprintf(path, sizeof(path), "/apis/resource.k8s.io/%s/namespaces/%s/resourceclaimtemplates/%s",
              dra_versions[atomic_load(&f->version)], ns, name);
+    struct kc_response resp = {0};
+    struct gg_err why = {{0}};
+    enum gg_status st = GG_ERR_TIMEOUT;
+    long budget_ms = fetch_budget_ms(deadline_us);
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += budget_ms / 1000;
+    until.tv_nsec += (budget_ms % 1000) * 1000000L;
+    if (until.tv_nsec >= 1000000000L) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000L;
+    }
     struct buf body;
     buf_init(&body, INF_MAX_LINE);
-    struct kc_request rq = {.path = path,
-                            .timeout_s = FETCH_TIMEOUT_S,
-                            .on_body = on_fetch_body,
-                            .ctx = &body,
-                            .cancel = &f->stop};
-    struct kc_response resp;
-    pthread_mutex_lock(&f->fetch_lock);
-    enum gg_status st = kc_get(f->o.fetch_client, &rq, &resp, err);
-    if (st == GG_OK && resp.status == 401)
-        kc_token_invalidate(f->o.fetch_client);
-    pthread_mutex_unlock(&f->fetch_lock);
+    if (budget_ms >= FETCH_MIN_MS &&
+        pthread_mutex_clocklock(&f->fetch_lock, CLOCK_MONOTONIC, &until) == 0) {
+        struct kc_request rq = {.path = path,
+                                .timeout_ms = fetch_budget_ms(deadline_us),
+                                .on_body = on_fetch_body,
+                                .ctx = &body,
+                                .cancel = &f->stop};
+        if (rq.timeout_ms >= FETCH_MIN_MS) {
+            st = kc_get(f->o.fetch_client, &rq, &resp, &why);
+            if (st == GG_OK && resp.status == 401)
+                kc_token_invalidate(f->o.fetch_client);
+        }
+        pthread_mutex_unlock(&f->fetch_lock);
+    }
+    if (st == GG_ERR_TIMEOUT && deadline_us && mono_us() + FETCH_MIN_MS * 1000 >= deadline_us)
+        gg_fail(err, st, "the API server did not answer before the review's deadline");
+    else if (st != GG_OK && !why.msg[0]) /* the client stayed busy with another review's GET */
+        gg_fail(err, st, "no answer from the API server within %d ms", FETCH_TIMEOUT_MS);
+    else if (st != GG_OK)
+        gg_fail(err, st, "%s", why.msg);
     json_t *obj = NULL;
     if (st == GG_OK && resp.status == 200) {
         obj = inf_read_object(body.data, body.len, NULL, err);

@@ -518,7 +518,7 @@ void inv_dra_relist_end(struct inventory *inv, const char *kind, uint64_t relist
 }
 
 json_t *inv_dra_get(struct inventory *inv, const char *kind, const char *ns, const char *name,
-                    struct gg_err *err)
+                    int64_t deadline_us, struct gg_err *err)
 {
     char key[1024];
     if (!dra_key(key, sizeof(key), kind, ns, name))
@@ -534,7 +534,7 @@ json_t *inv_dra_get(struct inventory *inv, const char *kind, const char *ns, con
     /* A template applied with its pod may not have reached the watch yet: ask for it (outside
      * the request's arena: the answer is kept, and handed back to a caller who frees it). */
     bool in_request = arena_pause();
-    json_t *got = fetch(ctx, kind, ns, name, err);
+    json_t *got = fetch(ctx, kind, ns, name, deadline_us, err);
     if (got)
         inv_upsert(inv, got);
     arena_resume(in_request);

@@ -56,19 +56,22 @@ void inv_delete(struct inventory *inv, const json_t *obj);
  * A copy of the kept ResourceClaim or ResourceClaimTemplate (kind), or NULL.
  * A template not kept yet is asked of the fetcher, when one is set, and kept
  * when it exists (the API server's answer, not a guess); when the fetcher
- * could not tell, err (may be NULL) says why.
+ * could not tell, err (may be NULL) says why.  deadline_us (CLOCK_MONOTONIC
+ * microseconds, 0: none) bounds the fetch: one that cannot end by then fails
+ * with GG_ERR_TIMEOUT's message in err, so a caller never outlives it.
  */
 json_t *inv_dra_get(struct inventory *inv, const char *kind, const char *ns, const char *name,
-                    struct gg_err *err);
+                    int64_t deadline_us, struct gg_err *err);
 /* Claims and templates kept. */
 size_t inv_dra_count(struct inventory *inv);
 
 /*
  * The object kind/ns/name from the API server (a new reference); NULL when it
- * has none, or with err set when that could not be known.
+ * has none, or with err set when that could not be known, including when it
+ * could not be known by deadline_us (CLOCK_MONOTONIC microseconds, 0: none).
  */
 typedef json_t *(*inv_fetch_fn)(void *ctx, const char *kind, const char *ns, const char *name,
-                                struct gg_err *err);
+                                int64_t deadline_us, struct gg_err *err);
 void inv_set_fetcher(struct inventory *inv, inv_fetch_fn fn, void *ctx);
 
 /*

@@ -565,7 +565,10 @@ enum gg_status kc_get(struct kc_client *c, const struct kc_request *rq, struct k
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(h, CURLOPT_ERRORBUFFER, errbuf);
     curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)KC_CONNECT_TIMEOUT_MS);
-    curl_easy_setopt(h, CURLOPT_TIMEOUT, rq->timeout_s);
+    if (rq->timeout_ms > 0)
+        curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, rq->timeout_ms);
+    else
+        curl_easy_setopt(h, CURLOPT_TIMEOUT, rq->timeout_s);
     if (rq->stall_s > 0) {
         curl_easy_setopt(h, CURLOPT_LOW_SPEED_LIMIT, 1L);
         curl_easy_setopt(h, CURLOPT_LOW_SPEED_TIME, rq->stall_s);

@@ -71,6 +71,7 @@ struct kc_request {
     const char *path; /* with its query, e.g. "/api/v1/pods?limit=500" */
     const char *what; /* the request in messages, "GET <what>: ..."; NULL: the path */
     long timeout_s;   /* the whole transfer; 0: no limit */
+    long timeout_ms;  /* the whole transfer in milliseconds, when > 0 (instead of timeout_s) */
     long stall_s;     /* abort when no byte comes for this long; 0: no limit */
     /* A 2xx body as it arrives; return false to abort the transfer. */
     bool (*on_body)(void *ctx, const char *data, size_t len);

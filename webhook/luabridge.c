@@ -40,6 +40,9 @@
 #define LB_POOL_RESERVE (8u << 20)
 /* Run time before the count hook is set (see the top of the file). */
 #define LB_GRACE_US 1000
+/* A library call that waits (the template GET of gpuguard.dra) ends this long before the
+ * budget's deadline, so the policy can still deny with its reason. */
+#define LB_WAIT_RESERVE_US 50000
 
 /* Registry keys (addresses of these statics are unique light userdata). */
 static const char key_array_mt, key_object_mt, key_ro_target, key_ro_cache;
@@ -1219,7 +1222,12 @@ static int l_dra(lua_State *L)
     const char *name = luaL_checkstring(L, 3);
     struct inventory *inv = vm_of(L)->inventory;
     struct gg_err err = {{0}};
-    json_t *obj = inv ? inv_dra_get(inv, kind, ns, name, &err) : NULL;
+    /* A template not kept yet is asked of the API server: that GET ends before the budget's
+     * deadline, leaving the policy time to act on its failure. */
+    int64_t deadline = vm_of(L)->deadline_us; /* 0: none */
+    if (deadline)
+        deadline = deadline > LB_WAIT_RESERVE_US ? deadline - LB_WAIT_RESERVE_US : 1;
+    json_t *obj = inv ? inv_dra_get(inv, kind, ns, name, deadline, &err) : NULL;
     if (!obj) {
         lua_pushnil(L);
         if (!err.msg[0])

@@ -7,7 +7,7 @@ ResourceClaims and ResourceClaimTemplates (resource.k8s.io, in the versions
 of served_versions) are listed and watched alike, and a template can be
 fetched alone (GET .../namespaces/NS/resourceclaimtemplates/NAME), also one
 held back from lists and watches (hidden=True), as one the watch has not
-delivered yet.
+delivered yet, and that GET held (get_hold) as by an API server too slow to answer.
 
 Python standard library only (http.server, ssl, threading)."""
 
@@ -69,6 +69,7 @@ class FakeApiServer:
         self.compacted = 0  # watches from a resourceVersion below this get 410
         self.gone_as_event = False  # 410 as HTTP 200 + ERROR event instead of an HTTP status
         self.list_delay = 0.0  # seconds before each list page
+        self.get_hold = 0.0  # seconds a GET of one object waits before answering (0 ends a wait)
         self.list_statuses = []  # statuses to answer the next lists with, then normal
         self.watch_scripts = []  # per watch connection: dict of knobs (see _watch)
         self.requests = []  # (kind, query dict, authorization header, path)
@@ -246,6 +247,9 @@ class _Handler(BaseHTTPRequestHandler):
         return self._watch(fake, query, resource)
 
     def _get(self, fake, resource, ns, name):
+        until = time.monotonic() + fake.get_hold
+        while fake.get_hold and time.monotonic() < until:
+            time.sleep(0.05)
         with fake.lock:
             found = [o for o in fake.objects.get(resource, {}).values()
                      if o["metadata"]["namespace"] == ns and o["metadata"]["name"] == name]

@@ -5,6 +5,10 @@ and deploy/gpuguard.yaml (team-q's quota: 2 GPUs).  Claims and templates are lis
 fetched with a GET before deciding, and a running pod's charge comes from its spec whatever its
 gpuguard.io/charge annotation says.  Every wait is a bounded loop."""
 
+import concurrent.futures
+import time
+import uuid
+
 import pytest
 
 from fake_apiserver import gpu_pod
@@ -220,3 +224,51 @@ def test_an_admitted_claim_counts_until_the_watch_shows_it(dra):
     assert wait_for(lambda: usage(server) == "1.000")
     assert review_claim(server, claim("third", 1), dry_run=True) == (True, None)
     assert review_claim(server, claim("fourth", 2), dry_run=True)[0] is False
+
+
+def timed_review(server, pod, timeout):
+    """One /mutate call with ?timeout=: (allowed, message, seconds from send to answer)."""
+    conn = server.connect(timeout=30)
+    req = {"uid": str(uuid.uuid4()), "kind": {"group": "", "version": "v1", "kind": "Pod"},
+           "resource": {"group": "", "version": "v1", "resource": "pods"},
+           "namespace": pod["metadata"]["namespace"], "operation": "CREATE",
+           "userInfo": {"username": "alice", "groups": ["system:authenticated"]},
+           "object": pod, "oldObject": None, "dryRun": True}
+    t0 = time.monotonic()
+    status, _, got = conn.review({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                                  "request": req}, path="/mutate", timeout=timeout)
+    took = time.monotonic() - t0
+    conn.close()
+    assert status == 200, got
+    return got["response"]["allowed"], got["response"].get("status", {}).get("message"), took
+
+
+TOO_LATE = ("gpu-sharing: resourceClaims gpus: ResourceClaimTemplate team-q/slow could not be "
+            "read (the API server did not answer before the review's deadline); try again")
+
+
+def test_a_template_get_ends_within_the_reviews_deadline(dra):
+    """The GET runs inside the review: held by the API server, it ends at the review's deadline
+    (?timeout=, or the engine's 2 s wall clock when that comes first) with a denial naming the
+    template, and a review waiting for another's GET waits no longer than its own deadline.
+    Before, each GET had its own 3 s, one per policy that looked, so a review held its
+    answer for seconds past the API server's timeout."""
+    f, server = dra(lambda f: f.add_object(template("slow", 1), hidden=True))
+    assert ready_with(server, 0)
+    get = f"{DRA}/v1/namespaces/{NS}/resourceclaimtemplates/slow"
+    f.get_hold = 30.0
+    ok, msg, took = timed_review(server, dra_pod("p", ("template", "slow")), "1500ms")
+    assert (ok, msg) == (False, TOO_LATE) and took < 1.5, (msg, took)
+    assert f.requests_of("get", get)
+    # Two at once: the second waits for the first's GET, within its own deadline.
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        first = pool.submit(timed_review, server, dra_pod("a", ("template", "slow")), "10s")
+        time.sleep(0.3)
+        second = pool.submit(timed_review, server, dra_pod("b", ("template", "slow")), "1500ms")
+        ok, msg, took = second.result()
+        assert (ok, msg) == (False, TOO_LATE) and took < 1.5, (msg, took)
+        ok, msg, took = first.result()
+        assert (ok, msg) == (False, TOO_LATE) and took < 2.5, (msg, took)  # the engine's 2 s
+    # The API server answers again: the template is fetched and the pod admitted.
+    f.get_hold = 0.0
+    assert wait_for(lambda: timed_review(server, dra_pod("c", ("template", "slow")), "10s")[0])

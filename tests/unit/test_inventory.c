@@ -208,16 +208,16 @@ static void test_claims_and_templates(void **state)
     inv_upsert(inv, extended);
     assert_int_equal(inv_usage(inv, "team-a", NULL), 5000);
     assert_int_equal(inv_dra_count(inv), 4);
-    json_t *got = inv_dra_get(inv, "ResourceClaimTemplate", "team-a", "two", NULL);
+    json_t *got = inv_dra_get(inv, "ResourceClaimTemplate", "team-a", "two", 0, NULL);
     assert_non_null(got);
     assert_null(json_object_get(got, "status"));
     assert_null(json_object_get(json_object_get(got, "metadata"), "managedFields"));
     assert_true(json_equal(json_object_get(got, "spec"), json_object_get(tmpl, "spec")));
     json_decref(got);
-    assert_null(inv_dra_get(inv, "ResourceClaimTemplate", "team-b", "two", NULL));
+    assert_null(inv_dra_get(inv, "ResourceClaimTemplate", "team-b", "two", 0, NULL));
     inv_delete(inv, shared);
     assert_int_equal(inv_usage(inv, "team-a", NULL), 2000);
-    assert_null(inv_dra_get(inv, "ResourceClaim", "team-a", "shared", NULL));
+    assert_null(inv_dra_get(inv, "ResourceClaim", "team-a", "shared", 0, NULL));
     /* A relist keeps what it shows and forgets the rest. */
     json_t *items = json_pack("[OO]", tmpl, user);
     inv_replace(inv, items);
