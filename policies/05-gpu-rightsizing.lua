@@ -15,8 +15,9 @@ with the allocation it asks for now.  When the new one is smaller:
              annotation says what was applied and why.  Pods are never resized on their own
              (Kueue reserves quota from the template): a pod gets the recommendation.
 
-A template is what gpuguard reviews at workload admission (an object other than a Pod), and, in
-`gpuguard check` and `gpuguard test`, a pod with a controller owner (built from its template).
+A template is the Pod gpuguard builds from a workload's pod template, at workload admission in
+the webhook and in `gpuguard check` and `gpuguard test`: req.template is the template's path
+("spec.template"), set by gpuguard and nil for a Pod under review, whatever its owner.
 Only ever downward, never below peak x headroom; never for a pod or template annotated
 gpuguard.io/rightsizing: off, a pod with several GPU containers, or a class not listed.  No data
 (source off, not yet synced, stale, or too little history) means nothing is done.  Each finding
@@ -87,7 +88,7 @@ local function rightsize_pod(req, pod, cfg)
     end
     local u, current, better = found.usage, found.current, found.better
     local smaller = better.charge < current.charge and found.need < found.asked -- only ever downward
-    local at_template = pod.kind ~= "Pod" or (gg.template_reviews and k8s.owner_kind(pod) ~= nil)
+    local at_template = req.template ~= nil
     local action = not smaller and "none" or settings.mode == "apply" and at_template and "apply" or "recommend"
     gg.rightsize_report(req.namespace, u.workload, action, current.charge, better.charge)
     if action == "none" then

@@ -40,6 +40,9 @@ struct adm_request {
     json_t *options;    /* NULL when null or absent */
     json_t *user_info;  /* NULL when absent */
     size_t depth;       /* a bound on the review's nesting (it is depth 1); 0: unknown */
+    /* Not from the review: set by gpuguard when the object is the Pod it built from a
+     * workload's pod template, that template's path ("spec.template"); NULL otherwise. */
+    const char *template_path;
 };
 
 /* What to answer.  All json_t members are borrowed; NULL means none. */

@@ -802,7 +802,6 @@ int cli_check(int argc, char **argv)
         rss_set_source("file");
         rss_publish(&usage, 0);
     }
-    rss_set_template_reviews(true); /* pods with an owner are built from its template */
     struct policy_paths paths = {.policies = r.o.policies, .lua = r.o.lua, .config = r.o.config};
     if (engine_new(&paths, &r.engine, &err) != GG_OK) {
         fprintf(stderr, "gpuguard check: cannot load the policies: %s\n", err.msg);

@@ -19,7 +19,7 @@
 #include "log.h"
 #include "manifest.h"
 #include "policy.h"
-#include "rsstore.h"
+#include "workloads.h"
 #include "yamldoc.h"
 
 #include <errno.h>
@@ -846,10 +846,11 @@ static bool run_case(struct test_run *r, const struct suite *s, struct engine *e
         rp.header = set.templates > 1 ? header : NULL;
         rp.header_done = false;
         struct dr_result res;
-        if (dr_evaluate(engine, e->pod, &dopts, &res, &err) != GG_OK) {
+        struct dr_options own = wl_options(e, &dopts); /* a template's Pod says so */
+        if (dr_evaluate(engine, e->pod, &own, &res, &err) != GG_OK) {
             fail_line(&rp, "the engine could not run: %s", err.msg);
         } else {
-            compare(&rp, each ? json_array_get(each, t) : expect, &res, engine, &dopts);
+            compare(&rp, each ? json_array_get(each, t) : expect, &res, engine, &own);
             dr_result_clear(&res);
         }
         t++;
@@ -887,7 +888,6 @@ static enum gg_status suite_engine(struct test_run *r, const struct suite *s, st
     r->cache.engine = NULL;
     r->cache.key = NULL;
     struct policy_paths paths = {.policies = s->policies, .lua = s->lua, .config = s->config};
-    rss_set_template_reviews(true); /* pods with an owner are built from its template */
     enum gg_status st = engine_new(&paths, &r->cache.engine, err);
     if (st != GG_OK) {
         free(key);

@@ -133,6 +133,7 @@ static enum gg_status call(struct engine *e, const json_t *object, const json_t 
     enum gg_status st = adm_decode_value(review, &req, err);
     if (st != GG_OK)
         return st;
+    req.template_path = o->template_path;
     int64_t timeout = o->timeout_ms > 0 ? o->timeout_ms : DR_DEFAULT_TIMEOUT_MS;
     int64_t deadline = o->deadline_us > 0 ? o->deadline_us : now_us() + timeout * 1000;
     st = engine_evaluate(e, &req, phase, deadline, v, err);

@@ -31,6 +31,9 @@ struct dr_options {
     const json_t *old_object; /* UPDATE: the object before (the pod itself when NULL) */
     int64_t timeout_ms;       /* the webhook timeout the API server sends; 10 s when 0 */
     int64_t deadline_us;      /* CLOCK_MONOTONIC time to answer by; now + timeout_ms when 0 */
+    /* The object is the Pod built from a workload's pod template at this path
+     * ("spec.template"): policies see it as req.template.  NULL for a Pod. */
+    const char *template_path;
 };
 
 struct dr_result {

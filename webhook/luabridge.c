@@ -1280,8 +1280,6 @@ static void open_gpuguard_module(lua_State *L)
                                      {"dra", l_dra}, /* lua/intent.lua's DRA lookups */
                                      {NULL, NULL}};
     luaL_newlib(L, funcs);
-    lua_pushboolean(L, rss_template_reviews());
-    lua_setfield(L, -2, "template_reviews");
     lua_pushlightuserdata(L, (void *)&key_null_marker);
     lua_setfield(L, -2, "null");
     lua_rawsetp(L, LUA_REGISTRYINDEX, &key_module);
@@ -2293,6 +2291,10 @@ static int build_request(lua_State *L)
     set_string(L, "sub_resource", req->sub_resource);
     lua_pushboolean(L, req->dry_run);
     lua_setfield(L, -2, "dry_run");
+    if (req->template_path) { /* nil for a Pod under review */
+        lua_pushstring(L, req->template_path);
+        lua_setfield(L, -2, "template");
+    }
     push_req_proxy(L);
     /* Here, in protected mode: luaL_ref allocates. */
     struct lb_vm *vm = vm_of(L);

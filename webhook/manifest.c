@@ -1078,6 +1078,11 @@ static bool is_pod_doc(const struct mf_entry *e)
            strcmp(e->template_ptr, e->object_ptr) == 0;
 }
 
+bool mf_is_template(const struct mf_entry *e)
+{
+    return e->type == MF_TEMPLATE && strcmp(e->template_ptr, e->object_ptr) != 0;
+}
+
 enum gg_status mf_map_pointer(const struct mf_entry *e, const char *pod_pointer, char **out)
 {
     static const char *const controller_set[] = {"namespace", "name", "generateName",

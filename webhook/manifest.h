@@ -129,6 +129,12 @@ enum gg_status mf_collect(const struct yd_stream *stream, const char *source, st
 void mf_set_clear(struct mf_set *set);
 
 /*
+ * Whether e's Pod is built from a workload's pod template (a Deployment's
+ * spec.template, ...), not a Pod document of its own.
+ */
+bool mf_is_template(const struct mf_entry *e);
+
+/*
  * mf_collect for one object already parsed (the object of an admission
  * request): its entries have doc 0, document number 1 and line 0.
  */

@@ -34,7 +34,6 @@ static struct {
     struct report *reported; /* open addressing on "ns/workload"; cap a power of two */
     size_t n_reported, cap_reported;
 } S;
-static bool template_reviews;
 
 static int64_t mono_s(void)
 {
@@ -101,16 +100,6 @@ enum rss_result rss_lookup(const char *ns, const char *workload, struct rs_usage
     }
     pthread_mutex_unlock(&lock);
     return r;
-}
-
-void rss_set_template_reviews(bool on)
-{
-    template_reviews = on;
-}
-
-bool rss_template_reviews(void)
-{
-    return template_reviews;
 }
 
 static size_t slot_of(const struct report *slots, size_t cap, const char *key)

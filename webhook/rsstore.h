@@ -43,14 +43,6 @@ enum rss_result rss_lookup(const char *ns, const char *workload, struct rs_usage
                            int64_t *window_s, int64_t *age_s);
 
 /*
- * Whether reviewed pods with a controller owner are that controller's pod
- * template (`gpuguard check` and `gpuguard test` build them from
- * templates); set once before the engine starts.
- */
-void rss_set_template_reviews(bool on);
-bool rss_template_reviews(void);
-
-/*
  * A policy's finding for a workload: what it requests and what its peak x
  * headroom needs, in milli-GPU, and what was done: "none" (it fits),
  * "recommend" or "apply".

@@ -21,11 +21,19 @@ void wl_result_clear(struct wl_result *r)
     r->mapped = r->dropped = NULL;
 }
 
+struct dr_options wl_options(const struct mf_entry *e, const struct dr_options *o)
+{
+    struct dr_options own = *o;
+    own.template_path = mf_is_template(e) ? e->path : NULL;
+    return own;
+}
+
 enum gg_status wl_template(struct engine *engine, const struct mf_entry *e, const json_t *doc,
                            const struct dr_options *o, struct wl_result *out, struct gg_err *err)
 {
     struct wl_result r = {0};
-    enum gg_status st = dr_evaluate(engine, e->pod, o, &r.pod, err);
+    struct dr_options own = wl_options(e, o);
+    enum gg_status st = dr_evaluate(engine, e->pod, &own, &r.pod, err);
     if (st != GG_OK)
         return st;
     if (r.pod.allowed && json_array_size(r.pod.patch))

@@ -41,10 +41,15 @@ struct wl_result {
 /*
  * Put e's Pod through the webhooks as dr_evaluate does and map an allowed
  * Pod's patch onto doc (the document e was collected from, as it is now).
+ * The policies see the Pod of a workload's template with req.template, the
+ * template's path (wl_options); a Pod document's without.
  */
 enum gg_status wl_template(struct engine *engine, const struct mf_entry *e, const json_t *doc,
                            const struct dr_options *o, struct wl_result *out, struct gg_err *err);
 void wl_result_clear(struct wl_result *r);
+
+/* o for e's Pod: with template_path set to e's path when e is a workload's template. */
+struct dr_options wl_options(const struct mf_entry *e, const struct dr_options *o);
 
 /*
  * The object itself (not its templates) through both webhooks, for the

@@ -388,3 +388,79 @@ def test_usage_command_errors(binary, tmp_path):
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2
     assert r.stderr.startswith("gpuguard usage: --prometheus must be an http:// or https:// URL")
+
+
+def admit(server, obj, **extra):
+    """The /mutate answer for obj as its controller's user creates it: (response, patch ops)."""
+    group, _, version = obj["apiVersion"].rpartition("/")
+    gvk = {"group": group, "version": version, "kind": obj["kind"]}
+    resource = {"group": group, "version": version, "resource": obj["kind"].lower() + "s"}
+    req = {"uid": str(uuid.uuid4()), "kind": gvk, "resource": resource, "requestKind": gvk,
+           "requestResource": resource, "name": obj["metadata"].get("name", ""),
+           "namespace": obj["metadata"]["namespace"], "operation": "CREATE",
+           "userInfo": {"username": "alice", "groups": ["system:authenticated"]},
+           "object": obj, "oldObject": None, "dryRun": False, **extra}
+    conn = server.connect(timeout=10)
+    status, _, got = conn.review({"apiVersion": "admission.k8s.io/v1",
+                                  "kind": "AdmissionReview", "request": req}, path="/mutate")
+    conn.close()
+    assert status == 200, got
+    resp = got["response"]
+    assert resp["allowed"], resp
+    return resp, json.loads(base64.b64decode(resp["patch"])) if resp.get("patch") else []
+
+
+def test_apply_at_workload_admission_in_the_webhook(binary, certs, tmp_path, prom):
+    saved = tmp_path / "usage.json"
+    r = subprocess.run([binary, "usage", "--prometheus", prom.url + "/", "--config",
+                        str(write_config(tmp_path, "http://127.0.0.1:1")), "-o", str(saved)],
+                       capture_output=True, text=True, env=no_proxy_env(), timeout=60)
+    assert r.returncode == 0, r.stderr
+    deployment = next(yaml.safe_load_all(DEPLOYMENT))
+    manifest = tmp_path / "chat.yaml"
+    manifest.write_text(yaml.safe_dump(deployment))
+    r = check(binary, "--config", str(write_config(tmp_path, prom.url, mode="apply")),
+              "--usage", str(saved), "--emit-mutated", str(manifest))
+    assert r.returncode == 0, r.stderr
+    emitted = next(yaml.safe_load_all(r.stdout))
+    # check agrees on pods: a Pod document is a pod, whatever its owner: recommended only.
+    pod_file = tmp_path / "pod.yaml"
+    pod_file.write_text(yaml.safe_dump(CHAT_POD))
+    r = check(binary, "--config", str(write_config(tmp_path, prom.url, mode="apply")),
+              "--usage", str(saved), "-o", "json", str(pod_file))
+    record = json.loads(r.stdout.splitlines()[0])
+    assert CHAT in record["warnings"]
+    after = jsonpatch.apply_patch(CHAT_POD, record["patch"])
+    assert "gpuguard.io/gpu-memory" not in after["metadata"]["annotations"]
+    assert after["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+    server = serve(binary, certs, tmp_path, prom.url, mode="apply")
+    try:
+        assert wait_for(lambda: readyz_line(server).startswith("rightsizing: ok (6 workloads"))
+        # The Deployment: its template gets the memory, then the sharing policy's MIG slice.
+        resp, patch = admit(server, deployment)
+        annotations = [op for op in patch if op["path"] == "/spec/template/metadata/annotations"]
+        assert len(annotations) == 1 and annotations[0]["op"] == "add", patch
+        assert annotations[0]["value"]["gpuguard.io/gpu-memory"] == "9Gi"
+        assert all(op["path"].startswith("/spec/template/") for op in patch), patch
+        assert any(w.startswith("spec.template: rightsizing: applied gpuguard.io/gpu-memory: 9Gi: "
+                                "used at most 7.1 GiB of 80 over 26 hours") for w in resp["warnings"])
+        mutated = jsonpatch.apply_patch(deployment, patch)
+        assert mutated["spec"]["template"] == CHAT_TEMPLATE_AFTER
+        assert mutated == emitted  # what `gpuguard check --usage ... --emit-mutated` gives
+        # A pod the ReplicaSet creates is never resized on its own: the recommendation only,
+        # even when the review claims to be a template's (the field is gpuguard's alone).
+        for extra in ({}, {"template": "spec.template"}):
+            resp, patch = admit(server, CHAT_POD, **extra)
+            assert [w for w in resp["warnings"] if w.startswith("rightsizing:")] == [CHAT]
+            assert recommendation(patch) == CHAT[len("rightsizing: "):]
+            after = jsonpatch.apply_patch(CHAT_POD, patch)
+            assert "gpuguard.io/gpu-memory" not in after["metadata"]["annotations"]
+            assert after["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+        # The mutated Deployment again (the API server's reinvocation, a re-apply): no patch.
+        resp, patch = admit(server, mutated)
+        assert patch == [], patch
+        text = server.ops("/metrics")[1]
+        assert metric(text, "gpuguard_rightsizing_recommendations_total", action="apply") == 1
+        assert metric(text, "gpuguard_rightsizing_recommendations_total", action="recommend") == 2
+    finally:
+        assert server.stop() == 0

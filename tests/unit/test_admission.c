@@ -120,6 +120,18 @@ static void test_decode_dry_run_and_subresource(void **state)
     adm_request_clear(&req);
 }
 
+/* Whether the object is a workload's template is gpuguard's to say, never the review's. */
+static void test_decode_never_takes_the_template_path(void **state)
+{
+    (void)state;
+    struct adm_request req;
+    decode_ok(REVIEW("v1", "{\"uid\":\"u\",\"operation\":\"CREATE\",\"template\":"
+                           "\"spec.template\",\"templatePath\":\"spec.template\",\"object\":{}}"),
+              &req);
+    assert_null(req.template_path);
+    adm_request_clear(&req);
+}
+
 static void test_decode_rejects(void **state)
 {
     (void)state;
@@ -353,6 +365,7 @@ int main(void)
         cmocka_unit_test(test_decode_pod_create),
         cmocka_unit_test(test_decode_operations),
         cmocka_unit_test(test_decode_dry_run_and_subresource),
+        cmocka_unit_test(test_decode_never_takes_the_template_path),
         cmocka_unit_test(test_decode_rejects),
         cmocka_unit_test(test_decode_depth_bounded),
         cmocka_unit_test(test_encode_allow_round_trip),
