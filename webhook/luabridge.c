@@ -26,6 +26,7 @@
 #include <lua.h>
 #include <lualib.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -36,6 +37,7 @@
 #define LB_POOL_RESERVE (8u << 20)
 /* Run time before the count hook is set (see the top of the file). */
 #define LB_GRACE_US 1000
+static _Atomic int64_t grace_us = LB_GRACE_US;
 
 /* Registry keys (addresses of these statics are unique light userdata). */
 static const char key_array_mt, key_object_mt, key_ro_target, key_ro_cache;
@@ -161,13 +163,19 @@ static void budget_open(struct lb_vm *vm, int64_t deadline_us)
     vm->used = 0;
     vm->deadline_us = deadline_us;
     vm->kill = LB_DONE;
-    int64_t delay = LB_GRACE_US, left = deadline_us ? deadline_us - now_us() : delay;
+    int64_t delay = atomic_load_explicit(&grace_us, memory_order_relaxed),
+            left = deadline_us ? deadline_us - now_us() : delay;
     if (left < delay)
         delay = left;
     if (vm->watchdog && delay > 0 && watchdog_owned(vm->watchdog))
         watchdog_arm(vm->watchdog, delay, vm);
     else
         lua_sethook(vm->L, budget_hook, LUA_MASKCOUNT, LB_HOOK_STEP);
+}
+
+void lb_set_grace_us(int64_t us)
+{
+    atomic_store(&grace_us, us);
 }
 
 static void budget_close(struct lb_vm *vm)
