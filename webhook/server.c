@@ -573,8 +573,8 @@ static void *accept_main(void *arg)
             close(fd);
             continue;
         }
-        MHD_add_connection(s->webhook, fd, (struct sockaddr *)&addr,
-                           len); /* closes fd on failure */
+        /* On failure the library closes fd. */
+        MHD_add_connection(s->webhook, fd, (struct sockaddr *)&addr, len);
     }
     return NULL;
 }
