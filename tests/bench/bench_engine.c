@@ -118,8 +118,9 @@ int main(int argc, char **argv)
         if (run_once(e, text, len, sum))
             return 1;
     double wall_us = (now_ns() - start) / 1e3 / (double)n;
-    printf("engine: %ld reviews of %zu bytes, %zu policies\n", n, len,
-           policy_set_count(engine_live_set(e)));
+    struct policy_set *set = engine_live_set(e);
+    printf("engine: %ld reviews of %zu bytes, %zu policies\n", n, len, policy_set_count(set));
+    policy_set_release(set);
     double total = 0;
     for (int s = 0; s < STAGES; s++) {
         double us = sum[s] / 1e3 / (double)n;
