@@ -10,6 +10,8 @@
 #include <stdlib.h>
 
 #define FIRST_CHUNK (64 * 1024)
+/* The largest chunk kept between requests (see arena_end). */
+#define KEEP_MAX (1024 * 1024)
 #define ALIGN 16
 
 struct chunk {
@@ -22,7 +24,7 @@ struct chunk {
 struct arena {
     bool active;
     struct chunk *head; /* the current chunk; older ones follow */
-    struct chunk *keep; /* the first chunk, kept between requests */
+    struct chunk *keep; /* the chunk kept between requests */
 };
 
 static _Thread_local struct arena arena;
@@ -108,15 +110,27 @@ void arena_begin(void)
     arena.active = true;
 }
 
+/*
+ * The newest chunk is the largest: it becomes the kept one (up to
+ * KEEP_MAX), so a thread that serves large reviews stops allocating
+ * chunks, and malloc stops returning their pages to the kernel (and
+ * faulting them in again) on every request.
+ */
 void arena_end(void)
 {
+    struct chunk *keep = arena.head && arena.head->size <= KEEP_MAX ? arena.head : arena.keep;
     struct chunk *c = arena.head;
-    while (c && c != arena.keep) {
+    while (c) {
         struct chunk *next = c->next;
-        free(c);
+        if (c != keep)
+            free(c);
         c = next;
     }
-    arena.head = arena.keep;
+    if (keep && keep != arena.keep && keep_key_ok)
+        pthread_setspecific(keep_key, keep);
+    if (keep)
+        keep->next = NULL;
+    arena.head = arena.keep = keep;
     arena.active = false;
 }
 

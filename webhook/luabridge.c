@@ -30,6 +30,7 @@
 #include <ctype.h>
 #include <lualib.h>
 #include <math.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +44,7 @@
 /* A library call that waits (the template GET of gpuguard.dra) ends this long before the
  * budget's deadline, so the policy can still deny with its reason. */
 #define LB_WAIT_RESERVE_US 50000
+static _Atomic int64_t grace_us = LB_GRACE_US;
 
 /* Registry keys (addresses of these statics are unique light userdata). */
 static const char key_array_mt, key_object_mt, key_ro_target, key_ro_cache;
@@ -189,13 +191,19 @@ static void budget_open(struct lb_vm *vm, int64_t deadline_us)
     vm->used = 0;
     vm->deadline_us = deadline_us;
     vm->kill = LB_DONE;
-    int64_t delay = LB_GRACE_US, left = deadline_us ? deadline_us - now_us() : delay;
+    int64_t delay = atomic_load_explicit(&grace_us, memory_order_relaxed),
+            left = deadline_us ? deadline_us - now_us() : delay;
     if (left < delay)
         delay = left;
     if (vm->watchdog && delay > 0 && watchdog_owned(vm->watchdog))
         watchdog_arm(vm->watchdog, delay, vm);
     else
         lua_sethook(vm->L, budget_hook, LUA_MASKCOUNT, LB_HOOK_STEP);
+}
+
+void lb_set_grace_us(int64_t us)
+{
+    atomic_store(&grace_us, us);
 }
 
 static void budget_close(struct lb_vm *vm)

@@ -73,6 +73,13 @@ struct lb_vm;
 struct inventory;
 
 /*
+ * Run time before a request's instructions are counted, for every VM of
+ * the process (LB_GRACE_US unless set); benchmarks under an instruction
+ * counter raise it so that the count reflects a native run.
+ */
+void lb_set_grace_us(int64_t us);
+
+/*
  * A fresh sandboxed VM with the library modules, the configuration
  * (read-only in Lua; NULL for an empty table) and the inventory that
  * gpuguard.usage() reads (NULL: usage 0, not ready).

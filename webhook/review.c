@@ -45,20 +45,27 @@ static void log_decision(const struct adm_request *req, enum adm_endpoint endpoi
                          int64_t start_us)
 {
     static const char *const names[] = {"allowed", "patched", "denied", "error"};
-    json_t *fields = json_pack(
-        "{s:s,s:s,s:s,s:s,s:s,s:s,s:O,s:i,s:f}", "uid", req->uid, "namespace", req->namespace,
-        "name", object_name(req), "operation", adm_operation_name(req->operation), "endpoint",
-        endpoint == ADM_MUTATING ? "mutate" : "validate", "verdict", names[verdict], "policies",
-        v->fired, "patch_ops", (int)json_array_size(v->patch), "latency_ms",
-        (review_now_us() - start_us) / 1000.0);
+    struct log_line l;
+    if (!log_begin(&l, LOG_INFO, "decision"))
+        return;
+    log_str(&l, "uid", req->uid);
+    log_str(&l, "namespace", req->namespace);
+    log_str(&l, "name", object_name(req));
+    log_str(&l, "operation", adm_operation_name(req->operation));
+    log_str(&l, "endpoint", endpoint == ADM_MUTATING ? "mutate" : "validate");
+    log_str(&l, "verdict", names[verdict]);
+    if (v->fired)
+        log_json(&l, "policies", v->fired);
+    log_int(&l, "patch_ops", (int64_t)json_array_size(v->patch));
+    log_millis(&l, "latency_ms", review_now_us() - start_us);
     if (v->message)
-        json_object_set_new(fields, "message", json_string(v->message));
-    json_t *charge = json_object_get(v->audit, WL_CHARGE_AUDIT_KEY);
+        log_str(&l, "message", v->message);
+    const json_t *charge = json_object_get(v->audit, WL_CHARGE_AUDIT_KEY);
     if (charge)
-        json_object_set(fields, "charge", charge);
+        log_json(&l, "charge", charge);
     if (log_get_level() == LOG_DEBUG && req->object)
-        json_object_set(fields, "object", req->object);
-    log_fields(LOG_INFO, "decision", fields);
+        log_json(&l, "object", req->object);
+    log_end(&l);
 }
 
 enum gg_status review_handle(struct engine *engine, const char *body, size_t len,

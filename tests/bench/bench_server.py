@@ -2,7 +2,8 @@
 """bench_server.py - `gpuguard serve` under wrk against nginx as the TLS ceiling.
 
     bench_server.py --bin build/gpuguard [--policies DIR] [--lua DIR] [--config FILE]
-                    [--seconds 20] [--connections 32] [--threads 2] [--report FILE]
+                    [--seconds 20] [--connections 32] [--threads 2] [--rounds 3]
+                    [--callgrind-n 500,1500] [--report FILE]
 
 One run, everything on 127.0.0.1 with ephemeral ports, in a temporary directory:
 
@@ -12,23 +13,30 @@ One run, everything on 127.0.0.1 with ephemeral ports, in a temporary directory:
  2. four AdmissionReview bodies: an inference pod with a gpu-fraction, a training
     pod with whole GPUs, a pod with no GPU and a pod with 30 containers; each is
     sent once and its answer checked (200, an AdmissionReview for its uid);
- 3. the in-process engine (build/bench/bench_engine) on each body;
- 4. `gpuguard serve` driven by wrk (HTTPS keep-alive, POST /mutate?timeout=10s,
-    cycling through the bodies: tests/bench/wrk/review.lua) for --seconds, with the
-    server's RSS sampled from /proc; then nginx (generated config, same certificate,
-    `return 200` with a fixed AdmissionReview) under the same wrk command: the ratio;
+ 3. the in-process engine (build/bench/bench_engine) on each body, and its
+    instructions per review under callgrind on tests/data/reviews/bench-pod.json: the
+    difference between two -n values (--callgrind-n), divided by theirs, with the
+    count hook's grace raised (--grace-us) so that the count reflects a native run;
+ 4. --rounds interleaved rounds, each of four wrk runs of --seconds (HTTPS keep-alive,
+    POST /mutate?timeout=10s, cycling through the bodies: tests/bench/wrk/review.lua):
+    `gpuguard serve` with --connections, nginx (generated config, same certificate,
+    `return 200` with a fixed AdmissionReview) with the same command, then both with
+    one connection (one request at a time); the server's RSS is sampled from /proc in
+    the first round; the share of nginx's requests/s and the p99s as ranges;
  5. the same load while a policy file is atomically replaced --events times, and
     while the certificate is swapped --events times (symlink swap), with a prober
     making a new TLS connection and one review every 200 ms: p99 and max next to
     the steady run's;
  6. the server's RSS with --idle-connections (1,000) open idle TLS connections.
 
-It prints one Markdown table at the end and writes it to --report.  Figures, not
+It prints two Markdown tables at the end, the four headline figures and the details,
+and writes them to --report.  Figures, not
 pass/fail: the exit status is non-zero only when something could not be run
 (a tool missing, the server not starting, a wrong answer).
 
 Environment defaults: BENCH_SECONDS (20), BENCH_CONNECTIONS (32), BENCH_THREADS (2),
-BENCH_IDLE_CONNECTIONS (1000), BENCH_ENGINE_N (2000), BENCH_EVENTS (5).
+BENCH_ROUNDS (3), BENCH_IDLE_CONNECTIONS (1000), BENCH_ENGINE_N (2000),
+BENCH_CALLGRIND_N (500,1500; "off" to skip), BENCH_EVENTS (5).
 """
 
 import argparse
@@ -54,6 +62,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent.parent
+# The count hook's grace under callgrind: never reached, as in a native run.
+CALLGRIND_GRACE_US = 10**9
 WRK_SCRIPT = REPO / "tests" / "bench" / "wrk" / "review.lua"
 BASE_REVIEW = REPO / "tests" / "data" / "reviews" / "bench-pod.json"
 SERVICE, NAMESPACE = "gpuguard", "gpuguard-system"
@@ -666,12 +676,14 @@ def machine_busy():
 
 
 def run_wrk(wrk, args, port, bodies, seconds, label, pid_list=None, rss_pid=None,
-            events=None, probe=None, tmp=None):
-    """One wrk run; returns a dict of its figures."""
+            events=None, probe=None, tmp=None, connections=None):
+    """One wrk run (--connections unless given); returns a dict of its figures."""
     url = f"https://127.0.0.1:{port}{PATH}"
-    cmd = [wrk, f"-t{args.threads}", f"-c{args.connections}", f"-d{seconds}s", "--timeout", "10s",
+    conns = connections or args.connections
+    threads = min(args.threads, conns)
+    cmd = [wrk, f"-t{threads}", f"-c{conns}", f"-d{seconds}s", "--timeout", "10s",
            "--latency", "-s", str(WRK_SCRIPT), url, "--"] + [str(p) for _, p in bodies]
-    log(f"{label}: wrk -t{args.threads} -c{args.connections} -d{seconds}s {url}")
+    log(f"{label}: wrk -t{threads} -c{conns} -d{seconds}s {url}")
     stop = threading.Event()
     deadline = time.monotonic() + seconds + 30
     helpers = []
@@ -762,6 +774,30 @@ def open_idle_connections(server, n, body, deadline):
     return conns
 
 
+def callgrind_count(binary, tmp, counts):
+    """Instructions per review of bench_engine on bench-pod.json under callgrind: the
+    difference between the totals of two runs (counts: (small n, large n)) divided by
+    the difference of their n, so that start-up and policy loading cancel out."""
+    valgrind = tool("valgrind")
+    totals = []
+    for n in counts:
+        out_file = tmp / f"callgrind.{n}.out"
+        out = subprocess.run([valgrind, "--tool=callgrind", f"--callgrind-out-file={out_file}",
+                              binary, "--policies", str(tmp / "policies"), "--lua",
+                              str(tmp / "lua"), "--config", str(tmp / "config" / "gpuguard.yaml"),
+                              "-n", str(n), "--grace-us", str(CALLGRIND_GRACE_US),
+                              str(BASE_REVIEW)], capture_output=True, text=True, timeout=1800)
+        m = re.search(r"^summary: (\d+)$", out_file.read_text() if out_file.exists() else "",
+                      re.M)
+        if out.returncode != 0 or not m:
+            raise BenchError(f"callgrind on bench_engine -n {n}: {out.stderr[-2000:]}")
+        totals.append(int(m.group(1)))
+    per = (totals[1] - totals[0]) / (counts[1] - counts[0])
+    log(f"engine under callgrind: {per:,.0f} instructions per review "
+        f"(-n {counts[0]}: {totals[0]:,}, -n {counts[1]}: {totals[1]:,})")
+    return per
+
+
 def engine_bench(binary, args, tmp, bodies):
     """bench_engine on each body: {label: (total us, wall us)}."""
     results = {}
@@ -817,6 +853,39 @@ def cpu_text(name, r, ctx):
     return (f"{name} {r['cpu_cores']:.2f}, wrk {r['wrk_cores']:.2f}, everything else "
             f"(this script included) {others:.2f}, stolen by the hypervisor "
             f"{r['steal_cores']:.2f} (of {ctx['nproc']})")
+
+
+def spread(values, fmt):
+    lo, hi = min(values), max(values)
+    return fmt(lo) if fmt(lo) == fmt(hi) else f"{fmt(lo)}-{fmt(hi)}"
+
+
+def headline(ctx):
+    """The four figures the speed targets are held against."""
+    a, rounds = ctx["args"], ctx["rounds"]
+    rows = ["| figure | this run | target |", "|---|---|---|"]
+    cg = ctx.get("callgrind")
+    n1, n2 = a.callgrind_counts or (0, 0)
+    rows.append("| engine instructions per review (callgrind, bench_engine on bench-pod.json, "
+                f"difference between -n {n2} and -n {n1} per review, "
+                f"--grace-us {CALLGRIND_GRACE_US}) | "
+                + (f"{cg / 1000:,.0f} K" if cg else "not measured") + " | ≤ 320 K |")
+    share = [100 * r["g"]["rps"] / r["n"]["rps"] for r in rounds]
+    rows.append(f"| webhook req/s as a share of nginx (wrk -t{min(a.threads, a.connections)} "
+                f"-c{a.connections}, {len(rounds)} interleaved rounds of {a.seconds} s) | "
+                f"**{spread(share, lambda v: f'{v:.0f}')} %** (gpuguard "
+                f"{spread([r['g']['rps'] for r in rounds], lambda v: f'{v:,.0f}')} req/s, nginx "
+                f"{spread([r['n']['rps'] for r in rounds], lambda v: f'{v:,.0f}')}) | ≥ 30 % |")
+    p99 = lambda key: spread([r[key]["latency_us"]["p99"] for r in rounds], ms)  # noqa: E731
+    rps = lambda key: spread([r[key]["rps"] for r in rounds], lambda v: f"{v:,.0f}")  # noqa: E731
+    rows.append(f"| p99, one connection (wrk -t1 -c1, same rounds) | **{p99('g1')} ms** "
+                f"({rps('g1')} req/s); nginx {p99('n1')} ms ({rps('n1')} req/s) | ≤ 0.25 ms |")
+    idle = ctx.get("idle")
+    rows.append(f"| RSS with {idle['n']:,} kept-alive TLS connections | **{mb(idle['rss'])}** | "
+                "≤ 64 MB |" if idle else "| RSS with kept-alive TLS connections | not measured | |")
+    rows.append(f"| load average (1/5/15 min) at start / end | {ctx['load_start']} / "
+                f"{ctx['load_end']} | |")
+    return "\n".join(rows) + "\n"
 
 
 def report(ctx):
@@ -909,14 +978,26 @@ def main():
                     help="gpuguard serve --threads [its default: the number of CPUs]")
     ap.add_argument("--idle-connections", type=int,
                     default=env_int("BENCH_IDLE_CONNECTIONS", 1000))
+    ap.add_argument("--rounds", type=int, default=env_int("BENCH_ROUNDS", 3),
+                    help="interleaved gpuguard / nginx rounds")
     ap.add_argument("--engine-n", type=int, default=env_int("BENCH_ENGINE_N", 2000))
+    ap.add_argument("--callgrind-n", default=os.environ.get("BENCH_CALLGRIND_N") or "500,1500",
+                    help='two review counts for the callgrind difference, or "off"')
     ap.add_argument("--events", type=int, default=env_int("BENCH_EVENTS", 5),
                     help="policy reloads and certificate swaps per run")
     ap.add_argument("--report", default=str(REPO / "build" / "bench" / "report.md"))
     ap.add_argument("--keep-tmp", action="store_true", help="keep the temporary directory")
     a = ap.parse_args()
-    if a.seconds < 1 or a.connections < a.threads or a.threads < 1:
-        ap.error("need --seconds ≥ 1 and --connections ≥ --threads ≥ 1")
+    if a.seconds < 1 or a.connections < a.threads or a.threads < 1 or a.rounds < 1:
+        ap.error("need --seconds ≥ 1, --connections ≥ --threads ≥ 1 and --rounds ≥ 1")
+    a.callgrind_counts = None
+    if a.callgrind_n != "off":
+        try:
+            a.callgrind_counts = tuple(int(v) for v in a.callgrind_n.split(","))
+        except ValueError:
+            a.callgrind_counts = ()
+        if len(a.callgrind_counts) != 2 or not 0 < a.callgrind_counts[0] < a.callgrind_counts[1]:
+            ap.error('--callgrind-n takes two increasing counts ("500,1500") or "off"')
 
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _raise_exit)
@@ -983,6 +1064,8 @@ def bench(a, reaper, tmp):
 
     if engine_bin.exists():
         ctx["engine"] = engine_bench(str(engine_bin), a, tmp, bodies)
+        if a.callgrind_counts:
+            ctx["callgrind"] = callgrind_count(str(engine_bin), tmp, a.callgrind_counts)
     else:
         log(f"{engine_bin} not built: no engine figures")
 
@@ -992,12 +1075,8 @@ def bench(a, reaper, tmp):
     run_wrk(wrk, a, server.port, bodies, warm, "gpuguard warm-up", tmp=tmp)
     server.truncate_log()
 
-    ctx["steady"] = run_wrk(wrk, a, server.port, bodies, a.seconds, "gpuguard steady",
-                            pid_list=server_pids, rss_pid=server.proc.pid,
-                            probe=(server.context(), probe_body), tmp=tmp)
-    server.truncate_log()
-
-    # nginx, the ceiling: same certificate, same wrk command, gpuguard idle meanwhile.
+    # nginx, the ceiling: same certificate, same wrk command, the other server idle
+    # meanwhile; the two alternate so that the machine's drift hits both alike.
     body = nginx_body(facts[0]["answer"])
     ctx["nginx_body_size"] = len(body)
     ctx["nginx_workers"] = ctx["server_threads"]
@@ -1005,8 +1084,25 @@ def bench(a, reaper, tmp):
                 body, ctx["nginx_workers"])
     log(f"nginx pid {ngx.proc.pid} on 127.0.0.1:{ngx.port}")
     run_wrk(wrk, a, ngx.port, bodies, warm, "nginx warm-up", tmp=tmp)
-    ctx["nginx"] = run_wrk(wrk, a, ngx.port, bodies, a.seconds, "nginx", pid_list=ngx.pids,
-                           probe=(server.context(), probe_body), tmp=tmp)
+    rounds = []
+    for i in range(1, a.rounds + 1):
+        first = i == 1
+        probe = (server.context(), probe_body) if first else None
+        r = {"g": run_wrk(wrk, a, server.port, bodies, a.seconds, f"gpuguard steady, round {i}",
+                          pid_list=server_pids, rss_pid=server.proc.pid if first else None,
+                          probe=probe, tmp=tmp),
+             "n": run_wrk(wrk, a, ngx.port, bodies, a.seconds, f"nginx, round {i}",
+                          pid_list=ngx.pids, probe=probe, tmp=tmp)}
+        r["g1"] = run_wrk(wrk, a, server.port, bodies, a.seconds,
+                          f"gpuguard one connection, round {i}", pid_list=server_pids, tmp=tmp,
+                          connections=1)
+        r["n1"] = run_wrk(wrk, a, ngx.port, bodies, a.seconds,
+                          f"nginx one connection, round {i}", pid_list=ngx.pids, tmp=tmp,
+                          connections=1)
+        rounds.append(r)
+        server.truncate_log()
+    ctx["rounds"] = rounds
+    ctx["steady"], ctx["nginx"] = rounds[0]["g"], rounds[0]["n"]
     ngx.stop()
 
     # Policy reloads under load: atomic replace of a policy file (a changed comment).
@@ -1075,7 +1171,7 @@ def bench(a, reaper, tmp):
     if rc != 0:
         log(f"gpuguard serve exited {rc} on SIGTERM")
 
-    table = report(ctx)
+    table = headline(ctx) + "\n" + report(ctx)
     out = Path(a.report)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(f"# gpuguard benchmark, {ctx['date']}\n\n{table}")
