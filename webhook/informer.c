@@ -1219,19 +1219,7 @@ static uint64_t next_random(struct informer *f)
 /* Sleep up to ms unless stopped; false when stopped. */
 static bool pause_ms(struct informer *f, int64_t ms)
 {
-    struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_sec += ms / 1000;
-    until.tv_nsec += (ms % 1000) * 1000000;
-    if (until.tv_nsec >= 1000000000) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000;
-    }
-    pthread_mutex_lock(&f->lock);
-    while (!atomic_load(&f->stop) && pthread_cond_timedwait(&f->cond, &f->lock, &until) == 0)
-        ;
-    pthread_mutex_unlock(&f->lock);
-    return !atomic_load(&f->stop);
+    return kc_pause_ms(&f->lock, &f->cond, &f->stop, ms);
 }
 
 /* Capped exponential backoff with jitter: between half and all of min(max, initial x 2^n). */

@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 struct kc_client {
@@ -603,4 +604,21 @@ void kc_response_clear(struct kc_response *resp)
 {
     free(resp->body);
     memset(resp, 0, sizeof(*resp));
+}
+
+bool kc_pause_ms(pthread_mutex_t *lock, pthread_cond_t *cond, const atomic_bool *stop, int64_t ms)
+{
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    until.tv_sec += ms / 1000;
+    until.tv_nsec += (ms % 1000) * 1000000;
+    if (until.tv_nsec >= 1000000000) {
+        until.tv_sec++;
+        until.tv_nsec -= 1000000000;
+    }
+    pthread_mutex_lock(lock);
+    while (!atomic_load(stop) && pthread_cond_timedwait(cond, lock, &until) == 0)
+        ;
+    pthread_mutex_unlock(lock);
+    return !atomic_load(stop);
 }

@@ -23,9 +23,11 @@
 
 #include "gpuguard.h"
 
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 /* Where a pod's service account credentials are mounted. */
 #define KC_SA_DIR "/var/run/secrets/kubernetes.io/serviceaccount"
@@ -102,5 +104,12 @@ bool kc_query_escape(const char *s, char *out, size_t size);
 
 /* Standard base64 (padding optional, whitespace skipped); NULL when malformed. */
 unsigned char *kc_base64_decode(const char *in, size_t *out_len);
+
+/*
+ * The wait of a client thread between requests (backoff, refresh): up to ms
+ * on cond under lock, cut short when *stop is set and cond signalled.  False
+ * when stopped.
+ */
+bool kc_pause_ms(pthread_mutex_t *lock, pthread_cond_t *cond, const atomic_bool *stop, int64_t ms);
 
 #endif

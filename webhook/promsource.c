@@ -125,19 +125,7 @@ static enum gg_status refresh(struct ps_source *p, struct gg_err *err)
 /* Sleep up to ms unless stopped; false when stopped. */
 static bool pause_ms(struct ps_source *p, int64_t ms)
 {
-    struct timespec until;
-    clock_gettime(CLOCK_MONOTONIC, &until);
-    until.tv_sec += ms / 1000;
-    until.tv_nsec += (ms % 1000) * 1000000;
-    if (until.tv_nsec >= 1000000000) {
-        until.tv_sec++;
-        until.tv_nsec -= 1000000000;
-    }
-    pthread_mutex_lock(&p->lock);
-    while (!atomic_load(&p->stop) && pthread_cond_timedwait(&p->cond, &p->lock, &until) == 0)
-        ;
-    pthread_mutex_unlock(&p->lock);
-    return !atomic_load(&p->stop);
+    return kc_pause_ms(&p->lock, &p->cond, &p->stop, ms);
 }
 
 static void *run(void *arg)
