@@ -578,8 +578,8 @@ static void *accept_main(void *arg)
             close(fd);
             continue;
         }
-        /* On failure the library closes fd. */
-        MHD_add_connection(s->webhook, fd, (struct sockaddr *)&addr, len);
+        MHD_add_connection(s->webhook, fd, (struct sockaddr *)&addr,
+                           len); /* closes fd on failure */
     }
     return NULL;
 }
