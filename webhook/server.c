@@ -11,16 +11,11 @@
  * no body (404, 405, 415, 413 by Content-Length) are answered from the
  * headers, before a byte of the body is buffered.
  *
- * The webhook's listen socket is ours: one thread accepts and hands each
- * connection to the library (MHD_add_connection), which gives it to worker
- * fd % workers.  When every worker polled the listen socket itself, the
- * first to wake took a whole burst of connections: under 32 kept-alive
- * connections one worker often served them all while the other idled.
- *
- * --max-connections is enforced by that thread, not by libmicrohttpd's own
- * limit: a connection past it is accepted and closed at once, so the client
- * sees its connection closed instead of a handshake hung in the kernel's
- * backlog.  The library's limit is set above ours as the hard bound.
+ * --max-connections is enforced here, not by libmicrohttpd's own limit: a
+ * worker at that limit stops polling the listen socket, so a connection
+ * past it would sit in the kernel's backlog, its handshake hung, until
+ * some idle connection times out (120 s).  Instead the library's limit is
+ * set above ours and a connection past ours is accepted and closed at once.
  * A slot is held no longer than --request-timeout by a request that is
  * late (sweeper.h), however slowly its bytes trickle in.
  */
@@ -34,18 +29,15 @@
 #include "tlscreds.h"
 
 #include <arpa/inet.h>
-#include <errno.h>
 #include <malloc.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
-#include <poll.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -75,10 +67,6 @@ struct srv {
     struct sweeper *sweeper; /* the request deadline of the webhook's connections */
     struct MHD_Daemon *webhook;
     struct MHD_Daemon *ops;
-    int listen_fd; /* the webhook's; -1 once closed */
-    int stop_fd;   /* eventfd: the accepting thread stops when it is written */
-    pthread_t accepter;
-    bool accepting; /* the accepting thread runs */
     size_t max_body;
     unsigned max_connections;
     atomic_uint open_connections;
@@ -544,116 +532,47 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
     metrics_connections_add(started ? 1 : -1);
 }
 
-/* The accepting thread: hands connections to the workers until stop_fd is written. */
-static void *accept_main(void *arg)
+/*
+ * Called on the worker that accepted the connection, before it is set up:
+ * past --max-connections the socket is closed at once, so the client sees
+ * its connection closed instead of a hung handshake.  Workers accepting at
+ * the same moment may overshoot by a connection each; the library's own
+ * limit (threads x (max + 1)) stays the hard bound.
+ */
+static enum MHD_Result accept_policy(void *cls, const struct sockaddr *addr, socklen_t len)
 {
-    struct srv *s = arg;
-    struct pollfd p[2] = {{.fd = s->listen_fd, .events = POLLIN},
-                          {.fd = s->stop_fd, .events = POLLIN}};
-    for (;;) {
-        if (poll(p, 2, -1) < 0 && errno != EINTR) {
-            log_msg(LOG_ERROR, "no longer accepting connections: poll: %s", strerror(errno));
-            break;
-        }
-        if (p[1].revents)
-            break;
-        if (!(p[0].revents & POLLIN))
-            continue;
-        struct sockaddr_storage addr;
-        socklen_t len = sizeof(addr);
-        int fd = accept4(s->listen_fd, (struct sockaddr *)&addr, &len, SOCK_CLOEXEC);
-        if (fd < 0) {
-            if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
-                /* Out of descriptors or memory: the backlog waits a moment instead of spinning. */
-                log_msg(LOG_WARN, "cannot accept a connection: %s", strerror(errno));
-                usleep(10 * 1000);
-            }
-            continue;
-        }
-        /* Connections in transit to a worker are not counted yet: a burst
-         * may overshoot by those; the library's limit stays the hard bound. */
-        if (atomic_load(&s->open_connections) >= s->max_connections) {
-            log_msg(LOG_DEBUG, "connection refused: %u connections open, the limit",
-                    s->max_connections);
-            close(fd);
-            continue;
-        }
-        MHD_add_connection(s->webhook, fd, (struct sockaddr *)&addr,
-                           len); /* closes fd on failure */
-    }
-    return NULL;
+    (void)addr;
+    (void)len;
+    struct srv *s = cls;
+    if (atomic_load(&s->open_connections) < s->max_connections)
+        return MHD_YES;
+    log_msg(LOG_DEBUG, "connection refused: %u connections open, the limit", s->max_connections);
+    return MHD_NO;
 }
 
-static int listen_on(const struct sockaddr_storage *addr)
+static struct MHD_Daemon *start_webhook(struct srv *s, const struct srv_config *cfg,
+                                        struct sockaddr_storage *addr)
 {
-    int fd = socket(addr->ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (fd < 0)
-        return -1;
-    int on = 1;
-    socklen_t len =
-        addr->ss_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
-    if (setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on)) != 0 ||
-        (addr->ss_family == AF_INET6 &&
-         setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &on, sizeof(on)) != 0) ||
-        bind(fd, (const struct sockaddr *)addr, len) != 0 || listen(fd, SOMAXCONN) != 0) {
-        close(fd);
-        return -1;
-    }
-    return fd;
-}
-
-/* Listen on addr and start accepting; false (nothing left open) on failure. */
-static bool start_accepting(struct srv *s, const struct sockaddr_storage *addr)
-{
-    s->listen_fd = listen_on(addr);
-    if (s->listen_fd < 0)
-        return false;
-    s->stop_fd = eventfd(0, EFD_CLOEXEC);
-    if (s->stop_fd >= 0 && pthread_create(&s->accepter, NULL, accept_main, s) == 0) {
-        s->accepting = true;
-        return true;
-    }
-    if (s->stop_fd >= 0)
-        close(s->stop_fd);
-    close(s->listen_fd);
-    s->listen_fd = -1;
-    return false;
-}
-
-/* Stop accepting and close the listen socket: new connections are refused. */
-static void stop_accepting(struct srv *s)
-{
-    if (!s->accepting)
-        return;
-    uint64_t one = 1;
-    if (write(s->stop_fd, &one, sizeof(one)) != sizeof(one))
-        log_msg(LOG_ERROR, "cannot stop the accepting thread: %s", strerror(errno));
-    pthread_join(s->accepter, NULL);
-    close(s->stop_fd);
-    close(s->listen_fd);
-    s->listen_fd = -1;
-    s->accepting = false;
-}
-
-static struct MHD_Daemon *start_webhook(struct srv *s, const struct srv_config *cfg)
-{
-    unsigned flags = MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_TLS | MHD_USE_ERROR_LOG | MHD_USE_ITC |
-                     MHD_USE_NO_LISTEN_SOCKET;
+    unsigned flags = MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_TLS | MHD_USE_ERROR_LOG | MHD_USE_ITC;
+    if (addr->ss_family == AF_INET6)
+        flags |= MHD_USE_IPv6;
     /* MHD_OPTION_HTTPS_MEM_TRUST must not be passed at all without client CAs. */
     struct MHD_OptionItem trust[] = {
         {cfg->client_ca_pem ? MHD_OPTION_HTTPS_MEM_TRUST : MHD_OPTION_END, 0,
          (void *)cfg->client_ca_pem},
         {MHD_OPTION_END, 0, NULL}};
-    /* The library splits its limit between the workers; above ours (see accept_main). */
+    /* The library splits its limit between the workers; each must keep polling
+     * the listen socket up to ours (see accept_policy). */
     unsigned workers = cfg->threads > 1 ? cfg->threads : 1;
     unsigned mhd_limit = (cfg->max_connections + 1) * workers;
     return MHD_start_daemon(
-        flags, 0, NULL, NULL, on_webhook, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
-        MHD_OPTION_THREAD_POOL_SIZE, cfg->threads > 1 ? cfg->threads : 0,
-        MHD_OPTION_CONNECTION_LIMIT, mhd_limit, MHD_OPTION_CONNECTION_TIMEOUT, cfg->idle_timeout_s,
-        MHD_OPTION_HTTPS_CERT_CALLBACK, tls_creds_retrieve, MHD_OPTION_HTTPS_PRIORITIES,
-        TLS_PRIORITIES, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION,
-        on_connection, s, MHD_OPTION_ARRAY, trust, MHD_OPTION_END);
+        flags, 0, accept_policy, s, on_webhook, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
+        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)addr, MHD_OPTION_THREAD_POOL_SIZE,
+        cfg->threads > 1 ? cfg->threads : 0, MHD_OPTION_CONNECTION_LIMIT, mhd_limit,
+        MHD_OPTION_CONNECTION_TIMEOUT, cfg->idle_timeout_s, MHD_OPTION_HTTPS_CERT_CALLBACK,
+        tls_creds_retrieve, MHD_OPTION_HTTPS_PRIORITIES, TLS_PRIORITIES,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection,
+        s, MHD_OPTION_ARRAY, trust, MHD_OPTION_END);
 }
 
 /*
@@ -713,9 +632,8 @@ enum gg_status srv_start(const struct srv_config *cfg, struct srv **out, struct 
     snprintf(s->not_ready_reason, sizeof(s->not_ready_reason), "starting");
     if ((st = sw_new((int64_t)cfg->request_timeout_s * 1000, &s->sweeper, err)) != GG_OK)
         goto fail;
-    s->listen_fd = -1;
-    s->webhook = start_webhook(s, cfg);
-    if (!s->webhook || !start_accepting(s, &hook_addr)) {
+    s->webhook = start_webhook(s, cfg, &hook_addr);
+    if (!s->webhook) {
         st = gg_fail(err, GG_ERR_IO,
                      "cannot serve HTTPS on %s (address in use, or certificate/key rejected)",
                      cfg->listen);
@@ -730,7 +648,6 @@ enum gg_status srv_start(const struct srv_config *cfg, struct srv **out, struct 
     *out = s;
     return GG_OK;
 fail:
-    stop_accepting(s);
     if (s->webhook)
         MHD_stop_daemon(s->webhook);
     sw_free(s->sweeper);
@@ -747,12 +664,7 @@ static uint16_t bound_port(struct MHD_Daemon *d)
 
 uint16_t srv_port(const struct srv *s)
 {
-    struct sockaddr_storage ss;
-    socklen_t len = sizeof(ss);
-    if (s->listen_fd < 0 || getsockname(s->listen_fd, (struct sockaddr *)&ss, &len) != 0)
-        return 0;
-    return ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port
-                                          : ((struct sockaddr_in *)&ss)->sin_port);
+    return bound_port(s->webhook);
 }
 
 uint16_t srv_ops_port(const struct srv *s)
@@ -774,7 +686,9 @@ void srv_stop(struct srv *s, int64_t grace_ms)
         return;
     srv_set_ready(s, false, "shutting down");
     atomic_store(&draining, true);
-    stop_accepting(s);
+    MHD_socket listener = MHD_quiesce_daemon(s->webhook);
+    if (listener != MHD_INVALID_SOCKET)
+        close(listener);
     /* Wait for the requests in flight and, for a moment, for the kept-alive
      * connections to send their next request and be answered with
      * Connection: close; only the idle ones are left for the stop to cut. */
