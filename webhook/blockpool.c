@@ -3,6 +3,8 @@
  */
 #include "blockpool.h"
 
+#include "gpuguard.h"
+
 #include <stdint.h>
 #include <stdlib.h>
 #include <sys/mman.h>
@@ -10,12 +12,8 @@
 #define GRAIN 16
 #define N_CLASSES (BLOCKPOOL_MAX / GRAIN)
 
-#if defined(__SANITIZE_ADDRESS__)
+#ifdef GG_ASAN
 #define NO_POOL 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define NO_POOL 1
-#endif
 #endif
 
 struct free_block {

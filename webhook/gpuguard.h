@@ -13,6 +13,15 @@
 
 #define GG_VERSION "0.1.0"
 
+/* GG_ASAN: built with AddressSanitizer (gcc's macro, or clang's feature test). */
+#if defined(__SANITIZE_ADDRESS__)
+#define GG_ASAN 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define GG_ASAN 1
+#endif
+#endif
+
 enum gg_status {
     GG_OK = 0,
     GG_ERR_NOMEM,   /* an allocation failed */

@@ -112,5 +112,9 @@ def test_bench_server_stops_everything_on_ctrl_c(binary, tools, tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    # nginx's workers leave a moment after their master: wait for them, bounded.
+    deadline = time.monotonic() + 20
+    while processes_mentioning(tmp) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert processes_mentioning(tmp) == []
     assert not Path(tmp).exists()
