@@ -1,9 +1,9 @@
 """The part of CEL that deploy/'s matchConditions use, evaluated over JSON-like Python values.
 
 Enough to check what the API server would decide for a review: literals (strings, integers,
-true/false/null, [] and {}), variables, field selection, indexing, `has()`, `size()`, `in`,
-`.startsWith()`, `.exists(x, p)` over lists and map keys, `!`, `&&`, `||`, `? :` and the
-comparisons.  Errors follow CEL: a missing field or a wrong type is an error value, and `&&`
+true/false/null, list literals and {}), variables, field selection, indexing, `has()`, `size()`,
+`in`, `.startsWith()`, `.exists(x, p)` over lists and map keys, `.map(x, e)` over lists, `!`,
+`&&`, `||`, `? :` and the comparisons.  Errors follow CEL: a missing field or a wrong type is an error value, and `&&`
 and `||` absorb it when the other side decides (`true || error` is true); an error that reaches
 the top is what the API server answers with failurePolicy (Fail: the request is rejected).
 
@@ -118,12 +118,12 @@ class Parser:
                 _, name = self.take()
                 if self.peek("("):
                     self.take("(")
-                    if name == "exists":
+                    if name in ("exists", "map"):
                         _, var = self.take()
                         self.take(",")
                         pred = self.expr(scope + (var,))
                         self.take(")")
-                        node = ("exists", node, var, pred)
+                        node = (name, node, var, pred)
                     elif name == "startsWith":
                         arg = self.expr(scope)
                         self.take(")")
@@ -162,8 +162,13 @@ class Parser:
             self.take(")")
             return node
         if v == "[":
+            items = []
+            while not self.peek("]"):
+                if items:
+                    self.take(",")
+                items.append(self.expr(scope))
             self.take("]")
-            return ("lit", [])
+            return ("list",) + tuple(items)
         if v == "{":
             self.take("}")
             return ("lit", {})
@@ -233,10 +238,20 @@ def evaluate(node, env):
             if is_err(v) or not isinstance(v, bool):
                 result = v if is_err(v) else CelError("exists predicate is not a bool")
         return result
+    if op == "map":
+        target = evaluate(node[1], env)
+        if is_err(target):
+            return target
+        if not isinstance(target, list):
+            return CelError("map on a non-list")
+        out = [evaluate(node[3], {**env, node[2]: item}) for item in target]
+        return next((v for v in out if is_err(v)), out)
     values = [evaluate(n, env) for n in node[1:] if isinstance(n, tuple)]
     for v in values:
         if is_err(v):
             return v
+    if op == "list":
+        return values
     if op == "field":
         target = values[0]
         if not isinstance(target, dict):

@@ -1147,3 +1147,68 @@ def test_runtime_packages_cover_the_binary(binary):
     unused = installed - set(owners.values()) - NOT_LINKED_PKGS
     assert not unused, f"deploy/Dockerfile's final stage installs {sorted(unused)}, " \
                        "which the binary does not link (NOT_LINKED_PKGS says why others are there)"
+
+
+def deployment(template_image="vllm:1", replicas=1, annotations=None, status=None):
+    obj = {"apiVersion": "apps/v1", "kind": "Deployment",
+           "metadata": {"name": "d", "namespace": "team-a", "annotations": annotations or {}},
+           "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": "d"}},
+                    "template": {"metadata": {"labels": {"app": "d"}},
+                                 "spec": {"containers": [{"name": "c", "image": template_image}]}}}}
+    if status is not None:
+        obj["status"] = status
+    return obj
+
+
+def cronjob(image="train:1", schedule="0 * * * *"):
+    return {"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": "c"},
+            "spec": {"schedule": schedule, "jobTemplate": {"spec": {"template": {
+                "spec": {"containers": [{"name": "c", "image": image}]}}}}}}
+
+
+def raycluster(worker_image="ray:1", replicas=1):
+    tmpl = lambda image: {"spec": {"containers": [{"name": "ray", "image": image}]}}  # noqa: E731
+    return {"apiVersion": "ray.io/v1", "kind": "RayCluster", "metadata": {"name": "r"},
+            "spec": {"headGroupSpec": {"template": tmpl("ray:1")},
+                     "workerGroupSpecs": [{"groupName": "g", "replicas": replicas,
+                                           "template": tmpl(worker_image)}]}}
+
+
+# (what, group, resource, operation, old, new, whether the API server calls gpuguard)
+WORKLOAD_REVIEWS = [
+    ("a Deployment CREATE", "apps", "deployments", "CREATE", None, deployment(), True),
+    ("a Deployment scaled", "apps", "deployments", "UPDATE", deployment(), deployment(replicas=5),
+     False),
+    ("the Deployment controller's revision annotation and status", "apps", "deployments", "UPDATE",
+     deployment(), deployment(annotations={"deployment.kubernetes.io/revision": "2"},
+                              status={"replicas": 1}), False),
+    ("a Deployment's template changed", "apps", "deployments", "UPDATE", deployment(),
+     deployment(template_image="vllm:2"), True),
+    ("a CronJob's schedule changed", "batch", "cronjobs", "UPDATE", cronjob(),
+     cronjob(schedule="5 * * * *"), False),
+    ("a CronJob's template changed", "batch", "cronjobs", "UPDATE", cronjob(), cronjob("train:2"),
+     True),
+    ("a RayCluster's workers scaled (the autoscaler)", "ray.io", "rayclusters", "UPDATE",
+     raycluster(), raycluster(replicas=4), False),
+    ("a RayCluster's worker template changed", "ray.io", "rayclusters", "UPDATE", raycluster(),
+     raycluster("ray:2"), True),
+]
+
+
+@pytest.mark.parametrize("kind", WEBHOOK_KINDS)
+@pytest.mark.parametrize("what,group,resource,operation,old,new,sent", WORKLOAD_REVIEWS,
+                         ids=[r[0] for r in WORKLOAD_REVIEWS])
+def test_workload_conditions_send_only_template_changes(base, kind, what, group, resource,
+                                                        operation, old, new, sent):
+    """The workload webhooks' condition, evaluated as the API server would: template changes
+    are sent, the controllers' own writes are not, and no condition fails to evaluate (with
+    failurePolicy Fail that would reject the request)."""
+    env = {"object": new, "oldObject": old,
+           "request": {"operation": operation, "subResource": "",
+                       "resource": {"group": group, "version": "v1", "resource": resource},
+                       "userInfo": {"username": "alice", "groups": ["system:authenticated"]}}}
+    results = [evaluate(compile_cel(c["expression"])[0], env)
+               for c in workload_hook(base, kind)["matchConditions"]]
+    for r in results:
+        assert not isinstance(r, CelError), f"{what}: the condition fails: {r}"
+    assert all(results) is sent, what
