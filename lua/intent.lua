@@ -288,8 +288,10 @@ local function alternatives(r)
     return nil
 end
 
--- The charge of one alternative (nil for a non-GPU class), or false and a message.
-local function alternative_charge(cfg, sub, pool, where)
+-- The charge of one alternative (nil for a non-GPU class), or false and a message.  An
+-- adminAccess request (monitoring, such as DCGM's exporter) allocates nothing: every device of
+-- its class is fine there, and it is charged 0 by claim_charge.
+local function alternative_charge(cfg, sub, pool, where, admin)
     local class = sub.deviceClassName
     if type(class) ~= "string" then
         return false, where .. " names no deviceClassName"
@@ -298,7 +300,7 @@ local function alternative_charge(cfg, sub, pool, where)
     if unit == nil then
         return nil
     end
-    if sub.allocationMode == "All" then
+    if sub.allocationMode == "All" and not admin then
         local all = cfg.dra and cfg.dra.allocation_all
         if all == nil or all == "deny" then
             return false, string.format("%s asks for every device of class %s (allocationMode: All); ask for "
@@ -307,7 +309,7 @@ local function alternative_charge(cfg, sub, pool, where)
         return (quota.parse_fraction(all, AMOUNT)), class
     end
     local count = sub.count
-    if count == nil then
+    if count == nil or sub.allocationMode == "All" then
         count = 1
     end
     if math.type(count) ~= "integer" or count < 1 then
@@ -319,8 +321,8 @@ end
 --[[
 The charge of a DRA claim spec (ResourceClaim.spec, ResourceClaimTemplate.spec.spec) in milli-GPU,
 and the GPU device classes it uses (a list); or nil and a message.  Each request: count x unit;
-firstAvailable: the largest alternative; adminAccess: 0; allocationMode All: denied unless
-dra.allocation_all gives a charge.  what names the object in messages.
+firstAvailable: the largest alternative; adminAccess: 0 (with allocationMode All too);
+allocationMode All otherwise: denied unless dra.allocation_all gives a charge.  what names the object in messages.
 ]]
 function M.claim_charge(cfg, claim_spec, what, pool)
     local devices = type(claim_spec) == "table" and claim_spec.devices
@@ -343,7 +345,8 @@ function M.claim_charge(cfg, claim_spec, what, pool)
         end
         local best = nil
         for _, sub in ipairs(subs) do
-            local c, class = alternative_charge(cfg, type(sub) == "table" and sub or NONE, pool, where)
+            local c, class = alternative_charge(cfg, type(sub) == "table" and sub or NONE, pool, where,
+                admin)
             if c == false then
                 return nil, class
             end
