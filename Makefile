@@ -28,9 +28,11 @@ DEB_PKGS := build-essential pkg-config libmicrohttpd-dev libjansson-dev liblua5.
             curl python3 python3-pytest python3-jsonpatch python3-yaml python3-prometheus-client prometheus \
             clang-format cppcheck clang libclang-rt-14-dev wrk nginx-light valgrind
 
-# The core library holds everything but the HTTP server and the CLI front ends.
-FRONT_SRC := webhook/main.c webhook/server.c $(wildcard webhook/cli_*.c)
-CORE_SRC  := $(filter-out $(FRONT_SRC),$(wildcard webhook/*.c))
+# Sources sit in one folder per layer (docs/architecture.md).  The core
+# library holds everything but the HTTP server and the CLI front ends.
+LAYERS    := util codec kube engine http cli
+FRONT_SRC := webhook/cli/main.c webhook/http/server.c $(wildcard webhook/cli/cli_*.c)
+CORE_SRC  := $(filter-out $(FRONT_SRC),$(foreach l,$(LAYERS),$(wildcard webhook/$(l)/*.c)))
 CORE_OBJ  := $(CORE_SRC:webhook/%.c=$(BUILD)/obj/%.o)
 FRONT_OBJ := $(FRONT_SRC:webhook/%.c=$(BUILD)/obj/%.o)
 CORE_LIB  := $(BUILD)/libgpuguard.a
@@ -78,9 +80,16 @@ deps:
 	    fi; \
 	fi
 
-$(BUILD)/obj/%.o: webhook/%.c $(wildcard webhook/*.h)
+# Every compile writes its header dependencies next to its output (-MMD);
+# -MP adds an empty rule per header so a deleted header does not stop make.
+DEPFLAGS = -MMD -MP -MF $@.d
+
+$(BUILD)/obj/%.o: webhook/%.c
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) -c -o $@ $<
+	$(CC) $(CFLAGS) $(DEPFLAGS) -c -o $@ $<
+
+-include $(wildcard $(BUILD)/obj/*/*.d $(BUILD)/tests/*.d $(BUILD)/tests/tools/*.d \
+                    $(BUILD)/fuzz/*.d $(BUILD)/bench/*.d)
 
 $(CORE_LIB): $(CORE_OBJ)
 	@rm -f $@
@@ -91,20 +100,20 @@ $(BIN): $(FRONT_OBJ) $(CORE_LIB)
 
 $(BUILD)/tests/test_%: tests/unit/test_%.c $(CORE_LIB)
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(CORE_LIB) $(LDLIBS) -lcmocka
+	$(CC) $(CFLAGS) $(DEPFLAGS) $(LDFLAGS) -o $@ $< $(CORE_LIB) $(LDLIBS) -lcmocka
 
 $(BUILD)/tests/tools/%: tests/tools/%.c $(CORE_LIB)
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(CORE_LIB) $(LDLIBS)
+	$(CC) $(CFLAGS) $(DEPFLAGS) $(LDFLAGS) -o $@ $< $(CORE_LIB) $(LDLIBS)
 
 # An LD_PRELOAD shim that fails allocations in the running server (not under sanitizers).
 $(BUILD)/tests/tools/failmalloc.so: tests/tools/failmalloc.c
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) -fPIC -shared -o $@ $<
+	$(CC) $(CFLAGS) $(DEPFLAGS) -fPIC -shared -o $@ $<
 
 $(BUILD)/fuzz/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c $(CORE_LIB)
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< tests/fuzz/replay.c $(CORE_LIB) $(LDLIBS)
+	$(CC) $(CFLAGS) $(DEPFLAGS) $(LDFLAGS) -o $@ $< tests/fuzz/replay.c $(CORE_LIB) $(LDLIBS)
 
 # libFuzzer binaries; only built by `make fuzz`, in a sub-make with CC=clang.
 $(FUZZ_DIR)/fuzz_%: tests/fuzz/fuzz_%.c $(CORE_LIB)
@@ -113,7 +122,7 @@ $(FUZZ_DIR)/fuzz_%: tests/fuzz/fuzz_%.c $(CORE_LIB)
 
 $(BUILD)/bench/%: tests/bench/%.c $(CORE_LIB)
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) $(LDFLAGS) -o $@ $< $(CORE_LIB) $(LDLIBS)
+	$(CC) $(CFLAGS) $(DEPFLAGS) $(LDFLAGS) -o $@ $< $(CORE_LIB) $(LDLIBS)
 
 $(DEV_CERTS)/tls.crt: | $(BIN)
 	$(BIN) certs --service gpuguard --namespace gpuguard-system --out $(DEV_CERTS) --dev
@@ -181,7 +190,7 @@ bench: deps
 	    --policies policies --lua lua --config deploy/gpuguard.yaml --report $(BUILD)/bench/report.md
 
 lint:
-	clang-format --dry-run --Werror webhook/*.c webhook/*.h tests/unit/*.c tests/fuzz/*.c
+	clang-format --dry-run --Werror webhook/*/*.c webhook/*/*.h tests/unit/*.c tests/fuzz/*.c
 	cppcheck --quiet --error-exitcode=1 --enable=warning,portability --inline-suppr \
 	    --suppress=missingIncludeSystem --include=/usr/include/jansson.h -Iwebhook webhook tests/unit tests/tools tests/bench tests/fuzz
 	@for f in $$(find lua policies tests -name '*.lua'); do luac5.4 -p $$f || exit 1; done
@@ -196,7 +205,7 @@ clean:
 # daemon needed.  deploy/image.sh makes the Debian base images with mmdebstrap
 # when they cannot be pulled (IMAGE_PULL_TIMEOUT, in seconds, bounds each pull);
 # tests/image/image_smoke.py is the smoke test.
-VERSION          := $(shell sed -n 's/^#define GG_VERSION "\(.*\)"$$/\1/p' webhook/gpuguard.h)
+VERSION          := $(shell sed -n 's/^#define GG_VERSION "\(.*\)"$$/\1/p' webhook/util/gpuguard.h)
 IMAGE            ?= gpuguard:$(VERSION)
 IMAGE_PUSH_FLAGS ?=
 IMAGE_DEB_PKGS   := buildah mmdebstrap docker-registry

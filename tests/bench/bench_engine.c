@@ -14,22 +14,17 @@
  * (the server's by default).  Under callgrind a review runs ~50x slower:
  * raise it there, or the count includes a hook that native runs never set.
  */
-#include "admission.h"
-#include "arena.h"
-#include "luabridge.h"
-#include "policy.h"
+#include "codec/admission.h"
+#include "util/clock.h"
+#include "util/arena.h"
+#include "engine/luabridge.h"
+#include "engine/policy.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-static int64_t now_ns(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
 
 enum { DECODE, TO_LUA, MUTATE, DIFF, VALIDATE, ENCODE, STAGES };
 static const char *const stage_names[STAGES] = {"decode", "json->lua", "mutate",
@@ -41,22 +36,22 @@ static int run_once(struct engine *e, const char *text, size_t len, int64_t sum[
     struct gg_err err = {{0}};
     struct adm_request req;
     arena_begin();
-    int64_t t0 = now_ns();
+    int64_t t0 = gg_now_ns();
     if (adm_decode(text, len, &req, &err) != GG_OK) {
         fprintf(stderr, "%s\n", err.msg);
         arena_end();
         return -1;
     }
-    int64_t t1 = now_ns();
+    int64_t t1 = gg_now_ns();
     struct policy_verdict v;
-    if (engine_evaluate(e, &req, PHASE_MUTATE | PHASE_VALIDATE, now_ns() / 1000 + 10000000, &v,
+    if (engine_evaluate(e, &req, PHASE_MUTATE | PHASE_VALIDATE, gg_now_ns() / 1000 + 10000000, &v,
                         &err) != GG_OK) {
         fprintf(stderr, "%s\n", err.msg);
         adm_request_clear(&req);
         arena_end();
         return -1;
     }
-    int64_t t2 = now_ns();
+    int64_t t2 = gg_now_ns();
     struct adm_verdict answer = {.allowed = v.allowed,
                                  .message = v.message,
                                  .patch = v.patch,
@@ -65,7 +60,7 @@ static int run_once(struct engine *e, const char *text, size_t len, int64_t sum[
     char *out = NULL;
     size_t out_len;
     adm_encode(&req, &answer, ADM_MUTATING, &out, &out_len, &err);
-    int64_t t3 = now_ns();
+    int64_t t3 = gg_now_ns();
     sum[DECODE] += t1 - t0;
     sum[TO_LUA] += v.timing.to_lua;
     sum[MUTATE] += v.timing.mutate;
@@ -113,11 +108,11 @@ int main(int argc, char **argv)
     for (int i = 0; i < 200; i++)
         if (run_once(e, text, len, warm))
             return 1;
-    int64_t start = now_ns();
+    int64_t start = gg_now_ns();
     for (long i = 0; i < n; i++)
         if (run_once(e, text, len, sum))
             return 1;
-    double wall_us = (now_ns() - start) / 1e3 / (double)n;
+    double wall_us = (gg_now_ns() - start) / 1e3 / (double)n;
     struct policy_set *set = engine_live_set(e);
     printf("engine: %ld reviews of %zu bytes, %zu policies\n", n, len, policy_set_count(set));
     policy_set_release(set);

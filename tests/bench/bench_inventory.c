@@ -14,10 +14,10 @@
  * --compare also times keeping every trimmed pod in one array and calling
  * inv_replace at the end, to show what the stage saves.
  */
-#include "charger.h"
-#include "informer.h"
-#include "inventory.h"
-#include "policy.h"
+#include "engine/charger.h"
+#include "kube/informer.h"
+#include "kube/inventory.h"
+#include "engine/policy.h"
 
 #include <malloc.h>
 #include <stdio.h>

@@ -12,9 +12,9 @@
  * request arena, as review.c runs it.  Short inputs also go through
  * adm_parse_timeout.  A broken invariant aborts.
  */
-#include "admission.h"
-#include "arena.h"
-#include "kubeclient.h"
+#include "codec/admission.h"
+#include "util/arena.h"
+#include "kube/kubeclient.h"
 
 #include <stdint.h>
 #include <stdio.h>

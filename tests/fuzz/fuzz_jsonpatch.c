@@ -11,7 +11,7 @@
  * and a failed jp_apply must leave the document as it was.  A broken
  * invariant aborts.
  */
-#include "jsonpatch.h"
+#include "codec/jsonpatch.h"
 
 #include <stdint.h>
 #include <stdio.h>

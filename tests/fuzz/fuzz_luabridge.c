@@ -9,7 +9,8 @@
  * An untouched object must give an empty patch from lb_request_patch.  A
  * broken invariant aborts.
  */
-#include "luabridge.h"
+#include "engine/luabridge.h"
+#include "util/clock.h"
 
 #include <stdint.h>
 #include <stdio.h>
@@ -41,13 +42,6 @@ static void check(int ok, const char *what, const struct gg_err *err)
         fprintf(stderr, "fuzz_luabridge: %s%s%s\n", what, err ? ": " : "", err ? err->msg : "");
         abort();
     }
-}
-
-static int64_t now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
 /* The process's VM with the policy loaded; a new one after a budget broke it. */
@@ -91,7 +85,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
                               .sub_resource = "",
                               .object = object};
     struct gg_err err = {{0}};
-    if (lb_request_begin(vm, &req, object, now_us() + 2000000, &err) == GG_OK) {
+    if (lb_request_begin(vm, &req, object, gg_now_us() + 2000000, &err) == GG_OK) {
         struct lb_report report;
         enum lb_outcome outcome = lb_policy_call(vm, 0, LB_MUTATE, &report, &err, NULL);
         lb_report_clear(&report);

@@ -14,7 +14,8 @@
  * budget (catastrophic backtracking) are skipped: the stock library would
  * run them for hours.
  */
-#include "luabridge.h"
+#include "engine/luabridge.h"
+#include "util/clock.h"
 
 #include <lauxlib.h>
 #include <lua.h>
@@ -102,13 +103,6 @@ static void check(int ok, const char *what, const struct gg_err *err)
     }
 }
 
-static int64_t now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
-
 /* The sandbox, a new one after a budget broke it. */
 static struct lb_vm *sandbox(void)
 {
@@ -165,7 +159,7 @@ static json_t *run_sandbox(json_t *object)
                               .sub_resource = "",
                               .object = object};
     struct gg_err err = {{0}};
-    check(lb_request_begin(vm, &req, object, now_us() + 5000000, &err) == GG_OK,
+    check(lb_request_begin(vm, &req, object, gg_now_us() + 5000000, &err) == GG_OK,
           "lb_request_begin failed", &err);
     struct lb_report report;
     enum lb_outcome outcome = lb_policy_call(vm, 0, LB_VALIDATE, &report, &err, NULL);

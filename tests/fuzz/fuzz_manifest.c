@@ -11,9 +11,9 @@
  * documents (numbers by value).  mf_node_lines and mf_cluster_state run on
  * the same text.  A broken invariant aborts.
  */
-#include "jsonpatch.h"
-#include "manifest.h"
-#include "yamldoc.h"
+#include "codec/jsonpatch.h"
+#include "codec/manifest.h"
+#include "codec/yamldoc.h"
 
 #include <stdint.h>
 #include <stdio.h>

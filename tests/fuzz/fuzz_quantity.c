@@ -11,7 +11,7 @@
  * magnitude over 2^63-1, which parsing caps, as documented).  A broken invariant
  * aborts.
  */
-#include "quantity.h"
+#include "codec/quantity.h"
 
 #include <stdint.h>
 #include <stdio.h>

@@ -9,7 +9,7 @@
  * increasing.  yd_load_one runs on the same text.  A broken invariant
  * aborts.
  */
-#include "yamldoc.h"
+#include "codec/yamldoc.h"
 
 #include <stdint.h>
 #include <stdio.h>

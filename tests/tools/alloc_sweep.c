@@ -26,10 +26,11 @@
  * Prints one line per layer and phase; exit 0 when no run allowed the
  * review, 1 when one did (each such K is printed), 2 on bad usage.
  */
-#include "admission.h"
-#include "dryrun.h"
-#include "luabridge.h"
-#include "policy.h"
+#include "codec/admission.h"
+#include "util/clock.h"
+#include "cli/dryrun.h"
+#include "engine/luabridge.h"
+#include "engine/policy.h"
 
 #include <errno.h>
 #include <malloc.h>
@@ -119,12 +120,6 @@ static long disarm(void)
     return inj.count;
 }
 
-static int64_t now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
 
 /* With --dryrun: the object evaluated through dr_evaluate, and its namespace. */
 static json_t *dry_pod;
@@ -145,7 +140,7 @@ static int evaluate(struct engine *e, const struct adm_request *req)
     }
     struct policy_verdict v;
     struct gg_err err = {{0}};
-    if (engine_evaluate(e, req, PHASE_MUTATE | PHASE_VALIDATE, now_us() + 10000000, &v, &err) !=
+    if (engine_evaluate(e, req, PHASE_MUTATE | PHASE_VALIDATE, gg_now_us() + 10000000, &v, &err) !=
         GG_OK)
         return -1;
     int allowed = v.allowed ? 1 : 0;

@@ -9,21 +9,16 @@
  * Exit 0 with the verdict, 1 when the engine cannot load or the review
  * cannot be decoded (message on stderr).
  */
-#include "admission.h"
-#include "inventory.h"
-#include "policy.h"
+#include "codec/admission.h"
+#include "util/clock.h"
+#include "kube/inventory.h"
+#include "engine/policy.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-static int64_t now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
-}
 
 int main(int argc, char **argv)
 {
@@ -77,7 +72,7 @@ int main(int argc, char **argv)
     int rc = 0;
     for (long n = 0; n < repeat; n++) {
         struct policy_verdict v;
-        if (engine_evaluate(engine, &req, phases, now_us() + 10000000, &v, &err) != GG_OK) {
+        if (engine_evaluate(engine, &req, phases, gg_now_us() + 10000000, &v, &err) != GG_OK) {
             fprintf(stderr, "%s\n", err.msg);
             rc = 1;
             break;

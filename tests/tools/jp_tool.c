@@ -14,8 +14,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "gpuguard.h"
-#include "jsonpatch.h"
+#include "util/gpuguard.h"
+#include "codec/jsonpatch.h"
 
 static void usage(void)
 {

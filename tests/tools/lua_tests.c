@@ -8,9 +8,9 @@
  * closing "N passed, M failed"; exits 1 when any test failed or a file did
  * not load.
  */
-#include "config.h"
-#include "luabridge.h"
-#include "policy.h"
+#include "engine/config.h"
+#include "engine/luabridge.h"
+#include "engine/policy.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -6,9 +6,9 @@
 #ifndef GG_TEST_CHARGING_H
 #define GG_TEST_CHARGING_H
 
-#include "charger.h"
-#include "inventory.h"
-#include "policy.h"
+#include "engine/charger.h"
+#include "kube/inventory.h"
+#include "engine/policy.h"
 
 struct charging {
     struct engine *engine;

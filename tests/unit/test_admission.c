@@ -7,8 +7,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "admission.h"
-#include "buf.h"
+#include "codec/admission.h"
+#include "util/buf.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -9,7 +9,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "blockpool.h"
+#include "util/blockpool.h"
 
 #include <stdlib.h>
 #include <string.h>

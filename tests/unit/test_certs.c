@@ -4,7 +4,7 @@
  * safe writing, and every certs_load_pair failure.  Each test that touches
  * files gets its own mkdtemp directory, removed in teardown.
  */
-#include "certs.h"
+#include "http/certs.h"
 
 #include <stdarg.h>
 #include <stddef.h>

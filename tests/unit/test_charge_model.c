@@ -12,8 +12,8 @@
 #include <cmocka.h>
 
 #include "charging.h"
-#include "dryrun.h"
-#include "informer.h"
+#include "cli/dryrun.h"
+#include "kube/informer.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -10,7 +10,7 @@
 #include <cmocka.h>
 
 #include "charging.h"
-#include "informer.h"
+#include "kube/informer.h"
 
 #include <stdio.h>
 #include <stdlib.h>

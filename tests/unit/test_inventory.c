@@ -9,7 +9,7 @@
 #include <cmocka.h>
 
 #include "charging.h"
-#include "inventory.h"
+#include "kube/inventory.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,5 +1,5 @@
 /*
- * test_jsonpatch.c - unit tests for webhook/jsonpatch.c: pointers, diff,
+ * test_jsonpatch.c - unit tests for webhook/codec/jsonpatch.c: pointers, diff,
  * apply, the limits, every allocation failure, and table-driven runs of
  *   tests/data/json-patch-tests/{tests,spec_tests}.json  (public conformance
  *       suite: `expected` must be produced, `error` must fail),
@@ -21,8 +21,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gpuguard.h"
-#include "jsonpatch.h"
+#include "util/gpuguard.h"
+#include "codec/jsonpatch.h"
 
 #ifndef JP_TEST_DATA
 #define JP_TEST_DATA "tests/data"

@@ -10,7 +10,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "jsonwrite.h"
+#include "codec/jsonwrite.h"
 
 #include <math.h>
 #include <stdio.h>

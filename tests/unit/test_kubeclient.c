@@ -10,7 +10,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "kubeclient.h"
+#include "kube/kubeclient.h"
 
 #include <stdio.h>
 #include <stdlib.h>

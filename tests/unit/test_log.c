@@ -12,7 +12,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "log.h"
+#include "util/log.h"
 
 #include <stdio.h>
 #include <stdlib.h>

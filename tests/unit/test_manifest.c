@@ -1,5 +1,5 @@
 /*
- * test_manifest.c - unit tests for webhook/manifest.c: the pod templates of
+ * test_manifest.c - unit tests for webhook/codec/manifest.c: the pod templates of
  * every supported kind (table-driven), List items, skipped documents, the
  * Pod built for a template (metadata, owner, namespace), pointer and patch
  * mapping back onto the document, the YAML writer (round trips through
@@ -16,10 +16,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "gpuguard.h"
-#include "jsonpatch.h"
-#include "manifest.h"
-#include "yamldoc.h"
+#include "util/gpuguard.h"
+#include "codec/jsonpatch.h"
+#include "codec/manifest.h"
+#include "codec/yamldoc.h"
 
 #define N_ELEMS(a) (sizeof(a) / sizeof((a)[0]))
 

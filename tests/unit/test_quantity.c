@@ -18,7 +18,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "quantity.h"
+#include "codec/quantity.h"
 
 #define DSI QTY_DECIMAL_SI
 #define BIN QTY_BINARY_SI

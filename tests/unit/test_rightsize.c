@@ -9,8 +9,8 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "ownerfold.h"
-#include "rightsize.h"
+#include "kube/ownerfold.h"
+#include "kube/rightsize.h"
 
 #include <stdio.h>
 #include <stdlib.h>

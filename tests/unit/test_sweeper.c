@@ -13,7 +13,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "sweeper.h"
+#include "http/sweeper.h"
 
 #include <poll.h>
 #include <stdbool.h>

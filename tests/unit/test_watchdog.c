@@ -12,7 +12,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "watchdog.h"
+#include "engine/watchdog.h"
 
 #include <pthread.h>
 #include <signal.h>

@@ -12,9 +12,9 @@
 
 #include <string.h>
 
-#include "config.h"
-#include "manifest.h"
-#include "workloads.h"
+#include "engine/config.h"
+#include "codec/manifest.h"
+#include "engine/workloads.h"
 
 static json_t *parse(const char *text)
 {

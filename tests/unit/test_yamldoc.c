@@ -1,5 +1,5 @@
 /*
- * test_yamldoc.c - unit tests for webhook/yamldoc.c: scalar resolution
+ * test_yamldoc.c - unit tests for webhook/codec/yamldoc.c: scalar resolution
  * (go-yaml v2 / sigs.k8s.io/yaml rules), keys, anchors and merge keys, the
  * limits (alias bombs, nesting, nodes, size), exact error positions, JSON
  * input, encodings, every allocation failure, and the manifests in
@@ -22,8 +22,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "gpuguard.h"
-#include "yamldoc.h"
+#include "util/gpuguard.h"
+#include "codec/yamldoc.h"
 
 #ifndef YD_TEST_DATA
 #define YD_TEST_DATA "tests/data"

@@ -1,0 +1,868 @@
+/*
+ * cli_check.c - `gpuguard check`: the webhook's decisions on manifests,
+ * offline, for CI.
+ *
+ * Reads files, directories (recursively: .yaml, .yml, .json) and stdin,
+ * finds every pod and pod template (manifest.c), puts each through the
+ * mutating and then the validating webhook exactly as the API server would
+ * (dryrun.c), and reports in text, JSON lines or JUnit XML.  With
+ * --emit-mutated the manifests are written back, patched, as YAML.
+ *
+ * Exit codes: 0 everything allowed, 1 at least one denial, 2 a usage or
+ * input error (which wins over denials: CI must not read a broken input as
+ * a policy verdict).
+ */
+#include "engine/charger.h"
+#include "util/clock.h"
+#include "cli/cli.h"
+#include "cli/cli_dra.h"
+#include "cli/cli_files.h"
+#include "cli/dryrun.h"
+#include "util/gpuguard.h"
+#include "kube/inventory.h"
+#include "codec/jsonpatch.h"
+#include "util/log.h"
+#include "codec/manifest.h"
+#include "engine/policy.h"
+#include "kube/rsstore.h"
+#include "engine/workloads.h"
+#include "codec/yamldoc.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+enum out_format { OUT_TEXT, OUT_JSON, OUT_JUNIT };
+
+struct check_opts {
+    const char *config;
+    const char *policies;
+    const char *lua;
+    const char *namespace;
+    const char *user;
+    const char *cluster_state_path;
+    const char *usage_path;
+    enum out_format format;
+    bool show_patch;
+    bool emit_mutated;
+    char **paths;
+    int n_paths;
+};
+
+struct check_run {
+    struct check_opts o;
+    struct engine *engine;
+    json_t *cluster_state;           /* the --cluster-state snapshot, checked */
+    size_t state_counts[MF_STATE_N]; /* its pods, claims, templates, other kinds skipped */
+    json_t *records;                 /* one object per template, skipped object or error */
+    json_t *emitted;                 /* --emit-mutated: the documents, patched, in order */
+    size_t checked, allowed, denied, warned, skipped, errors;
+    bool colour;
+    FILE *report;
+    /* The snapshot's pods and claims, for gpuguard.usage() in quota policies (ready only with
+     * one), and the DRA objects of the snapshot and the inputs, for gpuguard.dra(). */
+    struct inventory *inventory;
+    struct charger *charger;
+};
+
+static void check_usage(FILE *out)
+{
+    fprintf(
+        out,
+        "usage: gpuguard check [flags] PATH...\n"
+        "\n"
+        "Run the webhook's policies on manifests, as the API server would on pod creation:\n"
+        "every Pod and pod template (Deployment, StatefulSet, Job, CronJob, Kubeflow jobs and\n"
+        "Notebook, KServe InferenceService, Ray, JobSet, LeaderWorkerSet, Volcano, List items,\n"
+        "...), built as its operator builds the pod (with the operator's labels), goes through\n"
+        "mutate, then validate on the mutated pod, as the webhook does at apply time; each\n"
+        "workload itself goes first (queue routing: the queue it lands in is reported).\n"
+        "PATH is a file, a directory (searched recursively for .yaml, .yml and .json files)\n"
+        "or - for stdin; files may hold several YAML or JSON documents.\n"
+        "\n"
+        "flags:\n"
+        "  --config FILE          gpuguard configuration (YAML) [none]\n"
+        "  --policies DIR         policy directory [./policies]\n"
+        "  --lua DIR              Lua library directory [./lua]\n"
+        "  --namespace NS         namespace for manifests that name none [default]\n"
+        "  --user NAME            userInfo.username of the requests [" DR_DEFAULT_USER "]\n"
+        "  --cluster-state FILE   pods in use, for quota checks: the JSON of 'kubectl get\n"
+        "                         pods,resourceclaims,resourceclaimtemplates -A -o json'\n"
+        "                         (other kinds are skipped and counted) [none]\n"
+        "  --usage FILE           GPU memory history for rightsizing, as written by\n"
+        "                         'gpuguard usage -o FILE' [none: no recommendations]\n"
+        "  -o, --output FORMAT    text, json (one object per line) or junit [text]\n"
+        "  --show-patch           print each JSON patch (text output)\n"
+        "  --emit-mutated         write the manifests, patched, as YAML to stdout; the\n"
+        "                         report then goes to stderr\n"
+        "  --log-level LEVEL      debug, info, warn or error [warn]\n"
+        "  -h, --help             this help\n"
+        "\n"
+        "Exit status: 0 all allowed, 1 at least one denied, 2 usage or input error.\n"
+        "The last line is a summary: \"N checked, N denied, N warned, N skipped\".\n");
+}
+
+enum {
+    OPT_CONFIG = 256,
+    OPT_POLICIES,
+    OPT_LUA,
+    OPT_NAMESPACE,
+    OPT_USER,
+    OPT_CLUSTER_STATE,
+    OPT_USAGE,
+    OPT_SHOW_PATCH,
+    OPT_EMIT_MUTATED,
+    OPT_LOG_LEVEL,
+};
+
+static const struct option long_options[] = {
+    {"config", required_argument, NULL, OPT_CONFIG},
+    {"policies", required_argument, NULL, OPT_POLICIES},
+    {"lua", required_argument, NULL, OPT_LUA},
+    {"namespace", required_argument, NULL, OPT_NAMESPACE},
+    {"user", required_argument, NULL, OPT_USER},
+    {"cluster-state", required_argument, NULL, OPT_CLUSTER_STATE},
+    {"usage", required_argument, NULL, OPT_USAGE},
+    {"output", required_argument, NULL, 'o'},
+    {"show-patch", no_argument, NULL, OPT_SHOW_PATCH},
+    {"emit-mutated", no_argument, NULL, OPT_EMIT_MUTATED},
+    {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0},
+};
+
+/* 0 to run, 1 after --help, -1 on a usage error. */
+static int parse_flags(int argc, char **argv, struct check_opts *o)
+{
+    *o = (struct check_opts){.policies = "./policies", .lua = "./lua", .format = OUT_TEXT};
+    int opt;
+    opterr = 0;
+    optind = 1;
+    log_set_level(LOG_WARN);
+    while ((opt = getopt_long(argc, argv, "ho:", long_options, NULL)) != -1) {
+        switch (opt) {
+        case 'h':
+            check_usage(stdout);
+            return 1;
+        case OPT_CONFIG:
+            o->config = optarg;
+            break;
+        case OPT_POLICIES:
+            o->policies = optarg;
+            break;
+        case OPT_LUA:
+            o->lua = optarg;
+            break;
+        case OPT_NAMESPACE:
+            if (!*optarg) {
+                fprintf(stderr, "gpuguard check: --namespace must not be empty\n");
+                return -1;
+            }
+            o->namespace = optarg;
+            break;
+        case OPT_USER:
+            o->user = optarg;
+            break;
+        case OPT_CLUSTER_STATE:
+            o->cluster_state_path = optarg;
+            break;
+        case OPT_USAGE:
+            o->usage_path = optarg;
+            break;
+        case 'o':
+            if (strcmp(optarg, "text") == 0)
+                o->format = OUT_TEXT;
+            else if (strcmp(optarg, "json") == 0)
+                o->format = OUT_JSON;
+            else if (strcmp(optarg, "junit") == 0)
+                o->format = OUT_JUNIT;
+            else {
+                fprintf(stderr, "gpuguard check: -o must be text, json or junit, got \"%s\"\n",
+                        optarg);
+                return -1;
+            }
+            break;
+        case OPT_SHOW_PATCH:
+            o->show_patch = true;
+            break;
+        case OPT_EMIT_MUTATED:
+            o->emit_mutated = true;
+            break;
+        case OPT_LOG_LEVEL:
+            if (cli_set_log_level("check", optarg))
+                return -1;
+            break;
+        default:
+            fprintf(stderr, "gpuguard check: unknown flag or missing value: %s\n",
+                    argv[optind - 1]);
+            return -1;
+        }
+    }
+    if (optind >= argc) {
+        fprintf(stderr, "gpuguard check: no PATH given (a file, a directory or - for stdin)\n");
+        return -1;
+    }
+    o->paths = argv + optind;
+    o->n_paths = argc - optind;
+    return 0;
+}
+
+/* ---- inputs ------------------------------------------------------------- */
+
+static const char *const manifest_suffixes[] = {".yaml", ".yml", ".json", NULL};
+
+/* ---- records ------------------------------------------------------------ */
+
+static void add_error(struct check_run *r, const char *file, const char *message)
+{
+    r->errors++;
+    fprintf(stderr, "gpuguard check: %s\n", message);
+    json_array_append_new(
+        r->records, json_pack("{s:s,s:s,s:s}", "type", "error", "file", file, "message", message));
+}
+
+static json_t *owner_json(const struct mf_entry *e)
+{
+    if (!*e->owner_kind)
+        return json_null();
+    return json_pack("{s:s,s:s}", "kind", e->owner_kind, "name", e->owner_name);
+}
+
+static json_t *str_or_null(const char *s)
+{
+    return s ? json_string(s) : json_null();
+}
+
+static void add_skipped(struct check_run *r, const char *file, const struct mf_entry *e)
+{
+    r->skipped++;
+    json_array_append_new(r->records,
+                          json_pack("{s:s,s:s,s:I,s:I,s:s,s:s,s:s,s:o,s:s,s:s}", "type", "skipped",
+                                    "file", file, "document", (json_int_t)e->doc_number, "line",
+                                    (json_int_t)e->line, "apiVersion", e->api_version, "kind",
+                                    e->kind, "name", e->name, "namespace",
+                                    *e->namespace ? json_string(e->namespace) : json_null(),
+                                    "pointer", e->object_ptr, "reason", e->reason));
+}
+
+/*
+ * Put one template through the webhooks and record the result, with its
+ * object's own (object: NULL for a Pod document): a denial of either
+ * denies, and the queue is the object's, else the pod's.
+ */
+static enum gg_status check_template(struct check_run *r, const char *file, struct mf_entry *e,
+                                     json_t *doc, const struct dr_result *object,
+                                     struct gg_err *err)
+{
+    struct dr_options dopts = {.namespace = r->o.namespace, .user = r->o.user};
+    struct wl_result wr;
+    int64_t t0 = gg_now_ns();
+    enum gg_status st = wl_template(r->engine, e, doc, &dopts, &wr, err);
+    int64_t t1 = gg_now_ns();
+    if (st != GG_OK)
+        return st;
+    const struct dr_result *res = &wr.pod;
+    double seconds = (double)(t1 - t0) / 1e9;
+    if (json_array_size(wr.mapped) && r->emitted) {
+        st = jp_apply(doc, wr.mapped, err);
+        if (st != GG_OK) {
+            char msg[512];
+            snprintf(msg, sizeof(msg),
+                     "%s:%zu: %s %s: the patch does not apply to the template: %s", file, e->line,
+                     e->kind, e->path, err->msg);
+            add_error(r, file, msg);
+            st = GG_OK;
+        }
+    }
+    bool allowed = res->allowed && (!object || object->allowed);
+    const char *message = res->message ? res->message : object ? object->message : NULL;
+    json_t *warnings = json_array();
+    if (object)
+        json_array_extend(warnings, object->warnings);
+    json_array_extend(warnings, res->warnings);
+    const char *queue = object ? wl_queue(object->mutated) : NULL;
+    if (!queue)
+        queue = wl_queue(res->mutated);
+    r->checked++;
+    if (allowed)
+        r->allowed++;
+    else
+        r->denied++;
+    if (json_array_size(warnings))
+        r->warned++;
+    json_t *rec = json_pack(
+        "{s:s,s:s,s:I,s:I,s:s,s:s,s:s,s:s,s:s,s:s,s:o,s:O,s:b,s:o,s:o,s:O,s:O,s:O,s:o,s:O}", "type",
+        "template", "file", file, "document", (json_int_t)e->doc_number, "line",
+        (json_int_t)e->line, "apiVersion", e->api_version, "kind", e->kind, "name", e->name,
+        "namespace", res->namespace, "path", e->path, "pointer", e->template_ptr, "owner",
+        owner_json(e), "owners", e->owners, "allowed", allowed, "message", str_or_null(message),
+        "denied_in",
+        str_or_null(res->denied_by ? res->denied_by
+                    : allowed      ? NULL
+                                   : "object"),
+        "warnings", warnings, "audit", res->audit, "policies", res->fired, "decision",
+        str_or_null(res->decision), "patch", res->patch);
+    if (rec)
+        json_object_set_new(rec, "queue", str_or_null(queue));
+    if (rec && r->o.format == OUT_JUNIT) /* testcase time; not part of the JSON output */
+        json_object_set_new(rec, "seconds", json_real(seconds));
+    if (rec && r->emitted && json_array_size(wr.dropped))
+        json_object_set(rec, "unmapped_patch", wr.dropped);
+    json_array_append_new(r->records, rec);
+    json_decref(warnings);
+    wl_result_clear(&wr);
+    return st;
+}
+
+/*
+ * A workload itself through the webhooks (queue routing), before its
+ * templates; with --emit-mutated its patch goes onto the document.
+ */
+static enum gg_status check_object(struct check_run *r, json_t *doc, const struct mf_entry *e,
+                                   struct dr_result *out, struct gg_err *err)
+{
+    struct dr_options dopts = {.namespace = r->o.namespace, .user = r->o.user};
+    json_t *obj = NULL;
+    if (jp_pointer_get(doc, e->object_ptr, &obj, NULL) != GG_OK)
+        return gg_fail(err, GG_ERR_INVALID, "%s: no object", e->object_ptr);
+    enum gg_status st = wl_object(r->engine, obj, &dopts, out, err);
+    if (st == GG_OK && r->emitted && out->allowed && json_array_size(out->patch) &&
+        (st = jp_apply(obj, out->patch, err)) != GG_OK)
+        dr_result_clear(out);
+    return st;
+}
+
+/* One input: read, parse, check every template; input errors are recorded. */
+static enum gg_status check_input(struct check_run *r, const char *name, bool from_stdin)
+{
+    struct gg_err err = {{0}};
+    struct yd_limits limits;
+    struct yd_stream stream = {0};
+    struct mf_set set = {0};
+    char *text = NULL;
+    size_t len = 0;
+    enum gg_status st;
+    const char *file = from_stdin ? "<stdin>" : name;
+    mf_yd_limits(&limits);
+    st = from_stdin ? cli_read_stdin(MF_MAX_FILE_BYTES, &text, &len, &err)
+                    : gg_read_file(name, MF_MAX_FILE_BYTES, &text, &len, &err);
+    if (st == GG_OK)
+        st = yd_load_stream(text, len, file, &limits, &stream, &err);
+    free(text);
+    if (st == GG_OK)
+        st = mf_collect(&stream, file, &set, &err);
+    if (st != GG_OK) {
+        if (st == GG_ERR_NOMEM) {
+            yd_stream_clear(&stream);
+            return st;
+        }
+        add_error(r, file, err.msg);
+        yd_stream_clear(&stream);
+        return GG_OK;
+    }
+    st = GG_OK;
+    cli_keep_dra(r->inventory, &set, stream.docs, r->o.namespace);
+    struct dr_result object = {0};
+    bool have_object = false;
+    for (size_t i = 0; st == GG_OK && i < set.count; i++) {
+        struct mf_entry *e = &set.entries[i];
+        json_t *doc = json_array_get(stream.docs, e->doc);
+        if (e->type == MF_SKIPPED) {
+            add_skipped(r, file, e);
+            continue;
+        }
+        bool first = i == 0 || set.entries[i - 1].doc != e->doc ||
+                     strcmp(set.entries[i - 1].object_ptr, e->object_ptr) != 0;
+        if (first && have_object) {
+            dr_result_clear(&object);
+            have_object = false;
+        }
+        if (first && strcmp(e->template_ptr, e->object_ptr) != 0) {
+            st = check_object(r, doc, e, &object, &err);
+            have_object = st == GG_OK;
+        }
+        if (st == GG_OK)
+            st = check_template(r, file, e, doc, have_object ? &object : NULL, &err);
+    }
+    if (have_object)
+        dr_result_clear(&object);
+    if (st != GG_OK) {
+        fprintf(stderr, "gpuguard check: %s: %s\n", file, err.msg);
+        r->errors++;
+    } else if (r->emitted) {
+        json_array_extend(r->emitted, stream.docs);
+    }
+    mf_set_clear(&set);
+    yd_stream_clear(&stream);
+    return st == GG_ERR_NOMEM ? st : GG_OK;
+}
+
+/* ---- output ------------------------------------------------------------- */
+
+#define C_RESET "\033[0m"
+#define C_RED "\033[1;31m"
+#define C_GREEN "\033[32m"
+#define C_YELLOW "\033[33m"
+#define C_DIM "\033[2m"
+
+static const char *col(const struct check_run *r, const char *code)
+{
+    return r->colour ? code : "";
+}
+
+/* Each line of text after prefix. */
+static void print_lines(FILE *f, const char *prefix, const char *text)
+{
+    const char *p = text;
+    while (*p) {
+        const char *nl = strchr(p, '\n');
+        size_t n = nl ? (size_t)(nl - p) : strlen(p);
+        fprintf(f, "%s%.*s\n", prefix, (int)n, p);
+        p += n + (nl ? 1 : 0);
+    }
+}
+
+static void print_text_template(const struct check_run *r, const json_t *rec)
+{
+    FILE *f = r->report;
+    bool allowed = json_is_true(json_object_get(rec, "allowed"));
+    const char *path = json_string_value(json_object_get(rec, "path"));
+    fprintf(f, "%s%-8s%s %s:%lld  %s %s/%s%s%s\n", col(r, allowed ? C_GREEN : C_RED),
+            allowed ? "allowed" : "denied", col(r, C_RESET),
+            json_string_value(json_object_get(rec, "file")),
+            (long long)json_integer_value(json_object_get(rec, "line")),
+            json_string_value(json_object_get(rec, "kind")),
+            json_string_value(json_object_get(rec, "namespace")),
+            json_string_value(json_object_get(rec, "name")), *path ? "  " : "", path);
+    const char *message = json_string_value(json_object_get(rec, "message"));
+    if (message)
+        print_lines(f, "         ", message);
+    size_t i;
+    json_t *w;
+    json_array_foreach(json_object_get(rec, "warnings"), i, w)
+    {
+        fprintf(f, "         %swarning:%s %s\n", col(r, C_YELLOW), col(r, C_RESET),
+                json_string_value(w));
+    }
+    json_t *owners = json_object_get(rec, "owners");
+    if (json_array_size(owners) > 1) { /* a chain, as the cluster has it: LWS > StatefulSet */
+        fprintf(f, "         owners:");
+        json_array_foreach(owners, i, w)
+        {
+            fprintf(f, "%s %s/%s", i ? " >" : "", json_string_value(json_object_get(w, "kind")),
+                    json_string_value(json_object_get(w, "name")));
+        }
+        fprintf(f, "\n");
+    }
+    const char *decision = json_string_value(json_object_get(rec, "decision"));
+    if (decision)
+        fprintf(f, "         decision: %s\n", decision);
+    const char *queue = json_string_value(json_object_get(rec, "queue"));
+    if (queue)
+        fprintf(f, "         queue: %s\n", queue);
+    json_t *patch = json_object_get(rec, "patch");
+    if (r->o.show_patch && json_array_size(patch)) {
+        size_t k;
+        json_t *op;
+        fprintf(f, "         patch:\n");
+        json_array_foreach(patch, k, op)
+        {
+            char *text = json_dumps(op, JSON_COMPACT);
+            fprintf(f, "           %s\n", text ? text : "?");
+            free(text);
+        }
+    }
+    json_t *unmapped = json_object_get(rec, "unmapped_patch");
+    if (json_array_size(unmapped)) {
+        fprintf(f,
+                "         note: %zu patch operation(s) touch fields the controller sets and "
+                "were not written to the template\n",
+                json_array_size(unmapped));
+    }
+}
+
+static void print_text(const struct check_run *r)
+{
+    size_t i;
+    json_t *rec;
+    json_array_foreach(r->records, i, rec)
+    {
+        const char *type = json_string_value(json_object_get(rec, "type"));
+        if (strcmp(type, "template") == 0) {
+            print_text_template(r, rec);
+        } else if (strcmp(type, "skipped") == 0) {
+            const char *kind = json_string_value(json_object_get(rec, "kind"));
+            const char *name = json_string_value(json_object_get(rec, "name"));
+            char what[64];
+            snprintf(what, sizeof(what), "document %lld",
+                     (long long)json_integer_value(json_object_get(rec, "document")));
+            fprintf(r->report, "%s%-8s %s:%lld  %s%s%s  (%s)%s\n", col(r, C_DIM), "skipped",
+                    json_string_value(json_object_get(rec, "file")),
+                    (long long)json_integer_value(json_object_get(rec, "line")),
+                    *kind ? kind : what, *name ? " " : "", name,
+                    json_string_value(json_object_get(rec, "reason")), col(r, C_RESET));
+        }
+        /* errors were printed on stderr as they happened */
+    }
+}
+
+static json_t *summary_json(const struct check_run *r, int exit_code)
+{
+    json_t *sum =
+        json_pack("{s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:i}", "type", "summary", "checked",
+                  (json_int_t)r->checked, "allowed", (json_int_t)r->allowed, "denied",
+                  (json_int_t)r->denied, "warned", (json_int_t)r->warned, "skipped",
+                  (json_int_t)r->skipped, "errors", (json_int_t)r->errors, "exit_code", exit_code);
+    const size_t *c = r->state_counts;
+    if (r->cluster_state)
+        json_object_set_new(sum, "cluster_state",
+                            json_pack("{s:I,s:I,s:I,s:I}", "pods", (json_int_t)c[MF_STATE_POD],
+                                      "resourceclaims", (json_int_t)c[MF_STATE_CLAIM],
+                                      "resourceclaimtemplates", (json_int_t)c[MF_STATE_TEMPLATE],
+                                      "skipped", (json_int_t)c[MF_STATE_OTHER]));
+    return sum;
+}
+
+static void print_summary_line(const struct check_run *r, FILE *f)
+{
+    fprintf(f, "%zu checked, %zu denied, %zu warned, %zu skipped", r->checked, r->denied, r->warned,
+            r->skipped);
+    if (r->state_counts[MF_STATE_OTHER])
+        fprintf(f, ", %zu cluster-state object%s of other kinds skipped",
+                r->state_counts[MF_STATE_OTHER], r->state_counts[MF_STATE_OTHER] == 1 ? "" : "s");
+    if (r->errors)
+        fprintf(f, ", %zu error%s", r->errors, r->errors == 1 ? "" : "s");
+    fputc('\n', f);
+}
+
+static void print_json(const struct check_run *r, int exit_code)
+{
+    size_t i;
+    json_t *rec;
+    json_array_foreach(r->records, i, rec)
+    {
+        char *line = json_dumps(rec, JSON_COMPACT);
+        if (line)
+            fprintf(r->report, "%s\n", line);
+        free(line);
+    }
+    json_t *s = summary_json(r, exit_code);
+    char *line = json_dumps(s, JSON_COMPACT);
+    if (line)
+        fprintf(r->report, "%s\n", line);
+    free(line);
+    json_decref(s);
+}
+
+/* text as XML character data or attribute value: escaped, invalid characters as U+FFFD. */
+static void xml_text(FILE *f, const char *s)
+{
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        unsigned char c = *p;
+        if (c == '&')
+            fputs("&amp;", f);
+        else if (c == '<')
+            fputs("&lt;", f);
+        else if (c == '>')
+            fputs("&gt;", f);
+        else if (c == '"')
+            fputs("&quot;", f);
+        else if (c == '\'')
+            fputs("&apos;", f);
+        else if (c == '\n')
+            fputs("&#10;", f);
+        else if (c == '\t')
+            fputs("&#9;", f);
+        else if (c == '\r')
+            fputs("&#13;", f);
+        else if (c < 0x20)
+            fputs("\xef\xbf\xbd", f);
+        else if (c == 0xef && p[1] == 0xbf && (p[2] == 0xbe || p[2] == 0xbf)) {
+            fputs("\xef\xbf\xbd", f); /* U+FFFE and U+FFFF are not XML characters */
+            p += 2;
+        } else
+            fputc(c, f);
+    }
+}
+
+/* The testcase name of a template record. */
+static void junit_name(FILE *f, const json_t *rec)
+{
+    char name[1024];
+    const char *path = json_string_value(json_object_get(rec, "path"));
+    snprintf(name, sizeof(name), "%s %s/%s%s%s (line %lld)",
+             json_string_value(json_object_get(rec, "kind")),
+             json_string_value(json_object_get(rec, "namespace")),
+             json_string_value(json_object_get(rec, "name")), *path ? " " : "", path,
+             (long long)json_integer_value(json_object_get(rec, "line")));
+    xml_text(f, name);
+}
+
+static void junit_case(FILE *f, const json_t *rec)
+{
+    const char *file = json_string_value(json_object_get(rec, "file"));
+    const char *type = json_string_value(json_object_get(rec, "type"));
+    fputs("    <testcase classname=\"", f);
+    xml_text(f, file);
+    fputs("\" name=\"", f);
+    if (strcmp(type, "error") == 0) {
+        xml_text(f, file);
+        fputs("\" time=\"0\">\n      <error type=\"input\" message=\"", f);
+        xml_text(f, json_string_value(json_object_get(rec, "message")));
+        fputs("\"/>\n    </testcase>\n", f);
+        return;
+    }
+    junit_name(f, rec);
+    fprintf(f, "\" time=\"%.6f\">\n", json_real_value(json_object_get(rec, "seconds")));
+    const char *message = json_string_value(json_object_get(rec, "message"));
+    if (!json_is_true(json_object_get(rec, "allowed"))) {
+        const char *nl = strchr(message ? message : "", '\n');
+        char first[512];
+        snprintf(first, sizeof(first), "%.*s", nl ? (int)(nl - message) : 500,
+                 message ? message : "denied");
+        fputs("      <failure type=\"denied\" message=\"", f);
+        xml_text(f, first);
+        fputs("\">", f);
+        xml_text(f, message ? message : "denied");
+        fputs("</failure>\n", f);
+    }
+    json_t *warnings = json_object_get(rec, "warnings");
+    const char *decision = json_string_value(json_object_get(rec, "decision"));
+    const char *queue = json_string_value(json_object_get(rec, "queue"));
+    if (json_array_size(warnings) || decision || queue) {
+        size_t i;
+        json_t *w;
+        fputs("      <system-out>", f);
+        json_array_foreach(warnings, i, w)
+        {
+            xml_text(f, "warning: ");
+            xml_text(f, json_string_value(w));
+            xml_text(f, "\n");
+        }
+        if (decision) {
+            xml_text(f, "decision: ");
+            xml_text(f, decision);
+            xml_text(f, "\n");
+        }
+        if (queue) {
+            xml_text(f, "queue: ");
+            xml_text(f, queue);
+            xml_text(f, "\n");
+        }
+        fputs("</system-out>\n", f);
+    }
+    fputs("    </testcase>\n", f);
+}
+
+static void print_junit(const struct check_run *r)
+{
+    FILE *f = r->report;
+    size_t i, j, n = json_array_size(r->records);
+    fprintf(f,
+            "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
+            "<testsuites name=\"gpuguard check\" tests=\"%zu\" failures=\"%zu\" errors=\"%zu\">\n",
+            r->checked + r->errors, r->denied, r->errors);
+    /* One testsuite per file, in input order. */
+    for (i = 0; i < n;) {
+        const char *file =
+            json_string_value(json_object_get(json_array_get(r->records, i), "file"));
+        size_t tests = 0, failures = 0, errors = 0;
+        for (j = i; j < n; j++) {
+            const json_t *rec = json_array_get(r->records, j);
+            if (strcmp(json_string_value(json_object_get(rec, "file")), file) != 0)
+                break;
+            const char *type = json_string_value(json_object_get(rec, "type"));
+            tests += strcmp(type, "skipped") != 0;
+            errors += strcmp(type, "error") == 0;
+            failures +=
+                strcmp(type, "template") == 0 && !json_is_true(json_object_get(rec, "allowed"));
+        }
+        fputs("  <testsuite name=\"", f);
+        xml_text(f, file);
+        fprintf(f, "\" tests=\"%zu\" failures=\"%zu\" errors=\"%zu\" skipped=\"0\">\n", tests,
+                failures, errors);
+        bool any_skipped = false;
+        for (size_t k = i; k < j; k++) {
+            const json_t *rec = json_array_get(r->records, k);
+            if (strcmp(json_string_value(json_object_get(rec, "type")), "skipped") == 0)
+                any_skipped = true;
+            else
+                junit_case(f, rec);
+        }
+        if (any_skipped) {
+            fputs("    <system-out>", f);
+            for (size_t k = i; k < j; k++) {
+                const json_t *rec = json_array_get(r->records, k);
+                if (strcmp(json_string_value(json_object_get(rec, "type")), "skipped") != 0)
+                    continue;
+                char line[1024];
+                snprintf(line, sizeof(line), "skipped: %s %s (line %lld): %s\n",
+                         json_string_value(json_object_get(rec, "kind")),
+                         json_string_value(json_object_get(rec, "name")),
+                         (long long)json_integer_value(json_object_get(rec, "line")),
+                         json_string_value(json_object_get(rec, "reason")));
+                xml_text(f, line);
+            }
+            fputs("</system-out>\n", f);
+        }
+        fputs("  </testsuite>\n", f);
+        i = j;
+    }
+    fputs("</testsuites>\n", f);
+}
+
+/* ---- the command -------------------------------------------------------- */
+
+static enum gg_status load_cluster_state(struct check_run *r, struct gg_err *err)
+{
+    char *text = NULL;
+    size_t len = 0;
+    enum gg_status st =
+        gg_read_file(r->o.cluster_state_path, MF_MAX_CLUSTER_STATE, &text, &len, err);
+    if (st == GG_OK)
+        st = mf_cluster_state(text, len, r->o.cluster_state_path, &r->cluster_state,
+                              r->state_counts, err);
+    free(text);
+    return st;
+}
+
+static bool use_colour(FILE *f)
+{
+    const char *term = getenv("TERM");
+    return isatty(fileno(f)) && !getenv("NO_COLOR") && !(term && strcmp(term, "dumb") == 0);
+}
+
+/* Every input, in order; "-" once at most. */
+static enum gg_status expand_paths(struct check_run *r, struct cli_files *inputs)
+{
+    struct gg_err err = {{0}};
+    bool stdin_seen = false;
+    for (int i = 0; i < r->o.n_paths; i++) {
+        const char *p = r->o.paths[i];
+        struct stat sb;
+        enum gg_status st = GG_OK;
+        if (strcmp(p, "-") == 0) {
+            if (stdin_seen) {
+                fprintf(stderr, "gpuguard check: - (stdin) given twice\n");
+                return GG_ERR_INVALID;
+            }
+            stdin_seen = true;
+            st = cli_files_add(inputs, p, &err);
+        } else if (stat(p, &sb) != 0) {
+            snprintf(err.msg, sizeof(err.msg), "%s: cannot open: %s", p, strerror(errno));
+            add_error(r, p, err.msg);
+        } else if (S_ISDIR(sb.st_mode)) {
+            st = cli_files_walk(p, manifest_suffixes, inputs, &err);
+            if (st != GG_OK && st != GG_ERR_NOMEM) {
+                add_error(r, p, err.msg);
+                st = GG_OK;
+            }
+        } else {
+            st = cli_files_add(inputs, p, &err);
+        }
+        if (st != GG_OK) {
+            fprintf(stderr, "gpuguard check: %s\n", err.msg);
+            return st;
+        }
+    }
+    return GG_OK;
+}
+
+int cli_check(int argc, char **argv)
+{
+    struct check_run r = {0};
+    struct gg_err err = {{0}};
+    struct cli_files inputs = {0};
+    int rc = 2, p = parse_flags(argc, argv, &r.o);
+    if (p != 0) {
+        if (p < 0)
+            fprintf(stderr, "run 'gpuguard check --help' for the flags\n");
+        return p > 0 ? 0 : 2;
+    }
+    r.records = json_array();
+    r.emitted = r.o.emit_mutated ? json_array() : NULL;
+    r.report = r.o.emit_mutated ? stderr : stdout;
+    r.colour = r.o.format == OUT_TEXT && use_colour(r.report);
+    if (r.o.cluster_state_path && load_cluster_state(&r, &err) != GG_OK) {
+        fprintf(stderr, "gpuguard check: --cluster-state: %s\n", err.msg);
+        goto out;
+    }
+    if (r.o.usage_path) { /* a saved snapshot never goes stale */
+        struct rs_data usage = {0};
+        if (rs_file_load(r.o.usage_path, &usage, &err) != GG_OK) {
+            fprintf(stderr, "gpuguard check: --usage: %s\n", err.msg);
+            goto out;
+        }
+        rss_set_source("file");
+        rss_publish(&usage, 0);
+    }
+    struct policy_paths paths = {.policies = r.o.policies, .lua = r.o.lua, .config = r.o.config};
+    if (engine_new(&paths, &r.engine, &err) != GG_OK) {
+        fprintf(stderr, "gpuguard check: cannot load the policies: %s\n", err.msg);
+        goto out;
+    }
+    if (!(r.inventory = inv_new())) {
+        fprintf(stderr, "gpuguard check: out of memory\n");
+        goto out;
+    }
+    if (r.cluster_state) { /* what inv_load_snapshot does, on the snapshot already checked */
+        if (charger_new(r.engine, r.inventory, &r.charger, &err) != GG_OK) {
+            fprintf(stderr, "gpuguard check: --cluster-state: cannot load the charge model: %s\n",
+                    err.msg);
+            goto out;
+        }
+        inv_replace(r.inventory, json_object_get(r.cluster_state, "items"));
+        inv_set_ready(r.inventory, true);
+    }
+    engine_set_inventory(r.engine, r.inventory);
+    if (expand_paths(&r, &inputs) != GG_OK)
+        goto out;
+    for (size_t i = 0; i < inputs.count; i++) {
+        bool from_stdin = strcmp(inputs.names[i], "-") == 0;
+        if (check_input(&r, inputs.names[i], from_stdin) != GG_OK) {
+            fprintf(stderr, "gpuguard check: out of memory\n");
+            goto out;
+        }
+    }
+    rc = r.errors ? 2 : r.denied ? 1 : 0;
+    if (r.o.format == OUT_JSON) {
+        print_json(&r, rc);
+    } else if (r.o.format == OUT_JUNIT) {
+        print_junit(&r);
+        print_summary_line(&r, stderr);
+    } else {
+        print_text(&r);
+        print_summary_line(&r, r.report);
+    }
+    if (r.emitted) {
+        char *yaml = NULL;
+        size_t len = 0;
+        if (mf_emit_yaml(r.emitted, &yaml, &len, &err) != GG_OK) {
+            fprintf(stderr, "gpuguard check: --emit-mutated: %s\n", err.msg);
+            rc = 2;
+        } else {
+            fwrite(yaml, 1, len, stdout);
+        }
+        free(yaml);
+    }
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        fprintf(stderr, "gpuguard check: cannot write the output: %s\n", strerror(errno));
+        rc = 2;
+    }
+out:
+    cli_files_clear(&inputs);
+    charger_free(r.charger);
+    engine_free(r.engine);
+    inv_free(r.inventory);
+    json_decref(r.records);
+    json_decref(r.emitted);
+    json_decref(r.cluster_state);
+    rss_reset();
+    return rc;
+}

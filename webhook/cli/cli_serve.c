@@ -1,0 +1,509 @@
+/*
+ * cli_serve.c - `gpuguard serve`: flags, certificates, the server's life
+ * cycle and signals.
+ *
+ * SIGTERM and SIGINT are blocked in every thread and taken by sigwait in
+ * the main thread, which then drains the server: stop accepting, let the
+ * requests in flight finish, exit 0.
+ *
+ * With the inventory on (in a cluster, or with --kubeconfig), informer
+ * threads keep the GPU usage of pods and ResourceClaims for gpuguard.usage()
+ * and the claims and templates for gpuguard.dra(); /readyz says whether the
+ * pods have synced, but readiness is about serving and stays 200.
+ * With rightsizing on and a Prometheus URL configured, a thread keeps the
+ * workloads' GPU memory history for gpuguard.rightsize(); /readyz says how
+ * fresh it is, in a line of its own.
+ */
+#include "util/arena.h"
+#include "engine/charger.h"
+#include "cli/cli.h"
+#include "engine/config.h"
+#include "engine/dirwatch.h"
+#include "kube/informer.h"
+#include "kube/inventory.h"
+#include "kube/kubeclient.h"
+#include "util/log.h"
+#include "engine/policy.h"
+#include "kube/promsource.h"
+#include "engine/reload.h"
+#include "kube/rsstore.h"
+#include "util/metrics.h"
+#include "http/server.h"
+#include "http/tlscreds.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+struct serve_opts {
+    const char *listen;
+    const char *ops_listen;
+    const char *tls_cert;
+    const char *tls_key;
+    const char *config;
+    const char *policies;
+    const char *lua;
+    const char *client_ca;
+    unsigned threads;
+    size_t max_body;
+    unsigned max_connections;
+    unsigned shutdown_grace_s;
+    unsigned request_timeout_s;
+    int inventory; /* -1: on when in a cluster or with --kubeconfig; 0: off; 1: on */
+    const char *kubeconfig;
+};
+
+static void serve_usage(FILE *out)
+{
+    fprintf(out,
+            "usage: gpuguard serve --tls-cert FILE --tls-key FILE [flags]\n"
+            "\n"
+            "Serve the admission webhook over HTTPS (POST /mutate, POST /validate) and the\n"
+            "ops endpoints over plain HTTP (GET /healthz, /readyz, /metrics).\n"
+            "\n"
+            "flags:\n"
+            "  --listen ADDR:PORT        webhook address, HTTPS only [0.0.0.0:8443]\n"
+            "  --ops-listen ADDR:PORT    ops address, plain HTTP [0.0.0.0:9090]\n"
+            "  --tls-cert FILE           serving certificate (PEM, leaf first) [required]\n"
+            "  --tls-key FILE            its private key (PEM) [required]\n"
+            "  --client-ca FILE          require client certificates signed by these CAs\n"
+            "                            (mutual TLS with the API server) [off]\n"
+            "  --config FILE             gpuguard configuration (YAML)\n"
+            "  --policies DIR            policy directory [./policies]\n"
+            "  --lua DIR                 Lua library directory [./lua]\n"
+            "  --threads N               webhook worker threads [number of CPUs]\n"
+            "  --max-body BYTES          larger request bodies get 413 [16777216]\n"
+            "  --max-connections N       open connections on the webhook port [4096]\n"
+            "  --request-timeout SECONDS time for a request's headers and body [10]\n"
+            "                            (a late request's connection is closed; between\n"
+            "                            requests, kept-alive connections wait 120 s)\n"
+            "  --shutdown-grace SECONDS  on SIGTERM, time for requests in flight [30]\n"
+            "  --inventory on|off        GPU usage per namespace from the API server's pods\n"
+            "                            (list + watch) for quota policies [on in a cluster\n"
+            "                            or with --kubeconfig, else off]\n"
+            "  --kubeconfig FILE         reach the API server with this kubeconfig's current\n"
+            "                            context instead of the pod's service account\n"
+            "  --log-level LEVEL         debug, info, warn or error [info]\n"
+            "  -h, --help                this help\n"
+            "\n"
+            "Port 0 picks a free port; the ports in use are logged at start.  The certificate\n"
+            "and key are reloaded when their files change (a bad pair is refused and the\n"
+            "current one kept); policies, the Lua library and the config likewise.\n"
+            "With the config's rightsizing: section on (mode and prometheus.url), GPU memory\n"
+            "history is read from Prometheus every refresh (docs/rightsizing.md).\n");
+}
+
+/* Parse a positive integer flag value within [min, max]. */
+static int parse_uint(const char *flag, const char *text, unsigned long long min,
+                      unsigned long long max, unsigned long long *out)
+{
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(text, &end, 10);
+    if (errno || end == text || *end || text[0] == '-' || v < min || v > max) {
+        fprintf(stderr, "gpuguard serve: %s must be a whole number from %llu to %llu, got \"%s\"\n",
+                flag, min, max, text);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+enum {
+    OPT_LISTEN = 256,
+    OPT_OPS_LISTEN,
+    OPT_TLS_CERT,
+    OPT_TLS_KEY,
+    OPT_CLIENT_CA,
+    OPT_CONFIG,
+    OPT_POLICIES,
+    OPT_LUA,
+    OPT_THREADS,
+    OPT_MAX_BODY,
+    OPT_MAX_CONN,
+    OPT_GRACE,
+    OPT_REQUEST_TIMEOUT,
+    OPT_LOG_LEVEL,
+    OPT_INVENTORY,
+    OPT_KUBECONFIG,
+};
+
+static const struct option long_options[] = {
+    {"listen", required_argument, NULL, OPT_LISTEN},
+    {"ops-listen", required_argument, NULL, OPT_OPS_LISTEN},
+    {"tls-cert", required_argument, NULL, OPT_TLS_CERT},
+    {"tls-key", required_argument, NULL, OPT_TLS_KEY},
+    {"client-ca", required_argument, NULL, OPT_CLIENT_CA},
+    {"config", required_argument, NULL, OPT_CONFIG},
+    {"policies", required_argument, NULL, OPT_POLICIES},
+    {"lua", required_argument, NULL, OPT_LUA},
+    {"threads", required_argument, NULL, OPT_THREADS},
+    {"max-body", required_argument, NULL, OPT_MAX_BODY},
+    {"max-connections", required_argument, NULL, OPT_MAX_CONN},
+    {"shutdown-grace", required_argument, NULL, OPT_GRACE},
+    {"request-timeout", required_argument, NULL, OPT_REQUEST_TIMEOUT},
+    {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
+    {"inventory", required_argument, NULL, OPT_INVENTORY},
+    {"kubeconfig", required_argument, NULL, OPT_KUBECONFIG},
+    {"help", no_argument, NULL, 'h'},
+    {NULL, 0, NULL, 0},
+};
+
+static int parse_number_flag(int opt, const char *arg, struct serve_opts *o)
+{
+    unsigned long long v;
+    switch (opt) {
+    case OPT_THREADS:
+        if (parse_uint("--threads", arg, 1, 256, &v))
+            return -1;
+        o->threads = (unsigned)v;
+        return 0;
+    case OPT_MAX_BODY:
+        if (parse_uint("--max-body", arg, 1024, 1ULL << 30, &v))
+            return -1;
+        o->max_body = (size_t)v;
+        return 0;
+    case OPT_MAX_CONN:
+        if (parse_uint("--max-connections", arg, 1, 1000000, &v))
+            return -1;
+        o->max_connections = (unsigned)v;
+        return 0;
+    case OPT_REQUEST_TIMEOUT:
+        if (parse_uint("--request-timeout", arg, 1, 3600, &v))
+            return -1;
+        o->request_timeout_s = (unsigned)v;
+        return 0;
+    default: /* OPT_GRACE */
+        if (parse_uint("--shutdown-grace", arg, 0, 3600, &v))
+            return -1;
+        o->shutdown_grace_s = (unsigned)v;
+        return 0;
+    }
+}
+
+/* 0 to serve, 1 after --help, -1 on a usage error. */
+static int parse_flags(int argc, char **argv, struct serve_opts *o)
+{
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    *o = (struct serve_opts){.listen = "0.0.0.0:8443",
+                             .ops_listen = "0.0.0.0:9090",
+                             .policies = "./policies",
+                             .lua = "./lua",
+                             .threads = cpus > 0 ? (unsigned)cpus : 1,
+                             .max_body = 16 << 20,
+                             .max_connections = 4096,
+                             .shutdown_grace_s = 30,
+                             .request_timeout_s = 10,
+                             .inventory = -1};
+    int opt;
+    opterr = 0;
+    optind = 1;
+    while ((opt = getopt_long(argc, argv, "h", long_options, NULL)) != -1) {
+        switch (opt) {
+        case 'h':
+            serve_usage(stdout);
+            return 1;
+        case OPT_LISTEN:
+            o->listen = optarg;
+            break;
+        case OPT_OPS_LISTEN:
+            o->ops_listen = optarg;
+            break;
+        case OPT_TLS_CERT:
+            o->tls_cert = optarg;
+            break;
+        case OPT_TLS_KEY:
+            o->tls_key = optarg;
+            break;
+        case OPT_CLIENT_CA:
+            o->client_ca = optarg;
+            break;
+        case OPT_CONFIG:
+            o->config = optarg;
+            break;
+        case OPT_POLICIES:
+            o->policies = optarg;
+            break;
+        case OPT_LUA:
+            o->lua = optarg;
+            break;
+        case OPT_INVENTORY:
+            if (strcmp(optarg, "on") != 0 && strcmp(optarg, "off") != 0) {
+                fprintf(stderr, "gpuguard serve: --inventory must be on or off\n");
+                return -1;
+            }
+            o->inventory = strcmp(optarg, "on") == 0;
+            break;
+        case OPT_KUBECONFIG:
+            o->kubeconfig = optarg;
+            break;
+        case OPT_LOG_LEVEL:
+            if (cli_set_log_level("serve", optarg))
+                return -1;
+            break;
+        case '?':
+            fprintf(stderr, "gpuguard serve: unknown flag or missing value: %s\n",
+                    argv[optind - 1]);
+            return -1;
+        default:
+            if (parse_number_flag(opt, optarg, o))
+                return -1;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "gpuguard serve: unexpected argument \"%s\"\n", argv[optind]);
+        return -1;
+    }
+    if (!o->tls_cert || !o->tls_key) {
+        fprintf(stderr, "gpuguard serve: --tls-cert and --tls-key are required\n");
+        return -1;
+    }
+    return 0;
+}
+
+/* Every connection is a file descriptor: lift the soft limit to fit them. */
+static void raise_fd_limit(unsigned connections)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_NOFILE, &rl) != 0)
+        return;
+    rlim_t want = (rlim_t)connections + 64;
+    if (rl.rlim_cur < want) {
+        rl.rlim_cur = rl.rlim_max < want ? rl.rlim_max : want;
+        setrlimit(RLIMIT_NOFILE, &rl);
+    }
+    if (rl.rlim_cur < want)
+        log_msg(LOG_WARN, "open file limit %llu is below --max-connections %u plus headroom",
+                (unsigned long long)rl.rlim_cur, connections);
+}
+
+static int wait_for_signal(void)
+{
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    int sig = 0;
+    sigwait(&set, &sig);
+    return sig;
+}
+
+/* Reload the serving certificate when its files change; a bad pair keeps the old one. */
+static void reload_certificate(void *ctx)
+{
+    const struct serve_opts *o = ctx;
+    struct gg_err err = {{0}};
+    enum gg_status st = tls_creds_load(o->tls_cert, o->tls_key, &err);
+    metrics_tls(st == GG_OK, tls_creds_not_after());
+    if (st == GG_OK) {
+        char serial[80];
+        tls_creds_serial(serial, sizeof(serial));
+        log_fields(LOG_INFO, "certificate reloaded", json_pack("{s:s}", "serial", serial));
+    } else {
+        log_fields(LOG_ERROR, "certificate reload refused: the current certificate keeps serving",
+                   json_pack("{s:s}", "error", err.msg));
+    }
+}
+
+static enum gg_status start_certificates(const struct serve_opts *o, struct dirwatch **watch,
+                                         char **client_ca, struct gg_err *err)
+{
+    enum gg_status st = tls_creds_load(o->tls_cert, o->tls_key, err);
+    if (st != GG_OK)
+        return st;
+    metrics_tls(true, tls_creds_not_after());
+    if (o->client_ca) {
+        size_t len;
+        if ((st = gg_read_file(o->client_ca, 1 << 20, client_ca, &len, err)) != GG_OK)
+            return st;
+        if (!strstr(*client_ca, "-----BEGIN CERTIFICATE-----"))
+            return gg_fail(err, GG_ERR_TLS, "%s: no PEM certificate in the file", o->client_ca);
+    }
+    char cert_dir[4096], key_dir[4096];
+    dirwatch_dir_of(o->tls_cert, cert_dir, sizeof(cert_dir));
+    dirwatch_dir_of(o->tls_key, key_dir, sizeof(key_dir));
+    const char *dirs[] = {cert_dir, strcmp(cert_dir, key_dir) ? key_dir : NULL};
+    return dirwatch_start(dirs, 2, reload_certificate, (void *)o, watch, err);
+}
+
+/* A client of the API server: the kubeconfig's, else the pod's service account. */
+static enum gg_status new_client(const struct serve_opts *o, struct kc_client **client,
+                                 struct gg_err *err)
+{
+    return o->kubeconfig ? kc_new_kubeconfig(o->kubeconfig, client, err)
+                         : kc_new_in_cluster(KC_SA_DIR, client, err);
+}
+
+static uint64_t generation(void *engine)
+{
+    return engine_generation(engine);
+}
+
+/* The inventory's informers: pods, ResourceClaims, ResourceClaimTemplates (see informer.h). */
+#define N_INFORMERS 3
+
+/*
+ * The inventory, its charger and its informers when on: --inventory off,
+ * else a kubeconfig, else the service account when in a cluster; on without
+ * either is an error.  Set on the engine before the first evaluation.  Each
+ * informer has a client of its own (a client belongs to one thread), and the
+ * templates' one a second for the GET of a template not seen yet.
+ */
+static enum gg_status start_inventory(const struct serve_opts *o, struct engine *engine,
+                                      struct inventory **inv, struct charger **charger,
+                                      struct informer *inf[N_INFORMERS], struct gg_err *err)
+{
+    bool in_cluster = kc_in_cluster(KC_SA_DIR);
+    if (o->inventory == 0 || (o->inventory < 0 && !o->kubeconfig && !in_cluster)) {
+        log_msg(LOG_INFO, "inventory: off (quota policies see no usage)");
+        return GG_OK;
+    }
+    if (!o->kubeconfig && !in_cluster)
+        return gg_fail(err, GG_ERR_INVALID,
+                       "--inventory on needs --kubeconfig FILE or a pod's service account "
+                       "(KUBERNETES_SERVICE_HOST and " KC_SA_DIR "/token)");
+    if (!(*inv = inv_new()))
+        return gg_fail(err, GG_ERR_NOMEM, "out of memory");
+    enum gg_status st = charger_new(engine, *inv, charger, err);
+    if (st != GG_OK)
+        return st;
+    engine_set_inventory(engine, *inv);
+    static const enum inf_kind kinds[N_INFORMERS] = {INF_TEMPLATES, INF_CLAIMS, INF_PODS};
+    for (size_t i = 0; st == GG_OK && i < N_INFORMERS; i++) {
+        struct inf_options opts = {
+            .kind = kinds[i], .generation = generation, .generation_ctx = engine};
+        struct kc_client *client = NULL;
+        st = new_client(o, &client, err);
+        if (st == GG_OK && kinds[i] == INF_TEMPLATES &&
+            (st = new_client(o, &opts.fetch_client, err)) != GG_OK)
+            kc_free(client);
+        if (st == GG_OK)
+            st = inf_start(client, *inv, &opts, &inf[i], err);
+    }
+    return st;
+}
+
+/*
+ * The rightsizing source when the configuration turns it on (mode
+ * recommend or apply and a prometheus.url).  Its settings are read once,
+ * here: a change to them needs a restart.
+ */
+static enum gg_status start_rightsizing(const struct serve_opts *o, struct inventory *inv,
+                                        struct ps_source **out, struct gg_err *err)
+{
+    json_t *root = NULL;
+    struct rs_settings s = {.mode = RS_OFF};
+    enum gg_status st = cfg_load(o->config, &root, err);
+    if (st == GG_OK)
+        st = rs_settings_parse(root, &s, err);
+    json_decref(root);
+    if (st != GG_OK || s.mode == RS_OFF || !*s.url) {
+        if (st == GG_OK)
+            log_msg(LOG_INFO, "rightsizing: off (%s)",
+                    s.mode == RS_OFF ? "rightsizing.mode" : "no rightsizing.prometheus.url");
+        return st;
+    }
+    return ps_start(&s, inv, out, err);
+}
+
+/* The /readyz lines after the first: the inventory's state, the rightsizing source's when on. */
+static void inventory_note(void *ctx, char *out, size_t size)
+{
+    struct informer *inf = ctx;
+    char state[256] = "off", rs[320];
+    if (inf)
+        inf_describe(inf, state, sizeof(state));
+    rss_describe(rs, sizeof(rs));
+    snprintf(out, size, "inventory: %s%s%s", state, *rs ? "\n" : "", rs);
+}
+
+static void log_serving(const struct serve_opts *o, struct srv *server, struct engine *engine)
+{
+    json_t *names = json_array();
+    struct policy_set *set = engine_live_set(engine);
+    for (size_t i = 0; i < policy_set_count(set); i++)
+        json_array_append_new(names, json_string(policy_set_name(set, i)));
+    policy_set_release(set);
+    log_fields(LOG_INFO, "serving",
+               json_pack("{s:s,s:i,s:i,s:i,s:o,s:b}", "version", GG_VERSION, "port",
+                         srv_port(server), "ops_port", srv_ops_port(server), "threads",
+                         (int)o->threads, "policies", names, "mtls", o->client_ca != NULL));
+}
+
+int cli_serve(int argc, char **argv)
+{
+    struct serve_opts o;
+    int r = parse_flags(argc, argv, &o);
+    if (r != 0) {
+        if (r < 0)
+            fprintf(stderr, "run 'gpuguard serve --help' for the flags\n");
+        return r > 0 ? 0 : 2;
+    }
+    arena_install();
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGTERM);
+    sigaddset(&set, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    raise_fd_limit(o.max_connections);
+
+    struct gg_err err = {{0}};
+    struct policy_paths paths = {.policies = o.policies, .lua = o.lua, .config = o.config};
+    struct engine *engine = NULL;
+    struct reloader *reloader = NULL;
+    struct dirwatch *cert_watch = NULL;
+    struct srv *server = NULL;
+    struct inventory *inventory = NULL;
+    struct charger *charger = NULL;
+    struct informer *informers[N_INFORMERS] = {NULL};
+    struct ps_source *rightsizing = NULL;
+    char *client_ca = NULL;
+    int rc = 1;
+    if (start_certificates(&o, &cert_watch, &client_ca, &err) != GG_OK ||
+        engine_new(&paths, &engine, &err) != GG_OK ||
+        start_inventory(&o, engine, &inventory, &charger, informers, &err) != GG_OK ||
+        start_rightsizing(&o, inventory, &rightsizing, &err) != GG_OK ||
+        reload_start(engine, &reloader, &err) != GG_OK)
+        goto out;
+    struct srv_config cfg = {.listen = o.listen,
+                             .ops_listen = o.ops_listen,
+                             .client_ca_pem = client_ca,
+                             .threads = o.threads,
+                             .max_body = o.max_body,
+                             .max_connections = o.max_connections,
+                             .idle_timeout_s = 120,
+                             .request_timeout_s = o.request_timeout_s,
+                             .engine = engine,
+                             .ready_note = inventory_note,
+                             .ready_note_ctx = informers[N_INFORMERS - 1]}; /* pods' */
+    if (srv_start(&cfg, &server, &err) != GG_OK)
+        goto out;
+    srv_set_ready(server, true, NULL);
+    log_serving(&o, server, engine);
+    int sig = wait_for_signal();
+    log_msg(LOG_INFO, "%s received: draining requests in flight", strsignal(sig));
+    srv_stop(server, (int64_t)o.shutdown_grace_s * 1000);
+    log_msg(LOG_INFO, "stopped");
+    rc = 0;
+out:
+    if (rc)
+        log_msg(LOG_ERROR, "%s", err.msg);
+    dirwatch_stop(cert_watch);
+    reload_stop(reloader);
+    ps_stop(rightsizing);
+    for (size_t i = 0; i < N_INFORMERS; i++)
+        inf_stop(informers[i]);
+    charger_free(charger);
+    engine_free(engine);
+    inv_free(inventory);
+    tls_creds_clear();
+    free(client_ca);
+    return rc;
+}

@@ -1,0 +1,87 @@
+/*
+ * dryrun.h - one pod (or any object) through the policies the way the API
+ * server would put it through gpuguard's two webhooks: the AdmissionReview
+ * it would send, the mutating call, the patch applied, then the validating
+ * call on the result.
+ * Used by `gpuguard check` and `gpuguard test`, so both run exactly what the
+ * server runs (the same decode, the same engine).
+ *
+ * No I/O beyond what the engine does (it may log policy failures).
+ */
+#ifndef GG_DRYRUN_H
+#define GG_DRYRUN_H
+
+#include "util/gpuguard.h"
+#include "engine/policy.h"
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#define DR_DECISION_ANNOTATION "gpuguard.io/decision"
+#define DR_DEFAULT_USER "gpuguard-check"
+
+/* What the API server fills in around the object.  Zero means the default. */
+struct dr_options {
+    const char *namespace;    /* when the pod has none; "default" when NULL or "" */
+    const char *operation;    /* CREATE (default), UPDATE, DELETE or CONNECT */
+    const char *user;         /* userInfo.username; DR_DEFAULT_USER when NULL */
+    const json_t *groups;     /* userInfo.groups; ["system:authenticated"] when NULL */
+    const char *sub_resource; /* subResource ("ephemeralcontainers"); none when NULL or "" */
+    const json_t *old_object; /* UPDATE: the object before (the pod itself when NULL) */
+    int64_t timeout_ms;       /* the webhook timeout the API server sends; 10 s when 0 */
+    int64_t deadline_us;      /* CLOCK_MONOTONIC time to answer by; now + timeout_ms when 0 */
+    /* The object is the Pod built from a workload's pod template at this path
+     * ("spec.template"): policies see it as req.template.  NULL for a Pod. */
+    const char *template_path;
+};
+
+struct dr_result {
+    bool allowed;
+    char *message;         /* the denial, NULL when allowed */
+    const char *denied_by; /* "mutate" or "validate"; NULL when allowed */
+    char namespace[256];   /* the request's namespace */
+    json_t *patch;         /* the mutating call's patch on the pod; [] when none */
+    json_t *mutated;       /* the pod with the patch applied (NULL on DELETE and CONNECT) */
+    json_t *warnings;      /* both calls' warnings, in order */
+    json_t *audit;         /* both calls' audit annotations */
+    json_t *fired;         /* policies that denied, warned or changed something, once each */
+    char *decision;        /* the mutated pod's gpuguard.io/decision annotation, or NULL */
+};
+
+/* The namespace a request for pod gets: its own, else fallback, else "default". */
+const char *dr_namespace(const json_t *pod, const char *fallback);
+
+/*
+ * The AdmissionReview (admission.k8s.io/v1) the API server would send for
+ * object (NULL on DELETE/CONNECT) in namespace ns: its kind and resource
+ * from the object's apiVersion and kind (the resource is the kind in lower
+ * case plus "s"), a Pod when it has no kind.  A new reference.
+ */
+json_t *dr_review(const json_t *object, const json_t *old_object, const char *ns,
+                  const struct dr_options *o, const char *uid);
+
+/*
+ * Put pod through the mutating call, then (unless it was denied there) the
+ * validating call with the patched pod.  Policy denials and failures are
+ * results; an error here means the engine could not run or the patch did
+ * not apply.  *out is written only on success.
+ */
+enum gg_status dr_evaluate(struct engine *e, const json_t *pod, const struct dr_options *o,
+                           struct dr_result *out, struct gg_err *err);
+void dr_result_clear(struct dr_result *r);
+
+/*
+ * Only the mutating call, for idempotence checks: *patch (a new array) is
+ * its patch; *denial (malloc'ed, may be NULL) the denial if it denied.
+ */
+enum gg_status dr_mutate(struct engine *e, const json_t *pod, const struct dr_options *o,
+                         json_t **patch, char **denial, struct gg_err *err);
+
+/* Append to the array into the names of names it does not hold yet. */
+void dr_add_fired(json_t *into, const json_t *names);
+
+/* A random version-4 UUID, as the API server uses for request uids. */
+void dr_uid(char out[37]);
+
+#endif

@@ -1,0 +1,791 @@
+/*
+ * jsonfast.c - a single-pass JSON parser that builds jansson values.
+ *
+ * jansson's own reader pulls every byte through a function pointer and a
+ * token buffer (about 170 instructions per byte).  This one walks the text
+ * with a pointer, an explicit stack of open containers and gotos: no
+ * recursion, no per-byte calls.  Strings are found with a 16-byte SSE2
+ * scan (an 8-byte SWAR one elsewhere) for the bytes that need a look
+ * ('"', '\\', control characters, non-ASCII), and strings without escapes
+ * go straight from the text to json_stringn_nocheck; escaped ones are
+ * decoded into a scratch buffer.  Containers are linked to their parent
+ * when they open, so a pending key never outlives its value and the whole
+ * partial tree dies with one json_decref on error.
+ *
+ * It must stay pure: no I/O, no state between calls (the "C" locale used
+ * by strtod_l is created once and never changes).
+ */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+
+#include "codec/jsonfast.h"
+
+#include <errno.h>
+#include <float.h>
+#include <limits.h>
+#include <locale.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__SSE2__) && !defined(JF_NO_SIMD)
+#include <emmintrin.h>
+#define JF_SSE2 1
+#endif
+
+#define JF_INLINE_FRAMES 64
+#define JF_KBUF_INLINE 256
+#define JF_VBUF_INLINE 1024
+#define JF_NEAR_MAX 20
+
+#define JF_LIKELY(x) __builtin_expect(!!(x), 1)
+#define JF_UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+struct jf_frame {
+    json_t *node;
+    int is_object;
+};
+
+struct jf_parser {
+    const unsigned char *text;
+    const unsigned char *end;
+    struct jf_error *err;
+    struct jf_frame *stack; /* stack_inline or a malloc'd copy */
+    size_t cap;
+    char *kbuf; /* decoded escaped keys */
+    size_t kcap;
+    char *vbuf; /* decoded escaped string values */
+    size_t vcap;
+    struct jf_frame stack_inline[JF_INLINE_FRAMES];
+    char kbuf_inline[JF_KBUF_INLINE];
+    char vbuf_inline[JF_VBUF_INLINE];
+};
+
+/*** errors (cold path) ***/
+
+/* Printable-ASCII rendition of s[0..n): other bytes as \xNN. */
+static void render(char *out, size_t size, const unsigned char *s, size_t n)
+{
+    size_t o = 0;
+    for (size_t i = 0; i < n && o + 5 < size; i++) {
+        if (s[i] >= 0x20 && s[i] < 0x7f)
+            out[o++] = (char)s[i];
+        else
+            o += (size_t)snprintf(out + o, size - o, "\\x%02x", s[i]);
+    }
+    out[o] = '\0';
+}
+
+__attribute__((cold, format(printf, 3, 4))) static void
+set_error(struct jf_parser *P, const unsigned char *at, const char *fmt, ...)
+{
+    struct jf_error *err = P->err;
+    if (!err)
+        return;
+    int line = 1, col = 0;
+    for (const unsigned char *q = P->text; q < at; q++) {
+        if (*q == '\n') {
+            if (line < INT_MAX)
+                line++;
+            col = 0;
+        } else if ((*q & 0xc0) != 0x80 && col < INT_MAX - 1) {
+            col++;
+        }
+    }
+    err->line = line;
+    err->column = col + 1;
+    err->position = (size_t)(at - P->text);
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->text, sizeof(err->text), fmt, ap);
+    va_end(ap);
+}
+
+/* "<what> near '<the bytes at `at` of class `run`>'" */
+enum near_run { NEAR_CHAR, NEAR_WORD, NEAR_NUMBER };
+
+__attribute__((cold)) static void set_error_near(struct jf_parser *P, const unsigned char *at,
+                                                 const char *what, enum near_run run)
+{
+    size_t avail = (size_t)(P->end - at), n = 0;
+    if (avail == 0) {
+        set_error(P, at, "%s near end of input", what);
+        return;
+    }
+    if (run == NEAR_CHAR) {
+        n = 1;
+        if (at[0] >= 0x80) /* the whole UTF-8 sequence, at most 4 bytes */
+            while (n < 4 && n < avail && (at[n] & 0xc0) == 0x80)
+                n++;
+    } else {
+        while (n < avail && n < JF_NEAR_MAX) {
+            unsigned char c = at[n];
+            int in = run == NEAR_WORD ? ((c | 0x20) >= 'a' && (c | 0x20) <= 'z')
+                                      : ((c >= '0' && c <= '9') || c == '.' || c == 'e' ||
+                                         c == 'E' || c == '+' || c == '-');
+            if (!in && n > 0)
+                break;
+            n++;
+        }
+    }
+    char near[4 * JF_NEAR_MAX + 1];
+    render(near, sizeof(near), at, n);
+    set_error(P, at, "%s near '%s'", what, near);
+}
+
+/*** scratch space ***/
+
+/* Room for need bytes in *buf; old contents are not kept. */
+static int reserve(char **buf, size_t *cap, char *inline_buf, size_t need)
+{
+    if (need <= *cap)
+        return 0;
+    size_t want = *cap * 2 > need ? *cap * 2 : need;
+    char *fresh = malloc(want);
+    if (!fresh)
+        return -1;
+    if (*buf != inline_buf)
+        free(*buf);
+    *buf = fresh;
+    *cap = want;
+    return 0;
+}
+
+static int grow_stack(struct jf_parser *P, size_t max_depth)
+{
+    size_t want = P->cap * 2 < max_depth ? P->cap * 2 : max_depth;
+    if (want > SIZE_MAX / sizeof(struct jf_frame))
+        return -1;
+    struct jf_frame *fresh;
+    if (P->stack == P->stack_inline) {
+        fresh = malloc(want * sizeof(*fresh));
+        if (fresh)
+            memcpy(fresh, P->stack, P->cap * sizeof(*fresh));
+    } else {
+        fresh = realloc(P->stack, want * sizeof(*fresh));
+    }
+    if (!fresh)
+        return -1;
+    P->stack = fresh;
+    P->cap = want;
+    return 0;
+}
+
+/*** strings ***/
+
+static inline int needs_look(unsigned char c)
+{
+    return (unsigned char)(c - 0x20) >= 0x60 || c == '"' || c == '\\';
+}
+
+/* The first byte in [q, end) that is '"', '\\', below 0x20 or above 0x7f; end if none. */
+static inline const unsigned char *scan_plain(const unsigned char *q, const unsigned char *end)
+{
+#ifdef JF_SSE2
+    const __m128i quote = _mm_set1_epi8('"');
+    const __m128i bslash = _mm_set1_epi8('\\');
+    const __m128i space = _mm_set1_epi8(0x20);
+    while (end - q >= 16) {
+        __m128i x = _mm_loadu_si128((const __m128i *)(const void *)q);
+        /* signed compare: bytes >= 0x80 are negative, so "< 0x20" catches them too */
+        __m128i m = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(x, quote), _mm_cmpeq_epi8(x, bslash)),
+                                 _mm_cmplt_epi8(x, space));
+        unsigned mask = (unsigned)_mm_movemask_epi8(m);
+        if (mask)
+            return q + __builtin_ctz(mask);
+        q += 16;
+    }
+    for (; q < end; q++)
+        if (needs_look(*q))
+            return q;
+    return end;
+#else
+    const uint64_t ones = 0x0101010101010101ull, highs = 0x8080808080808080ull;
+    for (;;) {
+        while (end - q >= 8) {
+            uint64_t x;
+            memcpy(&x, q, 8);
+            uint64_t qt = x ^ (ones * '"'), bs = x ^ (ones * '\\');
+            /* zero bytes of qt/bs, bytes below 0x20 or above 0x7f; false
+             * positives only above a true one */
+            uint64_t hit = ((qt - ones) & ~qt) | ((bs - ones) & ~bs) | (x - ones * 0x20) | x;
+            if (hit & highs)
+                break;
+            q += 8;
+        }
+        const unsigned char *lim = end - q > 8 ? q + 8 : end;
+        for (; q < lim; q++)
+            if (needs_look(*q))
+                return q;
+        if (q == end)
+            return end;
+    }
+#endif
+}
+
+const char *jf_scan_plain(const char *p, const char *end)
+{
+    return (const char *)scan_plain((const unsigned char *)p, (const unsigned char *)end);
+}
+
+/* Length of the valid UTF-8 sequence at q (lead byte >= 0x80), 0 if invalid. */
+static inline size_t utf8_seq(const unsigned char *q, const unsigned char *end)
+{
+    unsigned c = q[0];
+    size_t avail = (size_t)(end - q);
+    unsigned lo = 0x80, hi = 0xbf;
+    if (c < 0xc2 || c > 0xf4)
+        return 0;
+    if (c < 0xe0)
+        return avail >= 2 && (q[1] & 0xc0) == 0x80 ? 2 : 0;
+    if (c < 0xf0) {
+        if (c == 0xe0)
+            lo = 0xa0; /* overlong */
+        else if (c == 0xed)
+            hi = 0x9f; /* surrogates */
+        return avail >= 3 && q[1] >= lo && q[1] <= hi && (q[2] & 0xc0) == 0x80 ? 3 : 0;
+    }
+    if (c == 0xf0)
+        lo = 0x90; /* overlong */
+    else if (c == 0xf4)
+        hi = 0x8f; /* above U+10FFFF */
+    return avail >= 4 && q[1] >= lo && q[1] <= hi && (q[2] & 0xc0) == 0x80 && (q[3] & 0xc0) == 0x80
+               ? 4
+               : 0;
+}
+
+static inline int hexval(unsigned c)
+{
+    if (c - '0' < 10)
+        return (int)(c - '0');
+    c |= 0x20;
+    if (c - 'a' < 6)
+        return (int)(c - 'a' + 10);
+    return -1;
+}
+
+/*
+ * Validate the string whose opening quote is at open: UTF-8, no control
+ * characters, escapes well-formed (\u with four hex digits; surrogates
+ * are checked when decoding).  Returns the closing quote, or NULL with the
+ * error set; *escaped tells whether a decode pass is needed.
+ */
+static inline __attribute__((always_inline)) const unsigned char *
+scan_string(struct jf_parser *P, const unsigned char *open, int *escaped)
+{
+    const unsigned char *q = open + 1, *end = P->end;
+    int esc = 0;
+    for (;;) {
+        q = scan_plain(q, end);
+        if (JF_UNLIKELY(q == end)) {
+            set_error(P, open, "unterminated string");
+            return NULL;
+        }
+        unsigned c = *q;
+        if (JF_LIKELY(c == '"'))
+            break;
+        if (c == '\\') {
+            esc = 1;
+            if (end - q < 2) {
+                set_error(P, open, "unterminated string");
+                return NULL;
+            }
+            c = q[1];
+            if (c == 'u') {
+                if (end - q < 6 ||
+                    (hexval(q[2]) | hexval(q[3]) | hexval(q[4]) | hexval(q[5])) < 0) {
+                    size_t n = (size_t)(end - q) < 6 ? (size_t)(end - q) : 6;
+                    char near[4 * 6 + 1];
+                    render(near, sizeof(near), q, n);
+                    set_error(P, q, "invalid escape near '%s'", near);
+                    return NULL;
+                }
+                q += 6;
+            } else if (c == '"' || c == '\\' || c == '/' || c == 'b' || c == 'f' || c == 'n' ||
+                       c == 'r' || c == 't') {
+                q += 2;
+            } else {
+                char near[4 * 2 + 1];
+                render(near, sizeof(near), q, 2);
+                set_error(P, q, "invalid escape near '%s'", near);
+                return NULL;
+            }
+        } else if (c < 0x20) {
+            set_error(P, q, "control character 0x%02x in string", c);
+            return NULL;
+        } else {
+            size_t n = utf8_seq(q, end);
+            if (JF_UNLIKELY(!n)) {
+                set_error(P, q, "invalid UTF-8 in string");
+                return NULL;
+            }
+            q += n;
+        }
+    }
+    *escaped = esc;
+    return q;
+}
+
+static inline unsigned hex4(const unsigned char *s)
+{
+    return (unsigned)(hexval(s[0]) << 12 | hexval(s[1]) << 8 | hexval(s[2]) << 4 | hexval(s[3]));
+}
+
+/*
+ * Decode the escapes of the validated string body [s, close) into out
+ * (room for close - s bytes is enough).  Returns the length, or -1 with
+ * the error set for lone surrogates and \u0000.
+ */
+static ptrdiff_t decode_string(struct jf_parser *P, const unsigned char *s,
+                               const unsigned char *close, char *out)
+{
+    char *o = out;
+    for (;;) {
+        const unsigned char *bs = memchr(s, '\\', (size_t)(close - s));
+        if (!bs)
+            bs = close;
+        memcpy(o, s, (size_t)(bs - s));
+        o += bs - s;
+        if (bs == close)
+            break;
+        s = bs;
+        switch (s[1]) {
+        case 'b':
+            *o++ = '\b';
+            break;
+        case 'f':
+            *o++ = '\f';
+            break;
+        case 'n':
+            *o++ = '\n';
+            break;
+        case 'r':
+            *o++ = '\r';
+            break;
+        case 't':
+            *o++ = '\t';
+            break;
+        case 'u':
+            break;
+        default: /* '"', '\\', '/' */
+            *o++ = (char)s[1];
+            break;
+        }
+        if (s[1] != 'u') {
+            s += 2;
+            continue;
+        }
+        unsigned cp = hex4(s + 2);
+        if (cp - 0xd800 < 0x800) {
+            if (cp >= 0xdc00 || !(close - s > 7 && s[6] == '\\' && s[7] == 'u')) {
+                set_error(P, s, "invalid Unicode '\\u%04X'", cp);
+                return -1;
+            }
+            unsigned lo = hex4(s + 8); /* the scan checked the second escape */
+            if (lo - 0xdc00 >= 0x400) {
+                set_error(P, s, "invalid Unicode '\\u%04X\\u%04X'", cp, lo);
+                return -1;
+            }
+            cp = 0x10000 + ((cp - 0xd800) << 10) + (lo - 0xdc00);
+            s += 12;
+        } else {
+            if (cp == 0) {
+                set_error(P, s, "\\u0000 is not allowed in strings");
+                return -1;
+            }
+            s += 6;
+        }
+        if (cp < 0x80) {
+            *o++ = (char)cp;
+        } else if (cp < 0x800) {
+            *o++ = (char)(0xc0 | cp >> 6);
+            *o++ = (char)(0x80 | (cp & 0x3f));
+        } else if (cp < 0x10000) {
+            *o++ = (char)(0xe0 | cp >> 12);
+            *o++ = (char)(0x80 | ((cp >> 6) & 0x3f));
+            *o++ = (char)(0x80 | (cp & 0x3f));
+        } else {
+            *o++ = (char)(0xf0 | cp >> 18);
+            *o++ = (char)(0x80 | ((cp >> 12) & 0x3f));
+            *o++ = (char)(0x80 | ((cp >> 6) & 0x3f));
+            *o++ = (char)(0x80 | (cp & 0x3f));
+        }
+    }
+    return o - out;
+}
+
+/*** numbers ***/
+
+static locale_t c_locale;
+static pthread_once_t c_locale_once = PTHREAD_ONCE_INIT;
+
+static void c_locale_init(void)
+{
+    c_locale = newlocale(LC_ALL_MASK, "C", (locale_t)0);
+}
+
+/* strtod of the validated number text s[0..n), in the "C" locale. */
+static int slow_strtod(struct jf_parser *P, const unsigned char *s, size_t n, double *out)
+{
+    char small[64];
+    char *buf = n < sizeof(small) ? small : malloc(n + 1);
+    if (!buf) {
+        set_error(P, s, "out of memory");
+        return -1;
+    }
+    memcpy(buf, s, n);
+    buf[n] = '\0';
+    pthread_once(&c_locale_once, c_locale_init);
+    errno = 0;
+    double d = c_locale ? strtod_l(buf, NULL, c_locale) : strtod(buf, NULL);
+    int overflow = errno == ERANGE && (d == HUGE_VAL || d == -HUGE_VAL);
+    if (buf != small)
+        free(buf);
+    if (overflow) {
+        set_error(P, s, "real number overflow");
+        return -1;
+    }
+    *out = d;
+    return 0;
+}
+
+static inline int is_digit(unsigned c)
+{
+    return c - '0' < 10;
+}
+
+/*
+ * A number starting at *pp ('-' or a digit).  Returns the new value and
+ * advances *pp, or NULL with the error set (*pp unchanged).
+ */
+static json_t *parse_number(struct jf_parser *P, const unsigned char **pp)
+{
+    static const double pow10[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,
+                                   1e8,  1e9,  1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
+                                   1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+    const unsigned char *s = *pp, *p = s, *end = P->end;
+    int neg = *p == '-';
+    p += neg;
+    const unsigned char *ds = p;
+    uint64_t m = 0;
+    while (p < end && is_digit(*p)) {
+        m = m * 10 + (unsigned)(*p - '0'); /* wraps past 19 digits; not used then */
+        p++;
+    }
+    size_t nint = (size_t)(p - ds);
+    if (JF_UNLIKELY(nint == 0 || (nint > 1 && *ds == '0'))) {
+        set_error_near(P, s, "invalid number", NEAR_NUMBER);
+        return NULL;
+    }
+    json_t *v;
+    if (JF_LIKELY(p == end || (*p != '.' && (*p | 0x20) != 'e'))) {
+        if (JF_UNLIKELY(nint > 19 || m > (uint64_t)INT64_MAX + neg)) {
+            set_error(P, s, neg ? "too big negative integer" : "too big integer");
+            return NULL;
+        }
+        json_int_t i = neg ? (m > (uint64_t)INT64_MAX ? INT64_MIN : -(json_int_t)m) : (json_int_t)m;
+        v = json_integer(i);
+        goto out;
+    }
+
+    const unsigned char *fs = p, *fe = p;
+    if (*p == '.') {
+        fs = ++p;
+        while (p < end && is_digit(*p))
+            p++;
+        fe = p;
+        if (fe == fs) {
+            set_error_near(P, s, "invalid number", NEAR_NUMBER);
+            return NULL;
+        }
+    }
+    long exp10 = 0;
+    if (p < end && (*p | 0x20) == 'e') {
+        p++;
+        int eneg = 0;
+        if (p < end && (*p == '+' || *p == '-'))
+            eneg = *p++ == '-';
+        const unsigned char *es = p;
+        while (p < end && is_digit(*p)) {
+            if (exp10 < 1000000)
+                exp10 = exp10 * 10 + (*p - '0');
+            p++;
+        }
+        if (p == es) {
+            set_error_near(P, s, "invalid number", NEAR_NUMBER);
+            return NULL;
+        }
+        if (eneg)
+            exp10 = -exp10;
+    }
+
+    /* Exact when the digits fit 2^53 and the power of ten is exact (Clinger). */
+    double d;
+    uint64_t mant = 0;
+    int sig = 0, exact = 1;
+    for (const unsigned char *q = ds; q < fe && exact; q++) {
+        if (q == ds + nint) {
+            q = fs;
+            if (q == fe)
+                break;
+        }
+        unsigned dig = (unsigned)(*q - '0');
+        if (q >= fs)
+            exp10--;
+        if (mant == 0 && dig == 0)
+            continue;
+        if (++sig > 19)
+            exact = 0;
+        else
+            mant = mant * 10 + dig;
+    }
+#if defined(FLT_EVAL_METHOD) && FLT_EVAL_METHOD == 0
+    if (exact && mant == 0) {
+        d = 0.0;
+    } else if (exact && mant <= (1ull << 53) && exp10 >= -22 && exp10 <= 22) {
+        d = (double)mant;
+        d = exp10 < 0 ? d / pow10[-exp10] : d * pow10[exp10];
+    } else
+#endif
+    {
+        (void)pow10;
+        if (slow_strtod(P, s, (size_t)(p - s), &d))
+            return NULL;
+        neg = 0; /* strtod saw the sign */
+    }
+    v = json_real(neg ? -d : d);
+out:
+    if (JF_UNLIKELY(!v)) {
+        set_error(P, s, "out of memory");
+        return NULL;
+    }
+    *pp = p;
+    return v;
+}
+
+/*** the parser ***/
+
+#define SKIP_WS(p, end)                                                                            \
+    while ((p) < (end) && *(p) <= ' ' &&                                                           \
+           (*(p) == ' ' || *(p) == '\n' || *(p) == '\r' || *(p) == '\t'))                          \
+    (p)++
+
+json_t *jf_loadb(const char *text, size_t len, size_t max_depth, struct jf_error *err)
+{
+    size_t deepest;
+    return jf_loadb_depth(text, len, max_depth, &deepest, err);
+}
+
+json_t *jf_loadb_depth(const char *text, size_t len, size_t max_depth, size_t *deepest,
+                       struct jf_error *err)
+{
+    struct jf_parser P;
+    P.text = (const unsigned char *)(text ? text : "");
+    P.end = P.text + (text ? len : 0);
+    P.err = err;
+    P.stack = P.stack_inline;
+    P.cap = JF_INLINE_FRAMES;
+    P.kbuf = P.kbuf_inline;
+    P.kcap = sizeof(P.kbuf_inline);
+    P.vbuf = P.vbuf_inline;
+    P.vcap = sizeof(P.vbuf_inline);
+    if (max_depth == 0)
+        max_depth = JF_DEFAULT_MAX_DEPTH;
+
+    const unsigned char *p = P.text, *end = P.end, *q;
+    json_t *root = NULL, *v;
+    struct jf_frame *top = NULL;
+    size_t depth = 0, most = 0; /* open containers, and their most at once */
+    const char *key = NULL;
+    size_t klen = 0;
+    int esc;
+    ptrdiff_t n;
+
+    if (!text) {
+        set_error(&P, p, "wrong arguments");
+        goto fail;
+    }
+
+value:
+    SKIP_WS(p, end);
+    if (JF_UNLIKELY(p == end)) {
+        set_error(&P, p, "premature end of input");
+        goto fail;
+    }
+    if (JF_UNLIKELY(depth >= max_depth)) {
+        set_error(&P, p, "maximum nesting depth %zu exceeded", max_depth);
+        goto fail;
+    }
+    switch (*p) {
+    case '"':
+        if (!(q = scan_string(&P, p, &esc)))
+            goto fail;
+        if (JF_LIKELY(!esc)) {
+            v = json_stringn_nocheck((const char *)p + 1, (size_t)(q - p - 1));
+        } else {
+            if (reserve(&P.vbuf, &P.vcap, P.vbuf_inline, (size_t)(q - p)))
+                goto nomem;
+            if ((n = decode_string(&P, p + 1, q, P.vbuf)) < 0)
+                goto fail;
+            v = json_stringn_nocheck(P.vbuf, (size_t)n);
+        }
+        if (JF_UNLIKELY(!v))
+            goto nomem;
+        p = q + 1;
+        break;
+    case '{':
+    case '[':
+        v = *p == '{' ? json_object() : json_array();
+        if (JF_UNLIKELY(!v))
+            goto nomem;
+        if (depth == 0)
+            root = v;
+        else if (top->is_object ? json_object_setn_new_nocheck(top->node, key, klen, v)
+                                : json_array_append_new(top->node, v))
+            goto nomem;
+        if (JF_UNLIKELY(depth == P.cap) && grow_stack(&P, max_depth))
+            goto nomem;
+        top = &P.stack[depth++];
+        if (depth > most)
+            most = depth;
+        top->node = v;
+        top->is_object = *p++ == '{';
+        SKIP_WS(p, end);
+        if (p < end && *p == (top->is_object ? '}' : ']')) {
+            p++;
+            goto close;
+        }
+        if (!top->is_object)
+            goto value;
+        if (JF_LIKELY(p < end && *p == '"'))
+            goto key;
+        set_error_near(&P, p, "string or '}' expected", NEAR_CHAR);
+        goto fail;
+    case 't':
+        if (JF_UNLIKELY(end - p < 4 || memcmp(p, "true", 4) != 0))
+            goto bad_literal;
+        v = json_true();
+        p += 4;
+        break;
+    case 'f':
+        if (JF_UNLIKELY(end - p < 5 || memcmp(p, "false", 5) != 0))
+            goto bad_literal;
+        v = json_false();
+        p += 5;
+        break;
+    case 'n':
+        if (JF_UNLIKELY(end - p < 4 || memcmp(p, "null", 4) != 0))
+            goto bad_literal;
+        v = json_null();
+        p += 4;
+        break;
+    case '-':
+    case '0':
+    case '1':
+    case '2':
+    case '3':
+    case '4':
+    case '5':
+    case '6':
+    case '7':
+    case '8':
+    case '9':
+        if (!(v = parse_number(&P, &p)))
+            goto fail;
+        break;
+    default:
+        if ((*p | 0x20) >= 'a' && (*p | 0x20) <= 'z')
+            goto bad_literal;
+        set_error_near(&P, p, "unexpected character", NEAR_CHAR);
+        goto fail;
+    }
+    /* a scalar: hand it to its container */
+    if (depth == 0) {
+        root = v;
+        goto done;
+    }
+    if (JF_UNLIKELY(top->is_object ? json_object_setn_new_nocheck(top->node, key, klen, v)
+                                   : json_array_append_new(top->node, v)))
+        goto nomem;
+
+next: /* after a value inside top */
+    SKIP_WS(p, end);
+    if (JF_LIKELY(p < end && *p == ',')) {
+        p++;
+        if (!top->is_object)
+            goto value;
+        SKIP_WS(p, end);
+        if (JF_LIKELY(p < end && *p == '"'))
+            goto key;
+        set_error_near(&P, p, "string expected", NEAR_CHAR);
+        goto fail;
+    }
+    if (JF_LIKELY(p < end && *p == (top->is_object ? '}' : ']'))) {
+        p++;
+        goto close;
+    }
+    set_error_near(&P, p, top->is_object ? "',' or '}' expected" : "',' or ']' expected",
+                   NEAR_CHAR);
+    goto fail;
+
+close: /* top has just been closed */
+    if (--depth == 0)
+        goto done;
+    top = &P.stack[depth - 1];
+    goto next;
+
+key: /* p is at the opening quote of a key */
+    if (!(q = scan_string(&P, p, &esc)))
+        goto fail;
+    if (JF_LIKELY(!esc)) {
+        key = (const char *)p + 1;
+        klen = (size_t)(q - p - 1);
+    } else {
+        if (reserve(&P.kbuf, &P.kcap, P.kbuf_inline, (size_t)(q - p)))
+            goto nomem;
+        if ((n = decode_string(&P, p + 1, q, P.kbuf)) < 0)
+            goto fail;
+        key = P.kbuf;
+        klen = (size_t)n;
+    }
+    p = q + 1;
+    SKIP_WS(p, end);
+    if (JF_LIKELY(p < end && *p == ':')) {
+        p++;
+        goto value;
+    }
+    set_error_near(&P, p, "':' expected", NEAR_CHAR);
+    goto fail;
+
+bad_literal:
+    set_error_near(&P, p, "invalid literal", NEAR_WORD);
+    goto fail;
+
+nomem:
+    set_error(&P, p, "out of memory");
+fail:
+    json_decref(root);
+    root = NULL;
+    goto out;
+
+done:
+    SKIP_WS(p, end);
+    if (JF_UNLIKELY(p != end)) {
+        set_error(&P, p, "end of file expected after the value");
+        goto fail;
+    }
+    *deepest = most + 1;
+out:
+    if (P.stack != P.stack_inline)
+        free(P.stack);
+    if (P.kbuf != P.kbuf_inline)
+        free(P.kbuf);
+    if (P.vbuf != P.vbuf_inline)
+        free(P.vbuf);
+    return root;
+}

@@ -1,0 +1,115 @@
+/*
+ * jsonpatch.h - RFC 6901 JSON Pointers and RFC 6902 JSON Patch over jansson:
+ * the patch that turns an original document into an edited one (jp_diff) and
+ * the application of a patch (jp_apply).
+ *
+ * Pure: libc and jansson only, no I/O, no globals.  Allocations go through
+ * jansson's allocator (json_set_alloc_funcs), so a memory cap or a failing
+ * test allocator set there covers this module too.
+ *
+ * jp_diff writes patches for the API server's applier (evanphx/json-patch v4,
+ * no options; see docs on divergences below): no root path, keys escaped, a
+ * missing parent added whole, `-` to append, `replace` only on members that
+ * exist, removals of array elements from the highest index down.
+ *
+ * jp_apply follows RFC 6902 strictly (it is our own checker, not a model of v4):
+ * leading zeros and `-1` are not indices, `replace`/`remove`/`test` need an
+ * existing target, add/replace/test need `value`, move/copy need `from`,
+ * `test` compares numbers by value (1 == 1.0) and everything else
+ * structurally.  Root paths ("") work in jp_apply_copy; `remove ""` leaves
+ * null (RFC 6902 does not define it; the conformance suite expects null).
+ *
+ * Limits (each fails with GG_ERR_TOOBIG and a message, never aborts):
+ *   JP_MAX_OPS         operations in a patch given to jp_apply, or produced
+ *                      by jp_diff;
+ *   JP_MAX_DEPTH       reference tokens in a pointer given to jp_apply; jp_diff
+ *                      never emits deeper paths: below that depth it replaces
+ *                      the whole differing subtree instead of recursing;
+ *   JP_MAX_COPY_BYTES  total approximate compact-JSON size of the values that
+ *                      the `copy` ops of one patch duplicate (the API server
+ *                      caps the same thing at 3 MiB), so a short patch cannot
+ *                      double the document again and again.
+ */
+#ifndef GG_JSONPATCH_H
+#define GG_JSONPATCH_H
+
+#include <jansson.h>
+#include <stddef.h>
+
+#include "util/gpuguard.h"
+
+#define JP_MAX_OPS 10000
+#define JP_MAX_DEPTH 128
+#define JP_MAX_COPY_BYTES (3u * 1024u * 1024u)
+
+/*
+ * Escape the key_len bytes at key as one RFC 6901 reference token
+ * (`~` -> `~0`, `/` -> `~1`) into out, NUL-terminated and truncated to size
+ * bytes (out may be NULL when size is 0).  Returns the length of the full
+ * escaped token, as snprintf does.
+ */
+size_t jp_escape(const char *key, size_t key_len, char *out, size_t size);
+
+/*
+ * Parse a pointer into a new array of its unescaped reference tokens (strings):
+ * "" gives [], "/" gives [""], "/a~1b/~01" gives ["a/b", "~1"].  Fails with
+ * GG_ERR_PARSE (no leading '/', `~` not followed by 0 or 1) or GG_ERR_TOOBIG
+ * (more than JP_MAX_DEPTH tokens).
+ */
+enum gg_status jp_pointer_parse(const char *pointer, json_t **tokens, struct gg_err *err);
+
+/*
+ * Resolve pointer in doc; *value is a borrowed reference into doc.  Array
+ * indices follow RFC 6901 (no leading zeros, `-` names nothing).
+ */
+enum gg_status jp_pointer_get(const json_t *doc, const char *pointer, json_t **value,
+                              struct gg_err *err);
+
+/*
+ * The patch (a new array of op objects) that turns original into edited.
+ * Equal documents give [].  Both roots must be objects, unless they are
+ * equal; anything else is GG_ERR_INVALID because it would need a root path.
+ *
+ * Equality here is strict, for round-tripping: an integer and a real are
+ * different values (1 vs 1.0, also 0.0 vs -0.0), strings compare by bytes,
+ * object key order is irrelevant.  Output is deterministic: object members
+ * are visited in byte order of their keys.  Arrays are diffed element-wise
+ * when lengths match, extended with `/-` adds when the edited array extends an
+ * equal prefix, truncated with removes from the highest index down when it
+ * is an equal prefix, and otherwise replaced whole.  Keys containing a NUL
+ * byte are GG_ERR_INVALID.
+ *
+ * The ops' values are edited's own (new references, not copies): change
+ * neither while the other is in use.  (jp_apply copies what it inserts.)
+ */
+enum gg_status jp_diff(const json_t *original, const json_t *edited, json_t **patch,
+                       struct gg_err *err);
+
+/*
+ * Apply patch to doc in place, all or nothing: the ops run on a deep copy
+ * whose contents then replace doc's.  On error doc is unchanged and err says
+ * which op failed, as "patch op <index> (<op> <path>): <reason>".
+ *
+ * In place, the root keeps its identity, so a patch that changes the root's
+ * type (say `add ""` of an array to an object) is GG_ERR_INVALID here; use
+ * jp_apply_copy.  The one exception to all-or-nothing is running out of
+ * memory while moving the result into doc (GG_ERR_NOMEM): doc may then be
+ * partly updated; callers that cannot accept that use jp_apply_copy.
+ */
+enum gg_status jp_apply(json_t *doc, const json_t *patch, struct gg_err *err);
+
+/*
+ * Apply patch to a deep copy of doc and return it in *out (a new reference);
+ * doc is never modified and *out is written only on success.
+ */
+enum gg_status jp_apply_copy(const json_t *doc, const json_t *patch, json_t **out,
+                             struct gg_err *err);
+
+/*
+ * RFC 6902 `test` equality: numbers by value (an integer equals a real with
+ * the same value), strings by code points, arrays element-wise, objects by
+ * the same set of members with equal values.  Returns 1 when equal.
+ */
+int jp_equal(const json_t *a, const json_t *b);
+
+#endif

@@ -1,0 +1,146 @@
+/*
+ * luabridge.h - the Lua side of the engine: sandboxed VMs, JSON <-> Lua,
+ * budgets, and the `gpuguard` C module policies require.
+ *
+ * luabridge.c is the only file that includes lua.h.  One VM belongs to one
+ * thread at a time and is never shared.  A VM whose policy broke a budget
+ * (instructions, memory, wall clock) is marked broken: throw it away.
+ *
+ * Lua view of JSON: objects and arrays are tables marked with an object or
+ * array metatable (arrays 1-based), null is the light userdata gpuguard.null,
+ * integers are Lua integers and other numbers Lua floats, so an untouched
+ * value converts back to exactly the JSON it came from.  Tables a policy
+ * creates are arrays when their keys are 1..n and objects when their keys are
+ * strings; an empty unmarked table is ambiguous and is an error that names
+ * its path (use gpuguard.array() or gpuguard.object()).
+ */
+#ifndef GG_LUABRIDGE_H
+#define GG_LUABRIDGE_H
+
+#include "codec/admission.h"
+#include "util/gpuguard.h"
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+/* Nesting deeper than this is refused when converting JSON <-> Lua. */
+#define LB_MAX_DEPTH 100
+/* Lua pattern functions refuse longer subjects (their steps are budgeted,
+ * but a subject this long is a mistake). */
+#define LB_MAX_PATTERN_SUBJECT (64 * 1024)
+
+struct lb_limits {
+    size_t memory;        /* bytes per VM */
+    int64_t instructions; /* per request (and per policy load) */
+    int64_t load_time_us; /* wall clock for loading one policy */
+};
+
+/* A Lua source text: a library module (name "k8s") or a policy file. */
+struct lb_source {
+    char *name; /* module name, or the policy file name */
+    char *text;
+    size_t len;
+};
+
+enum lb_phase { LB_MUTATE, LB_VALIDATE };
+
+/* How a policy call ended. */
+enum lb_outcome {
+    LB_DONE,          /* returned normally */
+    LB_RAISED,        /* raised an error */
+    LB_OUT_OF_BUDGET, /* ran past the instruction budget */
+    LB_OUT_OF_MEMORY, /* ran past the memory cap */
+    LB_OUT_OF_TIME,   /* ran past the request's deadline */
+};
+
+/* What a policy reported through req:deny / req:warn / req:audit. */
+struct lb_report {
+    json_t *denials;  /* array of strings */
+    json_t *warnings; /* array of strings */
+    json_t *audit;    /* object: key -> string */
+};
+
+/* The declarative part of a loaded policy. */
+struct lb_policy_info {
+    json_t *decl; /* name, description, mode, failure, match ... as JSON (owned) */
+    bool has_mutate;
+    bool has_validate;
+};
+
+struct lb_vm;
+
+struct inventory;
+
+/*
+ * Run time before a request's instructions are counted, for every VM of
+ * the process (LB_GRACE_US unless set); benchmarks under an instruction
+ * counter raise it so that the count reflects a native run.
+ */
+void lb_set_grace_us(int64_t us);
+
+/*
+ * A fresh sandboxed VM with the library modules, the configuration
+ * (read-only in Lua; NULL for an empty table) and the inventory that
+ * gpuguard.usage() reads (NULL: usage 0, not ready).
+ */
+enum gg_status lb_vm_new(const struct lb_limits *limits, const struct lb_source *modules,
+                         size_t n_modules, const json_t *config, struct inventory *inventory,
+                         struct lb_vm **out, struct gg_err *err);
+void lb_vm_free(struct lb_vm *vm);
+bool lb_vm_broken(const struct lb_vm *vm);
+size_t lb_vm_memory(const struct lb_vm *vm);
+size_t lb_vm_memory_peak(const struct lb_vm *vm);
+
+/*
+ * Run a policy file and keep the table it returns as policy number
+ * lb_policy_count() - 1.  Runs its check(cfg) function when it has one.
+ */
+enum gg_status lb_policy_load(struct lb_vm *vm, const struct lb_source *src,
+                              struct lb_policy_info *info, struct gg_err *err);
+void lb_policy_info_clear(struct lb_policy_info *info);
+int lb_policy_count(const struct lb_vm *vm);
+
+/*
+ * Start a request: convert the object (NULL for none) and build the req
+ * table.  deadline_us (CLOCK_MONOTONIC) bounds every call until
+ * lb_request_end.
+ */
+enum gg_status lb_request_begin(struct lb_vm *vm, const struct adm_request *req, json_t *object,
+                                int64_t deadline_us, struct gg_err *err);
+
+/*
+ * Call policy `index`'s mutate or validate (which gets the object read-only,
+ * as mutate left it).  report gets what it reported
+ * (fresh JSON owned by the caller, also on failure); on a failure err holds
+ * the message and *traceback (malloc'ed, may be NULL) the Lua traceback.
+ */
+enum lb_outcome lb_policy_call(struct lb_vm *vm, int index, enum lb_phase phase,
+                               struct lb_report *report, struct gg_err *err, char **traceback);
+
+/*
+ * The JSON patch from original to the object as the policies left it.
+ * Only the parts that differ are converted back to JSON.
+ */
+enum gg_status lb_request_patch(struct lb_vm *vm, const json_t *original, json_t **patch,
+                                struct gg_err *err);
+void lb_request_end(struct lb_vm *vm);
+
+void lb_report_clear(struct lb_report *report);
+
+/*
+ * Run a Lua test file in the sandbox: a chunk returning a table of
+ * name -> function.  Each function runs under the request budgets; a raised
+ * error fails it.  *results is a JSON array of {name, ok, error} in name
+ * order.  GG_ERR_POLICY when the file itself does not load.
+ */
+enum gg_status lb_run_tests(struct lb_vm *vm, const struct lb_source *src, json_t **results,
+                            struct gg_err *err);
+
+/*
+ * Tests only: fail a Lua allocation of size bytes when fail() says so, as
+ * if the allocator had run out (NULL: never).  Process-wide.
+ */
+void lb_set_alloc_hook(bool (*fail)(size_t size));
+
+#endif

@@ -1,0 +1,1106 @@
+/*
+ * policy.c - policy sets, per-thread VMs, matching and verdicts.
+ *
+ * A set holds everything a VM is built from, read into memory once, so a
+ * worker that rebuilds its VM later sees exactly the files that were
+ * checked, whatever has happened on disk since.
+ */
+#include "engine/policy.h"
+#include "util/clock.h"
+
+#include "util/buf.h"
+#include "engine/config.h"
+#include "kube/inventory.h"
+#include "codec/jsonpatch.h"
+#include "util/log.h"
+#include "engine/luabridge.h"
+#include "util/metrics.h"
+
+#include <dirent.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define MAX_SOURCE_FILE (1024 * 1024)
+#define MAX_SOURCES 256
+/* Time kept back from the API server's deadline for encoding and sending. */
+#define DEADLINE_MARGIN_US 100000
+
+struct policy {
+    const char *name; /* borrowed from decl */
+    int mode;         /* the file's own; config overrides at request time */
+    int failure;
+    json_t *decl;
+    json_t *match; /* borrowed from decl; NULL matches everything */
+    bool has_mutate;
+    bool has_validate;
+    int metric_slot;
+};
+
+struct policy_set {
+    atomic_int refs;
+    uint64_t generation;
+    json_t *config;
+    struct cfg_limits limits;
+    struct lb_source *modules;
+    size_t n_modules;
+    struct lb_source *files;
+    struct policy *policies; /* one per file */
+    size_t n;
+};
+
+struct engine {
+    struct policy_paths paths;
+    pthread_mutex_t lock;
+    struct policy_set *live;
+    char last_reload[256];
+    pthread_key_t vm_key;
+    struct inventory *inventory; /* borrowed; NULL without one */
+};
+
+/* A worker thread's VM and the set it was built from. */
+struct thread_vm {
+    struct lb_vm *vm;
+    struct policy_set *set;
+};
+
+/* ---- sets ------------------------------------------------------------- */
+
+void policy_free_sources(struct lb_source *src, size_t n)
+{
+    for (size_t i = 0; src && i < n; i++) {
+        free(src[i].name);
+        free(src[i].text);
+    }
+    free(src);
+}
+
+void policy_set_release(struct policy_set *set)
+{
+    if (!set || atomic_fetch_sub(&set->refs, 1) != 1)
+        return;
+    for (size_t i = 0; set->policies && i < set->n; i++)
+        json_decref(set->policies[i].decl);
+    free(set->policies);
+    policy_free_sources(set->modules, set->n_modules);
+    policy_free_sources(set->files, set->n);
+    json_decref(set->config);
+    free(set);
+}
+
+size_t policy_set_count(const struct policy_set *set)
+{
+    return set->n;
+}
+
+const json_t *policy_set_config(const struct policy_set *set)
+{
+    return set->config;
+}
+
+const char *policy_set_name(const struct policy_set *set, size_t i)
+{
+    return set->policies[i].name;
+}
+
+static int lua_file(const struct dirent *d)
+{
+    size_t n = strlen(d->d_name);
+    return d->d_name[0] != '.' && n > 4 && strcmp(d->d_name + n - 4, ".lua") == 0;
+}
+
+enum gg_status policy_read_sources(const char *dir, bool strip_ext, struct lb_source **out,
+                                   size_t *n_out, struct gg_err *err)
+{
+    struct dirent **names = NULL;
+    int n = scandir(dir, &names, lua_file, alphasort);
+    if (n < 0)
+        return gg_fail(err, GG_ERR_IO, "%s: cannot read the directory", dir);
+    enum gg_status st = GG_OK;
+    struct lb_source *src = calloc((size_t)n + 1, sizeof(*src));
+    if (!src)
+        st = gg_fail(err, GG_ERR_NOMEM, "%s: out of memory", dir);
+    else if (n > MAX_SOURCES)
+        st = gg_fail(err, GG_ERR_TOOBIG, "%s: more than %d Lua files", dir, MAX_SOURCES);
+    for (int i = 0; i < n; i++) {
+        if (st == GG_OK) {
+            char path[4096];
+            snprintf(path, sizeof(path), "%s/%s", dir, names[i]->d_name);
+            st = gg_read_file(path, MAX_SOURCE_FILE, &src[i].text, &src[i].len, err);
+            src[i].name = strdup(names[i]->d_name);
+            if (st == GG_OK && !src[i].name)
+                st = gg_fail(err, GG_ERR_NOMEM, "%s: out of memory", path);
+            if (st == GG_OK && strip_ext)
+                src[i].name[strlen(src[i].name) - 4] = '\0';
+        }
+        free(names[i]);
+    }
+    free(names);
+    if (st != GG_OK) {
+        policy_free_sources(src, (size_t)n);
+        return st;
+    }
+    *out = src;
+    *n_out = (size_t)n;
+    return GG_OK;
+}
+
+static bool is_string_array(const json_t *v)
+{
+    size_t i;
+    json_t *item;
+    if (!json_is_array(v))
+        return false;
+    json_array_foreach(v, i, item) if (!json_is_string(item)) return false;
+    return true;
+}
+
+static enum gg_status check_match(const json_t *match, const char *name, struct gg_err *err)
+{
+    if (!match)
+        return GG_OK;
+    if (!json_is_object(match))
+        return gg_fail(err, GG_ERR_INVALID, "policy %s: match must be a table", name);
+    const char *key;
+    json_t *v;
+    json_object_foreach((json_t *)match, key, v)
+    {
+        bool ok;
+        if (strcmp(key, "kinds") == 0 || strcmp(key, "operations") == 0)
+            ok = is_string_array(v);
+        else if (strcmp(key, "namespaces") == 0)
+            ok = json_is_object(v) &&
+                 (!json_object_get(v, "include") ||
+                  is_string_array(json_object_get(v, "include"))) &&
+                 (!json_object_get(v, "exclude") || is_string_array(json_object_get(v, "exclude")));
+        else if (strcmp(key, "labels") == 0)
+            ok = json_is_object(v);
+        else
+            return gg_fail(err, GG_ERR_INVALID,
+                           "policy %s: match.%s: unknown key (kinds, operations, namespaces, "
+                           "labels)",
+                           name, key);
+        if (!ok)
+            return gg_fail(err, GG_ERR_INVALID, "policy %s: match.%s: wrong type", name, key);
+    }
+    return GG_OK;
+}
+
+/* Valid name: a DNS-1123 label, so it can prefix messages and audit keys. */
+static bool valid_policy_name(const char *s)
+{
+    size_t n = s ? strlen(s) : 0;
+    if (n == 0 || n > 63 || s[0] == '-' || s[n - 1] == '-')
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '-'))
+            return false;
+    return true;
+}
+
+static enum gg_status policy_from_info(struct policy *p, struct lb_policy_info *info,
+                                       const char *file, struct gg_err *err)
+{
+    json_t *decl = info->decl;
+    const char *name = json_string_value(json_object_get(decl, "name"));
+    if (!valid_policy_name(name))
+        return gg_fail(err, GG_ERR_INVALID,
+                       "%s: name must be lowercase letters, digits and '-' (at most 63), got "
+                       "\"%.64s\"",
+                       file, name ? name : "");
+    json_t *mode = json_object_get(decl, "mode"), *failure = json_object_get(decl, "failure");
+    p->mode = mode ? cfg_mode_parse(json_string_value(mode)) : 0;
+    p->failure = failure ? cfg_failure_parse(json_string_value(failure)) : 0;
+    if (p->mode < 0)
+        return gg_fail(err, GG_ERR_INVALID, "policy %s: mode must be enforce, warn or audit", name);
+    if (p->failure < 0)
+        return gg_fail(err, GG_ERR_INVALID, "policy %s: failure must be deny or allow", name);
+    if (!info->has_mutate && !info->has_validate)
+        return gg_fail(err, GG_ERR_INVALID, "policy %s: has neither mutate nor validate", name);
+    enum gg_status st = check_match(json_object_get(decl, "match"), name, err);
+    if (st != GG_OK)
+        return st;
+    p->name = name;
+    p->match = json_object_get(decl, "match");
+    p->has_mutate = info->has_mutate;
+    p->has_validate = info->has_validate;
+    p->metric_slot = metrics_policy_slot(name);
+    p->decl = json_incref(decl);
+    return GG_OK;
+}
+
+/* A VM with every policy of the set loaded; infos are filled when non-NULL. */
+static enum gg_status build_vm(const struct policy_set *set, struct inventory *inventory,
+                               struct lb_policy_info *infos, struct lb_vm **out, struct gg_err *err)
+{
+    struct lb_limits limits = {.memory = set->limits.memory,
+                               .instructions = set->limits.instructions,
+                               .load_time_us = set->limits.timeout_us};
+    struct lb_vm *vm = NULL;
+    enum gg_status st =
+        lb_vm_new(&limits, set->modules, set->n_modules, set->config, inventory, &vm, err);
+    for (size_t i = 0; st == GG_OK && i < set->n; i++) {
+        struct lb_policy_info info;
+        st = lb_policy_load(vm, &set->files[i], &info, err);
+        if (st == GG_OK && infos)
+            infos[i] = info;
+        else
+            lb_policy_info_clear(&info);
+    }
+    if (st != GG_OK) {
+        lb_vm_free(vm);
+        return st;
+    }
+    *out = vm;
+    return GG_OK;
+}
+
+enum gg_status policy_set_library_vm(const struct policy_set *set, struct inventory *inventory,
+                                     struct lb_vm **out, struct gg_err *err)
+{
+    struct lb_limits limits = {.memory = set->limits.memory,
+                               .instructions = set->limits.instructions,
+                               .load_time_us = set->limits.timeout_us};
+    return lb_vm_new(&limits, set->modules, set->n_modules, set->config, inventory, out, err);
+}
+
+static enum gg_status check_policies(struct policy_set *set, struct gg_err *err)
+{
+    struct lb_policy_info *infos = calloc(set->n + 1, sizeof(*infos));
+    struct lb_vm *vm = NULL;
+    set->policies = calloc(set->n + 1, sizeof(*set->policies));
+    enum gg_status st = infos && set->policies ? build_vm(set, NULL, infos, &vm, err)
+                                               : gg_fail(err, GG_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; st == GG_OK && i < set->n; i++) {
+        st = policy_from_info(&set->policies[i], &infos[i], set->files[i].name, err);
+        for (size_t j = 0; st == GG_OK && j < i; j++)
+            if (strcmp(set->policies[j].name, set->policies[i].name) == 0)
+                st = gg_fail(err, GG_ERR_INVALID, "%s and %s both name a policy %s",
+                             set->files[j].name, set->files[i].name, set->policies[i].name);
+    }
+    for (size_t i = 0; infos && i < set->n; i++)
+        lb_policy_info_clear(&infos[i]);
+    free(infos);
+    lb_vm_free(vm);
+    return st;
+}
+
+enum gg_status policy_set_load(const struct policy_paths *paths, uint64_t generation,
+                               struct policy_set **out, struct gg_err *err)
+{
+    struct policy_set *set = calloc(1, sizeof(*set));
+    if (!set)
+        return gg_fail(err, GG_ERR_NOMEM, "out of memory");
+    atomic_init(&set->refs, 1);
+    set->generation = generation;
+    struct gg_err sub = {{0}};
+    enum gg_status st = cfg_load(paths->config, &set->config, err);
+    enum cfg_workloads_mode wmode;
+    if (st == GG_OK && ((st = cfg_limits(set->config, &set->limits, &sub)) != GG_OK ||
+                        (st = cfg_check_enforcement(set->config, &sub)) != GG_OK ||
+                        (st = cfg_workloads_mode(set->config, &wmode, &sub)) != GG_OK))
+        gg_fail(err, st, "%s: %s", paths->config, sub.msg);
+    if (st == GG_OK)
+        st = policy_read_sources(paths->lua, true, &set->modules, &set->n_modules, err);
+    if (st == GG_OK)
+        st = policy_read_sources(paths->policies, false, &set->files, &set->n, err);
+    if (st == GG_OK)
+        st = check_policies(set, err);
+    if (st != GG_OK) {
+        policy_set_release(set);
+        return st;
+    }
+    *out = set;
+    return GG_OK;
+}
+
+/* ---- the engine ------------------------------------------------------- */
+
+static void free_thread_vm(void *p)
+{
+    struct thread_vm *tv = p;
+    if (!tv)
+        return;
+    lb_vm_free(tv->vm);
+    policy_set_release(tv->set);
+    free(tv);
+}
+
+static char *dup_or_null(const char *s)
+{
+    return s ? strdup(s) : NULL;
+}
+
+enum gg_status engine_new(const struct policy_paths *paths, struct engine **out, struct gg_err *err)
+{
+    struct policy_set *set;
+    enum gg_status st = policy_set_load(paths, 1, &set, err);
+    if (st != GG_OK)
+        return st;
+    struct engine *e = calloc(1, sizeof(*e));
+    if (!e) {
+        policy_set_release(set);
+        return gg_fail(err, GG_ERR_NOMEM, "out of memory");
+    }
+    e->paths.policies = dup_or_null(paths->policies);
+    e->paths.lua = dup_or_null(paths->lua);
+    e->paths.config = dup_or_null(paths->config);
+    if (!e->paths.policies || !e->paths.lua || (paths->config && !e->paths.config)) {
+        free((char *)e->paths.policies);
+        free((char *)e->paths.lua);
+        free((char *)e->paths.config);
+        free(e);
+        policy_set_release(set);
+        return gg_fail(err, GG_ERR_NOMEM, "out of memory");
+    }
+    pthread_mutex_init(&e->lock, NULL);
+    pthread_key_create(&e->vm_key, free_thread_vm);
+    e->live = set;
+    snprintf(e->last_reload, sizeof(e->last_reload), "ok");
+    *out = e;
+    return GG_OK;
+}
+
+void engine_free(struct engine *e)
+{
+    if (!e)
+        return;
+    free_thread_vm(pthread_getspecific(e->vm_key));
+    pthread_key_delete(e->vm_key);
+    policy_set_release(e->live);
+    pthread_mutex_destroy(&e->lock);
+    free((char *)e->paths.policies);
+    free((char *)e->paths.lua);
+    free((char *)e->paths.config);
+    free(e);
+}
+
+void engine_set_inventory(struct engine *e, struct inventory *inventory)
+{
+    e->inventory = inventory;
+}
+
+const struct policy_paths *engine_paths(const struct engine *e)
+{
+    return &e->paths;
+}
+
+static struct policy_set *acquire(struct engine *e)
+{
+    pthread_mutex_lock(&e->lock);
+    struct policy_set *set = e->live;
+    atomic_fetch_add(&set->refs, 1);
+    pthread_mutex_unlock(&e->lock);
+    return set;
+}
+
+struct policy_set *engine_live_set(struct engine *e)
+{
+    return acquire(e);
+}
+
+/* A quota value of the configuration (GPUs as a number or a decimal string). */
+static bool quota_gpus(const json_t *v, double *out)
+{
+    if (json_is_number(v)) {
+        *out = json_number_value(v);
+        return true;
+    }
+    char *end;
+    const char *s = json_string_value(v);
+    if (!s)
+        return false;
+    *out = strtod(s, &end);
+    return end != s && !*end;
+}
+
+enum gg_status engine_render_quotas(struct engine *e, struct buf *out)
+{
+    struct policy_set *set = acquire(e);
+    json_t *quotas = json_object_get(set->config, "quotas");
+    double gpus;
+    enum gg_status st = buf_appendf(
+        out, "# HELP gpuguard_quota_gpus GPU quota per namespace from the configuration, in "
+             "GPU-equivalents.\n"
+             "# TYPE gpuguard_quota_gpus gauge\n");
+    const char *ns;
+    json_t *v;
+    json_object_foreach(json_object_get(quotas, "namespaces"), ns, v)
+    {
+        if (st == GG_OK && quota_gpus(v, &gpus))
+            st = buf_appendf(out, "gpuguard_quota_gpus{namespace=\"%s\"} %g\n", ns, gpus);
+    }
+    if (st == GG_OK && quota_gpus(json_object_get(quotas, "default"), &gpus))
+        st = buf_appendf(out,
+                         "# HELP gpuguard_quota_default_gpus GPU quota of namespaces not listed.\n"
+                         "# TYPE gpuguard_quota_default_gpus gauge\n"
+                         "gpuguard_quota_default_gpus %g\n",
+                         gpus);
+    policy_set_release(set);
+    return st;
+}
+
+enum gg_status engine_reload(struct engine *e, struct gg_err *err)
+{
+    struct policy_set *set;
+    uint64_t next = engine_generation(e) + 1;
+    enum gg_status st = policy_set_load(&e->paths, next, &set, err);
+    pthread_mutex_lock(&e->lock);
+    struct policy_set *old = NULL;
+    if (st == GG_OK) {
+        old = e->live;
+        e->live = set;
+        snprintf(e->last_reload, sizeof(e->last_reload), "ok");
+    } else {
+        snprintf(e->last_reload, sizeof(e->last_reload), "%s", err->msg);
+    }
+    pthread_mutex_unlock(&e->lock);
+    policy_set_release(old);
+    return st;
+}
+
+uint64_t engine_generation(struct engine *e)
+{
+    pthread_mutex_lock(&e->lock);
+    uint64_t g = e->live->generation;
+    pthread_mutex_unlock(&e->lock);
+    return g;
+}
+
+void engine_last_reload(struct engine *e, char *out, size_t size)
+{
+    pthread_mutex_lock(&e->lock);
+    snprintf(out, size, "%s", e->last_reload);
+    pthread_mutex_unlock(&e->lock);
+}
+
+/* This thread's VM for set, rebuilt when the set changed or the VM broke. */
+static enum gg_status thread_vm(struct engine *e, struct policy_set *set, struct lb_vm **out,
+                                struct gg_err *err)
+{
+    struct thread_vm *tv = pthread_getspecific(e->vm_key);
+    if (!tv) {
+        tv = calloc(1, sizeof(*tv));
+        if (!tv)
+            return gg_fail(err, GG_ERR_NOMEM, "out of memory");
+        pthread_setspecific(e->vm_key, tv);
+    }
+    if (tv->vm && tv->set == set && !lb_vm_broken(tv->vm)) {
+        *out = tv->vm;
+        return GG_OK;
+    }
+    lb_vm_free(tv->vm);
+    policy_set_release(tv->set);
+    tv->vm = NULL;
+    tv->set = NULL;
+    enum gg_status st = build_vm(set, e->inventory, NULL, &tv->vm, err);
+    if (st != GG_OK)
+        return st;
+    log_msg(LOG_DEBUG, "built a Lua VM for policy generation %llu",
+            (unsigned long long)set->generation);
+    atomic_fetch_add(&set->refs, 1);
+    tv->set = set;
+    *out = tv->vm;
+    return GG_OK;
+}
+
+/* ---- matching --------------------------------------------------------- */
+
+static bool glob_match(const char *pattern, const char *s)
+{
+    size_t n = strlen(pattern);
+    if (n && pattern[n - 1] == '*')
+        return strncmp(pattern, s, n - 1) == 0;
+    return strcmp(pattern, s) == 0;
+}
+
+static bool in_list(const json_t *list, const char *s)
+{
+    size_t i;
+    json_t *item;
+    json_array_foreach(list, i, item) if (glob_match(json_string_value(item), s)) return true;
+    return false;
+}
+
+static bool expression_matches(const json_t *expr, const json_t *labels)
+{
+    const char *key = json_string_value(json_object_get(expr, "key"));
+    const char *op = json_string_value(json_object_get(expr, "operator"));
+    json_t *values = json_object_get(expr, "values");
+    const char *value = json_string_value(json_object_get(labels, key ? key : ""));
+    if (!key || !op)
+        return false;
+    if (strcmp(op, "Exists") == 0)
+        return value != NULL;
+    if (strcmp(op, "DoesNotExist") == 0)
+        return value == NULL;
+    bool listed = value && is_string_array(values) && in_list(values, value);
+    if (strcmp(op, "In") == 0)
+        return listed;
+    if (strcmp(op, "NotIn") == 0)
+        return !listed;
+    return false;
+}
+
+/* A label selector {matchLabels, matchExpressions} against the object's labels. */
+static bool labels_match(const json_t *selector, const json_t *object)
+{
+    json_t *labels = json_object_get(json_object_get(object, "metadata"), "labels");
+    const char *key;
+    json_t *want;
+    json_object_foreach(json_object_get(selector, "matchLabels"), key, want)
+    {
+        const char *have = json_string_value(json_object_get(labels, key));
+        if (!have || !json_is_string(want) || strcmp(have, json_string_value(want)) != 0)
+            return false;
+    }
+    size_t i;
+    json_t *expr;
+    json_array_foreach(json_object_get(selector, "matchExpressions"), i, expr)
+    {
+        if (!expression_matches(expr, labels))
+            return false;
+    }
+    return true;
+}
+
+static bool policy_matches(const struct policy *p, const struct adm_request *req)
+{
+    const json_t *m = p->match;
+    json_t *v = json_object_get(m, "kinds");
+    /* Without kinds, Pods only: workloads come to the webhook too, and a policy written for
+     * pods sees their templates as pods (workloads.h). */
+    if (v ? !in_list(v, req->kind) : strcmp(req->kind, "Pod") != 0)
+        return false;
+    if (!m)
+        return true;
+    if ((v = json_object_get(m, "operations")) && !in_list(v, adm_operation_name(req->operation)))
+        return false;
+    if ((v = json_object_get(m, "namespaces"))) {
+        json_t *inc = json_object_get(v, "include"), *exc = json_object_get(v, "exclude");
+        if ((inc && !in_list(inc, req->namespace)) || (exc && in_list(exc, req->namespace)))
+            return false;
+    }
+    if ((v = json_object_get(m, "labels")))
+        return labels_match(v, req->object ? req->object : req->old_object);
+    return true;
+}
+
+/* ---- evaluations in flight ------------------------------------------- */
+
+/* Each worker thread's evaluation in flight: its deadline, 0 when idle. */
+#define MAX_TRACKED_THREADS 256
+static _Atomic int64_t in_flight[MAX_TRACKED_THREADS];
+static atomic_int n_tracked;
+static _Thread_local int tracked = -1;
+
+/* This thread's slot; NULL past MAX_TRACKED_THREADS threads (never seen stuck). */
+static _Atomic int64_t *flight_slot(void)
+{
+    if (tracked < 0)
+        tracked = atomic_fetch_add(&n_tracked, 1);
+    return tracked < MAX_TRACKED_THREADS ? &in_flight[tracked] : NULL;
+}
+
+int engine_overdue(void)
+{
+    int64_t now = gg_now_ns() / 1000;
+    int n = atomic_load(&n_tracked), stuck = 0;
+    for (int i = 0; i < n && i < MAX_TRACKED_THREADS; i++) {
+        int64_t deadline = atomic_load_explicit(&in_flight[i], memory_order_relaxed);
+        stuck += deadline && now > deadline + ENGINE_STUCK_GRACE_US;
+    }
+    return stuck;
+}
+
+/* ---- verdicts --------------------------------------------------------- */
+
+/* What the evaluation has gathered so far. */
+struct gather {
+    json_t *denials, *warnings, *audit, *fired;
+    json_t *modes;        /* fired policy -> the mode it ran in */
+    bool failed_mutation; /* a mutate call failed: its edits are not trusted */
+    bool lost;            /* a denial could not be recorded: the verdict is a denial */
+};
+
+/* Shown when a denial could not be recorded (no allocation needed). */
+#define LOST_DENIAL "gpuguard: out of memory while recording a denial; denied to be safe"
+
+/* Record an enforced denial; a failure to record it is itself a denial. */
+static void deny(struct gather *g, const char *text)
+{
+    if (json_array_append_new(g->denials, json_string(text)) != 0)
+        g->lost = true;
+}
+
+static const char *const mode_names[] = {"enforce", "warn", "audit"};
+
+static void add_fired(struct gather *g, const char *name, int mode)
+{
+    if (in_list(g->fired, name))
+        return;
+    json_array_append_new(g->fired, json_string(name));
+    json_object_set_new(g->modes, name, json_string(mode_names[mode]));
+}
+
+static void add_audit(struct gather *g, const char *policy, const char *key, json_t *value)
+{
+    char full[160], valid[64];
+    snprintf(full, sizeof(full), "%s.%s", policy, key);
+    policy_audit_key(full, valid, sizeof(valid));
+    json_object_set(g->audit, valid, value);
+}
+
+/* A denial, as the mode says: deny, warn, or only an audit annotation. */
+static void add_denial(struct gather *g, const char *policy, int mode, const char *msg)
+{
+    char *text = NULL;
+    if (asprintf(&text, "%s: %s", policy, msg) < 0) {
+        g->lost = g->lost || mode == POLICY_ENFORCE;
+        return;
+    }
+    if (mode == POLICY_ENFORCE)
+        deny(g, text);
+    else if (mode == POLICY_WARN)
+        json_array_append_new(g->warnings, json_string(text));
+    else {
+        json_t *value = json_string(msg); /* add_audit takes its own reference */
+        add_audit(g, policy, "would-deny", value);
+        json_decref(value);
+    }
+    free(text);
+    add_fired(g, policy, mode);
+}
+
+static void take_report(struct gather *g, const struct policy *p, int mode,
+                        const struct lb_report *r)
+{
+    size_t i;
+    json_t *item;
+    const char *key;
+    json_array_foreach(r->denials, i, item) add_denial(g, p->name, mode, json_string_value(item));
+    json_array_foreach(r->warnings, i, item)
+    {
+        char *text = NULL;
+        if (asprintf(&text, "%s: %s", p->name, json_string_value(item)) >= 0)
+            json_array_append_new(g->warnings, json_string(text));
+        free(text);
+        add_fired(g, p->name, mode);
+    }
+    json_object_foreach(r->audit, key, item)
+    {
+        add_audit(g, p->name, key, item);
+        add_fired(g, p->name, mode);
+    }
+}
+
+static const char *kill_reason(enum lb_outcome o)
+{
+    switch (o) {
+    case LB_OUT_OF_BUDGET:
+        return "instruction budget exhausted";
+    case LB_OUT_OF_MEMORY:
+        return "memory limit exceeded";
+    default:
+        return "out of time";
+    }
+}
+
+static void take_failure(struct gather *g, const struct policy *p, int mode, int failure,
+                         enum lb_outcome outcome, const char *msg, char *traceback,
+                         const struct adm_request *req)
+{
+    char text[512];
+    if (outcome == LB_RAISED)
+        snprintf(text, sizeof(text), "policy error: %s", msg);
+    else
+        snprintf(text, sizeof(text), "policy stopped: %s", kill_reason(outcome));
+    log_fields(LOG_ERROR, "policy failed",
+               json_pack("{s:s,s:s,s:s,s:s,s:s?}", "policy", p->name, "uid", req->uid, "failure",
+                         failure == POLICY_FAIL_DENY ? "deny" : "allow", "error", msg, "traceback",
+                         traceback));
+    if (failure == POLICY_FAIL_DENY) {
+        add_denial(g, p->name, mode, text);
+    } else {
+        char *warning = NULL;
+        if (asprintf(&warning, "%s: %s (ignored: failure allow)", p->name, text) >= 0)
+            json_array_append_new(g->warnings, json_string(warning));
+        free(warning);
+        add_fired(g, p->name, mode);
+    }
+}
+
+static enum metrics_policy_result policy_result(enum lb_outcome outcome, int mode,
+                                                const struct lb_report *r)
+{
+    switch (outcome) {
+    case LB_DONE:
+        if (json_array_size(r->denials) == 0)
+            return MET_POLICY_OK;
+        return mode == POLICY_ENFORCE ? MET_POLICY_DENIED : MET_POLICY_WARNED;
+    case LB_OUT_OF_BUDGET:
+        return MET_POLICY_BUDGET;
+    case LB_OUT_OF_MEMORY:
+        return MET_POLICY_MEMORY;
+    case LB_OUT_OF_TIME:
+        return MET_POLICY_TIMEOUT;
+    default:
+        return MET_POLICY_ERROR;
+    }
+}
+
+/*
+ * Run one phase over the matching policies; false when the VM broke.  The
+ * policies after a break still get their turn: each fails at once and its
+ * failure verdict counts, so a break never skips a policy that would deny.
+ */
+static bool run_phase(struct lb_vm *vm, const struct policy_set *set, const struct adm_request *req,
+                      enum lb_phase phase, struct gather *g)
+{
+    for (size_t i = 0; i < set->n; i++) {
+        const struct policy *p = &set->policies[i];
+        if (!(phase == LB_MUTATE ? p->has_mutate : p->has_validate) || !policy_matches(p, req))
+            continue;
+        int mode = p->mode, failure = p->failure;
+        cfg_enforcement_for(set->config, p->name, req->namespace, &mode, &failure);
+        struct lb_report report;
+        struct gg_err err = {{0}};
+        char *traceback = NULL;
+        int64_t start = gg_now_ns();
+        enum lb_outcome outcome = lb_policy_call(vm, (int)i, phase, &report, &err, &traceback);
+        metrics_policy_observe(p->metric_slot, policy_result(outcome, mode, &report),
+                               (gg_now_ns() - start) / 1e9);
+        take_report(g, p, mode, &report);
+        lb_report_clear(&report);
+        if (outcome != LB_DONE) {
+            take_failure(g, p, mode, failure, outcome, err.msg, traceback, req);
+            if (phase == LB_MUTATE)
+                g->failed_mutation = true;
+        }
+        free(traceback);
+    }
+    return !lb_vm_broken(vm);
+}
+
+static char *join_lines(const json_t *list)
+{
+    size_t i, len = 1;
+    json_t *item;
+    json_array_foreach(list, i, item) len += json_string_length(item) + 1;
+    char *out = malloc(len), *p = out;
+    if (!out)
+        return NULL;
+    json_array_foreach(list, i, item)
+    {
+        if (i)
+            *p++ = '\n';
+        memcpy(p, json_string_value(item), json_string_length(item));
+        p += json_string_length(item);
+    }
+    *p = '\0';
+    return out;
+}
+
+static enum gg_status finish_mutation(struct lb_vm *vm, const struct adm_request *req,
+                                      unsigned phases, struct gather *g, struct policy_verdict *out,
+                                      struct gg_err *err)
+{
+    if (g->failed_mutation || !req->object) {
+        out->patch = json_array();
+        return GG_OK;
+    }
+    if (lb_request_patch(vm, req->object, &out->patch, err) != GG_OK) {
+        /* A policy built something that is not JSON: its edit is refused. */
+        deny(g, err->msg);
+        g->failed_mutation = true;
+        out->patch = json_array();
+        return GG_OK;
+    }
+    if ((phases & PHASE_KEEP_MUTATED) &&
+        jp_apply_copy(req->object, out->patch, &out->mutated, err) != GG_OK)
+        return GG_ERR_INVALID; /* a patch that does not apply to its own source: a bug */
+    return GG_OK;
+}
+
+/*
+ * Audit annotations for a decision that changed or denied something: the
+ * verdict and which policies acted, in which mode.  (The API server prefixes
+ * each key with the webhook's name.)
+ */
+static void audit_summary(struct gather *g, const struct policy_verdict *out)
+{
+    bool patched = json_array_size(out->patch) > 0;
+    if (out->allowed && !patched && json_array_size(g->fired) == 0)
+        return;
+    json_object_set_new(g->audit, "verdict",
+                        json_string(!out->allowed ? "denied"
+                                    : patched     ? "patched"
+                                                  : "allowed"));
+    char list[512] = "";
+    size_t used = 0, i;
+    json_t *name;
+    json_array_foreach(g->fired, i, name)
+    {
+        int n = snprintf(list + used, sizeof(list) - used, "%s%s (%s)", i ? ", " : "",
+                         json_string_value(name),
+                         json_string_value(json_object_get(g->modes, json_string_value(name))));
+        if (n < 0 || (size_t)n >= sizeof(list) - used)
+            break;
+        used += (size_t)n;
+    }
+    if (used)
+        json_object_set_new(g->audit, "policies", json_string(list));
+}
+
+/*
+ * Validate sees the object as mutate left it, read-only.  When the mutate
+ * edits were dropped (a mutate call failed, or its edit is not JSON), it
+ * starts again from the object as it came, as the API server would send it.
+ * An object the policies may not see is a denial, as at the start, and
+ * *validate is cleared.
+ */
+static void begin_validate(struct lb_vm *vm, const struct adm_request *req, int64_t deadline_us,
+                           struct gather *g, bool *validate, struct gg_err *err)
+{
+    if (lb_request_begin(vm, req, req->object, deadline_us, err) != GG_OK) {
+        char text[300];
+        snprintf(text, sizeof(text), "gpuguard: %s", err->msg);
+        deny(g, text);
+        *validate = false;
+    }
+}
+
+/* An admitted GPU pod or DRA claim counts against its namespace at once (see inventory.h). */
+static void reserve(struct engine *e, const struct adm_request *req, unsigned phases,
+                    const struct policy_verdict *v)
+{
+    const json_t *pod = v->mutated ? v->mutated : req->object;
+    if (!e->inventory || !v->allowed || !(phases & PHASE_VALIDATE) || !pod ||
+        req->operation != ADM_CREATE || req->dry_run ||
+        (strcmp(req->kind, "Pod") != 0 && strcmp(req->kind, "ResourceClaim") != 0))
+        return;
+    int64_t charge = inv_charge(e->inventory, pod);
+    json_t *meta = json_object_get(pod, "metadata");
+    const char *name =
+        *req->name ? req->name : json_string_value(json_object_get(meta, "generateName"));
+    const char *cls =
+        json_string_value(json_object_get(json_object_get(meta, "labels"), INV_CLASS_LABEL));
+    if (charge > 0 && name)
+        inv_reserve(e->inventory, req->namespace, name, cls, charge, INV_RESERVATION_TTL_MS);
+}
+
+static enum gg_status evaluate(struct engine *e, const struct adm_request *req, unsigned phases,
+                               int64_t deadline_us, struct policy_verdict *out, struct gg_err *err);
+
+enum gg_status engine_evaluate(struct engine *e, const struct adm_request *req, unsigned phases,
+                               int64_t deadline_us, struct policy_verdict *out, struct gg_err *err)
+{
+    memset(out, 0, sizeof(*out));
+    _Atomic int64_t *flight = flight_slot();
+    if (flight)
+        atomic_store_explicit(flight, deadline_us, memory_order_relaxed);
+    enum gg_status st = evaluate(e, req, phases, deadline_us, out, err);
+    if (flight)
+        atomic_store_explicit(flight, 0, memory_order_relaxed);
+    if (gg_now_ns() / 1000 > deadline_us)
+        metrics_deadline_overrun();
+    return st;
+}
+
+static enum gg_status evaluate(struct engine *e, const struct adm_request *req, unsigned phases,
+                               int64_t deadline_us, struct policy_verdict *out, struct gg_err *err)
+{
+    struct policy_set *set = acquire(e);
+    struct lb_vm *vm = NULL;
+    enum gg_status st = thread_vm(e, set, &vm, err);
+    if (st != GG_OK) {
+        policy_set_release(set);
+        return st;
+    }
+    int64_t t0 = gg_now_ns(), t1;
+    int64_t lua_deadline = t0 / 1000 + set->limits.timeout_us;
+    if (lua_deadline > deadline_us - DEADLINE_MARGIN_US)
+        lua_deadline = deadline_us - DEADLINE_MARGIN_US;
+    struct gather g = {json_array(),  json_array(), json_object(), json_array(),
+                       json_object(), false,        false};
+    g.lost = !g.denials || !g.warnings || !g.audit || !g.fired || !g.modes;
+    if (lb_request_begin(vm, req, req->object, lua_deadline, err) != GG_OK) {
+        /* The object itself is beyond what policies may see (too deep, too big). */
+        char text[300];
+        snprintf(text, sizeof(text), "gpuguard: %s", err->msg);
+        deny(&g, text);
+        out->patch = json_array();
+    } else {
+        bool alive = true;
+        t1 = gg_now_ns();
+        out->timing.to_lua = t1 - t0;
+        if (phases & PHASE_MUTATE) {
+            alive = run_phase(vm, set, req, LB_MUTATE, &g);
+            t0 = gg_now_ns();
+            out->timing.mutate = t0 - t1;
+            if (alive)
+                st = finish_mutation(vm, req, phases, &g, out, err);
+            else
+                out->patch = json_array();
+            t1 = gg_now_ns();
+            out->timing.diff = t1 - t0;
+        }
+        bool validate = (phases & PHASE_VALIDATE) != 0;
+        if (st == GG_OK && alive && validate && g.failed_mutation)
+            begin_validate(vm, req, lua_deadline, &g, &validate, err);
+        if (st == GG_OK && validate) {
+            run_phase(vm, set, req, LB_VALIDATE, &g);
+            out->timing.validate = gg_now_ns() - t1;
+        }
+        lb_request_end(vm);
+        metrics_lua_memory(lb_vm_memory_peak(vm));
+    }
+    if (st == GG_OK && (phases & PHASE_MUTATE) && !out->patch)
+        g.lost = true; /* the mutations are lost: never admit without them */
+    if (st == GG_OK && g.lost)
+        deny(&g, LOST_DENIAL);
+    if (st == GG_OK) {
+        out->allowed = !g.lost && json_array_size(g.denials) == 0;
+        if (!out->allowed) {
+            out->message = json_array_size(g.denials) ? join_lines(g.denials) : strdup(LOST_DENIAL);
+            if (!out->message)
+                st = gg_fail(err, GG_ERR_NOMEM, "out of memory writing a denial");
+        }
+    }
+    if (st == GG_OK) {
+        if (!out->allowed || g.failed_mutation) {
+            json_decref(out->patch);
+            out->patch = json_array();
+        }
+        audit_summary(&g, out);
+        out->warnings = policy_sanitize_warnings(g.warnings);
+        out->audit = json_incref(g.audit);
+        out->fired = json_incref(g.fired);
+        reserve(e, req, phases, out);
+    }
+    json_decref(g.denials);
+    json_decref(g.warnings);
+    json_decref(g.audit);
+    json_decref(g.fired);
+    json_decref(g.modes);
+    policy_set_release(set);
+    if (st != GG_OK)
+        policy_verdict_clear(out);
+    return st;
+}
+
+void policy_verdict_clear(struct policy_verdict *v)
+{
+    if (!v)
+        return;
+    free(v->message);
+    json_decref(v->patch);
+    json_decref(v->mutated);
+    json_decref(v->warnings);
+    json_decref(v->audit);
+    json_decref(v->fired);
+    memset(v, 0, sizeof(*v));
+}
+
+/* ---- sanitizing for the API server ---------------------------------- */
+
+/* Length of the UTF-8 sequence starting with byte c (1 for stray bytes). */
+static size_t utf8_len(unsigned char c)
+{
+    return c < 0xC0 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+}
+
+/* One warning: control characters become spaces, at most max characters. */
+static char *clean_warning(const char *in, size_t max)
+{
+    size_t n = strlen(in), chars = 0, used = 0;
+    char *out = malloc(n + 4);
+    if (!out)
+        return NULL;
+    for (size_t i = 0; i < n;) {
+        unsigned char c = (unsigned char)in[i];
+        size_t len = utf8_len(c);
+        if (chars == max - 1 && i + len < n) {
+            memcpy(out + used, "\xe2\x80\xa6", 3); /* an ellipsis */
+            used += 3;
+            break;
+        }
+        if (c < 0x20 || c == 0x7f) {
+            out[used++] = ' ';
+            i++;
+        } else {
+            memcpy(out + used, in + i, len);
+            used += len;
+            i += len;
+        }
+        chars++;
+    }
+    out[used] = '\0';
+    return out;
+}
+
+json_t *policy_sanitize_warnings(const json_t *warnings)
+{
+    json_t *out = json_array();
+    size_t total = 0, i, dropped = 0;
+    json_t *item;
+    json_array_foreach(warnings, i, item)
+    {
+        char *w = clean_warning(json_string_value(item), POLICY_WARNING_MAX);
+        json_t *s = w && *w ? json_string(w) : NULL;
+        free(w);
+        if (!s)
+            continue;
+        bool dup = false;
+        size_t j;
+        json_t *seen;
+        json_array_foreach(out, j, seen) dup = dup || json_equal(seen, s);
+        if (dup) {
+            json_decref(s);
+        } else if (total + json_string_length(s) > POLICY_WARNINGS_TOTAL - 64) {
+            json_decref(s);
+            dropped++;
+        } else {
+            total += json_string_length(s);
+            json_array_append_new(out, s);
+        }
+    }
+    if (dropped) {
+        char note[96];
+        snprintf(note, sizeof(note), "gpuguard: %zu more warnings left out (see the logs)",
+                 dropped);
+        json_array_append_new(out, json_string(note));
+    }
+    return out;
+}
+
+static bool key_char(char c)
+{
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
+           c == '_' || c == '.';
+}
+
+static bool key_edge(char c)
+{
+    return key_char(c) && c != '-' && c != '_' && c != '.';
+}
+
+void policy_audit_key(const char *in, char *out, size_t size)
+{
+    size_t n = 0, max = size - 1 < 63 ? size - 1 : 63;
+    for (const char *c = in; *c && n < max; c++)
+        out[n++] = key_char(*c) ? *c : '-';
+    out[n] = '\0';
+    size_t start = 0;
+    while (start < n && !key_edge(out[start]))
+        start++;
+    while (n > start && !key_edge(out[n - 1]))
+        n--;
+    memmove(out, out + start, n - start);
+    out[n - start] = '\0';
+    if (!out[0])
+        snprintf(out, size, "annotation");
+}

@@ -1,0 +1,372 @@
+/*
+ * workloads.c - a workload's pod templates through the pod policies, for
+ * `gpuguard check` and the webhook.  See workloads.h.
+ */
+#include "engine/workloads.h"
+
+#include "engine/config.h"
+#include "codec/jsonpatch.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void wl_result_clear(struct wl_result *r)
+{
+    if (!r)
+        return;
+    dr_result_clear(&r->pod);
+    json_decref(r->mapped);
+    json_decref(r->dropped);
+    r->mapped = r->dropped = NULL;
+}
+
+struct dr_options wl_options(const struct mf_entry *e, const struct dr_options *o)
+{
+    struct dr_options own = *o;
+    own.template_path = mf_is_template(e) ? e->path : NULL;
+    return own;
+}
+
+enum gg_status wl_template(struct engine *engine, const struct mf_entry *e, const json_t *doc,
+                           const struct dr_options *o, struct wl_result *out, struct gg_err *err)
+{
+    struct wl_result r = {0};
+    struct dr_options own = wl_options(e, o);
+    enum gg_status st = dr_evaluate(engine, e->pod, &own, &r.pod, err);
+    if (st != GG_OK)
+        return st;
+    if (r.pod.allowed && json_array_size(r.pod.patch))
+        st = mf_map_patch(e, doc, r.pod.patch, &r.mapped, &r.dropped, err);
+    if (st == GG_OK && !r.mapped)
+        r.mapped = json_array();
+    if (st == GG_OK && !r.dropped)
+        r.dropped = json_array();
+    if (st == GG_OK && (!r.mapped || !r.dropped))
+        st = gg_fail(err, GG_ERR_NOMEM, "out of memory");
+    if (st != GG_OK) {
+        wl_result_clear(&r);
+        return st;
+    }
+    *out = r;
+    return GG_OK;
+}
+
+/* Is the request for something other than a Pod that may hold pod templates? */
+static bool maybe_workload(const struct adm_request *req)
+{
+    return req->object && !*req->sub_resource && (strcmp(req->kind, "Pod") != 0 || *req->group) &&
+           (req->operation == ADM_CREATE || req->operation == ADM_UPDATE);
+}
+
+/* Does the UPDATE leave every template as it was? */
+static bool templates_unchanged(const struct adm_request *req, const struct mf_set *now)
+{
+    struct mf_set before = {0};
+    struct gg_err err = {{0}};
+    if (!req->old_object || mf_collect_object(req->old_object, "oldObject", &before, &err) != GG_OK)
+        return false;
+    bool same = before.count == now->count;
+    for (size_t i = 0; same && i < now->count; i++) {
+        const struct mf_entry *a = &before.entries[i], *b = &now->entries[i];
+        same = a->type == b->type &&
+               (a->type != MF_TEMPLATE ||
+                (strcmp(a->template_ptr, b->template_ptr) == 0 && json_equal(a->pod, b->pod)));
+    }
+    mf_set_clear(&before);
+    return same;
+}
+
+/* "<path>: <text>" as a new JSON string. */
+static json_t *prefixed(const char *path, const char *text)
+{
+    char *s = NULL;
+    if (asprintf(&s, "%s: %s", path, text) < 0)
+        return NULL;
+    json_t *v = json_string(s);
+    free(s);
+    return v;
+}
+
+/* One warning per op that workloads.mode: validate keeps off the object. */
+static void warn_changes(json_t *warnings, const char *path, const char *what, const json_t *ops)
+{
+    size_t i;
+    json_t *op;
+    json_array_foreach(ops, i, op)
+    {
+        /* Warnings are cut to POLICY_WARNING_MAX: the start of the value is enough. */
+        char value[POLICY_WARNING_MAX + 1] = "", text[2 * POLICY_WARNING_MAX + 512];
+        json_t *v = json_object_get(op, "value");
+        size_t n = v ? json_dumpb(v, value, sizeof(value) - 1, JSON_COMPACT | JSON_ENCODE_ANY) : 0;
+        value[n < sizeof(value) ? n : sizeof(value) - 1] = '\0';
+        snprintf(text, sizeof(text), "workloads.mode is validate, so %s: %s %.256s%s%s", what,
+                 json_string_value(json_object_get(op, "op")),
+                 json_string_value(json_object_get(op, "path")), v ? " " : "", value);
+        json_array_append_new(warnings, prefixed(path, text));
+    }
+}
+
+/* The verdict's pieces while the templates are gathered. */
+struct gather {
+    json_t *patch, *warnings, *audit, *fired;
+    char *denials;
+    long long charge; /* milli-GPU-equivalents of all the pods, WL_CHARGE_ANNOTATION x count */
+    char charges[WL_CHARGE_TEXT];
+};
+
+/* What a template's changes become: the patch, warnings, or nothing (the
+ * validating call, after the mutating one said it all). */
+enum changes { CHANGES_PATCH, CHANGES_WARN, CHANGES_NONE };
+
+/* A denial, after its template's path (none for the object's own). */
+static void add_denial(struct gather *g, const char *path, const char *message)
+{
+    char *joined = NULL;
+    if (asprintf(&joined, "%s%s%s%s%s", g->denials ? g->denials : "", g->denials ? "; " : "",
+                 path ? path : "", path ? ": " : "", message) < 0)
+        return;
+    free(g->denials);
+    g->denials = joined;
+}
+
+/* An integer member of obj, or 1. */
+static long long count_member(const json_t *obj, const char *key)
+{
+    json_t *v = json_object_get(obj, key);
+    return json_is_integer(v) && json_integer_value(v) >= 0 ? json_integer_value(v) : 1;
+}
+
+long long wl_pod_count(const json_t *obj, const char *template_ptr)
+{
+    long long n = 1;
+    char prefix[1024];
+    size_t len = strlen(template_ptr);
+    if (len >= sizeof(prefix))
+        return 1;
+    /* Every ancestor of the template, each prefix ending where a reference token does. */
+    for (size_t at = 1; at < len; at++) {
+        if (template_ptr[at] != '/')
+            continue;
+        json_t *parent = NULL;
+        memcpy(prefix, template_ptr, at);
+        prefix[at] = '\0';
+        if (jp_pointer_get(obj, prefix, &parent, NULL) != GG_OK || !json_is_object(parent))
+            continue;
+        n *= count_member(parent, "replicas") * count_member(parent, "parallelism");
+        if (strcmp(template_ptr + at, "/workerTemplate") == 0) /* a LeaderWorkerSet group */
+            n *= count_member(parent, "size") > 0 ? count_member(parent, "size") - 1 : 0;
+        if (n > WL_MAX_PODS)
+            return WL_MAX_PODS;
+    }
+    return n;
+}
+
+/* The template's charge times its pods, into the workload's. */
+static void add_charge(struct gather *g, const struct mf_entry *e, const json_t *doc,
+                       const struct wl_result *r)
+{
+    const char *note = json_string_value(
+        json_object_get(json_object_get(json_object_get(r->pod.mutated, "metadata"), "annotations"),
+                        WL_CHARGE_ANNOTATION));
+    char *end = NULL;
+    long long milli = note ? strtoll(note, &end, 10) : 0;
+    if (!note || *end || milli <= 0)
+        return;
+    long long pods = wl_pod_count(doc, e->template_ptr);
+    g->charge += milli * pods;
+    size_t used = strlen(g->charges);
+    snprintf(g->charges + used, sizeof(g->charges) - used, "%s%s %lld.%03lld x %lld",
+             used ? ", " : "", e->path, milli / 1000, milli % 1000, pods);
+}
+
+static void add_template(struct gather *g, const struct mf_entry *e, const struct wl_result *r,
+                         enum changes changes)
+{
+    size_t i;
+    json_t *w;
+    if (!r->pod.allowed)
+        add_denial(g, e->path, r->pod.message ? r->pod.message : "denied");
+    json_array_foreach(r->pod.warnings, i, w)
+        json_array_append_new(g->warnings, prefixed(e->path, json_string_value(w)));
+    json_object_update(g->audit, r->pod.audit);
+    dr_add_fired(g->fired, r->pod.fired);
+    if (changes == CHANGES_PATCH)
+        json_array_extend(g->patch, r->mapped);
+    else if (changes == CHANGES_WARN)
+        warn_changes(g->warnings, e->path, "the pods get the change", r->mapped);
+    json_array_foreach(changes == CHANGES_PATCH ? r->dropped : NULL, i, w)
+    {
+        char text[200];
+        snprintf(text, sizeof(text), "the pods get %s %s when they are created",
+                 json_string_value(json_object_get(w, "op")),
+                 json_string_value(json_object_get(w, "path")));
+        json_array_append_new(g->warnings, prefixed(e->path, text));
+    }
+}
+
+/* The request's user as dr_options wants it. */
+static void request_user(const struct adm_request *req, struct dr_options *o)
+{
+    const char *user = json_string_value(json_object_get(req->user_info, "username"));
+    json_t *groups = json_object_get(req->user_info, "groups");
+    o->user = user ? user : "";
+    o->groups = json_is_array(groups) ? groups : NULL;
+}
+
+/* What the configuration says about workloads and this request's user. */
+struct settings {
+    enum cfg_workloads_mode mode;
+    bool controller; /* the user is one of queues.controller_accounts */
+};
+
+static enum gg_status read_settings(struct engine *engine, const struct adm_request *req,
+                                    struct settings *out, struct gg_err *err)
+{
+    struct policy_set *set = engine_live_set(engine);
+    const json_t *config = set ? policy_set_config(set) : NULL;
+    enum gg_status st = cfg_workloads_mode(config, &out->mode, err);
+    const char *user = json_string_value(json_object_get(req->user_info, "username"));
+    json_t *accounts =
+        json_object_get(json_object_get(config, "queues"), WL_CONTROLLER_ACCOUNTS_KEY);
+    size_t i;
+    json_t *a;
+    out->controller = false;
+    json_array_foreach(accounts, i, a) out->controller =
+        out->controller || (user && json_is_string(a) && strcmp(json_string_value(a), user) == 0);
+    policy_set_release(set);
+    return st;
+}
+
+enum gg_status wl_object(struct engine *engine, const json_t *obj, const struct dr_options *o,
+                         struct dr_result *out, struct gg_err *err)
+{
+    return dr_evaluate(engine, obj, o, out, err);
+}
+
+/* The object itself through the policies that match its kind (queue routing). */
+static enum gg_status review_object(struct engine *engine, const struct adm_request *req,
+                                    const struct dr_options *o, enum changes changes,
+                                    struct gather *g, json_t **patched, struct gg_err *err)
+{
+    struct dr_result r;
+    struct dr_options own = *o;
+    own.operation = adm_operation_name(req->operation);
+    own.old_object = req->old_object;
+    enum gg_status st = wl_object(engine, req->object, &own, &r, err);
+    if (st != GG_OK)
+        return st;
+    if (!r.allowed)
+        add_denial(g, NULL, r.message ? r.message : "denied");
+    json_array_extend(g->warnings, r.warnings);
+    json_object_update(g->audit, r.audit);
+    dr_add_fired(g->fired, r.fired);
+    if (changes == CHANGES_PATCH) {
+        json_array_extend(g->patch, r.patch);
+        *patched = json_incref(r.mutated);
+    } else if (changes == CHANGES_WARN) {
+        warn_changes(g->warnings, req->kind, "it is not changed", r.patch);
+    }
+    dr_result_clear(&r);
+    return GG_OK;
+}
+
+enum gg_status wl_review(struct engine *engine, const struct adm_request *req,
+                         enum adm_endpoint endpoint, int64_t deadline_us, bool *handled,
+                         struct policy_verdict *out, struct gg_err *err)
+{
+    struct mf_set set = {0};
+    *handled = false;
+    if (!maybe_workload(req))
+        return GG_OK;
+    enum gg_status st = mf_collect_object(req->object, "object", &set, err);
+    if (st != GG_OK || set.templates == 0) {
+        mf_set_clear(&set);
+        return st;
+    }
+    *handled = true;
+    memset(out, 0, sizeof(*out));
+    struct gather g = {json_array(), json_array(), json_object(), json_array(), NULL, 0, ""};
+    struct settings cfg;
+    json_t *patched = NULL;
+    if (!g.patch || !g.warnings || !g.audit || !g.fired) {
+        st = gg_fail(err, GG_ERR_NOMEM, "out of memory");
+        goto out;
+    }
+    if ((st = read_settings(engine, req, &cfg, err)) != GG_OK)
+        goto out;
+    if (req->operation == ADM_UPDATE && cfg.controller) {
+        /* A queue controller's own edits (Kueue's flavor selectors and tolerations on a
+         * suspended workload, and their removal): allowed as they are. */
+    } else if (set.templates > WL_MAX_TEMPLATES) {
+        char text[200];
+        snprintf(text, sizeof(text), "gpuguard: the %.64s has %zu pod templates, more than %d",
+                 req->kind, set.templates, WL_MAX_TEMPLATES);
+        g.denials = strdup(text);
+    } else if (req->operation == ADM_CREATE || !templates_unchanged(req, &set)) {
+        struct dr_options o = {.namespace = req->namespace, .deadline_us = deadline_us};
+        request_user(req, &o);
+        enum changes changes = endpoint != ADM_MUTATING           ? CHANGES_NONE
+                               : cfg.mode == CFG_WORKLOADS_MUTATE ? CHANGES_PATCH
+                                                                  : CHANGES_WARN;
+        st = review_object(engine, req, &o, changes, &g, &patched, err);
+        if (st == GG_OK && patched) {
+            /* The templates as they are after the object's own changes. */
+            mf_set_clear(&set);
+            st = mf_collect_object(patched, "object", &set, err);
+        }
+        for (size_t i = 0; st == GG_OK && i < set.count; i++) {
+            struct wl_result r;
+            const struct mf_entry *e = &set.entries[i];
+            if (e->type != MF_TEMPLATE)
+                continue;
+            if ((st = wl_template(engine, e, patched ? patched : req->object, &o, &r, err)) !=
+                GG_OK)
+                break;
+            add_template(&g, e, &r, changes);
+            add_charge(&g, e, patched ? patched : req->object, &r);
+            wl_result_clear(&r);
+        }
+    }
+    if (st != GG_OK)
+        goto out;
+    if (g.charge > 0) {
+        char text[WL_CHARGE_TEXT + 64];
+        snprintf(text, sizeof(text), "%lld.%03lld GPU-equivalents: %s", g.charge / 1000,
+                 g.charge % 1000, g.charges);
+        json_object_set_new(g.audit, WL_CHARGE_AUDIT_KEY, json_string(text));
+    }
+    out->allowed = g.denials == NULL;
+    out->message = g.denials;
+    g.denials = NULL;
+    out->patch = g.patch;
+    out->warnings = policy_sanitize_warnings(g.warnings);
+    out->audit = g.audit;
+    out->fired = g.fired;
+    g.patch = g.audit = g.fired = NULL;
+    if (!out->warnings)
+        st = gg_fail(err, GG_ERR_NOMEM, "out of memory");
+out:
+    json_decref(patched);
+    json_decref(g.patch);
+    json_decref(g.warnings);
+    json_decref(g.audit);
+    json_decref(g.fired);
+    free(g.denials);
+    mf_set_clear(&set);
+    if (st != GG_OK && *handled)
+        policy_verdict_clear(out);
+    return st;
+}
+
+const char *wl_queue(const json_t *obj)
+{
+    static const char *const labels[] = {WL_KUEUE_QUEUE_LABEL, WL_KAI_QUEUE_LABEL};
+    json_t *l = json_object_get(json_object_get(obj, "metadata"), "labels");
+    for (size_t i = 0; i < sizeof(labels) / sizeof(labels[0]); i++) {
+        const char *q = json_string_value(json_object_get(l, labels[i]));
+        if (q)
+            return q;
+    }
+    return NULL;
+}

@@ -1,0 +1,100 @@
+/*
+ * review.c - the request flow: decode the review, evaluate the policies,
+ * encode the answer, log the decision.  The JSON of one request lives in
+ * the thread's arena (arena.h) and is all released before returning.
+ * Workloads (objects with pod templates) go through their templates'
+ * pods (workloads.h), everything else through the policies as it is.
+ */
+#include "http/review.h"
+#include "util/clock.h"
+
+#include "util/arena.h"
+#include "util/log.h"
+#include "engine/workloads.h"
+
+#include <stdlib.h>
+#include <time.h>
+
+void review_result_clear(struct review_result *r)
+{
+    if (!r)
+        return;
+    free(r->body);
+    r->body = NULL;
+    r->len = 0;
+}
+
+/* The object's name, or its generateName prefix on CREATE. */
+static const char *object_name(const struct adm_request *req)
+{
+    if (*req->name)
+        return req->name;
+    json_t *meta = json_object_get(req->object, "metadata");
+    const char *gen = json_string_value(json_object_get(meta, "generateName"));
+    return gen ? gen : "";
+}
+
+static void log_decision(const struct adm_request *req, enum adm_endpoint endpoint,
+                         const struct policy_verdict *v, enum metrics_verdict verdict,
+                         int64_t start_us)
+{
+    static const char *const names[] = {"allowed", "patched", "denied", "error"};
+    struct log_line l;
+    if (!log_begin(&l, LOG_INFO, "decision"))
+        return;
+    log_str(&l, "uid", req->uid);
+    log_str(&l, "namespace", req->namespace);
+    log_str(&l, "name", object_name(req));
+    log_str(&l, "operation", adm_operation_name(req->operation));
+    log_str(&l, "endpoint", endpoint == ADM_MUTATING ? "mutate" : "validate");
+    log_str(&l, "verdict", names[verdict]);
+    if (v->fired)
+        log_json(&l, "policies", v->fired);
+    log_int(&l, "patch_ops", (int64_t)json_array_size(v->patch));
+    log_millis(&l, "latency_ms", gg_now_us() - start_us);
+    if (v->message)
+        log_str(&l, "message", v->message);
+    const json_t *charge = json_object_get(v->audit, WL_CHARGE_AUDIT_KEY);
+    if (charge)
+        log_json(&l, "charge", charge);
+    if (log_get_level() == LOG_DEBUG && req->object)
+        log_json(&l, "object", req->object);
+    log_end(&l);
+}
+
+enum gg_status review_handle(struct engine *engine, const char *body, size_t len,
+                             enum adm_endpoint endpoint, int64_t deadline_us,
+                             struct review_result *out, struct gg_err *err)
+{
+    int64_t start_us = gg_now_us();
+    struct adm_request req;
+    arena_begin();
+    enum gg_status st = adm_decode(body, len, &req, err);
+    if (st != GG_OK) {
+        arena_end();
+        return st;
+    }
+    struct policy_verdict v;
+    bool workload = false;
+    st = wl_review(engine, &req, endpoint, deadline_us, &workload, &v, err);
+    if (st == GG_OK && !workload)
+        st = engine_evaluate(engine, &req, endpoint == ADM_MUTATING ? PHASE_MUTATE : PHASE_VALIDATE,
+                             deadline_us, &v, err);
+    if (st == GG_OK) {
+        struct adm_verdict answer = {.allowed = v.allowed,
+                                     .message = v.message,
+                                     .patch = v.patch,
+                                     .warnings = v.warnings,
+                                     .audit = v.audit};
+        st = adm_encode(&req, &answer, endpoint, &out->body, &out->len, err);
+        out->verdict = !v.allowed                                             ? MET_DENIED
+                       : endpoint == ADM_MUTATING && json_array_size(v.patch) ? MET_PATCHED
+                                                                              : MET_ALLOWED;
+        out->operation = (enum metrics_operation)req.operation;
+        log_decision(&req, endpoint, &v, out->verdict, start_us);
+        policy_verdict_clear(&v);
+    }
+    adm_request_clear(&req);
+    arena_end();
+    return st;
+}

@@ -1,0 +1,711 @@
+/*
+ * server.c - libmicrohttpd front end: TLS webhook port and plain ops port.
+ *
+ * The only file that includes microhttpd.h.  The webhook daemon runs a pool
+ * of poll() worker threads (not epoll: in libmicrohttpd 0.9.75,
+ * MHD_quiesce_daemon on an epoll daemon with internal threads races its
+ * workers for the listen socket and can abort the process, which would turn
+ * every SIGTERM into a crash); each request is handled to the end on the worker
+ * that read it (policies are bounded by their own budgets and the request
+ * deadline), so there is no hand-off between threads.  Refusals that need
+ * no body (404, 405, 415, 413 by Content-Length) are answered from the
+ * headers, before a byte of the body is buffered.
+ *
+ * --max-connections is enforced here, not by libmicrohttpd's own limit: a
+ * worker at that limit stops polling the listen socket, so a connection
+ * past it would sit in the kernel's backlog, its handshake hung, until
+ * some idle connection times out (120 s).  Instead the library's limit is
+ * set above ours and a connection past ours is accepted and closed at once.
+ * A slot is held no longer than --request-timeout by a request that is
+ * late (sweeper.h), however slowly its bytes trickle in.
+ */
+#include "http/server.h"
+#include "util/clock.h"
+
+#include "util/buf.h"
+#include "util/log.h"
+#include "util/metrics.h"
+#include "http/review.h"
+#include "http/sweeper.h"
+#include "http/tlscreds.h"
+
+#include <arpa/inet.h>
+#include <malloc.h>
+#include <microhttpd.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+/* The API server's default webhook timeout, used when ?timeout= is absent. */
+#define DEFAULT_TIMEOUT_MS 10000
+/*
+ * Blocks from this size up are mmapped, and so given back to the system
+ * when freed.  glibc's default threshold rises to the largest block freed
+ * (up to 32 MiB), after which a big review's buffers (a 10 MB annotation
+ * is copied several times: body, JSON, Lua) land in the workers' heaps,
+ * which then keep tens of MB each: the resident size would not return.
+ */
+#define MMAP_THRESHOLD (1 << 20)
+/* On SIGTERM, how long kept-alive connections may stay open without a request. */
+#define LINGER_MS 1000
+/*
+ * TLS 1.2 and 1.3 only, AEAD ciphers only (no CBC: LUCKY13 and its kin),
+ * forward-secret key exchange only in TLS 1.2 (ECDHE), and the server's
+ * order of preference wins over the client's.
+ */
+#define TLS_PRIORITIES                                                                             \
+    "NORMAL:-VERS-ALL:+VERS-TLS1.3:+VERS-TLS1.2:-CIPHER-ALL:+AES-256-GCM:+CHACHA20-POLY1305:"      \
+    "+AES-128-GCM:-MAC-ALL:+AEAD:-KX-ALL:+ECDHE-ECDSA:+ECDHE-RSA:%SERVER_PRECEDENCE"
+
+struct srv {
+    bool require_client_cert;
+    struct sweeper *sweeper; /* the request deadline of the webhook's connections */
+    struct MHD_Daemon *webhook;
+    struct MHD_Daemon *ops;
+    size_t max_body;
+    unsigned max_connections;
+    atomic_uint open_connections;
+    struct engine *engine;
+    void (*ready_note)(void *ctx, char *out, size_t size);
+    void *ready_note_ctx;
+    atomic_bool ready;
+    pthread_mutex_t reason_lock;
+    char not_ready_reason[256];
+};
+
+/* Per-request state, created on the first call for a request. */
+struct request {
+    int64_t start_us;
+    int64_t deadline_us;
+    enum adm_endpoint endpoint;
+    bool too_big;
+    bool answered;
+    struct buf body;
+};
+
+/*
+ * Set by srv_stop: from then on every answer says Connection: close, so a
+ * client on a kept-alive connection takes its next request elsewhere instead
+ * of sending it on a connection about to be cut.  Process-wide, like the
+ * in-flight count srv_stop waits on: one server per process.
+ */
+static atomic_bool draining;
+
+/*
+ * Answers on the ops port (the plain-HTTP one) always close the connection:
+ * one request per connection puts a connection's whole life under the
+ * request deadline (on_ops_connection).  Probes and scrapes open a new one
+ * each time anyway.
+ */
+static bool closes_connection(struct MHD_Connection *c)
+{
+    return atomic_load(&draining) ||
+           !MHD_get_connection_info(c, MHD_CONNECTION_INFO_GNUTLS_SESSION);
+}
+
+static enum MHD_Result queue_response(struct MHD_Connection *c, unsigned status,
+                                      struct MHD_Response *r)
+{
+    if (closes_connection(c))
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONNECTION, "close");
+    enum MHD_Result ret = MHD_queue_response(c, status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static enum MHD_Result send_text(struct MHD_Connection *c, unsigned status, const char *text)
+{
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(strlen(text), (void *)text, MHD_RESPMEM_MUST_COPY);
+    if (!r)
+        return MHD_NO;
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/plain; charset=utf-8");
+    if (status == MHD_HTTP_METHOD_NOT_ALLOWED)
+        MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, "POST");
+    return queue_response(c, status, r);
+}
+
+/* Refuse a request with a one-line reason, counted and logged. */
+static enum MHD_Result refuse(struct MHD_Connection *c, struct request *rq, unsigned status,
+                              const char *url, const char *reason)
+{
+    char line[384];
+    snprintf(line, sizeof(line), "%s\n", reason);
+    rq->answered = true;
+    metrics_http_error((int)status);
+    json_t *fields = json_pack("{s:i,s:s}", "status", (int)status, "path", url);
+    log_fields(LOG_WARN, reason, fields);
+    return send_text(c, status, line);
+}
+
+/* Content-Type must be application/json, parameters (charset) allowed. */
+static bool is_json_type(const char *value)
+{
+    static const char want[] = "application/json";
+    if (!value)
+        return false;
+    while (*value == ' ' || *value == '\t')
+        value++;
+    size_t n = sizeof(want) - 1;
+    if (strncasecmp(value, want, n) != 0)
+        return false;
+    value += n;
+    while (*value == ' ' || *value == '\t')
+        value++;
+    return *value == '\0' || *value == ';';
+}
+
+struct transfer_codings {
+    unsigned count;
+    const char *other; /* the first coding other than plain chunked */
+};
+
+static enum MHD_Result count_coding(void *cls, enum MHD_ValueKind kind, const char *key,
+                                    const char *value)
+{
+    (void)kind;
+    struct transfer_codings *tc = cls;
+    if (strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) == 0) {
+        tc->count++;
+        if (!tc->other && (!value || strcasecmp(value, "chunked") != 0))
+            tc->other = value ? value : "";
+    }
+    return MHD_YES;
+}
+
+/*
+ * libmicrohttpd decodes plain chunked bodies only; with any other transfer
+ * coding ("gzip, chunked", or a second Transfer-Encoding header) it would
+ * read the body until the client closes the connection.  True, with the
+ * reason in out, for such a request.
+ */
+static bool refused_coding(struct MHD_Connection *c, char *out, size_t size)
+{
+    struct transfer_codings tc = {0};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, count_coding, &tc);
+    if (tc.count > 1)
+        snprintf(out, size, "Transfer-Encoding given more than once: ");
+    else if (tc.other)
+        snprintf(out, size, "Transfer-Encoding %.64s is not supported: ", tc.other);
+    else
+        return false;
+    size_t len = strlen(out);
+    snprintf(out + len, size - len, "send the body with Content-Length or chunked");
+    return true;
+}
+
+static int64_t request_timeout_ms(struct MHD_Connection *c)
+{
+    const char *text = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "timeout");
+    int64_t ms;
+    if (text && adm_parse_timeout(text, &ms) == GG_OK && ms > 0)
+        return ms;
+    return DEFAULT_TIMEOUT_MS;
+}
+
+/* First call for a request: route and check the headers. */
+static enum MHD_Result begin_request(struct srv *s, struct MHD_Connection *c, const char *url,
+                                     const char *method, struct request *rq)
+{
+    char reason[256];
+    if (strcmp(url, "/mutate") == 0)
+        rq->endpoint = ADM_MUTATING;
+    else if (strcmp(url, "/validate") == 0)
+        rq->endpoint = ADM_VALIDATING;
+    else {
+        snprintf(reason, sizeof(reason), "no such path %.128s: use /mutate or /validate", url);
+        return refuse(c, rq, MHD_HTTP_NOT_FOUND, url, reason);
+    }
+    if (strcmp(method, MHD_HTTP_METHOD_POST) != 0) {
+        snprintf(reason, sizeof(reason), "method %.32s not allowed on %s: use POST", method, url);
+        return refuse(c, rq, MHD_HTTP_METHOD_NOT_ALLOWED, url, reason);
+    }
+    if (refused_coding(c, reason, sizeof(reason)))
+        return refuse(c, rq, MHD_HTTP_NOT_IMPLEMENTED, url, reason);
+    const char *type = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type");
+    if (!is_json_type(type)) {
+        snprintf(reason, sizeof(reason), "Content-Type must be application/json, got %.64s",
+                 type ? type : "none");
+        return refuse(c, rq, MHD_HTTP_UNSUPPORTED_MEDIA_TYPE, url, reason);
+    }
+    const char *length = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
+    if (length && strtoull(length, NULL, 10) > s->max_body) {
+        snprintf(reason, sizeof(reason), "body of %.20s bytes is over the limit of %zu bytes",
+                 length, s->max_body);
+        return refuse(c, rq, MHD_HTTP_CONTENT_TOO_LARGE, url, reason);
+    }
+    rq->deadline_us = rq->start_us + request_timeout_ms(c) * 1000;
+    buf_init(&rq->body, s->max_body);
+    return MHD_YES;
+}
+
+static enum MHD_Result answer_review(struct srv *s, struct MHD_Connection *c, struct request *rq,
+                                     const char *url)
+{
+    struct review_result result = {0};
+    struct gg_err err = {{0}};
+    enum gg_status st = review_handle(s->engine, rq->body.data ? rq->body.data : "", rq->body.len,
+                                      rq->endpoint, rq->deadline_us, &result, &err);
+    enum metrics_endpoint ep = rq->endpoint == ADM_MUTATING ? MET_MUTATE : MET_VALIDATE;
+    double seconds = (gg_now_us() - rq->start_us) / 1e6;
+    if (st == GG_ERR_PARSE || st == GG_ERR_INVALID) {
+        metrics_observe_admission(ep, MET_OP_NONE, MET_ERROR, seconds);
+        return refuse(c, rq, MHD_HTTP_BAD_REQUEST, url, err.msg);
+    }
+    if (st != GG_OK) {
+        metrics_observe_admission(ep, MET_OP_NONE, MET_ERROR, seconds);
+        return refuse(c, rq, MHD_HTTP_INTERNAL_SERVER_ERROR, url, err.msg);
+    }
+    rq->answered = true;
+    metrics_observe_admission(ep, result.operation, result.verdict, seconds);
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(result.len, result.body, MHD_RESPMEM_MUST_FREE);
+    if (!r) {
+        review_result_clear(&result);
+        return MHD_NO;
+    }
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+    return queue_response(c, MHD_HTTP_OK, r);
+}
+
+/* The request deadline's clock of a webhook connection (set up in on_connection). */
+static struct sw_conn *clock_of(struct MHD_Connection *c)
+{
+    const union MHD_ConnectionInfo *info =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return info ? info->socket_context : NULL;
+}
+
+static enum MHD_Result on_webhook(void *cls, struct MHD_Connection *c, const char *url,
+                                  const char *method, const char *version, const char *upload_data,
+                                  size_t *upload_data_size, void **con_cls)
+{
+    (void)version;
+    struct srv *s = cls;
+    struct request *rq = *con_cls;
+    if (!rq) {
+        rq = calloc(1, sizeof(*rq));
+        if (!rq)
+            return MHD_NO;
+        rq->start_us = gg_now_us();
+        *con_cls = rq;
+        metrics_inflight_add(1);
+        sw_request_begin(clock_of(c));
+        enum MHD_Result ret = begin_request(s, c, url, method, rq);
+        if (rq->answered)
+            sw_request_end(clock_of(c));
+        return ret;
+    }
+    if (*upload_data_size) {
+        /* Past the limit: keep reading (and dropping) so we can answer 413. */
+        if (!rq->too_big && !rq->answered &&
+            buf_append(&rq->body, upload_data, *upload_data_size) != GG_OK) {
+            rq->too_big = true;
+            buf_clear(&rq->body);
+        }
+        *upload_data_size = 0;
+        return MHD_YES;
+    }
+    /* The whole request is in: from here on the review's own deadline applies. */
+    sw_request_end(clock_of(c));
+    if (rq->answered)
+        return MHD_YES;
+    if (rq->too_big) {
+        char reason[128];
+        snprintf(reason, sizeof(reason), "body is over the limit of %zu bytes", s->max_body);
+        return refuse(c, rq, MHD_HTTP_CONTENT_TOO_LARGE, url, reason);
+    }
+    return answer_review(s, c, rq, url);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
+                         enum MHD_RequestTerminationCode toe)
+{
+    (void)cls;
+    (void)c;
+    (void)toe;
+    struct request *rq = *con_cls;
+    if (!rq)
+        return;
+    buf_clear(&rq->body);
+    free(rq);
+    *con_cls = NULL;
+    metrics_inflight_add(-1);
+}
+
+static enum MHD_Result on_ops(void *cls, struct MHD_Connection *c, const char *url,
+                              const char *method, const char *version, const char *upload_data,
+                              size_t *upload_data_size, void **con_cls)
+{
+    (void)version;
+    (void)upload_data;
+    struct srv *s = cls;
+    if (*con_cls == NULL) { /* headers only; ops requests carry no body */
+        *con_cls = s;
+        return MHD_YES;
+    }
+    *upload_data_size = 0;
+    if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0)
+        return send_text(c, MHD_HTTP_METHOD_NOT_ALLOWED, "use GET\n");
+    if (strcmp(url, "/healthz") == 0) {
+        int stuck = engine_overdue(); /* no budget reaches them: restart the process */
+        char line[96];
+        snprintf(line, sizeof(line), "stuck: %d evaluations past their deadline\n", stuck);
+        return stuck ? send_text(c, MHD_HTTP_SERVICE_UNAVAILABLE, line)
+                     : send_text(c, MHD_HTTP_OK, "ok\n");
+    }
+    if (strcmp(url, "/readyz") == 0) {
+        char line[1200], note[700] = "";
+        if (s->ready_note) /* a second line, e.g. "inventory: ready (12 pods)" */
+            s->ready_note(s->ready_note_ctx, note, sizeof(note));
+        if (atomic_load(&s->ready)) {
+            char last[256];
+            engine_last_reload(s->engine, last, sizeof(last));
+            snprintf(line, sizeof(line), "ready: policy generation %llu, last reload: %s\n%s%s",
+                     (unsigned long long)engine_generation(s->engine), last, note,
+                     *note ? "\n" : "");
+            return send_text(c, MHD_HTTP_OK, line);
+        }
+        pthread_mutex_lock(&s->reason_lock);
+        snprintf(line, sizeof(line), "not ready: %s\n%s%s", s->not_ready_reason, note,
+                 *note ? "\n" : "");
+        pthread_mutex_unlock(&s->reason_lock);
+        return send_text(c, MHD_HTTP_SERVICE_UNAVAILABLE, line);
+    }
+    if (strcmp(url, "/metrics") == 0) {
+        struct buf out;
+        buf_init(&out, 16 << 20);
+        if (metrics_render(&out) != GG_OK || engine_render_quotas(s->engine, &out) != GG_OK) {
+            buf_clear(&out);
+            return send_text(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "metrics unavailable\n");
+        }
+        size_t len;
+        char *text = buf_steal(&out, &len);
+        struct MHD_Response *r = MHD_create_response_from_buffer(len, text, MHD_RESPMEM_MUST_FREE);
+        if (!r) {
+            free(text);
+            return MHD_NO;
+        }
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE,
+                                "text/plain; version=0.0.4; charset=utf-8");
+        return queue_response(c, MHD_HTTP_OK, r);
+    }
+    return send_text(c, MHD_HTTP_NOT_FOUND, "no such path: use /healthz, /readyz or /metrics\n");
+}
+
+static void mhd_log(void *cls, const char *fmt, va_list ap)
+{
+    (void)cls;
+    char msg[512];
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    size_t n = strlen(msg);
+    while (n && (msg[n - 1] == '\n' || msg[n - 1] == '\r'))
+        msg[--n] = '\0';
+    /* 0.9.75 says this at every start even with the logger passed first. */
+    if (strstr(msg, "MHD_OPTION_EXTERNAL_LOGGER is not the first option"))
+        return;
+    /* ... and this for every failed TLS handshake, whatever the cause. */
+    if (strstr(msg, "received handshake message out of context"))
+        snprintf(msg, sizeof(msg),
+                 "TLS handshake failed: no TLS version or cipher suite in "
+                 "common, a client certificate refused, or not TLS");
+    log_fields(LOG_WARN, msg, json_pack("{s:s}", "source", "libmicrohttpd"));
+}
+
+static enum gg_status parse_addr(const char *text, struct sockaddr_storage *ss, struct gg_err *err)
+{
+    char host[128];
+    const char *colon = strrchr(text, ':');
+    if (!colon || (size_t)(colon - text) >= sizeof(host))
+        return gg_fail(err, GG_ERR_INVALID, "address \"%s\" is not ADDR:PORT", text);
+    char *end;
+    long port = strtol(colon + 1, &end, 10);
+    if (colon[1] == '\0' || *end || port < 0 || port > 65535)
+        return gg_fail(err, GG_ERR_INVALID, "address \"%s\": port must be 0..65535", text);
+    memcpy(host, text, (size_t)(colon - text));
+    host[colon - text] = '\0';
+    memset(ss, 0, sizeof(*ss));
+    size_t hl = strlen(host);
+    if (hl >= 2 && host[0] == '[' && host[hl - 1] == ']') {
+        struct sockaddr_in6 *a6 = (struct sockaddr_in6 *)ss;
+        host[hl - 1] = '\0';
+        a6->sin6_family = AF_INET6;
+        a6->sin6_port = htons((uint16_t)port);
+        if (inet_pton(AF_INET6, host + 1, &a6->sin6_addr) == 1)
+            return GG_OK;
+    } else {
+        struct sockaddr_in *a4 = (struct sockaddr_in *)ss;
+        a4->sin_family = AF_INET;
+        a4->sin_port = htons((uint16_t)port);
+        if (inet_pton(AF_INET, host, &a4->sin_addr) == 1)
+            return GG_OK;
+    }
+    return gg_fail(err, GG_ERR_INVALID, "address \"%s\": \"%s\" is not an IP address", text, host);
+}
+
+/*
+ * With mutual TLS, every connection must present a client certificate that
+ * verifies against the client CAs and, when it lists its uses (extended key
+ * usage), is meant for TLS clients: a server certificate is no client's.
+ * GnuTLS calls this during the handshake, so a refused client never reaches
+ * HTTP; the reason is logged.  A client without a certificate gets here too
+ * (the certificate is requested, not required, so that it is logged).
+ */
+static int verify_client(gnutls_session_t session)
+{
+    gnutls_typed_vdata_st purpose = {.type = GNUTLS_DT_KEY_PURPOSE_OID,
+                                     .data = (unsigned char *)GNUTLS_KP_TLS_WWW_CLIENT};
+    unsigned status = 0;
+    int rc = gnutls_certificate_verify_peers(session, &purpose, 1, &status);
+    if (rc == GNUTLS_E_SUCCESS && status == 0)
+        return 0;
+    char reason[256];
+    if (rc == GNUTLS_E_NO_CERTIFICATE_FOUND)
+        snprintf(reason, sizeof(reason), "no client certificate");
+    else if (rc != GNUTLS_E_SUCCESS)
+        snprintf(reason, sizeof(reason), "%s", gnutls_strerror(rc));
+    else {
+        gnutls_datum_t text = {NULL, 0};
+        if (gnutls_certificate_verification_status_print(status, GNUTLS_CRT_X509, &text, 0) == 0)
+            snprintf(reason, sizeof(reason), "%s", (const char *)text.data);
+        else
+            snprintf(reason, sizeof(reason), "verification status 0x%x", status);
+        gnutls_free(text.data);
+    }
+    char peer[64];
+    sw_session_peer(session, peer, sizeof(peer));
+    log_fields(LOG_WARN, "TLS handshake refused: client certificate not accepted",
+               json_pack("{s:s,s:s}", "peer", peer, "reason", reason));
+    return GNUTLS_E_CERTIFICATE_ERROR;
+}
+
+static void require_client_cert(gnutls_session_t session)
+{
+    gnutls_certificate_server_set_request(session, GNUTLS_CERT_REQUEST);
+    gnutls_session_set_verify_function(session, verify_client);
+}
+
+/*
+ * Every webhook connection gets a request deadline clock, kept as its
+ * socket context; one that cannot is dropped at once (fail closed: no
+ * connection without a deadline).
+ */
+static void open_connection(struct srv *s, struct MHD_Connection *c, void **socket_context)
+{
+    const union MHD_ConnectionInfo *fd =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    const union MHD_ConnectionInfo *tls =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_GNUTLS_SESSION);
+    if (!fd) /* cannot happen: every connection has its socket */
+        return;
+    struct sw_conn *clock = tls && tls->tls_session ? sw_open(s->sweeper, fd->connect_fd) : NULL;
+    if (!clock) {
+        log_msg(LOG_ERROR, "connection dropped: no request deadline could be set up for it");
+        shutdown(fd->connect_fd, SHUT_RDWR);
+        return;
+    }
+    *socket_context = clock;
+    gnutls_session_t session = (gnutls_session_t)tls->tls_session;
+    sw_attach_tls(clock, session);
+    if (s->require_client_cert)
+        require_client_cert(session);
+}
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe)
+{
+    struct srv *s = cls;
+    bool started = toe == MHD_CONNECTION_NOTIFY_STARTED;
+    if (started) {
+        open_connection(s, c, socket_context);
+        atomic_fetch_add(&s->open_connections, 1);
+    } else {
+        sw_close(*socket_context);
+        *socket_context = NULL;
+        atomic_fetch_sub(&s->open_connections, 1);
+    }
+    metrics_connections_add(started ? 1 : -1);
+}
+
+/*
+ * Called on the worker that accepted the connection, before it is set up:
+ * past --max-connections the socket is closed at once, so the client sees
+ * its connection closed instead of a hung handshake.  Workers accepting at
+ * the same moment may overshoot by a connection each; the library's own
+ * limit (threads x (max + 1)) stays the hard bound.
+ */
+static enum MHD_Result accept_policy(void *cls, const struct sockaddr *addr, socklen_t len)
+{
+    (void)addr;
+    (void)len;
+    struct srv *s = cls;
+    if (atomic_load(&s->open_connections) < s->max_connections)
+        return MHD_YES;
+    log_msg(LOG_DEBUG, "connection refused: %u connections open, the limit", s->max_connections);
+    return MHD_NO;
+}
+
+static struct MHD_Daemon *start_webhook(struct srv *s, const struct srv_config *cfg,
+                                        struct sockaddr_storage *addr)
+{
+    unsigned flags = MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_TLS | MHD_USE_ERROR_LOG | MHD_USE_ITC;
+    if (addr->ss_family == AF_INET6)
+        flags |= MHD_USE_IPv6;
+    /* MHD_OPTION_HTTPS_MEM_TRUST must not be passed at all without client CAs. */
+    struct MHD_OptionItem trust[] = {
+        {cfg->client_ca_pem ? MHD_OPTION_HTTPS_MEM_TRUST : MHD_OPTION_END, 0,
+         (void *)cfg->client_ca_pem},
+        {MHD_OPTION_END, 0, NULL}};
+    /* The library splits its limit between the workers; each must keep polling
+     * the listen socket up to ours (see accept_policy). */
+    unsigned workers = cfg->threads > 1 ? cfg->threads : 1;
+    unsigned mhd_limit = (cfg->max_connections + 1) * workers;
+    return MHD_start_daemon(
+        flags, 0, accept_policy, s, on_webhook, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
+        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)addr, MHD_OPTION_THREAD_POOL_SIZE,
+        cfg->threads > 1 ? cfg->threads : 0, MHD_OPTION_CONNECTION_LIMIT, mhd_limit,
+        MHD_OPTION_CONNECTION_TIMEOUT, cfg->idle_timeout_s, MHD_OPTION_HTTPS_CERT_CALLBACK,
+        tls_creds_retrieve, MHD_OPTION_HTTPS_PRIORITIES, TLS_PRIORITIES,
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection,
+        s, MHD_OPTION_ARRAY, trust, MHD_OPTION_END);
+}
+
+/*
+ * An ops connection's clock runs from its accept to its close (one request
+ * per connection, see closes_connection): a slow client cannot hold the
+ * ops port's connections, which the kubelet's probes need, past the request
+ * deadline.
+ */
+static void on_ops_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                              enum MHD_ConnectionNotificationCode toe)
+{
+    struct srv *s = cls;
+    if (toe != MHD_CONNECTION_NOTIFY_STARTED) {
+        sw_close(*socket_context);
+        *socket_context = NULL;
+        return;
+    }
+    const union MHD_ConnectionInfo *fd =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!fd) /* cannot happen: every connection has its socket */
+        return;
+    *socket_context = sw_open(s->sweeper, fd->connect_fd);
+    if (!*socket_context)
+        shutdown(fd->connect_fd, SHUT_RDWR); /* no deadline, no connection */
+}
+
+static struct MHD_Daemon *start_ops(struct srv *s, struct sockaddr_storage *addr)
+{
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG;
+    if (addr->ss_family == AF_INET6)
+        flags |= MHD_USE_IPv6;
+    return MHD_start_daemon(flags, 0, NULL, NULL, on_ops, s, MHD_OPTION_SOCK_ADDR,
+                            (struct sockaddr *)addr, MHD_OPTION_CONNECTION_LIMIT, 64,
+                            MHD_OPTION_CONNECTION_TIMEOUT, 30, MHD_OPTION_NOTIFY_CONNECTION,
+                            on_ops_connection, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
+                            MHD_OPTION_END);
+}
+
+enum gg_status srv_start(const struct srv_config *cfg, struct srv **out, struct gg_err *err)
+{
+    struct sockaddr_storage hook_addr, ops_addr;
+    enum gg_status st;
+    if ((st = parse_addr(cfg->listen, &hook_addr, err)) != GG_OK ||
+        (st = parse_addr(cfg->ops_listen, &ops_addr, err)) != GG_OK)
+        return st;
+    struct srv *s = calloc(1, sizeof(*s));
+    if (!s)
+        return gg_fail(err, GG_ERR_NOMEM, "out of memory");
+    mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD);
+    s->max_body = cfg->max_body;
+    s->max_connections = cfg->max_connections;
+    s->engine = cfg->engine;
+    s->ready_note = cfg->ready_note;
+    s->ready_note_ctx = cfg->ready_note_ctx;
+    s->require_client_cert = cfg->client_ca_pem != NULL;
+    pthread_mutex_init(&s->reason_lock, NULL);
+    snprintf(s->not_ready_reason, sizeof(s->not_ready_reason), "starting");
+    if ((st = sw_new((int64_t)cfg->request_timeout_s * 1000, &s->sweeper, err)) != GG_OK)
+        goto fail;
+    s->webhook = start_webhook(s, cfg, &hook_addr);
+    if (!s->webhook) {
+        st = gg_fail(err, GG_ERR_IO,
+                     "cannot serve HTTPS on %s (address in use, or certificate/key rejected)",
+                     cfg->listen);
+        goto fail;
+    }
+    s->ops = start_ops(s, &ops_addr);
+    if (!s->ops) {
+        st = gg_fail(err, GG_ERR_IO, "cannot serve the ops port on %s (address in use?)",
+                     cfg->ops_listen);
+        goto fail;
+    }
+    *out = s;
+    return GG_OK;
+fail:
+    if (s->webhook)
+        MHD_stop_daemon(s->webhook);
+    sw_free(s->sweeper);
+    pthread_mutex_destroy(&s->reason_lock);
+    free(s);
+    return st;
+}
+
+static uint16_t bound_port(struct MHD_Daemon *d)
+{
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+    return info ? info->port : 0;
+}
+
+uint16_t srv_port(const struct srv *s)
+{
+    return bound_port(s->webhook);
+}
+
+uint16_t srv_ops_port(const struct srv *s)
+{
+    return bound_port(s->ops);
+}
+
+void srv_set_ready(struct srv *s, bool ready, const char *reason)
+{
+    pthread_mutex_lock(&s->reason_lock);
+    snprintf(s->not_ready_reason, sizeof(s->not_ready_reason), "%s", reason ? reason : "");
+    pthread_mutex_unlock(&s->reason_lock);
+    atomic_store(&s->ready, ready);
+}
+
+void srv_stop(struct srv *s, int64_t grace_ms)
+{
+    if (!s)
+        return;
+    srv_set_ready(s, false, "shutting down");
+    atomic_store(&draining, true);
+    MHD_socket listener = MHD_quiesce_daemon(s->webhook);
+    if (listener != MHD_INVALID_SOCKET)
+        close(listener);
+    /* Wait for the requests in flight and, for a moment, for the kept-alive
+     * connections to send their next request and be answered with
+     * Connection: close; only the idle ones are left for the stop to cut. */
+    int64_t now = gg_now_us(), until = now + grace_ms * 1000;
+    int64_t linger = now + (LINGER_MS < grace_ms ? LINGER_MS : grace_ms) * 1000;
+    while (now < until &&
+           (metrics_inflight() > 0 || (now < linger && atomic_load(&s->open_connections) > 0))) {
+        usleep(10 * 1000);
+        now = gg_now_us();
+    }
+    if (metrics_inflight() > 0)
+        log_msg(LOG_WARN, "shutdown: %ld requests still in flight after %lld ms",
+                metrics_inflight(), (long long)grace_ms);
+    MHD_stop_daemon(s->webhook);
+    MHD_stop_daemon(s->ops);
+    sw_free(s->sweeper);
+    pthread_mutex_destroy(&s->reason_lock);
+    free(s);
+}

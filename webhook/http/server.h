@@ -1,0 +1,53 @@
+/*
+ * server.h - the HTTPS webhook endpoint and the plain-HTTP ops endpoint.
+ *
+ * The webhook answers POST /mutate and POST /validate with AdmissionReviews;
+ * the ops port serves /healthz, /readyz and /metrics.  HTTP status codes are
+ * decided here and nowhere else.  The serving certificate comes from
+ * tlscreds.h at every handshake: load it there before srv_start.
+ */
+#ifndef GG_SERVER_H
+#define GG_SERVER_H
+
+#include "util/gpuguard.h"
+#include "engine/policy.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct srv_config {
+    const char *listen;        /* "ADDR:PORT" or "[V6ADDR]:PORT"; port 0 picks one */
+    const char *ops_listen;    /* same form, plain HTTP */
+    const char *client_ca_pem; /* PEM CAs: client certificates required (mTLS); NULL: off */
+    unsigned threads;          /* worker threads for the webhook port */
+    size_t max_body;           /* larger bodies get 413 */
+    unsigned max_connections;
+    unsigned idle_timeout_s; /* keep-alive idle timeout, above the client's 90 s */
+    /* A request's headers and body must arrive within this, else its connection is closed. */
+    unsigned request_timeout_s;
+    struct engine *engine; /* evaluates the reviews; also reported by /readyz */
+    /* Writes a second /readyz line (e.g. the inventory's state); NULL: none.  Called on the
+     * ops thread: it must be quick and must not block. */
+    void (*ready_note)(void *ctx, char *out, size_t size);
+    void *ready_note_ctx;
+};
+
+struct srv;
+
+enum gg_status srv_start(const struct srv_config *cfg, struct srv **out, struct gg_err *err);
+
+/* The ports actually bound (useful with port 0). */
+uint16_t srv_port(const struct srv *s);
+uint16_t srv_ops_port(const struct srv *s);
+
+/* /readyz answers 200 when ready (with the policy generation), else 503 with the reason. */
+void srv_set_ready(struct srv *s, bool ready, const char *reason);
+
+/*
+ * Stop accepting connections, wait up to grace_ms for requests in flight to
+ * be answered, then close everything and free s.
+ */
+void srv_stop(struct srv *s, int64_t grace_ms);
+
+#endif

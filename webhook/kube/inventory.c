@@ -1,0 +1,846 @@
+/*
+ * inventory.c - pod records, usage sums and reservations under one mutex.
+ *
+ * Records live in an open-addressing map keyed by pod uid; usage is kept as
+ * running sums per namespace and per namespace/class, so a quota check is
+ * two hash lookups whatever the number of pods.  A relist builds a whole new
+ * state (records and sums) with no lock held and swaps it in at once, so a
+ * quota check never waits for more than a pointer swap.
+ */
+#include "kube/inventory.h"
+#include "util/clock.h"
+
+#include "util/arena.h"
+#include "codec/quantity.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* An open-addressing map from strings to values; keys are owned. */
+struct slot {
+    char *key;
+    void *ptr;     /* a pod record (pods map) */
+    int64_t value; /* a sum (sums map) */
+};
+
+struct map {
+    struct slot *slots;
+    size_t cap; /* a power of two */
+    size_t used;
+};
+
+struct dra_entry {
+    json_t *obj;
+    uint64_t seen;  /* the relist that last showed it */
+    int64_t charge; /* a claim charged on its own; added to dra_sums */
+};
+
+struct record {
+    char *ns;
+    char *cls;
+    int64_t charge;
+    char *name, *owner; /* the pod's name and its controller's "<kind>/<name>" (or "") */
+};
+
+struct reservation {
+    char *ns, *name, *cls;
+    int64_t charge;
+    int64_t expires_ms;
+};
+
+/* The pods and their sums: what a relist replaces as a whole. */
+struct state {
+    struct map pods; /* uid -> record */
+    struct map sums; /* "ns" and "ns\x1f" "class" -> milli-GPU */
+};
+
+struct inventory {
+    pthread_mutex_t lock;
+    inv_charge_fn charge; /* NULL: nothing is charged */
+    void *charge_ctx;
+    pthread_mutex_t dra_lock; /* the DRA objects, apart: charges read them under lock */
+    struct map dra;           /* "kind\x1fns\x1fname" -> struct dra_entry */
+    struct map dra_sums;      /* ns -> milli-GPU of the claims charged on their own */
+    uint64_t dra_relist;      /* numbers relists; entries keep the last that showed them */
+    inv_fetch_fn fetch;       /* a template not kept yet; NULL: none */
+    void *fetch_ctx;
+    struct state st;
+    struct reservation *res;
+    size_t n_res, cap_res;
+    bool ready;
+};
+
+static uint64_t hash(const char *s)
+{
+    uint64_t h = 1469598103934665603ULL; /* FNV-1a */
+    for (; *s; s++)
+        h = (h ^ (unsigned char)*s) * 1099511628211ULL;
+    return h;
+}
+
+static struct slot *map_find(struct map *m, const char *key)
+{
+    if (!m->cap)
+        return NULL;
+    for (size_t i = hash(key) & (m->cap - 1);; i = (i + 1) & (m->cap - 1)) {
+        if (!m->slots[i].key)
+            return NULL;
+        if (strcmp(m->slots[i].key, key) == 0)
+            return &m->slots[i];
+    }
+}
+
+static bool map_grow(struct map *m)
+{
+    size_t cap = m->cap ? m->cap * 2 : 64;
+    struct slot *slots = calloc(cap, sizeof(*slots));
+    if (!slots)
+        return false;
+    for (size_t i = 0; i < m->cap; i++) {
+        if (!m->slots[i].key)
+            continue;
+        size_t j = hash(m->slots[i].key) & (cap - 1);
+        while (slots[j].key)
+            j = (j + 1) & (cap - 1);
+        slots[j] = m->slots[i];
+    }
+    free(m->slots);
+    m->slots = slots;
+    m->cap = cap;
+    return true;
+}
+
+/* The slot for key, created empty when missing; NULL when out of memory. */
+static struct slot *map_put(struct map *m, const char *key)
+{
+    struct slot *s = map_find(m, key);
+    if (s)
+        return s;
+    if ((m->used + 1) * 10 > m->cap * 7 && !map_grow(m))
+        return NULL;
+    size_t i = hash(key) & (m->cap - 1);
+    while (m->slots[i].key)
+        i = (i + 1) & (m->cap - 1);
+    m->slots[i].key = strdup(key);
+    if (!m->slots[i].key)
+        return NULL;
+    m->used++;
+    return &m->slots[i];
+}
+
+/* Remove by re-inserting the rest of the cluster (linear probing). */
+static void map_remove(struct map *m, struct slot *s)
+{
+    size_t i = (size_t)(s - m->slots);
+    free(s->key);
+    *s = (struct slot){0};
+    m->used--;
+    for (size_t j = (i + 1) & (m->cap - 1); m->slots[j].key; j = (j + 1) & (m->cap - 1)) {
+        struct slot moved = m->slots[j];
+        m->slots[j] = (struct slot){0};
+        size_t k = hash(moved.key) & (m->cap - 1);
+        while (m->slots[k].key)
+            k = (k + 1) & (m->cap - 1);
+        m->slots[k] = moved;
+    }
+}
+
+static void free_record(struct record *r)
+{
+    if (!r)
+        return;
+    free(r->ns);
+    free(r->cls);
+    free(r->name);
+    free(r->owner);
+    free(r);
+}
+
+static void map_clear(struct map *m, bool records)
+{
+    for (size_t i = 0; i < m->cap; i++) {
+        if (!m->slots[i].key)
+            continue;
+        free(m->slots[i].key);
+        if (records)
+            free_record(m->slots[i].ptr);
+    }
+    free(m->slots);
+    memset(m, 0, sizeof(*m));
+}
+
+static void free_dra_entry(struct dra_entry *d)
+{
+    if (!d)
+        return;
+    json_decref(d->obj);
+    free(d);
+}
+
+static void dra_clear(struct map *m)
+{
+    for (size_t i = 0; i < m->cap; i++)
+        if (m->slots[i].key)
+            free_dra_entry(m->slots[i].ptr);
+    map_clear(m, false);
+}
+
+struct inventory *inv_new(void)
+{
+    struct inventory *inv = calloc(1, sizeof(*inv));
+    if (inv) {
+        pthread_mutex_init(&inv->lock, NULL);
+        pthread_mutex_init(&inv->dra_lock, NULL);
+    }
+    return inv;
+}
+
+static void clear_reservations(struct inventory *inv)
+{
+    for (size_t i = 0; i < inv->n_res; i++) {
+        free(inv->res[i].ns);
+        free(inv->res[i].name);
+        free(inv->res[i].cls);
+    }
+    inv->n_res = 0;
+}
+
+static void state_clear(struct state *st)
+{
+    map_clear(&st->pods, true);
+    map_clear(&st->sums, false);
+}
+
+void inv_free(struct inventory *inv)
+{
+    if (!inv)
+        return;
+    state_clear(&inv->st);
+    clear_reservations(inv);
+    free(inv->res);
+    dra_clear(&inv->dra);
+    map_clear(&inv->dra_sums, false);
+    pthread_mutex_destroy(&inv->lock);
+    pthread_mutex_destroy(&inv->dra_lock);
+    free(inv);
+}
+
+/* ---- charges: the charger's, never the inventory's own ------------------ */
+
+void inv_set_charger(struct inventory *inv, inv_charge_fn fn, void *ctx)
+{
+    pthread_mutex_lock(&inv->lock);
+    inv->charge = fn;
+    inv->charge_ctx = ctx;
+    pthread_mutex_unlock(&inv->lock);
+}
+
+int64_t inv_charge(struct inventory *inv, const json_t *obj)
+{
+    pthread_mutex_lock(&inv->lock);
+    inv_charge_fn fn = inv->charge;
+    void *ctx = inv->charge_ctx;
+    pthread_mutex_unlock(&inv->lock);
+    /* Outside the lock: the charger reads DRA objects back through inv_dra_get. */
+    return fn ? fn(ctx, obj) : 0;
+}
+
+/* ---- records and sums --------------------------------------------------- */
+
+static void add_sum(struct state *st, const char *ns, const char *cls, int64_t delta)
+{
+    char key[512];
+    struct slot *s = map_put(&st->sums, ns);
+    if (s)
+        s->value += delta;
+    if (cls && *cls) {
+        snprintf(key, sizeof(key), "%s\x1f%s", ns, cls);
+        if ((s = map_put(&st->sums, key)))
+            s->value += delta;
+    }
+}
+
+static const char *meta_string(const json_t *obj, const char *key)
+{
+    const char *s = json_string_value(json_object_get(json_object_get(obj, "metadata"), key));
+    return s ? s : "";
+}
+
+enum obj_kind { K_POD, K_CLAIM, K_TEMPLATE, K_OTHER };
+
+/* Objects without a kind are pods (the informer's trimmed pods carry none). */
+static enum obj_kind kind_of(const json_t *obj)
+{
+    const char *kind = json_string_value(json_object_get(obj, "kind"));
+    if (!kind || strcmp(kind, "Pod") == 0)
+        return K_POD;
+    if (strcmp(kind, "ResourceClaim") == 0)
+        return K_CLAIM;
+    return strcmp(kind, "ResourceClaimTemplate") == 0 ? K_TEMPLATE : K_OTHER;
+}
+
+/* Whether an object holds devices: pods that Succeeded or Failed hold none. */
+static bool counts(const json_t *obj)
+{
+    const char *phase = json_string_value(json_object_get(json_object_get(obj, "status"), "phase"));
+    return !phase || (strcmp(phase, "Succeeded") != 0 && strcmp(phase, "Failed") != 0);
+}
+
+/* The charge an object holds, from the charger, outside every lock. */
+static int64_t holding(struct inventory *inv, const json_t *obj)
+{
+    enum obj_kind k = kind_of(obj);
+    if ((k != K_POD && k != K_CLAIM) || !*meta_string(obj, "uid") || !counts(obj))
+        return 0;
+    return inv_charge(inv, obj);
+}
+
+/* A pod the watch shows settles the reservation made when it was admitted. */
+static void settle_reservation(struct inventory *inv, const char *ns, const char *name)
+{
+    for (size_t i = 0; i < inv->n_res; i++) {
+        struct reservation *r = &inv->res[i];
+        size_t n = strlen(r->name);
+        if (strcmp(r->ns, ns) == 0 && n && strncmp(r->name, name, n) == 0 &&
+            (name[n] == '\0' || r->name[n - 1] == '-')) {
+            free(r->ns);
+            free(r->name);
+            free(r->cls);
+            inv->res[i] = inv->res[--inv->n_res];
+            return;
+        }
+    }
+}
+
+static void state_remove(struct state *st, const char *uid)
+{
+    struct slot *s = map_find(&st->pods, uid);
+    if (!s)
+        return;
+    struct record *r = s->ptr;
+    add_sum(st, r->ns, r->cls, -r->charge);
+    free_record(r);
+    map_remove(&st->pods, s);
+}
+
+/* "<kind>/<name>" of the pod's controller ownerReference, "" when it has none. */
+static char *controller_of(const json_t *pod)
+{
+    size_t i;
+    const json_t *ref;
+    json_array_foreach(json_object_get(json_object_get(pod, "metadata"), "ownerReferences"), i, ref)
+    {
+        const char *kind = json_string_value(json_object_get(ref, "kind"));
+        const char *name = json_string_value(json_object_get(ref, "name"));
+        char *out;
+        if (json_is_true(json_object_get(ref, "controller")) && kind && name)
+            return asprintf(&out, "%s/%s", kind, name) < 0 ? NULL : out;
+    }
+    return strdup("");
+}
+
+/* Record what a pod or claim holds (replacing the record of its uid); true when it holds GPUs. */
+static bool state_add(struct state *st, const json_t *obj, int64_t charge)
+{
+    const char *uid = meta_string(obj, "uid"), *ns = meta_string(obj, "namespace");
+    if (!*uid)
+        return false;
+    state_remove(st, uid);
+    if (charge <= 0)
+        return false;
+    struct record *r = calloc(1, sizeof(*r));
+    const char *cls = json_string_value(json_object_get(
+        json_object_get(json_object_get(obj, "metadata"), "labels"), INV_CLASS_LABEL));
+    struct slot *s = r ? map_put(&st->pods, uid) : NULL;
+    if (!s) {
+        free(r);
+        return false;
+    }
+    r->ns = strdup(ns);
+    r->cls = strdup(cls ? cls : "");
+    r->charge = charge;
+    r->name = strdup(meta_string(obj, "name"));
+    r->owner = controller_of(obj);
+    s->ptr = r;
+    add_sum(st, r->ns, r->cls, charge);
+    return true;
+}
+
+/* ---- DRA objects (ResourceClaims, ResourceClaimTemplates) ----------------
+ *
+ * Apart from the pods, under their own lock: a pod relist never touches them,
+ * and each kind is relisted on its own (inv_dra_relist_begin/end).  A claim
+ * charged on its own adds to the sums of dra_sums.
+ */
+
+static bool dra_key(char *key, size_t size, const char *kind, const char *ns, const char *name)
+{
+    return (size_t)snprintf(key, size, "%s\x1f%s\x1f%s", kind, ns, name) < size;
+}
+
+/* What the charge model reads of a claim or template: no status, no managedFields. */
+static json_t *dra_trim(const json_t *obj)
+{
+    const json_t *meta = json_object_get(obj, "metadata");
+    json_t *m = json_object(), *out = json_object();
+    static const char *const keys[] = {"namespace", "name", "uid", "annotations"};
+    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
+        json_t *v = json_object_get(meta, keys[i]);
+        if (v)
+            json_object_set_new(m, keys[i], json_deep_copy(v));
+    }
+    json_object_set_new(out, "metadata", m);
+    static const char *const top[] = {"apiVersion", "kind", "spec"};
+    for (size_t i = 0; i < sizeof(top) / sizeof(top[0]); i++) {
+        json_t *v = json_object_get(obj, top[i]);
+        if (v)
+            json_object_set_new(out, top[i], json_deep_copy(v));
+    }
+    return out;
+}
+
+/* Under dra_lock: drop the entry of a slot, its charge with it. */
+static void dra_drop(struct inventory *inv, struct slot *s)
+{
+    struct dra_entry *d = s->ptr;
+    if (d->charge) {
+        struct slot *sum = map_find(&inv->dra_sums, meta_string(d->obj, "namespace"));
+        if (sum)
+            sum->value -= d->charge;
+    }
+    free_dra_entry(d);
+    map_remove(&inv->dra, s);
+}
+
+/* Keep (or replace) a claim or template that holds charge; seen: the relist showing it. */
+static void dra_put(struct inventory *inv, const json_t *obj, uint64_t seen, int64_t charge)
+{
+    char key[1024];
+    const char *kind = json_string_value(json_object_get(obj, "kind"));
+    const char *ns = meta_string(obj, "namespace");
+    if (!dra_key(key, sizeof(key), kind, ns, meta_string(obj, "name")))
+        return;
+    struct dra_entry *d = malloc(sizeof(*d));
+    if (!d)
+        return;
+    bool in_request = arena_pause(); /* kept beyond the request that may be running */
+    *d = (struct dra_entry){dra_trim(obj), seen, charge};
+    arena_resume(in_request);
+    pthread_mutex_lock(&inv->dra_lock);
+    if (!seen)
+        d->seen = inv->dra_relist;
+    struct slot *s = map_find(&inv->dra, key);
+    if (s)
+        dra_drop(inv, s);
+    struct slot *sum = charge ? map_put(&inv->dra_sums, ns) : NULL;
+    if (charge && !sum)
+        d->charge = 0; /* out of memory: counted nowhere, so never subtracted */
+    if (sum)
+        sum->value += charge;
+    if ((s = map_put(&inv->dra, key)))
+        s->ptr = d;
+    else if (sum) {
+        sum->value -= charge;
+        free_dra_entry(d);
+    } else {
+        free_dra_entry(d);
+    }
+    pthread_mutex_unlock(&inv->dra_lock);
+}
+
+static void dra_remove(struct inventory *inv, const json_t *obj)
+{
+    char key[1024];
+    const char *kind = json_string_value(json_object_get(obj, "kind"));
+    if (!dra_key(key, sizeof(key), kind, meta_string(obj, "namespace"), meta_string(obj, "name")))
+        return;
+    pthread_mutex_lock(&inv->dra_lock);
+    struct slot *s = map_find(&inv->dra, key);
+    if (s)
+        dra_drop(inv, s);
+    pthread_mutex_unlock(&inv->dra_lock);
+}
+
+uint64_t inv_dra_relist_begin(struct inventory *inv)
+{
+    pthread_mutex_lock(&inv->dra_lock);
+    uint64_t relist = ++inv->dra_relist;
+    pthread_mutex_unlock(&inv->dra_lock);
+    return relist;
+}
+
+/* A claim the API server shows settles the reservation made when it was admitted. */
+static void settle_claim(struct inventory *inv, const json_t *claim)
+{
+    pthread_mutex_lock(&inv->lock);
+    settle_reservation(inv, meta_string(claim, "namespace"), meta_string(claim, "name"));
+    pthread_mutex_unlock(&inv->lock);
+}
+
+void inv_dra_add(struct inventory *inv, const json_t *obj, uint64_t relist)
+{
+    enum obj_kind k = kind_of(obj);
+    if (k == K_CLAIM || k == K_TEMPLATE)
+        dra_put(inv, obj, relist, holding(inv, obj));
+    if (k == K_CLAIM)
+        settle_claim(inv, obj);
+}
+
+void inv_dra_relist_end(struct inventory *inv, const char *kind, uint64_t relist)
+{
+    size_t n = strlen(kind ? kind : "");
+    pthread_mutex_lock(&inv->dra_lock);
+    /* The keys first, then the removals: a removal moves entries around the table. */
+    char **doomed = calloc(inv->dra.used + 1, sizeof(*doomed));
+    size_t count = 0;
+    for (size_t i = 0; doomed && i < inv->dra.cap; i++) {
+        const struct slot *s = &inv->dra.slots[i];
+        if (s->key && ((struct dra_entry *)s->ptr)->seen < relist &&
+            (!kind || (strncmp(s->key, kind, n) == 0 && s->key[n] == '\x1f')))
+            doomed[count++] = s->key;
+    }
+    for (size_t i = 0; i < count; i++) {
+        struct slot *s = map_find(&inv->dra, doomed[i]);
+        if (s)
+            dra_drop(inv, s);
+    }
+    free(doomed);
+    pthread_mutex_unlock(&inv->dra_lock);
+}
+
+json_t *inv_dra_get(struct inventory *inv, const char *kind, const char *ns, const char *name,
+                    int64_t deadline_us, struct gg_err *err)
+{
+    char key[1024];
+    if (!dra_key(key, sizeof(key), kind, ns, name))
+        return NULL;
+    pthread_mutex_lock(&inv->dra_lock);
+    struct slot *s = map_find(&inv->dra, key);
+    json_t *copy = s ? json_deep_copy(((struct dra_entry *)s->ptr)->obj) : NULL;
+    inv_fetch_fn fetch = inv->fetch;
+    void *ctx = inv->fetch_ctx;
+    pthread_mutex_unlock(&inv->dra_lock);
+    if (copy || !fetch || strcmp(kind, "ResourceClaimTemplate") != 0)
+        return copy;
+    /* A template applied with its pod may not have reached the watch yet: ask for it (outside
+     * the request's arena: the answer is kept, and handed back to a caller who frees it). */
+    bool in_request = arena_pause();
+    json_t *got = fetch(ctx, kind, ns, name, deadline_us, err);
+    if (got)
+        inv_upsert(inv, got);
+    arena_resume(in_request);
+    return got;
+}
+
+void inv_set_fetcher(struct inventory *inv, inv_fetch_fn fn, void *ctx)
+{
+    pthread_mutex_lock(&inv->dra_lock);
+    inv->fetch = fn;
+    inv->fetch_ctx = ctx;
+    pthread_mutex_unlock(&inv->dra_lock);
+}
+
+size_t inv_dra_count(struct inventory *inv)
+{
+    pthread_mutex_lock(&inv->dra_lock);
+    size_t n = inv->dra.used;
+    pthread_mutex_unlock(&inv->dra_lock);
+    return n;
+}
+
+static int64_t dra_usage(struct inventory *inv, const char *ns)
+{
+    pthread_mutex_lock(&inv->dra_lock);
+    struct slot *s = map_find(&inv->dra_sums, ns);
+    int64_t used = s ? s->value : 0;
+    pthread_mutex_unlock(&inv->dra_lock);
+    return used;
+}
+
+void inv_upsert(struct inventory *inv, const json_t *obj)
+{
+    enum obj_kind k = kind_of(obj);
+    if (k == K_OTHER)
+        return;
+    if (k != K_POD) {
+        dra_put(inv, obj, 0, holding(inv, obj));
+        if (k == K_CLAIM)
+            settle_claim(inv, obj);
+        return;
+    }
+    if (!*meta_string(obj, "uid"))
+        return;
+    int64_t charge = holding(inv, obj);
+    pthread_mutex_lock(&inv->lock);
+    settle_reservation(inv, meta_string(obj, "namespace"), meta_string(obj, "name"));
+    state_add(&inv->st, obj, charge);
+    pthread_mutex_unlock(&inv->lock);
+}
+
+void inv_delete(struct inventory *inv, const json_t *obj)
+{
+    if (kind_of(obj) != K_POD) {
+        dra_remove(inv, obj);
+        return;
+    }
+    pthread_mutex_lock(&inv->lock);
+    state_remove(&inv->st, meta_string(obj, "uid"));
+    pthread_mutex_unlock(&inv->lock);
+}
+
+/* ---- relists: a new state built aside, then swapped in ------------------- */
+
+struct inv_stage {
+    struct inventory *inv; /* its charger */
+    struct state st;
+    struct map names; /* "ns\x1f" "name" and "ns\x1f" "generateName" of the GPU pods */
+    size_t seen;
+};
+
+struct inv_stage *inv_stage_new(struct inventory *inv)
+{
+    struct inv_stage *stage = calloc(1, sizeof(struct inv_stage));
+    if (!stage)
+        return NULL;
+    stage->inv = inv;
+    return stage;
+}
+
+void inv_stage_free(struct inv_stage *stage)
+{
+    if (!stage)
+        return;
+    state_clear(&stage->st);
+    map_clear(&stage->names, false);
+    free(stage);
+}
+
+static void stage_name(struct inv_stage *stage, const char *ns, const char *name)
+{
+    char key[512];
+    if (*name && (size_t)snprintf(key, sizeof(key), "%s\x1f%s", ns, name) < sizeof(key))
+        map_put(&stage->names, key);
+}
+
+void inv_stage_add(struct inv_stage *stage, const json_t *pod)
+{
+    stage->seen++;
+    if (kind_of(pod) != K_POD || !state_add(&stage->st, pod, holding(stage->inv, pod)))
+        return;
+    /* Only a pod that holds GPUs can settle a reservation. */
+    const char *ns = meta_string(pod, "namespace");
+    stage_name(stage, ns, meta_string(pod, "name"));
+    stage_name(stage, ns, meta_string(pod, "generateName"));
+}
+
+size_t inv_stage_pods(const struct inv_stage *stage)
+{
+    return stage->st.pods.used;
+}
+
+void inv_stage_commit(struct inventory *inv, struct inv_stage *stage)
+{
+    struct state old;
+    pthread_mutex_lock(&inv->lock);
+    old = inv->st;
+    inv->st = stage->st;
+    for (size_t i = 0; i < inv->n_res;) {
+        struct reservation *r = &inv->res[i];
+        char key[512];
+        snprintf(key, sizeof(key), "%s\x1f%s", r->ns, r->name);
+        if (map_find(&stage->names, key)) {
+            free(r->ns);
+            free(r->name);
+            free(r->cls);
+            inv->res[i] = inv->res[--inv->n_res];
+            continue;
+        }
+        i++;
+    }
+    pthread_mutex_unlock(&inv->lock);
+    memset(&stage->st, 0, sizeof(stage->st));
+    state_clear(&old);
+    inv_stage_free(stage);
+}
+
+void inv_replace(struct inventory *inv, const json_t *items)
+{
+    struct inv_stage *stage = inv_stage_new(inv);
+    if (!stage)
+        return;
+    uint64_t relist = inv_dra_relist_begin(inv);
+    size_t i;
+    json_t *obj;
+    /* Templates first, in whatever order the list holds them: claims' and pods' charges read
+     * them. */
+    json_array_foreach(items, i, obj) if (kind_of(obj) == K_TEMPLATE) inv_dra_add(inv, obj, relist);
+    json_array_foreach(items, i, obj) if (kind_of(obj) == K_CLAIM) inv_dra_add(inv, obj, relist);
+    json_array_foreach(items, i, obj) inv_stage_add(stage, obj);
+    inv_stage_commit(inv, stage);
+    inv_dra_relist_end(inv, NULL, relist);
+}
+
+void inv_reserve(struct inventory *inv, const char *ns, const char *name, const char *cls,
+                 int64_t charge, int64_t ttl_ms)
+{
+    pthread_mutex_lock(&inv->lock);
+    if (inv->n_res == inv->cap_res) {
+        size_t cap = inv->cap_res ? inv->cap_res * 2 : 16;
+        struct reservation *res = realloc(inv->res, cap * sizeof(*res));
+        if (!res) {
+            pthread_mutex_unlock(&inv->lock);
+            return;
+        }
+        inv->res = res;
+        inv->cap_res = cap;
+    }
+    inv->res[inv->n_res++] = (struct reservation){strdup(ns), strdup(name), strdup(cls ? cls : ""),
+                                                  charge, (gg_now_us() / 1000) + ttl_ms};
+    pthread_mutex_unlock(&inv->lock);
+}
+
+int64_t inv_usage(struct inventory *inv, const char *ns, const char *cls)
+{
+    char key[512];
+    if (cls && *cls)
+        snprintf(key, sizeof(key), "%s\x1f%s", ns, cls);
+    pthread_mutex_lock(&inv->lock);
+    struct slot *s = map_find(&inv->st.sums, cls && *cls ? key : ns);
+    int64_t used = s ? s->value : 0;
+    int64_t now = (gg_now_us() / 1000);
+    for (size_t i = 0; i < inv->n_res;) {
+        struct reservation *r = &inv->res[i];
+        if (r->expires_ms <= now) { /* never seen: a later webhook denied it */
+            free(r->ns);
+            free(r->name);
+            free(r->cls);
+            inv->res[i] = inv->res[--inv->n_res];
+            continue;
+        }
+        if (strcmp(r->ns, ns) == 0 && (!cls || !*cls || strcmp(r->cls, cls) == 0))
+            used += r->charge;
+        i++;
+    }
+    pthread_mutex_unlock(&inv->lock);
+    return cls && *cls ? used : used + dra_usage(inv, ns); /* claims have no class */
+}
+
+size_t inv_pod_count(struct inventory *inv)
+{
+    pthread_mutex_lock(&inv->lock);
+    size_t n = inv->st.pods.used;
+    pthread_mutex_unlock(&inv->lock);
+    return n;
+}
+
+void inv_clear_reservations(struct inventory *inv)
+{
+    pthread_mutex_lock(&inv->lock);
+    clear_reservations(inv);
+    pthread_mutex_unlock(&inv->lock);
+}
+
+static int by_namespace(const void *a, const void *b)
+{
+    return strcmp(((const struct inv_ns_usage *)a)->ns, ((const struct inv_ns_usage *)b)->ns);
+}
+
+/* Add the per-namespace sums of from (keys without a class) into to. */
+static void merge_sums(struct map *to, const struct map *from)
+{
+    for (size_t i = 0; i < from->cap; i++) {
+        const struct slot *s = &from->slots[i];
+        struct slot *t = s->key && !strchr(s->key, '\x1f') ? map_put(to, s->key) : NULL;
+        if (t)
+            t->value += s->value;
+    }
+}
+
+size_t inv_usage_by_namespace(struct inventory *inv, struct inv_ns_usage **out)
+{
+    *out = NULL;
+    struct map all = {0};
+    pthread_mutex_lock(&inv->lock);
+    merge_sums(&all, &inv->st.sums);
+    pthread_mutex_unlock(&inv->lock);
+    pthread_mutex_lock(&inv->dra_lock);
+    merge_sums(&all, &inv->dra_sums);
+    pthread_mutex_unlock(&inv->dra_lock);
+    size_t n = 0, text = 0;
+    for (size_t i = 0; i < all.cap; i++) {
+        if (all.slots[i].key) {
+            n++;
+            text += strlen(all.slots[i].key) + 1;
+        }
+    }
+    struct inv_ns_usage *list = n ? malloc(n * sizeof(*list) + text) : NULL;
+    if (list) {
+        char *p = (char *)(list + n);
+        size_t k = 0;
+        for (size_t i = 0; i < all.cap; i++) {
+            const struct slot *s = &all.slots[i];
+            if (!s->key)
+                continue;
+            size_t len = strlen(s->key) + 1;
+            memcpy(p, s->key, len);
+            list[k++] = (struct inv_ns_usage){p, s->value};
+            p += len;
+        }
+    }
+    map_clear(&all, false);
+    if (!list)
+        return 0;
+    qsort(list, n, sizeof(*list), by_namespace);
+    *out = list;
+    return n;
+}
+
+void inv_set_ready(struct inventory *inv, bool ready)
+{
+    pthread_mutex_lock(&inv->lock);
+    inv->ready = ready;
+    pthread_mutex_unlock(&inv->lock);
+}
+
+bool inv_ready(struct inventory *inv)
+{
+    pthread_mutex_lock(&inv->lock);
+    bool ready = inv->ready;
+    pthread_mutex_unlock(&inv->lock);
+    return ready;
+}
+
+enum gg_status inv_load_snapshot(struct inventory *inv, const char *path, struct gg_err *err)
+{
+    json_error_t jerr;
+    json_t *doc = json_load_file(path, 0, &jerr);
+    if (!doc)
+        return gg_fail(err, GG_ERR_PARSE, "%s:%d:%d: %s", path, jerr.line, jerr.column, jerr.text);
+    json_t *items = json_object_get(doc, "items");
+    enum gg_status st = GG_OK;
+    if (!json_is_array(items))
+        st = gg_fail(err, GG_ERR_INVALID,
+                     "%s: not a pod list (want the output of kubectl get pods -A -o json)", path);
+    else {
+        inv_replace(inv, items);
+        inv_set_ready(inv, true);
+    }
+    json_decref(doc);
+    return st;
+}
+
+void inv_each_owner(struct inventory *inv,
+                    void (*fn)(void *ctx, const char *ns, const char *pod, const char *owner),
+                    void *ctx)
+{
+    pthread_mutex_lock(&inv->lock);
+    for (size_t i = 0; i < inv->st.pods.cap; i++) {
+        const struct record *r = inv->st.pods.slots[i].ptr;
+        if (inv->st.pods.slots[i].key && r->name && r->owner && *r->owner)
+            fn(ctx, r->ns, r->name, r->owner);
+    }
+    pthread_mutex_unlock(&inv->lock);
+}

@@ -1,0 +1,152 @@
+/*
+ * inventory.h - GPU usage per namespace in milli-GPU: the pods that hold
+ * GPUs, kept as small records, and reservations for pods admitted but not
+ * yet seen.
+ *
+ * The server fills it from the API server (list + watch); the CLI from a
+ * `kubectl get pods -A -o json` snapshot.  Policies read it through
+ * gpuguard.usage().  Every function is thread-safe.
+ *
+ * What a pod or a ResourceClaim holds is its charger's answer (see
+ * charger.h: the Lua library's intent.usage_charge, the model admission
+ * charges with); the inventory has no charge rules of its own.  Pods that
+ * Succeeded or Failed hold nothing.  ResourceClaims and
+ * ResourceClaimTemplates are also kept, trimmed, for the charger to read
+ * back (inv_dra_get); they are immutable, so a cached one is never stale.
+ */
+#ifndef GG_INVENTORY_H
+#define GG_INVENTORY_H
+
+#include "util/gpuguard.h"
+
+#include <jansson.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#define INV_CHARGE_ANNOTATION "gpuguard.io/charge"
+#define INV_CLASS_LABEL "gpuguard.io/workload-class"
+/* How long an admitted pod counts before the watch must have shown it. */
+#define INV_RESERVATION_TTL_MS 60000
+
+struct inventory;
+
+struct inventory *inv_new(void);
+void inv_free(struct inventory *inv);
+
+/*
+ * The charge of an object (a pod, or a ResourceClaim charged on its own) in
+ * milli-GPU.  Called with no inventory lock held, from any thread: it must
+ * be thread-safe.
+ */
+typedef int64_t (*inv_charge_fn)(void *ctx, const json_t *obj);
+/* Set before the first object arrives; without one nothing is charged. */
+void inv_set_charger(struct inventory *inv, inv_charge_fn fn, void *ctx);
+/* The charger's answer for obj (0 without a charger). */
+int64_t inv_charge(struct inventory *inv, const json_t *obj);
+
+/*
+ * Add or update a pod, ResourceClaim or ResourceClaimTemplate (by "kind";
+ * an object without one is a pod); other kinds are ignored.  Objects that
+ * hold no charge keep no usage record.
+ */
+void inv_upsert(struct inventory *inv, const json_t *obj);
+void inv_delete(struct inventory *inv, const json_t *obj);
+
+/*
+ * A copy of the kept ResourceClaim or ResourceClaimTemplate (kind), or NULL.
+ * A template not kept yet is asked of the fetcher, when one is set, and kept
+ * when it exists (the API server's answer, not a guess); when the fetcher
+ * could not tell, err (may be NULL) says why.  deadline_us (CLOCK_MONOTONIC
+ * microseconds, 0: none) bounds the fetch: one that cannot end by then fails
+ * with GG_ERR_TIMEOUT's message in err, so a caller never outlives it.
+ */
+json_t *inv_dra_get(struct inventory *inv, const char *kind, const char *ns, const char *name,
+                    int64_t deadline_us, struct gg_err *err);
+/* Claims and templates kept. */
+size_t inv_dra_count(struct inventory *inv);
+
+/*
+ * The object kind/ns/name from the API server (a new reference); NULL when it
+ * has none, or with err set when that could not be known, including when it
+ * could not be known by deadline_us (CLOCK_MONOTONIC microseconds, 0: none).
+ */
+typedef json_t *(*inv_fetch_fn)(void *ctx, const char *kind, const char *ns, const char *name,
+                                int64_t deadline_us, struct gg_err *err);
+void inv_set_fetcher(struct inventory *inv, inv_fetch_fn fn, void *ctx);
+
+/*
+ * A relist of claims or templates, apart from the pods': number it with
+ * inv_dra_relist_begin, inv_dra_add every object listed, then
+ * inv_dra_relist_end forgets the objects of kind ("ResourceClaim",
+ * "ResourceClaimTemplate"; NULL: both) that it did not show.
+ */
+uint64_t inv_dra_relist_begin(struct inventory *inv);
+void inv_dra_add(struct inventory *inv, const json_t *obj, uint64_t relist);
+void inv_dra_relist_end(struct inventory *inv, const char *kind, uint64_t relist);
+/*
+ * Replace everything with the objects of a List's items (a relist), in any
+ * order: the new state is built with no lock held, then swapped in at once.
+ */
+void inv_replace(struct inventory *inv, const json_t *items);
+
+/*
+ * A relist in steps, for lists read a pod at a time: inv_stage_add() each
+ * pod into a stage (private to the caller, no lock), then
+ * inv_stage_commit() swaps the stage in as the whole state at once and
+ * frees it.  Only the compact records are kept, so a caller can free each
+ * pod right after adding it.  The commit settles the reservations of pods
+ * the stage holds (same namespace and name, or generateName).
+ */
+struct inv_stage;
+/* A stage of pods for inv, charged by inv's charger (other kinds are ignored: see
+ * inv_dra_relist_begin). */
+struct inv_stage *inv_stage_new(struct inventory *inv);
+void inv_stage_free(struct inv_stage *stage);
+void inv_stage_add(struct inv_stage *stage, const json_t *pod);
+/* Pods that hold GPUs in the stage so far. */
+size_t inv_stage_pods(const struct inv_stage *stage);
+void inv_stage_commit(struct inventory *inv, struct inv_stage *stage);
+
+/*
+ * Count a pod (or ResourceClaim) this replica just admitted until one with
+ * that namespace and name (or generateName prefix) is seen, or ttl_ms passes.
+ */
+void inv_reserve(struct inventory *inv, const char *ns, const char *name, const char *cls,
+                 int64_t charge, int64_t ttl_ms);
+
+/* Usage of a namespace (and of one workload class in it when cls is not NULL). */
+int64_t inv_usage(struct inventory *inv, const char *ns, const char *cls);
+/* Pods that hold GPUs (those with a record). */
+size_t inv_pod_count(struct inventory *inv);
+
+/* Usage per namespace from the pods seen (reservations not included). */
+struct inv_ns_usage {
+    const char *ns;
+    int64_t milli;
+};
+/*
+ * Every namespace the inventory has summed, sorted by name: *out is one
+ * malloc'ed block (the names inside it), released with free(); the count
+ * is returned (0 with *out NULL when none or out of memory).
+ */
+size_t inv_usage_by_namespace(struct inventory *inv, struct inv_ns_usage **out);
+
+/* Forget every reservation (for callers whose requests are independent, like test cases). */
+void inv_clear_reservations(struct inventory *inv);
+
+void inv_set_ready(struct inventory *inv, bool ready);
+bool inv_ready(struct inventory *inv);
+
+/*
+ * Call fn for every pod with a controller owner, with its namespace, name
+ * and "<kind>/<name>" of the controller (under the lock: fn must be quick
+ * and must not call back into the inventory).
+ */
+void inv_each_owner(struct inventory *inv,
+                    void (*fn)(void *ctx, const char *ns, const char *pod, const char *owner),
+                    void *ctx);
+
+/* Load a `kubectl get pods,resourceclaims,resourceclaimtemplates -A -o json` dump; marks ready. */
+enum gg_status inv_load_snapshot(struct inventory *inv, const char *path, struct gg_err *err);
+
+#endif

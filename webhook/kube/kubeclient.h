@@ -1,0 +1,115 @@
+/*
+ * kubeclient.h - a small Kubernetes API server client on libcurl: where the
+ * API server is and how to authenticate to it (the pod's service account
+ * in a cluster, or a kubeconfig file), and GET requests whose 2xx bodies
+ * are streamed to a callback.
+ *
+ * A client belongs to one thread at a time (the informer's).  It never
+ * logs credentials, never follows redirects and never buffers a 2xx body:
+ * the caller bounds what it keeps.  Non-2xx bodies (a Kubernetes Status) are
+ * kept up to KC_ERROR_BODY_MAX bytes.  The bearer token of a token file is
+ * re-read whenever the file changes (checked before every request), and at
+ * once after kc_token_invalidate() (call it on a 401).
+ *
+ * kubeconfig support: current-context; the cluster's server,
+ * certificate-authority(-data) and insecure-skip-tls-verify; the user's
+ * token, tokenFile (token-file is also read), client-certificate(-data) and
+ * client-key(-data).  Relative paths are relative to the kubeconfig's
+ * directory, as kubectl reads them.  exec and auth-provider plugins and
+ * basic auth are refused with a message.
+ */
+#ifndef GG_KUBECLIENT_H
+#define GG_KUBECLIENT_H
+
+#include "util/gpuguard.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* Where a pod's service account credentials are mounted. */
+#define KC_SA_DIR "/var/run/secrets/kubernetes.io/serviceaccount"
+#define KC_ERROR_BODY_MAX (64 * 1024)
+#define KC_TOKEN_MAX (64 * 1024)
+#define KC_KUBECONFIG_MAX (4 << 20)
+#define KC_CONNECT_TIMEOUT_MS 10000
+
+struct kc_client;
+
+/*
+ * True when running in a cluster: KUBERNETES_SERVICE_HOST and
+ * KUBERNETES_SERVICE_PORT are set and sa_dir/token exists.
+ */
+bool kc_in_cluster(const char *sa_dir);
+
+/* The service account of sa_dir (token, ca.crt) and the service's address. */
+enum gg_status kc_new_in_cluster(const char *sa_dir, struct kc_client **out, struct gg_err *err);
+/* The current context of a kubeconfig file. */
+enum gg_status kc_new_kubeconfig(const char *path, struct kc_client **out, struct gg_err *err);
+void kc_free(struct kc_client *c);
+
+/*
+ * Any HTTP(S) endpoint with the same options (e.g. a Prometheus): its base
+ * URL, and optionally a bearer token file (re-read when it changes), a CA
+ * bundle and a client certificate and key.  NULL or "" leaves one out.
+ */
+struct kc_endpoint {
+    const char *server, *token_file, *ca_file, *cert_file, *key_file;
+};
+enum gg_status kc_new_endpoint(const struct kc_endpoint *ep, struct kc_client **out,
+                               struct gg_err *err);
+
+/* The API server's base URL, e.g. "https://10.96.0.1:443". */
+const char *kc_server(const struct kc_client *c);
+/* "service account", "token file", "token", "client certificate" or "none". */
+const char *kc_auth_kind(const struct kc_client *c);
+
+/* Read the token file again before the next request (after a 401). */
+void kc_token_invalidate(struct kc_client *c);
+
+struct kc_request {
+    const char *path; /* with its query, e.g. "/api/v1/pods?limit=500" */
+    const char *what; /* the request in messages, "GET <what>: ..."; NULL: the path */
+    long timeout_s;   /* the whole transfer; 0: no limit */
+    long timeout_ms;  /* the whole transfer in milliseconds, when > 0 (instead of timeout_s) */
+    long stall_s;     /* abort when no byte comes for this long; 0: no limit */
+    /* A 2xx body as it arrives; return false to abort the transfer. */
+    bool (*on_body)(void *ctx, const char *data, size_t len);
+    void *ctx;
+    const atomic_bool *cancel; /* abort when it turns true (looked at about once a second) */
+};
+
+struct kc_response {
+    long status;    /* HTTP status; 0 when no response came */
+    char *body;     /* a non-2xx body, NUL-terminated, at most KC_ERROR_BODY_MAX; else NULL */
+    bool aborted;   /* on_body returned false */
+    bool cancelled; /* *cancel turned true */
+};
+
+/*
+ * GET path.  GG_OK when a whole response came, whatever its status;
+ * GG_ERR_IO (connection, TLS, dropped connection, unreadable token file),
+ * GG_ERR_TIMEOUT, or GG_ERR_INVALID when aborted or cancelled, with err
+ * saying what happened.  *resp is filled in every case; clear it with
+ * kc_response_clear().
+ */
+enum gg_status kc_get(struct kc_client *c, const struct kc_request *rq, struct kc_response *resp,
+                      struct gg_err *err);
+void kc_response_clear(struct kc_response *resp);
+
+/* Percent-encode s for a query value into out; false when it does not fit. */
+bool kc_query_escape(const char *s, char *out, size_t size);
+
+/* Standard base64 (padding optional, whitespace skipped); NULL when malformed. */
+unsigned char *kc_base64_decode(const char *in, size_t *out_len);
+
+/*
+ * The wait of a client thread between requests (backoff, refresh): up to ms
+ * on cond under lock, cut short when *stop is set and cond signalled.  False
+ * when stopped.
+ */
+bool kc_pause_ms(pthread_mutex_t *lock, pthread_cond_t *cond, const atomic_bool *stop, int64_t ms);
+
+#endif

@@ -1,0 +1,259 @@
+/*
+ * rsstore.c - the published rightsizing snapshot, the source's state and
+ * the policies' reports, under one mutex.
+ *
+ * Reports arrive on request threads, whose jansson allocations live in the
+ * request's arena (arena.h): what outlives a request is kept in plain
+ * malloc'ed memory here, never in JSON values.
+ */
+#include "kube/rsstore.h"
+#include "util/clock.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* A workload's last finding: namespace and workload in key, "ns/workload". */
+struct report {
+    char *key;
+    size_t ns_len;
+    int64_t requested, needed;
+};
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    struct rs_data data; /* workloads NULL until the first snapshot */
+    int64_t stale_after_s;
+    int64_t published_s; /* monotonic seconds of the last publish */
+    char source[64];     /* "" while off */
+    bool last_ok;
+    char last_error[200];
+    unsigned long long refreshes_ok, refreshes_failed;
+    unsigned long long recommended, applied;
+    struct report *reported; /* open addressing on "ns/workload"; cap a power of two */
+    size_t n_reported, cap_reported;
+} S;
+
+void rss_publish(struct rs_data *d, int64_t stale_after_s)
+{
+    struct rs_data old;
+    pthread_mutex_lock(&lock);
+    old = S.data;
+    S.data = *d;
+    S.stale_after_s = stale_after_s;
+    S.published_s = (gg_now_us() / 1000000);
+    pthread_mutex_unlock(&lock);
+    memset(d, 0, sizeof(*d));
+    rs_data_clear(&old); /* freed outside the lock */
+}
+
+void rss_source_result(bool ok, const char *error)
+{
+    pthread_mutex_lock(&lock);
+    S.last_ok = ok;
+    snprintf(S.last_error, sizeof(S.last_error), "%s", ok ? "" : error);
+    if (ok)
+        S.refreshes_ok++;
+    else
+        S.refreshes_failed++;
+    pthread_mutex_unlock(&lock);
+}
+
+void rss_set_source(const char *what)
+{
+    pthread_mutex_lock(&lock);
+    snprintf(S.source, sizeof(S.source), "%s", what);
+    pthread_mutex_unlock(&lock);
+}
+
+static bool stale_locked(int64_t now)
+{
+    return S.stale_after_s > 0 && now - S.published_s > S.stale_after_s;
+}
+
+enum rss_result rss_lookup(const char *ns, const char *workload, struct rs_usage *u,
+                           int64_t *window_s, int64_t *age_s)
+{
+    enum rss_result r;
+    int64_t now = (gg_now_us() / 1000000);
+    pthread_mutex_lock(&lock);
+    if (!*S.source)
+        r = RSS_OFF;
+    else if (!S.data.workloads)
+        r = RSS_NO_DATA_YET;
+    else if (stale_locked(now))
+        r = RSS_STALE;
+    else if (!rs_data_get(&S.data, ns, workload, u))
+        r = RSS_UNKNOWN;
+    else {
+        r = RSS_FOUND;
+        *window_s = S.data.window_s;
+        *age_s = now - S.published_s;
+    }
+    pthread_mutex_unlock(&lock);
+    return r;
+}
+
+static size_t slot_of(const struct report *slots, size_t cap, const char *key)
+{
+    uint64_t h = 1469598103934665603ULL; /* FNV-1a */
+    for (const char *p = key; *p; p++)
+        h = (h ^ (unsigned char)*p) * 1099511628211ULL;
+    size_t i = h & (cap - 1);
+    while (slots[i].key && strcmp(slots[i].key, key) != 0)
+        i = (i + 1) & (cap - 1);
+    return i;
+}
+
+/* Room for one more report; false when out of memory or full. */
+static bool reports_room_locked(void)
+{
+    if ((S.n_reported + 1) * 10 <= S.cap_reported * 7)
+        return true;
+    if (S.n_reported >= RSS_MAX_REPORTED)
+        return false;
+    size_t cap = S.cap_reported ? S.cap_reported * 2 : 256;
+    struct report *slots = calloc(cap, sizeof(*slots));
+    if (!slots)
+        return false;
+    for (size_t i = 0; i < S.cap_reported; i++)
+        if (S.reported[i].key)
+            slots[slot_of(slots, cap, S.reported[i].key)] = S.reported[i];
+    free(S.reported);
+    S.reported = slots;
+    S.cap_reported = cap;
+    return true;
+}
+
+void rss_report(const char *ns, const char *workload, const char *action, int64_t requested_milli,
+                int64_t needed_milli)
+{
+    char key[640];
+    snprintf(key, sizeof(key), "%s/%s", ns, workload);
+    pthread_mutex_lock(&lock);
+    if (strcmp(action, "recommend") == 0)
+        S.recommended++;
+    else if (strcmp(action, "apply") == 0)
+        S.applied++;
+    struct report *r =
+        S.cap_reported ? &S.reported[slot_of(S.reported, S.cap_reported, key)] : NULL;
+    if ((!r || !r->key) && reports_room_locked()) {
+        r = &S.reported[slot_of(S.reported, S.cap_reported, key)];
+        if ((r->key = strdup(key)))
+            S.n_reported++;
+        r->ns_len = strlen(ns);
+    }
+    if (r && r->key) {
+        r->requested = requested_milli;
+        r->needed = needed_milli;
+    }
+    pthread_mutex_unlock(&lock);
+}
+
+void rss_describe(char *out, size_t size)
+{
+    int64_t now = (gg_now_us() / 1000000);
+    pthread_mutex_lock(&lock);
+    const char *sep = S.last_error[0] ? ": " : "";
+    if (!*S.source)
+        *out = '\0';
+    else if (!S.data.workloads)
+        snprintf(out, size, "rightsizing: no data yet%s%.200s", sep, S.last_error);
+    else
+        snprintf(out, size, "rightsizing: %s (%zu workloads, updated %llds ago)%s%.200s",
+                 stale_locked(now) ? "stale, policies see no data"
+                 : S.last_ok       ? "ok"
+                                   : "failing, policies see the last data",
+                 json_object_size(S.data.workloads), (long long)(now - S.published_s), sep,
+                 S.last_error);
+    pthread_mutex_unlock(&lock);
+}
+
+/* Requested and needed milli-GPU summed per namespace, from the reports. */
+static json_t *per_namespace_locked(void)
+{
+    json_t *sums = json_object();
+    for (size_t i = 0; sums && i < S.cap_reported; i++) {
+        const struct report *r = &S.reported[i];
+        char ns[256];
+        if (!r->key || r->ns_len >= sizeof(ns))
+            continue;
+        memcpy(ns, r->key, r->ns_len);
+        ns[r->ns_len] = '\0';
+        json_t *sum = json_object_get(sums, ns);
+        int64_t requested = json_integer_value(json_array_get(sum, 0)) + r->requested;
+        int64_t needed = json_integer_value(json_array_get(sum, 1)) + r->needed;
+        json_object_set_new(sums, ns,
+                            json_pack("[I,I]", (json_int_t)requested, (json_int_t)needed));
+    }
+    return sums;
+}
+
+enum gg_status rss_render_metrics(struct buf *out)
+{
+    int64_t now = (gg_now_us() / 1000000);
+    pthread_mutex_lock(&lock);
+    if (!*S.source) {
+        pthread_mutex_unlock(&lock);
+        return GG_OK;
+    }
+    bool fresh = S.data.workloads && !stale_locked(now);
+    enum gg_status st = buf_appendf(
+        out,
+        "# HELP gpuguard_rightsizing_source_up Whether policies see fresh usage history.\n"
+        "# TYPE gpuguard_rightsizing_source_up gauge\n"
+        "gpuguard_rightsizing_source_up %d\n"
+        "# HELP gpuguard_rightsizing_data_age_seconds Age of the usage history policies see.\n"
+        "# TYPE gpuguard_rightsizing_data_age_seconds gauge\n"
+        "gpuguard_rightsizing_data_age_seconds %lld\n"
+        "# HELP gpuguard_rightsizing_refreshes_total Queries of the usage source, by result.\n"
+        "# TYPE gpuguard_rightsizing_refreshes_total counter\n"
+        "gpuguard_rightsizing_refreshes_total{result=\"ok\"} %llu\n"
+        "gpuguard_rightsizing_refreshes_total{result=\"error\"} %llu\n"
+        "# HELP gpuguard_rightsizing_workloads Workloads with usage history.\n"
+        "# TYPE gpuguard_rightsizing_workloads gauge\n"
+        "gpuguard_rightsizing_workloads %zu\n"
+        "# HELP gpuguard_rightsizing_recommendations_total Smaller GPU requests recommended or "
+        "applied.\n"
+        "# TYPE gpuguard_rightsizing_recommendations_total counter\n"
+        "gpuguard_rightsizing_recommendations_total{action=\"recommend\"} %llu\n"
+        "gpuguard_rightsizing_recommendations_total{action=\"apply\"} %llu\n",
+        fresh ? 1 : 0, S.data.workloads ? (long long)(now - S.published_s) : -1LL, S.refreshes_ok,
+        S.refreshes_failed, json_object_size(S.data.workloads), S.recommended, S.applied);
+    json_t *sums = per_namespace_locked();
+    pthread_mutex_unlock(&lock);
+    static const char *const names[] = {"requested", "needed"};
+    static const char *const helps[] = {
+        "GPU-equivalents the workloads with usage history request, as last admitted.",
+        "GPU-equivalents their peak GPU memory x headroom needs on the same pools."};
+    for (size_t i = 0; i < 2 && st == GG_OK; i++) {
+        st = buf_appendf(out,
+                         "# HELP gpuguard_rightsizing_%s_gpus %s\n"
+                         "# TYPE gpuguard_rightsizing_%s_gpus gauge\n",
+                         names[i], helps[i], names[i]);
+        const char *ns;
+        json_t *sum;
+        json_object_foreach(sums, ns, sum)
+        {
+            if (st == GG_OK)
+                st = buf_appendf(out, "gpuguard_rightsizing_%s_gpus{namespace=\"%s\"} %.3f\n",
+                                 names[i], ns,
+                                 (double)json_integer_value(json_array_get(sum, i)) / 1000);
+        }
+    }
+    json_decref(sums);
+    return st;
+}
+
+void rss_reset(void)
+{
+    pthread_mutex_lock(&lock);
+    rs_data_clear(&S.data);
+    for (size_t i = 0; i < S.cap_reported; i++)
+        free(S.reported[i].key);
+    free(S.reported);
+    memset(&S, 0, sizeof(S));
+    pthread_mutex_unlock(&lock);
+}

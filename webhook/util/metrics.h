@@ -1,0 +1,71 @@
+/*
+ * metrics.h - process-wide metrics in Prometheus text format.
+ *
+ * Counters and histograms are fixed arrays of atomics indexed by small
+ * enums, so recording on the request path is a few relaxed atomic adds and
+ * never allocates or locks.
+ */
+#ifndef GG_METRICS_H
+#define GG_METRICS_H
+
+#include "util/buf.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+
+enum metrics_endpoint { MET_MUTATE, MET_VALIDATE, MET_ENDPOINTS };
+
+enum metrics_verdict { MET_ALLOWED, MET_PATCHED, MET_DENIED, MET_ERROR, MET_VERDICTS };
+
+/* The review's operation, in enum adm_operation order; MET_OP_NONE when it did not decode. */
+enum metrics_operation {
+    MET_OP_CREATE,
+    MET_OP_UPDATE,
+    MET_OP_DELETE,
+    MET_OP_CONNECT,
+    MET_OP_NONE,
+    MET_OPERATIONS
+};
+
+enum metrics_policy_result {
+    MET_POLICY_OK,      /* ran, reported nothing that blocks */
+    MET_POLICY_DENIED,  /* denied (enforce mode) */
+    MET_POLICY_WARNED,  /* denial turned into a warning or audit annotation by its mode */
+    MET_POLICY_ERROR,   /* raised an error */
+    MET_POLICY_BUDGET,  /* stopped: instruction budget */
+    MET_POLICY_MEMORY,  /* stopped: memory limit */
+    MET_POLICY_TIMEOUT, /* stopped: out of time */
+    MET_POLICY_RESULTS
+};
+
+/* One answered admission request and how long it took. */
+void metrics_observe_admission(enum metrics_endpoint ep, enum metrics_operation op,
+                               enum metrics_verdict verdict, double seconds);
+
+/* The metric slot of a policy name (registered on first use); -1 when the table is full. */
+int metrics_policy_slot(const char *name);
+void metrics_policy_observe(int slot, enum metrics_policy_result result, double seconds);
+
+/* An evaluation that ended past its request's deadline. */
+void metrics_deadline_overrun(void);
+
+/* A Lua VM's memory high-water mark, in bytes; the largest seen is exported. */
+void metrics_lua_memory(size_t peak);
+
+/* A request answered with an HTTP error status (400, 404, 405, 413, 415, ...). */
+void metrics_http_error(int status);
+
+void metrics_inflight_add(int delta);
+void metrics_connections_add(int delta);
+long metrics_inflight(void);
+
+/* A policy reload and the generation serving after it. */
+void metrics_reload(bool ok, uint64_t generation);
+
+/* A serving certificate load and the notAfter of the certificate serving after it. */
+void metrics_tls(bool ok, int64_t not_after);
+
+/* Append the whole exposition to out. */
+enum gg_status metrics_render(struct buf *out);
+
+#endif
