@@ -10,9 +10,10 @@
  * being the base64 of JSON equal to the verdict's.  Everything
  * runs twice: on plain malloc (so ASan sees every byte) and inside a
  * request arena, as review.c runs it.  Short inputs also go through
- * adm_parse_timeout.  A broken invariant aborts.
+ * duration_parse_ms.  A broken invariant aborts.
  */
 #include "codec/admission.h"
+#include "util/duration.h"
 #include "util/arena.h"
 #include "kube/kubeclient.h"
 
@@ -119,7 +120,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         memcpy(text, data, size);
         text[size] = '\0';
         int64_t ms = -1;
-        if (adm_parse_timeout(text, &ms) == GG_OK)
+        if (duration_parse_ms(text, &ms) == GG_OK)
             check(ms >= 0, "a negative timeout");
     }
     return 0;

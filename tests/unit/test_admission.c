@@ -338,27 +338,6 @@ static void test_base64(void **state)
     buf_clear(&b);
 }
 
-static void test_parse_timeout(void **state)
-{
-    (void)state;
-    static const struct {
-        const char *text;
-        int64_t ms;
-    } good[] = {{"10s", 10000}, {"30s", 30000}, {"1m30s", 90000}, {"500ms", 500},
-                {"1.5s", 1500}, {"0", 0},       {"2h", 7200000},  {"250000us", 250}};
-    for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
-        int64_t ms = -1;
-        assert_int_equal(adm_parse_timeout(good[i].text, &ms), GG_OK);
-        assert_int_equal(ms, good[i].ms);
-    }
-    static const char *const bad[] = {"", "10", "s", "-1s", "10x", "1s2", "abc", "inf"};
-    for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-        int64_t ms;
-        if (adm_parse_timeout(bad[i], &ms) != GG_ERR_PARSE)
-            fail_msg("\"%s\" should not parse", bad[i]);
-    }
-}
-
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -372,7 +351,6 @@ int main(void)
         cmocka_unit_test(test_encode_patch_only_when_mutating),
         cmocka_unit_test(test_encode_deny),
         cmocka_unit_test(test_base64),
-        cmocka_unit_test(test_parse_timeout),
     };
     return cmocka_run_group_tests_name("admission", tests, NULL, NULL);
 }

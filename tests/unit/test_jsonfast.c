@@ -13,7 +13,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "codec/jsonfast.h"
+#include "util/jsonfast.h"
 
 #include <dirent.h>
 #include <math.h>

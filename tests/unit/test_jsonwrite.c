@@ -10,7 +10,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
-#include "codec/jsonwrite.h"
+#include "util/jsonwrite.h"
 
 #include <math.h>
 #include <stdio.h>

@@ -91,10 +91,4 @@ enum gg_status adm_encode(const struct adm_request *req, const struct adm_verdic
 struct buf;
 enum gg_status adm_base64(struct buf *b, size_t from);
 
-/*
- * Parse a Go duration as the API server sends in ?timeout= ("10s", "1m30s",
- * "500ms", "1.5s").  Rounds to milliseconds; GG_ERR_PARSE when malformed.
- */
-enum gg_status adm_parse_timeout(const char *text, int64_t *ms);
-
 #endif

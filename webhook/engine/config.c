@@ -2,6 +2,7 @@
  * config.c - read the configuration file and check the engine's sections.
  */
 #include "engine/config.h"
+#include "util/duration.h"
 
 #include "codec/admission.h"
 #include "codec/quantity.h"
@@ -10,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* In the order of enum policy_mode and enum policy_failure. */
 static const char *const mode_names[] = {"enforce", "warn", "audit"};
 static const char *const failure_names[] = {"deny", "allow"};
 
@@ -24,6 +26,11 @@ static int find_name(const char *s, const char *const *names, int n)
 int cfg_mode_parse(const char *s)
 {
     return find_name(s, mode_names, 3);
+}
+
+const char *cfg_mode_name(enum policy_mode mode)
+{
+    return mode_names[mode];
 }
 
 int cfg_failure_parse(const char *s)
@@ -108,7 +115,7 @@ enum gg_status cfg_limits(const json_t *root, struct cfg_limits *out, struct gg_
     v = json_object_get(engine, "timeout");
     if (v) {
         int64_t ms;
-        if (!json_is_string(v) || adm_parse_timeout(json_string_value(v), &ms) != GG_OK || ms <= 0)
+        if (!json_is_string(v) || duration_parse_ms(json_string_value(v), &ms) != GG_OK || ms <= 0)
             return gg_fail(err, GG_ERR_INVALID,
                            "engine.timeout: must be a duration such as 2s or 500ms");
         out->timeout_us = ms * 1000;

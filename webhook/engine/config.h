@@ -66,8 +66,16 @@ enum cfg_workloads_mode { CFG_WORKLOADS_MUTATE, CFG_WORKLOADS_VALIDATE };
 enum gg_status cfg_workloads_mode(const json_t *root, enum cfg_workloads_mode *out,
                                   struct gg_err *err);
 
-/* "enforce" | "warn" | "audit" -> 0..2, "deny" | "allow" -> 0..1; -1 if unknown. */
+/* How a policy's denial is delivered, and what a policy's failure means. */
+enum policy_mode { POLICY_ENFORCE, POLICY_WARN, POLICY_AUDIT };
+enum policy_failure { POLICY_FAIL_DENY, POLICY_FAIL_ALLOW };
+
+/* "enforce" | "warn" | "audit" -> enum policy_mode, "deny" | "allow" -> enum
+ * policy_failure; -1 if unknown. */
 int cfg_mode_parse(const char *s);
 int cfg_failure_parse(const char *s);
+
+/* The configuration's name of a mode ("enforce", "warn", "audit"). */
+const char *cfg_mode_name(enum policy_mode mode);
 
 #endif

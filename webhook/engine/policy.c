@@ -6,6 +6,7 @@
  * checked, whatever has happened on disk since.
  */
 #include "engine/policy.h"
+#include "engine/sanitize.h"
 #include "util/clock.h"
 
 #include "util/buf.h"
@@ -288,8 +289,9 @@ static enum gg_status check_policies(struct policy_set *set, struct gg_err *err)
     return st;
 }
 
-enum gg_status policy_set_load(const struct policy_paths *paths, uint64_t generation,
-                               struct policy_set **out, struct gg_err *err)
+/* Read and check everything; on failure err names the file and the problem. */
+static enum gg_status policy_set_load(const struct policy_paths *paths, uint64_t generation,
+                                      struct policy_set **out, struct gg_err *err)
 {
     struct policy_set *set = calloc(1, sizeof(*set));
     if (!set)
@@ -607,7 +609,7 @@ static _Atomic int64_t *flight_slot(void)
 
 int engine_overdue(void)
 {
-    int64_t now = gg_now_ns() / 1000;
+    int64_t now = gg_now_us();
     int n = atomic_load(&n_tracked), stuck = 0;
     for (int i = 0; i < n && i < MAX_TRACKED_THREADS; i++) {
         int64_t deadline = atomic_load_explicit(&in_flight[i], memory_order_relaxed);
@@ -636,21 +638,19 @@ static void deny(struct gather *g, const char *text)
         g->lost = true;
 }
 
-static const char *const mode_names[] = {"enforce", "warn", "audit"};
-
 static void add_fired(struct gather *g, const char *name, int mode)
 {
     if (in_list(g->fired, name))
         return;
     json_array_append_new(g->fired, json_string(name));
-    json_object_set_new(g->modes, name, json_string(mode_names[mode]));
+    json_object_set_new(g->modes, name, json_string(cfg_mode_name(mode)));
 }
 
 static void add_audit(struct gather *g, const char *policy, const char *key, json_t *value)
 {
     char full[160], valid[64];
     snprintf(full, sizeof(full), "%s.%s", policy, key);
-    policy_audit_key(full, valid, sizeof(valid));
+    sanitize_audit_key(full, valid, sizeof(valid));
     json_object_set(g->audit, valid, value);
 }
 
@@ -905,7 +905,7 @@ enum gg_status engine_evaluate(struct engine *e, const struct adm_request *req, 
     enum gg_status st = evaluate(e, req, phases, deadline_us, out, err);
     if (flight)
         atomic_store_explicit(flight, 0, memory_order_relaxed);
-    if (gg_now_ns() / 1000 > deadline_us)
+    if (gg_now_us() > deadline_us)
         metrics_deadline_overrun();
     return st;
 }
@@ -976,7 +976,7 @@ static enum gg_status evaluate(struct engine *e, const struct adm_request *req, 
             out->patch = json_array();
         }
         audit_summary(&g, out);
-        out->warnings = policy_sanitize_warnings(g.warnings);
+        out->warnings = sanitize_warnings(g.warnings);
         out->audit = json_incref(g.audit);
         out->fired = json_incref(g.fired);
         reserve(e, req, phases, out);
@@ -1003,104 +1003,4 @@ void policy_verdict_clear(struct policy_verdict *v)
     json_decref(v->audit);
     json_decref(v->fired);
     memset(v, 0, sizeof(*v));
-}
-
-/* ---- sanitizing for the API server ---------------------------------- */
-
-/* Length of the UTF-8 sequence starting with byte c (1 for stray bytes). */
-static size_t utf8_len(unsigned char c)
-{
-    return c < 0xC0 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
-}
-
-/* One warning: control characters become spaces, at most max characters. */
-static char *clean_warning(const char *in, size_t max)
-{
-    size_t n = strlen(in), chars = 0, used = 0;
-    char *out = malloc(n + 4);
-    if (!out)
-        return NULL;
-    for (size_t i = 0; i < n;) {
-        unsigned char c = (unsigned char)in[i];
-        size_t len = utf8_len(c);
-        if (chars == max - 1 && i + len < n) {
-            memcpy(out + used, "\xe2\x80\xa6", 3); /* an ellipsis */
-            used += 3;
-            break;
-        }
-        if (c < 0x20 || c == 0x7f) {
-            out[used++] = ' ';
-            i++;
-        } else {
-            memcpy(out + used, in + i, len);
-            used += len;
-            i += len;
-        }
-        chars++;
-    }
-    out[used] = '\0';
-    return out;
-}
-
-json_t *policy_sanitize_warnings(const json_t *warnings)
-{
-    json_t *out = json_array();
-    size_t total = 0, i, dropped = 0;
-    json_t *item;
-    json_array_foreach(warnings, i, item)
-    {
-        char *w = clean_warning(json_string_value(item), POLICY_WARNING_MAX);
-        json_t *s = w && *w ? json_string(w) : NULL;
-        free(w);
-        if (!s)
-            continue;
-        bool dup = false;
-        size_t j;
-        json_t *seen;
-        json_array_foreach(out, j, seen) dup = dup || json_equal(seen, s);
-        if (dup) {
-            json_decref(s);
-        } else if (total + json_string_length(s) > POLICY_WARNINGS_TOTAL - 64) {
-            json_decref(s);
-            dropped++;
-        } else {
-            total += json_string_length(s);
-            json_array_append_new(out, s);
-        }
-    }
-    if (dropped) {
-        char note[96];
-        snprintf(note, sizeof(note), "gpuguard: %zu more warnings left out (see the logs)",
-                 dropped);
-        json_array_append_new(out, json_string(note));
-    }
-    return out;
-}
-
-static bool key_char(char c)
-{
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '-' ||
-           c == '_' || c == '.';
-}
-
-static bool key_edge(char c)
-{
-    return key_char(c) && c != '-' && c != '_' && c != '.';
-}
-
-void policy_audit_key(const char *in, char *out, size_t size)
-{
-    size_t n = 0, max = size - 1 < 63 ? size - 1 : 63;
-    for (const char *c = in; *c && n < max; c++)
-        out[n++] = key_char(*c) ? *c : '-';
-    out[n] = '\0';
-    size_t start = 0;
-    while (start < n && !key_edge(out[start]))
-        start++;
-    while (n > start && !key_edge(out[n - 1]))
-        n--;
-    memmove(out, out + start, n - start);
-    out[n - start] = '\0';
-    if (!out[0])
-        snprintf(out, size, "annotation");
 }

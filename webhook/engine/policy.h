@@ -12,14 +12,12 @@
 #define GG_POLICY_H
 
 #include "codec/admission.h"
+#include "engine/config.h"
 #include "util/gpuguard.h"
 
 #include <jansson.h>
 #include <stdbool.h>
 #include <stdint.h>
-
-enum policy_mode { POLICY_ENFORCE, POLICY_WARN, POLICY_AUDIT };
-enum policy_failure { POLICY_FAIL_DENY, POLICY_FAIL_ALLOW };
 
 /* Where the engine reads its inputs from. */
 struct policy_paths {
@@ -37,9 +35,6 @@ enum gg_status policy_read_sources(const char *dir, bool strip_ext, struct lb_so
                                    size_t *n_out, struct gg_err *err);
 void policy_free_sources(struct lb_source *src, size_t n);
 
-/* Read and check everything; on failure err names the file and the problem. */
-enum gg_status policy_set_load(const struct policy_paths *paths, uint64_t generation,
-                               struct policy_set **out, struct gg_err *err);
 void policy_set_release(struct policy_set *set);
 size_t policy_set_count(const struct policy_set *set);
 /*
@@ -125,13 +120,5 @@ void policy_verdict_clear(struct policy_verdict *v);
  */
 #define ENGINE_STUCK_GRACE_US 2000000
 int engine_overdue(void);
-
-/* Warnings as the API server keeps them: no control characters, at most
- * POLICY_WARNING_MAX characters each, under POLICY_WARNINGS_TOTAL in all. */
-#define POLICY_WARNING_MAX 120
-#define POLICY_WARNINGS_TOTAL 4000
-json_t *policy_sanitize_warnings(const json_t *warnings);
-/* An audit annotation key made valid: [A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?, <= 63. */
-void policy_audit_key(const char *in, char *out, size_t size);
 
 #endif

@@ -5,6 +5,7 @@
 #include "engine/workloads.h"
 
 #include "engine/config.h"
+#include "engine/sanitize.h"
 #include "codec/jsonpatch.h"
 
 #include <stdio.h>
@@ -95,8 +96,8 @@ static void warn_changes(json_t *warnings, const char *path, const char *what, c
     json_t *op;
     json_array_foreach(ops, i, op)
     {
-        /* Warnings are cut to POLICY_WARNING_MAX: the start of the value is enough. */
-        char value[POLICY_WARNING_MAX + 1] = "", text[2 * POLICY_WARNING_MAX + 512];
+        /* Warnings are cut to SANITIZE_WARNING_MAX: the start of the value is enough. */
+        char value[SANITIZE_WARNING_MAX + 1] = "", text[2 * SANITIZE_WARNING_MAX + 512];
         json_t *v = json_object_get(op, "value");
         size_t n = v ? json_dumpb(v, value, sizeof(value) - 1, JSON_COMPACT | JSON_ENCODE_ANY) : 0;
         value[n < sizeof(value) ? n : sizeof(value) - 1] = '\0';
@@ -340,7 +341,7 @@ enum gg_status wl_review(struct engine *engine, const struct adm_request *req,
     out->message = g.denials;
     g.denials = NULL;
     out->patch = g.patch;
-    out->warnings = policy_sanitize_warnings(g.warnings);
+    out->warnings = sanitize_warnings(g.warnings);
     out->audit = g.audit;
     out->fired = g.fired;
     g.patch = g.audit = g.fired = NULL;

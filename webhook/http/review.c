@@ -62,6 +62,21 @@ static void log_decision(const struct adm_request *req, enum adm_endpoint endpoi
     log_end(&l);
 }
 
+static enum metrics_operation metrics_operation_of(enum adm_operation op)
+{
+    switch (op) {
+    case ADM_CREATE:
+        return MET_OP_CREATE;
+    case ADM_UPDATE:
+        return MET_OP_UPDATE;
+    case ADM_DELETE:
+        return MET_OP_DELETE;
+    case ADM_CONNECT:
+        break;
+    }
+    return MET_OP_CONNECT;
+}
+
 enum gg_status review_handle(struct engine *engine, const char *body, size_t len,
                              enum adm_endpoint endpoint, int64_t deadline_us,
                              struct review_result *out, struct gg_err *err)
@@ -90,11 +105,10 @@ enum gg_status review_handle(struct engine *engine, const char *body, size_t len
         out->verdict = !v.allowed                                             ? MET_DENIED
                        : endpoint == ADM_MUTATING && json_array_size(v.patch) ? MET_PATCHED
                                                                               : MET_ALLOWED;
-        out->operation = (enum metrics_operation)req.operation;
+        out->operation = metrics_operation_of(req.operation);
         log_decision(&req, endpoint, &v, out->verdict, start_us);
         policy_verdict_clear(&v);
     }
-    adm_request_clear(&req);
-    arena_end();
+    arena_end(); /* frees the review's JSON: no adm_request_clear walk needed */
     return st;
 }

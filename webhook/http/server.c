@@ -20,6 +20,7 @@
  * late (sweeper.h), however slowly its bytes trickle in.
  */
 #include "http/server.h"
+#include "util/duration.h"
 #include "util/clock.h"
 
 #include "util/buf.h"
@@ -204,7 +205,7 @@ static int64_t request_timeout_ms(struct MHD_Connection *c)
 {
     const char *text = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "timeout");
     int64_t ms;
-    if (text && adm_parse_timeout(text, &ms) == GG_OK && ms > 0)
+    if (text && duration_parse_ms(text, &ms) == GG_OK && ms > 0)
         return ms;
     return DEFAULT_TIMEOUT_MS;
 }

@@ -7,7 +7,7 @@
 #include "kube/informer.h"
 #include "util/clock.h"
 
-#include "codec/jsonfast.h"
+#include "util/jsonfast.h"
 #include "util/log.h"
 
 #include <malloc.h>

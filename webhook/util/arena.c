@@ -134,11 +134,6 @@ void arena_end(void)
     arena.active = false;
 }
 
-bool arena_active(void)
-{
-    return arena.active;
-}
-
 bool arena_pause(void)
 {
     bool active = arena.active;

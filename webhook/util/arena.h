@@ -21,8 +21,6 @@ void arena_install(void);
 
 void arena_begin(void);
 void arena_end(void);
-/* True inside a scope: a value allocated now needs no release (arena_end drops it). */
-bool arena_active(void);
 /*
  * Between arena_pause() and arena_resume(its answer) allocations go to
  * malloc even inside a scope: for values that outlive the request (what the

@@ -8,7 +8,7 @@
 #include "util/log.h"
 
 #include "util/gpuguard.h"
-#include "codec/jsonwrite.h"
+#include "util/jsonwrite.h"
 
 #include <stdarg.h>
 #include <stdlib.h>

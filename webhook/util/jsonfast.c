@@ -19,7 +19,7 @@
 #define _GNU_SOURCE
 #endif
 
-#include "codec/jsonfast.h"
+#include "util/jsonfast.h"
 
 #include <errno.h>
 #include <float.h>

@@ -7,9 +7,9 @@
  * snprintf (shortest round-trip output would need a Ryu-like algorithm,
  * and jansson's own "%.17g" is what the text must match).
  */
-#include "codec/jsonwrite.h"
+#include "util/jsonwrite.h"
 
-#include "codec/jsonfast.h"
+#include "util/jsonfast.h"
 
 #include <stdio.h>
 #include <string.h>
