@@ -171,7 +171,7 @@ void inf_describe(struct informer *inf, char *out, size_t size);
 
 /*
  * The gpuguard_inventory_* metrics in Prometheus text, when an informer
- * runs (nothing otherwise); called from metrics_render.
+ * runs (nothing otherwise); the ops port's /metrics appends them.
  */
 enum gg_status inf_render_metrics(struct buf *out);
 
