@@ -20,19 +20,9 @@
 #include "codec/jsonpatch.h"
 #include "codec/manifest.h"
 #include "codec/yamldoc.h"
-
-#define N_ELEMS(a) (sizeof(a) / sizeof((a)[0]))
+#include "testjson.h"
 
 /* ---- helpers ---------------------------------------------------------------- */
-
-static json_t *js(const char *text)
-{
-    json_error_t jerr;
-    json_t *v = json_loads(text, JSON_DECODE_ANY, &jerr);
-    if (!v)
-        fail_msg("bad JSON in the test itself: %s: %s", jerr.text, text);
-    return v;
-}
 
 /* Load text and collect; fails the test on error. */
 static void collect(const char *text, struct yd_stream *s, struct mf_set *set)
