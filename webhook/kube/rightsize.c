@@ -282,52 +282,53 @@ static json_t *record_of(json_t *workloads, const char *key)
     return r;
 }
 
-static enum gg_status fold_peak(struct rs_data *d, const json_t *result, const char *ns_label,
-                                const char *pod_label, const json_t *owners, struct gg_err *err)
+/* A peak sample: the workload's largest peak and its number of pods; false when out of memory. */
+static bool fold_peak(struct rs_data *d, const char *key, double mib)
 {
-    size_t i;
-    const json_t *el;
-    json_array_foreach(result, i, el)
-    {
-        const json_t *metric;
-        double mib;
-        char key[KEY_SIZE];
-        if (!sample_of(el, ns_label, pod_label, owners, key, &metric, &mib))
-            continue;
-        json_t *r = record_of(d->workloads, key);
-        if (!r)
-            return gg_fail(err, GG_ERR_NOMEM, "out of memory");
-        if (mib > json_real_value(json_array_get(r, 0)))
-            json_array_set_new(r, 0, json_real(mib));
-        json_array_set_new(r, 3, json_integer(json_integer_value(json_array_get(r, 3)) + 1));
-        d->series++;
-    }
-    return GG_OK;
+    json_t *r = record_of(d->workloads, key);
+    if (!r)
+        return false;
+    if (mib > json_real_value(json_array_get(r, 0)))
+        json_array_set_new(r, 0, json_real(mib));
+    json_array_set_new(r, 3, json_integer(json_integer_value(json_array_get(r, 3)) + 1));
+    d->series++;
+    return true;
 }
 
-static void fold_history(struct rs_data *d, const json_t *result, const char *ns_label,
-                         const char *pod_label, const json_t *owners)
+/* A history sample: the workload's first or last time seen, for workloads with a peak only. */
+static void fold_edge(struct rs_data *d, const char *key, const json_t *metric, double t)
+{
+    const char *edge = json_string_value(json_object_get(metric, "edge"));
+    json_t *r = json_object_get(d->workloads, key);
+    if (!r || !edge)
+        return;
+    bool first = strcmp(edge, "first") == 0;
+    size_t at = first ? 1 : 2;
+    json_int_t old = json_integer_value(json_array_get(r, at)), now = (json_int_t)t;
+    if (!old || (first ? now < old : now > old))
+        json_array_set_new(r, at, json_integer(now));
+    d->series++;
+}
+
+/* Every sample of result, folded as a peak or as a history edge. */
+static enum gg_status fold(struct rs_data *d, const json_t *result, bool peak, const char *ns_label,
+                           const char *pod_label, const json_t *owners, struct gg_err *err)
 {
     size_t i;
     const json_t *el;
     json_array_foreach(result, i, el)
     {
         const json_t *metric;
-        double t;
+        double v;
         char key[KEY_SIZE];
-        if (!sample_of(el, ns_label, pod_label, owners, key, &metric, &t))
+        if (!sample_of(el, ns_label, pod_label, owners, key, &metric, &v))
             continue;
-        const char *edge = json_string_value(json_object_get(metric, "edge"));
-        json_t *r = json_object_get(d->workloads, key); /* only workloads with a peak count */
-        if (!r || !edge)
-            continue;
-        bool first = strcmp(edge, "first") == 0;
-        size_t at = first ? 1 : 2;
-        json_int_t old = json_integer_value(json_array_get(r, at)), now = (json_int_t)t;
-        if (!old || (first ? now < old : now > old))
-            json_array_set_new(r, at, json_integer(now));
-        d->series++;
+        if (!peak)
+            fold_edge(d, key, metric, v);
+        else if (!fold_peak(d, key, v))
+            return gg_fail(err, GG_ERR_NOMEM, "out of memory");
     }
+    return GG_OK;
 }
 
 enum gg_status rs_data_fold(struct rs_data *d, const json_t *peak, const json_t *history,
@@ -340,9 +341,9 @@ enum gg_status rs_data_fold(struct rs_data *d, const json_t *peak, const json_t 
         return st;
     if (!d->workloads && !(d->workloads = json_object()))
         return gg_fail(err, GG_ERR_NOMEM, "out of memory");
-    st = fold_peak(d, pr, ns_label, pod_label, owners, err);
+    st = fold(d, pr, true, ns_label, pod_label, owners, err);
     if (st == GG_OK)
-        fold_history(d, hr, ns_label, pod_label, owners);
+        st = fold(d, hr, false, ns_label, pod_label, owners, err);
     return st;
 }
 
