@@ -1,9 +1,9 @@
 /*
- * test_manifest.c - unit tests for webhook/codec/manifest.c: the pod templates of
- * every supported kind (table-driven), List items, skipped documents, the
- * Pod built for a template (metadata, owner, namespace), pointer and patch
- * mapping back onto the document, the YAML writer (round trips through
- * yamldoc), node line numbers, the cluster-state reader and the bounds.
+ * test_manifest.c - unit tests for the manifest module (webhook/codec/manifest.c,
+ * manifest_emit.c, manifest_lines.c): the pod templates of every supported kind (table-driven),
+ * List items, skipped documents, the Pod built for a template (metadata, owner, namespace), pointer
+ * and patch mapping back onto the document, the YAML writer (round trips through yamldoc), node
+ * line numbers, the cluster-state reader and the bounds.
  */
 #include <setjmp.h>
 #include <stdarg.h>
