@@ -109,7 +109,35 @@ static bool skip_word(struct inf_scan *s, const char *word)
     return true;
 }
 
-static int arr_next(struct inf_scan *s, bool *first);
+/*
+ * In a container whose opening bracket was consumed: 1 at its next element
+ * (past the comma), 0 after close, -1 on malformed input.
+ */
+static int next_in(struct inf_scan *s, bool *first, char close, const char *expected)
+{
+    inf_scan_ws(s);
+    if (s->p >= s->end)
+        return bad(s, "unexpected end"), -1;
+    if (*s->p == close) {
+        s->p++;
+        s->depth--;
+        return 0;
+    }
+    if (!*first) {
+        if (*s->p != ',')
+            return bad(s, expected), -1;
+        s->p++;
+        inf_scan_ws(s);
+    }
+    *first = false;
+    return 1;
+}
+
+/* Like inf_scan_member for an array: 1 at an element, 0 after the ']'. */
+static int arr_next(struct inf_scan *s, bool *first)
+{
+    return next_in(s, first, ']', "expected , or ]");
+}
 
 bool inf_scan_enter(struct inf_scan *s)
 {
@@ -167,30 +195,6 @@ json_t *inf_scan_string(struct inf_scan *s)
     return v;
 }
 
-/*
- * In a container whose opening bracket was consumed: 1 at its next element
- * (past the comma), 0 after close, -1 on malformed input.
- */
-static int next_in(struct inf_scan *s, bool *first, char close, const char *expected)
-{
-    inf_scan_ws(s);
-    if (s->p >= s->end)
-        return bad(s, "unexpected end"), -1;
-    if (*s->p == close) {
-        s->p++;
-        s->depth--;
-        return 0;
-    }
-    if (!*first) {
-        if (*s->p != ',')
-            return bad(s, expected), -1;
-        s->p++;
-        inf_scan_ws(s);
-    }
-    *first = false;
-    return 1;
-}
-
 int inf_scan_member(struct inf_scan *s, bool *first, char *key)
 {
     int r = next_in(s, first, '}', "expected , or }");
@@ -224,12 +228,6 @@ int inf_scan_member(struct inf_scan *s, bool *first, char *key)
     s->p++;
     inf_scan_ws(s);
     return 1;
-}
-
-/* Like inf_scan_member for an array: 1 at an element, 0 after the ']'. */
-static int arr_next(struct inf_scan *s, bool *first)
-{
-    return next_in(s, first, ']', "expected , or ]");
 }
 
 /* 1: an object was opened, 0: null was read, -1: anything else. */
