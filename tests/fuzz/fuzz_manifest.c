@@ -1,6 +1,6 @@
 /*
- * fuzz_manifest.c - libFuzzer target for manifest reading (manifest.c) over
- * what yamldoc makes of the input.
+ * fuzz_manifest.c - libFuzzer target for the manifest module (manifest.c,
+ * manifest_emit.c, manifest_lines.c) over what yamldoc makes of the input.
  *
  * The input is a manifest stream.  Every entry mf_collect finds must be
  * consistent: a template's pointer names an object in its document and its

@@ -1,7 +1,7 @@
 /*
  * test_informer.c - the informer's pure pieces: pods read from text into
- * trimmed objects (checked against trimming the parsed pod), watch event
- * lines, and lists cut into items whatever the read sizes.
+ * trimmed objects (infscan.c), watch event lines, and lists cut into items
+ * whatever the read sizes.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -49,7 +49,32 @@ static const char *const pods[] = {
     "{}",
 };
 
-/* ownerReferences: only the controller's kind and name are kept, read or trimmed. */
+/* What each of pods is read into: only what the charge model reads. */
+static const char *const trimmed[] = {
+    ("{\"metadata\":{\"name\":\"a\",\"namespace\":\"ns\",\"uid\":\"u-1\",\"labels\":{"
+     "\"gpuguard.io/workload-class\":\"training\"},\"annotations\":{\"gpuguard.io/charge\":"
+     "\"250\"}},\"spec\":{\"nodeName\":\"n1\",\"containers\":[{\"name\":\"c\",\"resources\":{"
+     "\"limits\":{\"nvidia.com/gpu\":\"1\"},\"requests\":{}}}]},\"status\":{\"phase\":"
+     "\"Running\"}}"),
+    ("{\"metadata\":{\"uid\":\"u-2\",\"namespace\":\"ns\",\"name\":\"b\"},\"spec\":{\"containers\":"
+     "[{\"resources\":{\"limits\":{},\"requests\":{\"nvidia.com/gpu\":2}}},{}],\"initContainers\":"
+     "[{\"resources\":{\"limits\":{\"nvidia.com/mig-3g.40gb\":3}}}]}}"),
+    ("{\"metadata\":{\"uid\":\"u-3\",\"namespace\":\"ns\",\"name\":\"web-x\",\"generateName\":"
+     "\"web-\",\"annotations\":{\"gpuguard.io/charge\":\"125\"}},\"spec\":{\"nodeSelector\":null,"
+     "\"containers\":[{\"name\":\"w\",\"resources\":{\"limits\":{\"nvidia.com/"
+     "gpu.shared\":1}}}]}}"),
+    ("{\"metadata\":{\"uid\":\"u-4\",\"namespace\":\"ns\"},\"spec\":{\"containers\":[{"
+     "\"resources\":{\"limits\":{\"nvidia.com/gpu.shared\":\"1\"}}}]},\"status\":{\"phase\":"
+     "\"Succeeded\"}}"),
+    ("{\"metadata\":{\"uid\":\"u-5\",\"namespace\":\"ns\",\"name\":\"k\",\"annotations\":{"
+     "\"gpu-fraction\":\"0.5\",\"gpu-memory\":\"100\",\"gpu-fraction-num-devices\":\"2\"}},"
+     "\"spec\":{\"nodeSelector\":{\"gpuguard.io/pool\":\"l4-shared\"},\"resourceClaims\":[{"
+     "\"name\":\"gpu\",\"resourceClaimTemplateName\":\"one\"}],\"initContainers\":[{\"name\":"
+     "\"s\",\"restartPolicy\":\"Always\"}],\"containers\":[{\"name\":\"c\",\"resources\":{}}]}}"),
+    "{}",
+};
+
+/* ownerReferences: only the controller's kind and name are kept. */
 static const char owned_pod[] =
     ("{\"metadata\":{\"uid\":\"u-5\",\"namespace\":\"ml\",\"name\":\"chat-5d8f7c9b4-x2x7z\","
      "\"ownerReferences\":[null,{\"kind\":\"Node\",\"name\":\"n1\",\"controller\":false},"
@@ -61,44 +86,66 @@ static void test_read_pod_keeps_the_controller_owner(void **state)
 {
     (void)state;
     json_t *read = inf_read_pod(owned_pod, strlen(owned_pod), NULL, NULL);
-    json_t *full = json_loads(owned_pod, 0, NULL);
-    json_t *trimmed = inf_trim_pod(full);
-    assert_true(json_equal(read, trimmed));
-    json_decref(full);
-    json_decref(trimmed);
     json_t *want = json_loads(
-        "[{\"kind\":\"ReplicaSet\",\"name\":\"chat-5d8f7c9b4\",\"controller\":true}]", 0, NULL);
-    assert_true(
-        json_equal(json_object_get(json_object_get(read, "metadata"), "ownerReferences"), want));
+        "{\"metadata\":{\"uid\":\"u-5\",\"namespace\":\"ml\",\"name\":\"chat-5d8f7c9b4-x2x7z\","
+        "\"ownerReferences\":[{\"kind\":\"ReplicaSet\",\"name\":\"chat-5d8f7c9b4\","
+        "\"controller\":true}]},\"spec\":{\"containers\":[{\"resources\":{\"limits\":{"
+        "\"nvidia.com/gpu\":1}}}]}}",
+        0, NULL);
+    assert_true(json_equal(read, want));
     json_decref(read);
     json_decref(want);
 }
 
-static void test_read_pod_matches_trimming_the_parsed_pod(void **state)
+static bool keep_pod(void *ctx, json_t *pod, const char *why)
+{
+    (void)why;
+    *(json_t **)ctx = json_incref(pod);
+    return true;
+}
+
+/* The pod a one-item list hands over, its item read in place (one chunk). */
+static json_t *read_as_list_item(const char *pod)
+{
+    char text[4096];
+    snprintf(text, sizeof(text), "{\"items\":[%s]}", pod);
+    json_t *read = NULL;
+    struct inf_list_reader *r = inf_list_reader_new(keep_pod, &read);
+    struct gg_err err = {{0}};
+    if (inf_list_feed(r, text, strlen(text), &err) != GG_OK)
+        fail_msg("%s: %s", pod, err.msg);
+    inf_list_reader_free(r);
+    return read;
+}
+
+/* Read whole or as a list item, each pod is trimmed alike, and charged as the full pod. */
+static void test_read_pod_trims_to_what_the_charge_reads(void **state)
 {
     (void)state;
+    assert_int_equal(sizeof(trimmed), sizeof(pods));
     struct inventory *inv = inv_new();
     struct charging model;
     charging_start(&model, inv, "policies", "deploy/gpuguard.yaml");
     for (size_t i = 0; i < sizeof(pods) / sizeof(pods[0]); i++) {
         json_error_t jerr;
-        json_t *full = json_loads(pods[i], 0, &jerr);
-        if (!full)
+        json_t *full = json_loads(pods[i], 0, &jerr), *want = json_loads(trimmed[i], 0, &jerr);
+        if (!full || !want)
             fail_msg("pod %zu: bad fixture: %s", i, jerr.text);
-        json_t *trimmed = inf_trim_pod(full);
         char rv[INF_RV_MAX];
         struct gg_err err = {{0}};
         json_t *read = inf_read_pod(pods[i], strlen(pods[i]), rv, &err);
         if (!read)
             fail_msg("pod %zu: %s", i, err.msg);
-        if (!json_equal(trimmed, read)) {
-            char *a = json_dumps(trimmed, JSON_SORT_KEYS), *b = json_dumps(read, JSON_SORT_KEYS);
-            fail_msg("pod %zu:\n trim %s\n read %s", i, a, b);
+        json_t *item = read_as_list_item(pods[i]);
+        if (!json_equal(want, read) || !json_equal(want, item)) {
+            char *a = json_dumps(read, JSON_SORT_KEYS), *b = json_dumps(item, JSON_SORT_KEYS);
+            fail_msg("pod %zu:\n want %s\n read %s\n item %s", i, trimmed[i], a, b);
         }
         assert_int_equal(inv_charge(inv, read), inv_charge(inv, full));
         json_decref(full);
-        json_decref(trimmed);
+        json_decref(want);
         json_decref(read);
+        json_decref(item);
     }
     charging_stop(&model);
     inv_free(inv);
@@ -114,13 +161,7 @@ static void test_read_pod_keeps_only_what_accounting_needs(void **state)
     json_t *p = inf_read_pod(pods[0], strlen(pods[0]), rv, NULL);
     assert_non_null(p);
     assert_string_equal(rv, "42");
-    json_t *want = json_loads(
-        "{\"metadata\":{\"name\":\"a\",\"namespace\":\"ns\",\"uid\":\"u-1\",\"labels\":{"
-        "\"gpuguard.io/workload-class\":\"training\"},\"annotations\":{\"gpuguard.io/charge\":"
-        "\"250\"}},\"spec\":{\"nodeName\":\"n1\",\"containers\":[{\"name\":\"c\",\"resources\":{"
-        "\"limits\":{\"nvidia.com/gpu\":\"1\"},\"requests\":{}}}]},\"status\":{\"phase\":"
-        "\"Running\"}}",
-        0, NULL);
+    json_t *want = json_loads(trimmed[0], 0, NULL);
     assert_true(json_equal(p, want));
     /* A whole GPU is what the spec says, whatever the annotation claims. */
     assert_int_equal(inv_charge(inv, p), 1000);
@@ -131,13 +172,7 @@ static void test_read_pod_keeps_only_what_accounting_needs(void **state)
     assert_int_equal(inv_charge(inv, p), 2000);
     json_decref(p);
     p = inf_read_pod(pods[4], strlen(pods[4]), NULL, NULL);
-    want = json_loads(
-        "{\"metadata\":{\"uid\":\"u-5\",\"namespace\":\"ns\",\"name\":\"k\",\"annotations\":{"
-        "\"gpu-fraction\":\"0.5\",\"gpu-memory\":\"100\",\"gpu-fraction-num-devices\":\"2\"}},"
-        "\"spec\":{\"nodeSelector\":{\"gpuguard.io/pool\":\"l4-shared\"},\"resourceClaims\":[{"
-        "\"name\":\"gpu\",\"resourceClaimTemplateName\":\"one\"}],\"initContainers\":[{\"name\":"
-        "\"s\",\"restartPolicy\":\"Always\"}],\"containers\":[{\"name\":\"c\",\"resources\":{}}]}}",
-        0, NULL);
+    want = json_loads(trimmed[4], 0, NULL);
     assert_true(json_equal(p, want));
     json_decref(p);
     json_decref(want);
@@ -397,7 +432,7 @@ static void test_stage_swaps_in_and_settles_reservations(void **state)
 int main(void)
 {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_read_pod_matches_trimming_the_parsed_pod),
+        cmocka_unit_test(test_read_pod_trims_to_what_the_charge_reads),
         cmocka_unit_test(test_read_pod_keeps_the_controller_owner),
         cmocka_unit_test(test_read_pod_keeps_only_what_accounting_needs),
         cmocka_unit_test(test_read_pod_refuses_what_is_not_json),

@@ -23,22 +23,13 @@
 
 #include "util/gpuguard.h"
 #include "codec/jsonpatch.h"
+#include "testjson.h"
 
 #ifndef JP_TEST_DATA
 #define JP_TEST_DATA "tests/data"
 #endif
 
 /* ---- helpers ---------------------------------------------------------------- */
-
-static json_t *js(const char *text)
-{
-    json_error_t jerr;
-    json_t *v = json_loads(text, JSON_DECODE_ANY, &jerr);
-
-    if (!v)
-        fail_msg("bad JSON in the test itself: %s: %s", jerr.text, text);
-    return v;
-}
 
 /* Fail with both documents printed unless got equals want (jansson equality). */
 static void assert_json_equal(const json_t *got, const json_t *want)
@@ -598,8 +589,40 @@ static void chaos_arm(size_t n)
     chaos_armed = 1;
 }
 
+/*
+ * call(x, y, &out, &err) with its Nth allocation failing, for N = 0, 1, ...
+ * until none fails: each failure is GG_ERR_NOMEM with no output and x left
+ * alone, the last call succeeds.  The number of failures.
+ */
+static size_t under_chaos(enum gg_status (*call)(const json_t *, const json_t *, json_t **,
+                                                 struct gg_err *),
+                          const json_t *x, const json_t *y)
+{
+    json_t *before = json_deep_copy(x), *out;
+    struct gg_err err = {{0}};
+    enum gg_status st;
+    size_t n, failures = 0;
+
+    for (n = 0;; n++) {
+        out = NULL;
+        chaos_arm(n);
+        st = call(x, y, &out, &err);
+        chaos_armed = 0;
+        if (!chaos_fired)
+            break;
+        failures++;
+        assert_int_equal(st, GG_ERR_NOMEM);
+        assert_null(out);
+        assert_json_equal(x, before);
+    }
+    assert_int_equal(st, GG_OK);
+    json_decref(out);
+    json_decref(before);
+    return failures;
+}
+
 /* Every allocation failure is reported as GG_ERR_NOMEM, leaks nothing, and
- * (for jp_apply_copy) leaves the input alone. */
+ * leaves the input alone. */
 static void test_nomem(void **state)
 {
     json_t *a =
@@ -615,43 +638,13 @@ static void test_nomem(void **state)
                        " {\"op\": \"copy\", \"from\": \"/metadata\", \"path\": \"/spec/m\"},"
                        " {\"op\": \"test\", \"path\": \"/spec/m/name\", \"value\": \"q\"},"
                        " {\"op\": \"add\", \"path\": \"/spec/t/-\", \"value\": \"end\"}]");
-    json_t *before = json_deep_copy(a), *out;
-    struct gg_err err = {{0}};
-    enum gg_status st;
-    size_t n, failures = 0;
+    size_t failures;
 
     (void)state;
     json_set_alloc_funcs(chaos_malloc, free);
-    for (n = 0;; n++) {
-        out = NULL;
-        chaos_arm(n);
-        st = jp_diff(a, b, &out, &err);
-        chaos_armed = 0;
-        if (!chaos_fired)
-            break;
-        failures++;
-        assert_int_equal(st, GG_ERR_NOMEM);
-        assert_null(out);
-    }
-    assert_int_equal(st, GG_OK);
-    json_decref(out);
-    for (n = 0;; n++) {
-        out = NULL;
-        chaos_arm(n);
-        st = jp_apply_copy(a, patch, &out, &err);
-        chaos_armed = 0;
-        if (!chaos_fired)
-            break;
-        failures++;
-        assert_int_equal(st, GG_ERR_NOMEM);
-        assert_null(out);
-        assert_json_equal(a, before);
-    }
-    assert_int_equal(st, GG_OK);
-    json_decref(out);
+    failures = under_chaos(jp_diff, a, b) + under_chaos(jp_apply_copy, a, patch);
     json_set_alloc_funcs(malloc, free);
     assert_true(failures > 20);
-    json_decref(before);
     json_decref(patch);
     json_decref(b);
     json_decref(a);

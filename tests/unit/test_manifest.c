@@ -1,9 +1,9 @@
 /*
- * test_manifest.c - unit tests for webhook/codec/manifest.c: the pod templates of
- * every supported kind (table-driven), List items, skipped documents, the
- * Pod built for a template (metadata, owner, namespace), pointer and patch
- * mapping back onto the document, the YAML writer (round trips through
- * yamldoc), node line numbers, the cluster-state reader and the bounds.
+ * test_manifest.c - unit tests for the manifest module (webhook/codec/manifest.c,
+ * manifest_emit.c, manifest_lines.c): the pod templates of every supported kind (table-driven),
+ * List items, skipped documents, the Pod built for a template (metadata, owner, namespace), pointer
+ * and patch mapping back onto the document, the YAML writer (round trips through yamldoc), node
+ * line numbers, the cluster-state reader and the bounds.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -20,19 +20,9 @@
 #include "codec/jsonpatch.h"
 #include "codec/manifest.h"
 #include "codec/yamldoc.h"
-
-#define N_ELEMS(a) (sizeof(a) / sizeof((a)[0]))
+#include "testjson.h"
 
 /* ---- helpers ---------------------------------------------------------------- */
-
-static json_t *js(const char *text)
-{
-    json_error_t jerr;
-    json_t *v = json_loads(text, JSON_DECODE_ANY, &jerr);
-    if (!v)
-        fail_msg("bad JSON in the test itself: %s: %s", jerr.text, text);
-    return v;
-}
 
 /* Load text and collect; fails the test on error. */
 static void collect(const char *text, struct yd_stream *s, struct mf_set *set)

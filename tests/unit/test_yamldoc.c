@@ -24,6 +24,7 @@
 
 #include "util/gpuguard.h"
 #include "codec/yamldoc.h"
+#include "testjson.h"
 
 #ifndef YD_TEST_DATA
 #define YD_TEST_DATA "tests/data"
@@ -32,19 +33,7 @@
 #define YD_CORPUS "../shared/corpus"
 #endif
 
-#define N_ELEMS(a) (sizeof(a) / sizeof((a)[0]))
-
 /* ---- helpers ---------------------------------------------------------------- */
-
-static json_t *js(const char *text)
-{
-    json_error_t jerr;
-    json_t *v = json_loads(text, JSON_DECODE_ANY, &jerr);
-
-    if (!v)
-        fail_msg("bad JSON in the test itself: %s: %s", jerr.text, text);
-    return v;
-}
 
 static void assert_json_eq(const json_t *got, const char *want_text, const char *input)
 {

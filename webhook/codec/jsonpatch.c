@@ -725,6 +725,27 @@ static enum gg_status parse_op(const json_t *o, struct op *op, struct gg_err *er
     return GG_OK;
 }
 
+/*
+ * Where an add or a replace puts value (stolen) at p: when p is the root,
+ * value becomes the root (*parent NULL); else *parent and *last are p's
+ * parent and last token.  On failure value is freed.
+ */
+static enum gg_status put_target(struct applier *a, const struct ptr *p, json_t *value,
+                                 json_t **parent, const char **last, struct gg_err *err)
+{
+    *parent = NULL;
+    if (p->ntok == 0) {
+        json_decref(a->root);
+        a->root = value;
+        return GG_OK;
+    }
+    *last = p->tok[p->ntok - 1];
+    enum gg_status st = walk(a->root, p, p->ntok - 1, parent, err);
+    if (st != GG_OK)
+        json_decref(value);
+    return st;
+}
+
 /* Put value (stolen) at p: a member is set, an array element inserted. */
 static enum gg_status do_add(struct applier *a, const struct ptr *p, json_t *value,
                              struct gg_err *err)
@@ -732,22 +753,17 @@ static enum gg_status do_add(struct applier *a, const struct ptr *p, json_t *val
     json_t *parent;
     const char *last;
     size_t i;
-    enum gg_status st;
+    enum gg_status st = put_target(a, p, value, &parent, &last, err);
 
-    if (p->ntok == 0) {
-        json_decref(a->root);
-        a->root = value;
-        return GG_OK;
-    }
-    last = p->tok[p->ntok - 1];
-    st = walk(a->root, p, p->ntok - 1, &parent, err);
-    if (st == GG_OK && json_is_object(parent))
+    if (st != GG_OK || !parent)
+        return st;
+    if (json_is_object(parent))
         return json_object_set_new_nocheck(parent, last, value) ? nomem(err) : GG_OK;
-    if (st == GG_OK && json_is_array(parent)) {
+    if (json_is_array(parent)) {
         st = insert_index(parent, last, &i, err);
         if (st == GG_OK)
             return json_array_insert_new(parent, i, value) ? nomem(err) : GG_OK;
-    } else if (st == GG_OK) {
+    } else {
         st = gg_fail(err, GG_ERR_INVALID, "cannot add \"%s\" to a %s", last, type_name(parent));
     }
     json_decref(value);
@@ -795,17 +811,11 @@ static enum gg_status do_replace(struct applier *a, const struct ptr *p, json_t 
     json_t *parent, *old;
     const char *last;
     size_t i;
-    enum gg_status st;
+    enum gg_status st = put_target(a, p, value, &parent, &last, err);
 
-    if (p->ntok == 0) {
-        json_decref(a->root);
-        a->root = value;
-        return GG_OK;
-    }
-    last = p->tok[p->ntok - 1];
-    st = walk(a->root, p, p->ntok - 1, &parent, err);
-    if (st == GG_OK)
-        st = child(parent, last, &old, err);
+    if (st != GG_OK || !parent)
+        return st;
+    st = child(parent, last, &old, err);
     if (st != GG_OK) {
         json_decref(value);
         return st;

@@ -2,9 +2,10 @@
  * manifest.h - the pods in a stream of Kubernetes manifests: every Pod and
  * every pod template of a pod-bearing controller or custom resource, each
  * turned into the Pod its controller would create, with the way back from
- * a patch on that Pod to a patch on the manifest.  Also the YAML writer for
- * edited manifests, node line numbers for messages, and the cluster-state
- * snapshot reader.
+ * a patch on that Pod to a patch on the manifest (manifest.c, with the
+ * cluster-state snapshot reader).  Also the YAML writer for edited
+ * manifests (manifest_emit.c) and node line numbers for messages
+ * (manifest_lines.c).
  *
  * Pure: libc, libyaml and jansson only; no I/O, no Lua, no globals.  The
  * caller reads files and parses them with yamldoc (mf_yd_limits gives the

@@ -957,6 +957,15 @@ out:
     return st;
 }
 
+/* An alias refused: what it adds (verb n unit) takes all the aliases of the stream past limit. */
+static enum gg_status yd_alias_bomb(struct yd_loader *ld, const yaml_mark_t *m, const char *name,
+                                    const char *verb, size_t n, const char *unit, size_t limit)
+{
+    return yd_fail(ld, GG_ERR_TOOBIG, m,
+                   "alias *%s %s %zu %s, over the alias limit of %zu in all (an alias bomb?)", name,
+                   verb, n, unit, limit);
+}
+
 /*
  * An alias is a deep copy of its anchor's value.  Its expanded size is
  * charged before copying, so nested aliases (a "billion laughs") stop at the
@@ -985,19 +994,14 @@ static enum gg_status yd_on_alias(struct yd_loader *ld, const yaml_event_t *ev)
         return yd_fail(ld, GG_ERR_TOOBIG, m, "alias *%s nests deeper than %zu levels", name,
                        ld->lim.max_depth);
     if (a->nodes > ld->lim.max_alias_nodes - ld->alias_nodes)
-        return yd_fail(ld, GG_ERR_TOOBIG, m,
-                       "alias *%s expands to %zu values, over the alias limit of %zu in all "
-                       "(an alias bomb?)",
-                       name, a->nodes, ld->lim.max_alias_nodes);
+        return yd_alias_bomb(ld, m, name, "expands to", a->nodes, "values",
+                             ld->lim.max_alias_nodes);
     if (a->nodes > ld->lim.max_nodes - ld->nodes)
         return yd_fail(ld, GG_ERR_TOOBIG, m, "alias *%s expands past the limit of %zu values", name,
                        ld->lim.max_nodes);
     /* A few values can still be a lot of text: aliases copy at most max_bytes. */
     if (a->bytes > ld->lim.max_bytes - ld->alias_bytes)
-        return yd_fail(ld, GG_ERR_TOOBIG, m,
-                       "alias *%s copies %zu bytes, over the alias limit of %zu in all "
-                       "(an alias bomb?)",
-                       name, a->bytes, ld->lim.max_bytes);
+        return yd_alias_bomb(ld, m, name, "copies", a->bytes, "bytes", ld->lim.max_bytes);
     v = json_deep_copy(a->value);
     if (!v)
         return yd_nomem(ld);

@@ -29,6 +29,8 @@
 #include "http/review.h"
 #include "http/sweeper.h"
 #include "http/tlscreds.h"
+#include "kube/informer.h"
+#include "kube/rsstore.h"
 
 #include <arpa/inet.h>
 #include <malloc.h>
@@ -382,7 +384,9 @@ static enum MHD_Result on_ops(void *cls, struct MHD_Connection *c, const char *u
     if (strcmp(url, "/metrics") == 0) {
         struct buf out;
         buf_init(&out, 16 << 20);
-        if (metrics_render(&out) != GG_OK || engine_render_quotas(s->engine, &out) != GG_OK) {
+        /* The process metrics, then those of the layers above util that keep their own. */
+        if (metrics_render(&out) != GG_OK || inf_render_metrics(&out) != GG_OK ||
+            rss_render_metrics(&out) != GG_OK || engine_render_quotas(s->engine, &out) != GG_OK) {
             buf_clear(&out);
             return send_text(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "metrics unavailable\n");
         }

@@ -5,7 +5,7 @@
  *
  * - The list is read as a stream: each pod is cut out of the response,
  *   read into a trimmed pod (only what accounting needs, see
- *   inf_read_pod), added to an inventory stage and freed; the stage is
+ *   inf_read_pod in infscan.h), added to an inventory stage and freed; the stage is
  *   swapped in as the whole state once the last page is in
  *   (inv_stage_commit), so a relist of 50,000 pods never holds the parsed
  *   list, and admissions wait for a pointer swap at most.
@@ -19,14 +19,15 @@
  * - The first complete list marks the inventory ready.  Nothing here ever
  *   waits on an admission, and admissions never wait on the network.
  *
- * The pure pieces (pod trimming, the list splitter, event decoding) are
- * exported for the tests and the benchmark.
+ * The pure pieces (the list splitter, event decoding) are exported for
+ * the tests and the benchmark.
  */
 #ifndef GG_INFORMER_H
 #define GG_INFORMER_H
 
 #include "util/buf.h"
 #include "util/gpuguard.h"
+#include "kube/infscan.h"
 #include "kube/inventory.h"
 #include "kube/kubeclient.h"
 
@@ -39,40 +40,6 @@
 #define INF_MAX_LINE ((size_t)4 << 20)
 /* Pods in one list, all pages together. */
 #define INF_MAX_LIST_PODS ((size_t)5000000)
-#define INF_RV_MAX 64
-
-/* ---- pods: what accounting needs ----------------------------------------- */
-
-/*
- * A new pod object with only what the charge model (lua/intent.lua) reads:
- * metadata.namespace, name, generateName, uid, the gpuguard.io/workload-class
- * label, the gpuguard.io/charge and KAI (gpu-fraction, gpu-memory,
- * gpu-fraction-num-devices) annotations, the controller's ownerReference
- * (kind and name, for rightsizing's owner folding); spec.nodeName,
- * spec.nodeSelector, spec.resourceClaims; the name, restartPolicy and
- * extended resources (names with a "/") of spec.containers[] and
- * spec.initContainers[] (limits and requests); status.phase.  The charge of
- * the result equals that of the pod.  NULL when pod is not an object.
- */
-json_t *inf_trim_pod(const json_t *pod);
-
-/*
- * The same trimmed pod read straight from the JSON text of a pod, building
- * nothing else; the rest of the text is checked to be JSON and skipped.
- * rv (INF_RV_MAX bytes, may be NULL) gets metadata.resourceVersion ("" when
- * absent).  NULL with err set when the text is not one JSON object.
- */
-json_t *inf_read_pod(const char *text, size_t len, char *rv, struct gg_err *err);
-
-/* How list items and watch objects are read: inf_read_pod, or inf_read_object. */
-typedef json_t *(*inf_read_fn)(const char *text, size_t len, char *rv, struct gg_err *err);
-
-/*
- * A whole object (a ResourceClaim or ResourceClaimTemplate: small, and kept
- * trimmed by the inventory), parsed from its JSON text; rv as for
- * inf_read_pod.  NULL with err set when the text is not one JSON object.
- */
-json_t *inf_read_object(const char *text, size_t len, char *rv, struct gg_err *err);
 
 /* ---- watch events -------------------------------------------------------- */
 
@@ -171,7 +138,7 @@ void inf_describe(struct informer *inf, char *out, size_t size);
 
 /*
  * The gpuguard_inventory_* metrics in Prometheus text, when an informer
- * runs (nothing otherwise); called from metrics_render.
+ * runs (nothing otherwise); the ops port's /metrics appends them.
  */
 enum gg_status inf_render_metrics(struct buf *out);
 

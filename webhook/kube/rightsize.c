@@ -11,6 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* "namespace/name" keys: a namespace is at most 63 bytes, the names here at most 511. */
+#define KEY_SIZE 640
+
 /* ---- settings ----------------------------------------------------------- */
 
 static const struct {
@@ -223,27 +226,11 @@ static enum gg_status vector_of(const json_t *answer, const char *which, const j
     return GG_OK;
 }
 
-/* One sample: its labels and value; false when it is not {metric: {...}, value: [t, "v"]}. */
-static bool sample_of(const json_t *el, const char *ns_label, const char *pod_label,
-                      const char **ns, const char **pod, const json_t **metric, double *value)
-{
-    *metric = json_object_get(el, "metric");
-    const json_t *v = json_object_get(el, "value");
-    *ns = json_string_value(json_object_get(*metric, ns_label));
-    *pod = json_string_value(json_object_get(*metric, pod_label));
-    const char *text = json_string_value(json_array_get(v, 1));
-    if (!*ns || !*pod || !**ns || !**pod || !text || json_array_size(v) != 2)
-        return false;
-    char *end;
-    *value = strtod(text, &end);
-    return end != text && !*end && isfinite(*value) && *value >= 0;
-}
-
 /* The workload of a pod: its controller when owners knows it, else its name. */
 static bool workload_of(const json_t *owners, const char *ns, const char *pod, char *out,
                         size_t size)
 {
-    char key[640];
+    char key[KEY_SIZE];
     snprintf(key, sizeof(key), "%s/%s", ns, pod);
     const char *owner = json_string_value(json_object_get(owners, key));
     const char *slash = owner ? strchr(owner, '/') : NULL;
@@ -259,11 +246,33 @@ static bool workload_of(const json_t *owners, const char *ns, const char *pod, c
     return of_from_pod_name(pod, out, size);
 }
 
-/* The record of ns/workload, created as [0, 0, 0, 0] when missing. */
-static json_t *record_of(json_t *workloads, const char *ns, const char *workload)
+/*
+ * One sample: the "namespace/workload" key of its pod (KEY_SIZE bytes), its
+ * labels and value; false when el is not {metric: {...}, value: [t, "v"]}
+ * or its pod name is too long for Kubernetes.
+ */
+static bool sample_of(const json_t *el, const char *ns_label, const char *pod_label,
+                      const json_t *owners, char *key, const json_t **metric, double *value)
 {
-    char key[640];
-    snprintf(key, sizeof(key), "%s/%s", ns, workload);
+    *metric = json_object_get(el, "metric");
+    const json_t *v = json_object_get(el, "value");
+    const char *ns = json_string_value(json_object_get(*metric, ns_label));
+    const char *pod = json_string_value(json_object_get(*metric, pod_label));
+    const char *text = json_string_value(json_array_get(v, 1));
+    if (!ns || !pod || !*ns || !*pod || !text || json_array_size(v) != 2)
+        return false;
+    char *end, workload[512];
+    *value = strtod(text, &end);
+    if (end == text || *end || !isfinite(*value) || *value < 0 ||
+        !workload_of(owners, ns, pod, workload, sizeof(workload)))
+        return false;
+    snprintf(key, KEY_SIZE, "%s/%s", ns, workload);
+    return true;
+}
+
+/* The record of key, created as [0, 0, 0, 0] when missing. */
+static json_t *record_of(json_t *workloads, const char *key)
+{
     json_t *r = json_object_get(workloads, key);
     if (!r) {
         r = json_pack("[f,I,I,I]", 0.0, (json_int_t)0, (json_int_t)0, (json_int_t)0);
@@ -273,57 +282,53 @@ static json_t *record_of(json_t *workloads, const char *ns, const char *workload
     return r;
 }
 
-static enum gg_status fold_peak(struct rs_data *d, const json_t *result, const char *ns_label,
-                                const char *pod_label, const json_t *owners, struct gg_err *err)
+/* A peak sample: the workload's largest peak and its number of pods; false when out of memory. */
+static bool fold_peak(struct rs_data *d, const char *key, double mib)
 {
-    size_t i;
-    const json_t *el;
-    json_array_foreach(result, i, el)
-    {
-        const char *ns, *pod;
-        const json_t *metric;
-        double mib;
-        char workload[512];
-        if (!sample_of(el, ns_label, pod_label, &ns, &pod, &metric, &mib) ||
-            !workload_of(owners, ns, pod, workload, sizeof(workload)))
-            continue; /* a pod name too long for Kubernetes, or not a sample */
-        json_t *r = record_of(d->workloads, ns, workload);
-        if (!r)
-            return gg_fail(err, GG_ERR_NOMEM, "out of memory");
-        if (mib > json_real_value(json_array_get(r, 0)))
-            json_array_set_new(r, 0, json_real(mib));
-        json_array_set_new(r, 3, json_integer(json_integer_value(json_array_get(r, 3)) + 1));
-        d->series++;
-    }
-    return GG_OK;
+    json_t *r = record_of(d->workloads, key);
+    if (!r)
+        return false;
+    if (mib > json_real_value(json_array_get(r, 0)))
+        json_array_set_new(r, 0, json_real(mib));
+    json_array_set_new(r, 3, json_integer(json_integer_value(json_array_get(r, 3)) + 1));
+    d->series++;
+    return true;
 }
 
-static void fold_history(struct rs_data *d, const json_t *result, const char *ns_label,
-                         const char *pod_label, const json_t *owners)
+/* A history sample: the workload's first or last time seen, for workloads with a peak only. */
+static void fold_edge(struct rs_data *d, const char *key, const json_t *metric, double t)
+{
+    const char *edge = json_string_value(json_object_get(metric, "edge"));
+    json_t *r = json_object_get(d->workloads, key);
+    if (!r || !edge)
+        return;
+    bool first = strcmp(edge, "first") == 0;
+    size_t at = first ? 1 : 2;
+    json_int_t old = json_integer_value(json_array_get(r, at)), now = (json_int_t)t;
+    if (!old || (first ? now < old : now > old))
+        json_array_set_new(r, at, json_integer(now));
+    d->series++;
+}
+
+/* Every sample of result, folded as a peak or as a history edge. */
+static enum gg_status fold(struct rs_data *d, const json_t *result, bool peak, const char *ns_label,
+                           const char *pod_label, const json_t *owners, struct gg_err *err)
 {
     size_t i;
     const json_t *el;
     json_array_foreach(result, i, el)
     {
-        const char *ns, *pod;
         const json_t *metric;
-        double t;
-        char workload[512], key[640];
-        if (!sample_of(el, ns_label, pod_label, &ns, &pod, &metric, &t) ||
-            !workload_of(owners, ns, pod, workload, sizeof(workload)))
+        double v;
+        char key[KEY_SIZE];
+        if (!sample_of(el, ns_label, pod_label, owners, key, &metric, &v))
             continue;
-        const char *edge = json_string_value(json_object_get(metric, "edge"));
-        snprintf(key, sizeof(key), "%s/%s", ns, workload);
-        json_t *r = json_object_get(d->workloads, key); /* only workloads with a peak count */
-        if (!r || !edge)
-            continue;
-        bool first = strcmp(edge, "first") == 0;
-        size_t at = first ? 1 : 2;
-        json_int_t old = json_integer_value(json_array_get(r, at)), now = (json_int_t)t;
-        if (!old || (first ? now < old : now > old))
-            json_array_set_new(r, at, json_integer(now));
-        d->series++;
+        if (!peak)
+            fold_edge(d, key, metric, v);
+        else if (!fold_peak(d, key, v))
+            return gg_fail(err, GG_ERR_NOMEM, "out of memory");
     }
+    return GG_OK;
 }
 
 enum gg_status rs_data_fold(struct rs_data *d, const json_t *peak, const json_t *history,
@@ -336,9 +341,9 @@ enum gg_status rs_data_fold(struct rs_data *d, const json_t *peak, const json_t 
         return st;
     if (!d->workloads && !(d->workloads = json_object()))
         return gg_fail(err, GG_ERR_NOMEM, "out of memory");
-    st = fold_peak(d, pr, ns_label, pod_label, owners, err);
+    st = fold(d, pr, true, ns_label, pod_label, owners, err);
     if (st == GG_OK)
-        fold_history(d, hr, ns_label, pod_label, owners);
+        st = fold(d, hr, false, ns_label, pod_label, owners, err);
     return st;
 }
 
@@ -353,7 +358,7 @@ void rs_data_clear(struct rs_data *d)
 bool rs_data_get(const struct rs_data *d, const char *ns, const char *workload,
                  struct rs_usage *out)
 {
-    char key[640];
+    char key[KEY_SIZE];
     snprintf(key, sizeof(key), "%s/%s", ns, workload);
     const json_t *r = json_object_get(d->workloads, key);
     if (!r)

@@ -3,9 +3,6 @@
  */
 #include "util/metrics.h"
 
-#include "kube/informer.h" /* inf_render_metrics: the gpuguard_inventory_* metrics */
-#include "kube/rsstore.h"  /* rss_render_metrics: the gpuguard_rightsizing_* metrics */
-
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -322,9 +319,5 @@ enum gg_status metrics_render(struct buf *out)
         st = render_policies(out);
     if (st == GG_OK)
         st = render_http(out);
-    if (st == GG_OK)
-        st = inf_render_metrics(out);
-    if (st == GG_OK)
-        st = rss_render_metrics(out);
     return st;
 }

@@ -65,7 +65,10 @@ void metrics_reload(bool ok, uint64_t generation);
 /* A serving certificate load and the notAfter of the certificate serving after it. */
 void metrics_tls(bool ok, int64_t not_after);
 
-/* Append the whole exposition to out. */
+/*
+ * Append these metrics to out.  Those kept by higher layers (inventory,
+ * rightsizing, quotas) follow them in the ops port's /metrics (http/server.c).
+ */
 enum gg_status metrics_render(struct buf *out);
 
 #endif
