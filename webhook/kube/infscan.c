@@ -5,7 +5,7 @@
  */
 #include "kube/infscan.h"
 
-#include "codec/jsonfast.h"
+#include "util/jsonfast.h"
 #include "kube/inventory.h"
 
 #include <string.h>
