@@ -7,6 +7,7 @@ import re
 import time
 
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from conftest import REPO, start_server
@@ -83,6 +84,27 @@ def test_metrics_parse_and_move_with_traffic(shipped):
         time.sleep(0.02)
         after = scrape(shipped)
     assert sample(after, "gpuguard_inflight_requests") == 0
+
+
+def test_quota_gauges_show_the_configured_amounts_exactly(binary, certs, tmp_path):
+    settings = yaml.safe_load((REPO / "deploy" / "gpuguard.yaml").read_text())
+    settings["quotas"]["namespaces"] = {"team-a": 8, "team-b": "0.25", "ml": 1.5,
+                                        'bad"name': 2}
+    settings["quotas"]["default"] = "0.125"
+    config = tmp_path / "quotas.yaml"
+    config.write_text(yaml.safe_dump(settings, sort_keys=False))
+    srv = start_server(binary, certs, tmp_path, "--policies", str(REPO / "policies"), "--lua",
+                       str(REPO / "lua"), "--config", str(config))
+    try:
+        status, text = srv.ops("/metrics")
+        assert status == 200
+        lines = [line for line in text.splitlines() if line.startswith("gpuguard_quota")]
+        assert lines == ['gpuguard_quota_gpus{namespace="team-a"} 8',
+                         'gpuguard_quota_gpus{namespace="team-b"} 0.25',
+                         'gpuguard_quota_gpus{namespace="ml"} 1.5',
+                         "gpuguard_quota_default_gpus 0.125"]
+    finally:
+        assert srv.stop() == 0
 
 
 def test_policy_failures_are_counted_by_kind(binary, certs, tmp_path):

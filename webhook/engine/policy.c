@@ -13,6 +13,7 @@
 #include "engine/config.h"
 #include "kube/inventory.h"
 #include "codec/jsonpatch.h"
+#include "codec/quantity.h"
 #include "util/log.h"
 #include "engine/luabridge.h"
 #include "util/metrics.h"
@@ -404,26 +405,45 @@ struct policy_set *engine_live_set(struct engine *e)
     return acquire(e);
 }
 
-/* A quota value of the configuration (GPUs as a number or a decimal string). */
-static bool quota_gpus(const json_t *v, double *out)
+/*
+ * A quota of the configuration in milli-GPU.  When the set loaded,
+ * policies/40-gpu-quota.lua checked every quota with quota.parse_fraction (a
+ * plain decimal with at most three decimals, numbers read as their "%.14g"
+ * text), a subset of the quantity grammar: the quantity parser reads the
+ * same amount, so the gauge shows what the policy enforces.
+ */
+static bool quota_milli(const json_t *v, int64_t *out)
 {
-    if (json_is_number(v)) {
-        *out = json_number_value(v);
-        return true;
-    }
-    char *end;
+    char text[48];
     const char *s = json_string_value(v);
-    if (!s)
-        return false;
-    *out = strtod(s, &end);
-    return end != s && !*end;
+    if (json_is_integer(v))
+        snprintf(text, sizeof(text), "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+    else if (json_is_real(v))
+        snprintf(text, sizeof(text), "%.14g", json_real_value(v));
+    if (!s && json_is_number(v))
+        s = text;
+    return s && qty_parse(s, out, NULL, NULL) == GG_OK;
+}
+
+/* One gauge sample in GPU-equivalents: milli-GPU written exactly ("8", "0.25"). */
+static enum gg_status append_gpus(struct buf *out, const char *series, int64_t milli)
+{
+    if (milli % 1000 == 0)
+        return buf_appendf(out, "%s %lld\n", series, (long long)(milli / 1000));
+    char frac[8];
+    snprintf(frac, sizeof(frac), "%03lld", (long long)(llabs(milli) % 1000));
+    for (size_t n = strlen(frac); n > 1 && frac[n - 1] == '0'; n--)
+        frac[n - 1] = '\0';
+    return buf_appendf(out, "%s %s%lld.%s\n", series, milli < 0 ? "-" : "",
+                       (long long)(llabs(milli) / 1000), frac);
 }
 
 enum gg_status engine_render_quotas(struct engine *e, struct buf *out)
 {
     struct policy_set *set = acquire(e);
     json_t *quotas = json_object_get(set->config, "quotas");
-    double gpus;
+    int64_t milli;
+    char series[320];
     enum gg_status st = buf_appendf(
         out, "# HELP gpuguard_quota_gpus GPU quota per namespace from the configuration, in "
              "GPU-equivalents.\n"
@@ -432,15 +452,20 @@ enum gg_status engine_render_quotas(struct engine *e, struct buf *out)
     json_t *v;
     json_object_foreach(json_object_get(quotas, "namespaces"), ns, v)
     {
-        if (st == GG_OK && quota_gpus(v, &gpus))
-            st = buf_appendf(out, "gpuguard_quota_gpus{namespace=\"%s\"} %g\n", ns, gpus);
+        /* Namespace names are DNS labels: nothing to escape in the label value. */
+        if (st == GG_OK && strspn(ns, "abcdefghijklmnopqrstuvwxyz0123456789-") == strlen(ns) &&
+            quota_milli(v, &milli)) {
+            snprintf(series, sizeof(series), "gpuguard_quota_gpus{namespace=\"%.256s\"}", ns);
+            st = append_gpus(out, series, milli);
+        }
     }
-    if (st == GG_OK && quota_gpus(json_object_get(quotas, "default"), &gpus))
-        st = buf_appendf(out,
-                         "# HELP gpuguard_quota_default_gpus GPU quota of namespaces not listed.\n"
-                         "# TYPE gpuguard_quota_default_gpus gauge\n"
-                         "gpuguard_quota_default_gpus %g\n",
-                         gpus);
+    if (st == GG_OK && quota_milli(json_object_get(quotas, "default"), &milli)) {
+        st = buf_appendf(out, "# HELP gpuguard_quota_default_gpus GPU quota of namespaces not "
+                              "listed.\n"
+                              "# TYPE gpuguard_quota_default_gpus gauge\n");
+        if (st == GG_OK)
+            st = append_gpus(out, "gpuguard_quota_default_gpus", milli);
+    }
     policy_set_release(set);
     return st;
 }
