@@ -76,6 +76,9 @@ static int run_once(struct engine *e, const char *text, size_t len, int64_t sum[
 
 static long n_reviews = 20000;
 
+static const struct option long_options[] = {{"grace-us", required_argument, NULL, 256},
+                                             {NULL, 0, NULL, 0}};
+
 static int take_flag(void *ctx, int opt, const char *arg)
 {
     (void)ctx;
@@ -86,33 +89,28 @@ static int take_flag(void *ctx, int opt, const char *arg)
     return 0;
 }
 
-static void help(FILE *out)
-{
-    fprintf(out, "usage: bench_engine [flags] REVIEW.json\n\nflags:\n");
-    eo_help_engine(out, EO_ENGINE, 16);
-    fprintf(out, "  -n N             reviews to time [20000]\n"
-                 "  --grace-us N     run time before the instruction-count hook [the server's]\n");
-    eo_help_tail(out, 16, "info");
-}
+static const struct eo_command tool_command = {
+    .name = "bench_engine",
+    .shared = EO_ENGINE,
+    .log_level = LOG_INFO,
+    .options = long_options,
+    .short_options = "n:",
+    .take = take_flag,
+    .usage = "bench_engine [flags] REVIEW.json",
+    .own_flags =
+        "  -n N                   reviews to time [20000]\n"
+        "  --grace-us N           run time before the instruction-count hook [the server's]\n",
+    .missing_args = "no REVIEW.json given",
+};
 
 int main(int argc, char **argv)
 {
-    static const struct option long_options[] = {{"grace-us", required_argument, NULL, 256},
-                                                 {NULL, 0, NULL, 0}};
-    const struct eo_command cmd = {.name = "bench_engine",
-                                   .shared = EO_ENGINE,
-                                   .log_level = LOG_INFO,
-                                   .options = long_options,
-                                   .short_options = "n:",
-                                   .take = take_flag,
-                                   .help = help,
-                                   .missing_args = "no REVIEW.json given"};
     struct engine_opts eo;
-    int first, rc = 2;
+    int rc = 2;
     arena_install();
-    if (!eo_parse(&cmd, argc, argv, &eo, &first, &rc))
+    if (!eo_parse(&tool_command, NULL, argc, argv, &eo, &rc))
         return rc;
-    const char *review = argv[first];
+    const char *review = eo.args[0];
     long n = n_reviews;
     struct gg_err err = {{0}};
     struct engine *e = NULL;

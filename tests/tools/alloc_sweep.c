@@ -273,33 +273,28 @@ static int take_flag(void *ctx, int opt, const char *arg)
     return 0;
 }
 
-static void help(FILE *out)
-{
-    fprintf(out, "usage: alloc_sweep [flags] REVIEW.json\n\nflags:\n");
-    eo_help_engine(out, EO_ENGINE, 16);
-    fprintf(out, "  --layer L        libc, jansson, lua or all [all]\n"
-                 "  --load           sweep loading and reloading the policy set\n"
-                 "  --dryrun         evaluate as gpuguard check does (dr_evaluate)\n"
-                 "  --stride S       every S-th allocation [1]\n");
-    eo_help_tail(out, 16, "info");
-}
+static const struct eo_command tool_command = {
+    .name = "alloc_sweep",
+    .shared = EO_ENGINE,
+    .log_level = LOG_INFO,
+    .options = long_options,
+    .take = take_flag,
+    .usage = "alloc_sweep [flags] REVIEW.json",
+    .own_flags = "  --layer L              libc, jansson, lua or all [all]\n"
+                 "  --load                 sweep loading and reloading the policy set\n"
+                 "  --dryrun               evaluate as gpuguard check does (dr_evaluate)\n"
+                 "  --stride S             every S-th allocation [1]\n",
+    .missing_args = "no REVIEW.json given",
+};
 
 int main(int argc, char **argv)
 {
     struct engine_opts paths;
     struct sweep_opts o = {.layer = "all", .stride = 1};
-    const struct eo_command cmd = {.name = "alloc_sweep",
-                                   .shared = EO_ENGINE,
-                                   .log_level = LOG_INFO,
-                                   .options = long_options,
-                                   .take = take_flag,
-                                   .ctx = &o,
-                                   .help = help,
-                                   .missing_args = "no REVIEW.json given"};
-    int first, rc = 2;
-    if (!eo_parse(&cmd, argc, argv, &paths, &first, &rc))
+    int rc = 2;
+    if (!eo_parse(&tool_command, &o, argc, argv, &paths, &rc))
         return rc;
-    const char *review = argv[first], *layer = o.layer;
+    const char *review = paths.args[0], *layer = o.layer;
     bool load = o.load, dryrun = o.dryrun;
     long stride = o.stride;
     json_set_alloc_funcs(json_alloc, free);

@@ -50,33 +50,28 @@ static int take_flag(void *ctx, int opt, const char *arg)
     return 0;
 }
 
-static void help(FILE *out)
-{
-    fprintf(out, "usage: engine_tool [flags] REVIEW.json\n\nflags:\n");
-    eo_help_engine(out, EO_ENGINE, 22);
-    fprintf(out, "  --phases PHASES        mutate, validate or both [both]\n"
+static const struct eo_command tool_command = {
+    .name = "engine_tool",
+    .shared = EO_ENGINE,
+    .log_level = LOG_INFO,
+    .options = long_options,
+    .take = take_flag,
+    .usage = "engine_tool [flags] REVIEW.json",
+    .own_flags = "  --phases PHASES        mutate, validate or both [both]\n"
                  "  --cluster-state FILE   pods in use, for gpuguard.usage() [none]\n"
-                 "  --repeat N             evaluations on one engine [1]\n");
-    eo_help_tail(out, 22, "info");
-}
+                 "  --repeat N             evaluations on one engine [1]\n",
+    .missing_args = "no REVIEW.json given",
+};
 
 int main(int argc, char **argv)
 {
     struct engine_opts eo;
     struct tool_opts t = {.phases = PHASE_MUTATE | PHASE_VALIDATE | PHASE_KEEP_MUTATED,
                           .repeat = 1};
-    const struct eo_command cmd = {.name = "engine_tool",
-                                   .shared = EO_ENGINE,
-                                   .log_level = LOG_INFO,
-                                   .options = long_options,
-                                   .take = take_flag,
-                                   .ctx = &t,
-                                   .help = help,
-                                   .missing_args = "no REVIEW.json given"};
-    int first, rc = 2;
-    if (!eo_parse(&cmd, argc, argv, &eo, &first, &rc))
+    int rc = 2;
+    if (!eo_parse(&tool_command, &t, argc, argv, &eo, &rc))
         return rc;
-    const char *review = argv[first], *cluster_state = t.cluster_state;
+    const char *review = eo.args[0], *cluster_state = t.cluster_state;
     unsigned phases = t.phases;
     long repeat = t.repeat;
     struct gg_err err = {{0}};

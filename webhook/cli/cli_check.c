@@ -41,8 +41,6 @@
 
 enum out_format { OUT_TEXT, OUT_JSON, OUT_JUNIT };
 
-#define CHECK_HELP_WIDTH 22 /* the flag column of --help */
-
 struct check_opts {
     struct engine_opts engine;
     const char *namespace;
@@ -52,8 +50,6 @@ struct check_opts {
     enum out_format format;
     bool show_patch;
     bool emit_mutated;
-    char **paths;
-    int n_paths;
 };
 
 struct check_run {
@@ -87,7 +83,7 @@ static void check_usage(FILE *out)
         "or - for stdin; files may hold several YAML or JSON documents.\n"
         "\n"
         "flags:\n");
-    eo_help_engine(out, EO_ENGINE, CHECK_HELP_WIDTH);
+    eo_help_engine(out, EO_ENGINE, EO_HELP_WIDTH);
     fprintf(out,
             "  --namespace NS         namespace for manifests that name none [default]\n"
             "  --user NAME            userInfo.username of the requests [" DR_DEFAULT_USER "]\n"
@@ -100,13 +96,13 @@ static void check_usage(FILE *out)
             "  --show-patch           print each JSON patch (text output)\n"
             "  --emit-mutated         write the manifests, patched, as YAML to stdout; the\n"
             "                         report then goes to stderr\n");
-    eo_help_tail(out, CHECK_HELP_WIDTH, "warn");
+    eo_help_tail(out, EO_HELP_WIDTH, LOG_WARN);
     fprintf(out, "\n"
-                 "Manifests are checked in a fixed order: PATHs as given, each directory's files\n"
-                 "in byte order of their paths, the documents of a file from first to last.  With\n"
-                 "--cluster-state, each pod admitted counts against the quota for the manifests\n"
-                 "after it, as the cluster would admit them in that order, so the same inputs in\n"
-                 "the same order always give the same results.\n"
+                 "Manifests are checked in a fixed order: PATHs as given, a directory depth\n"
+                 "first with the entries of each in byte order of their names, the documents of\n"
+                 "a file from first to last.  With --cluster-state, each pod admitted counts\n"
+                 "against the quota for the manifests after it, as the cluster would admit them\n"
+                 "in that order: the same inputs in the same order give the same results.\n"
                  "\n"
                  "Exit status: 0 all allowed, 1 at least one denied, 2 usage or input error.\n"
                  "The last line is a summary: \"N checked, N denied, N warned, N skipped\".\n");
@@ -174,28 +170,16 @@ static int take_flag(void *ctx, int opt, const char *arg)
     }
 }
 
-/* True to run; false to exit with *exit_code (after --help or a usage error). */
-static bool parse_flags(int argc, char **argv, struct check_opts *o, int *exit_code)
-{
-    *o = (struct check_opts){.format = OUT_TEXT};
-    const struct eo_command cmd = {
-        .name = "gpuguard check",
-        .shared = EO_ENGINE,
-        .log_level = LOG_WARN,
-        .options = long_options,
-        .short_options = "o:",
-        .take = take_flag,
-        .ctx = o,
-        .help = check_usage,
-        .missing_args = "no PATH given (a file, a directory or - for stdin)",
-    };
-    int first;
-    if (!eo_parse(&cmd, argc, argv, &o->engine, &first, exit_code))
-        return false;
-    o->paths = argv + first;
-    o->n_paths = argc - first;
-    return true;
-}
+static const struct eo_command check_command = {
+    .name = "gpuguard check",
+    .shared = EO_ENGINE,
+    .log_level = LOG_WARN,
+    .options = long_options,
+    .short_options = "o:",
+    .take = take_flag,
+    .help = check_usage,
+    .missing_args = "no PATH given (a file, a directory or - for stdin)",
+};
 
 /* ---- inputs ------------------------------------------------------------- */
 
@@ -708,8 +692,8 @@ static enum gg_status expand_paths(struct check_run *r, struct cli_files *inputs
 {
     struct gg_err err = {{0}};
     bool stdin_seen = false;
-    for (int i = 0; i < r->o.n_paths; i++) {
-        const char *p = r->o.paths[i];
+    for (int i = 0; i < r->o.engine.n_args; i++) {
+        const char *p = r->o.engine.args[i];
         struct stat sb;
         enum gg_status st = GG_OK;
         if (strcmp(p, "-") == 0) {
@@ -745,7 +729,8 @@ int cli_check(int argc, char **argv)
     struct gg_err err = {{0}};
     struct cli_files inputs = {0};
     int rc = 2;
-    if (!parse_flags(argc, argv, &r.o, &rc))
+    r.o = (struct check_opts){.format = OUT_TEXT};
+    if (!eo_parse(&check_command, &r.o, argc, argv, &r.o.engine, &rc))
         return rc;
     r.records = json_array();
     r.emitted = r.o.emit_mutated ? json_array() : NULL;

@@ -87,7 +87,7 @@ static void serve_usage(FILE *out)
                  "                            or with --kubeconfig, else off]\n"
                  "  --kubeconfig FILE         reach the API server with this kubeconfig's current\n"
                  "                            context instead of the pod's service account\n");
-    eo_help_tail(out, SERVE_HELP_WIDTH, "info");
+    eo_help_tail(out, SERVE_HELP_WIDTH, LOG_INFO);
     fprintf(out,
             "\n"
             "Port 0 picks a free port; the ports in use are logged at start.  The certificate\n"
@@ -223,17 +223,15 @@ static bool parse_flags(int argc, char **argv, struct serve_opts *o, int *exit_c
                              .shutdown_grace_s = 30,
                              .request_timeout_s = 10,
                              .inventory = -1};
-    const struct eo_command cmd = {
+    static const struct eo_command serve_command = {
         .name = "gpuguard serve",
         .shared = EO_ENGINE,
         .log_level = LOG_INFO,
         .options = long_options,
         .take = take_flag,
-        .ctx = o,
         .help = serve_usage,
     };
-    int first;
-    if (!eo_parse(&cmd, argc, argv, &o->engine, &first, exit_code))
+    if (!eo_parse(&serve_command, o, argc, argv, &o->engine, exit_code))
         return false;
     if (!o->tls_cert || !o->tls_key) {
         fprintf(stderr, "gpuguard serve: --tls-cert and --tls-key are required\n"

@@ -38,12 +38,6 @@
 #define TEST_MAX_SUITE_BYTES ((size_t)16 << 20)
 #define TEST_MAX_DIFF_CELLS 4000000 /* LCS table cells; beyond, lines are listed whole */
 
-struct test_opts {
-    struct engine_opts engine; /* for suites that name none */
-    char **paths;
-    int n_paths;
-};
-
 /* One suite file, checked. */
 struct suite {
     const char *file;
@@ -61,7 +55,7 @@ struct engine_cache {
 };
 
 struct test_run {
-    struct test_opts o;
+    struct engine_opts o; /* for suites that name none; the paths */
     struct engine_cache cache;
     size_t passed, failed, broken;
     bool colour;
@@ -86,30 +80,20 @@ static void test_usage(FILE *out)
             "\n"
             "flags (a suite's own config, policies and lua win over them):\n");
     eo_help_engine(out, EO_ENGINE, TEST_HELP_WIDTH);
-    eo_help_tail(out, TEST_HELP_WIDTH, "error");
+    eo_help_tail(out, TEST_HELP_WIDTH, LOG_ERROR);
     fprintf(out, "\n"
                  "Paths in a suite are relative to the suite file.  Prints PASS or FAIL per case,\n"
                  "with a diff of expected and actual on failure, then \"N passed, M failed\".\n"
                  "Exit status: 0 all passed, 1 a case failed, 2 usage error or a broken suite.\n");
 }
 
-/* True to run; false to exit with *exit_code (after --help or a usage error). */
-static bool parse_flags(int argc, char **argv, struct test_opts *o, int *exit_code)
-{
-    const struct eo_command cmd = {
-        .name = "gpuguard test",
-        .shared = EO_ENGINE,
-        .log_level = LOG_ERROR,
-        .help = test_usage,
-        .missing_args = "no PATH given (a suite file or a directory)",
-    };
-    int first;
-    if (!eo_parse(&cmd, argc, argv, &o->engine, &first, exit_code))
-        return false;
-    o->paths = argv + first;
-    o->n_paths = argc - first;
-    return true;
-}
+static const struct eo_command test_command = {
+    .name = "gpuguard test",
+    .shared = EO_ENGINE,
+    .log_level = LOG_ERROR,
+    .help = test_usage,
+    .missing_args = "no PATH given (a suite file or a directory)",
+};
 
 /* ---- checking a suite --------------------------------------------------- */
 
@@ -437,13 +421,11 @@ static enum gg_status suite_load(const struct test_run *r, const char *file, str
     const char *policies = json_string_value(json_object_get(s->doc, "policies"));
     const char *lua = json_string_value(json_object_get(s->doc, "lua"));
     const char *state = json_string_value(json_object_get(s->doc, "cluster_state"));
-    s->config = config               ? suite_path(s, config)
-                : r->o.engine.config ? strdup(r->o.engine.config)
-                                     : NULL;
-    s->policies = policies ? suite_path(s, policies) : strdup(r->o.engine.policies);
-    s->lua = lua ? suite_path(s, lua) : strdup(r->o.engine.lua);
+    s->config = config ? suite_path(s, config) : r->o.config ? strdup(r->o.config) : NULL;
+    s->policies = policies ? suite_path(s, policies) : strdup(r->o.policies);
+    s->lua = lua ? suite_path(s, lua) : strdup(r->o.lua);
     s->cluster_state = state ? suite_path(s, state) : NULL;
-    if ((config && !s->config) || (r->o.engine.config && !s->config) || !s->policies || !s->lua ||
+    if ((config && !s->config) || (r->o.config && !s->config) || !s->policies || !s->lua ||
         (state && !s->cluster_state))
         return gg_fail(err, GG_ERR_NOMEM, "out of memory");
     return GG_OK;
@@ -933,15 +915,15 @@ int cli_test(int argc, char **argv)
     struct cli_files files = {0};
     struct gg_err err = {{0}};
     int rc;
-    if (!parse_flags(argc, argv, &r.o, &rc))
+    if (!eo_parse(&test_command, NULL, argc, argv, &r.o, &rc))
         return rc;
     if (!(r.inventory = inv_new())) {
         fprintf(stderr, "gpuguard test: out of memory\n");
         return 2;
     }
     r.colour = cli_use_colour(stdout);
-    for (int i = 0; i < r.o.n_paths; i++) {
-        const char *path = r.o.paths[i];
+    for (int i = 0; i < r.o.n_args; i++) {
+        const char *path = r.o.args[i];
         size_t before = files.count;
         struct stat sb;
         enum gg_status st;

@@ -36,7 +36,7 @@ static void usage_usage(FILE *out)
     eo_help_engine(out, EO_CONFIG, USAGE_HELP_WIDTH);
     fprintf(out, "  --window DURATION   history to look at, e.g. 7d [rightsizing.window, 7d]\n"
                  "  -o, --output FILE   where to write it; - for stdout [required]\n");
-    eo_help_tail(out, USAGE_HELP_WIDTH, "warn");
+    eo_help_tail(out, USAGE_HELP_WIDTH, LOG_WARN);
     fprintf(out, "\n"
                  "Exit status: 0 saved, 1 Prometheus could not be queried, 2 usage error.\n");
 }
@@ -72,18 +72,16 @@ static int take_flag(void *ctx, int opt, const char *arg)
 static bool parse_flags(int argc, char **argv, struct usage_opts *o, int *exit_code)
 {
     *o = (struct usage_opts){0};
-    const struct eo_command cmd = {
+    static const struct eo_command usage_command = {
         .name = "gpuguard usage",
         .shared = EO_CONFIG | EO_LOG_LEVEL,
         .log_level = LOG_WARN,
         .options = long_options,
         .short_options = "o:",
         .take = take_flag,
-        .ctx = o,
         .help = usage_usage,
     };
-    int first;
-    if (!eo_parse(&cmd, argc, argv, &o->engine, &first, exit_code))
+    if (!eo_parse(&usage_command, o, argc, argv, &o->engine, exit_code))
         return false;
     if (!o->output) {
         fprintf(stderr, "gpuguard usage: -o FILE is required\n"

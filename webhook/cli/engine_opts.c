@@ -70,9 +70,21 @@ static int take_shared(const struct eo_command *c, int opt, const char *arg, str
     }
 }
 
+static void help(const struct eo_command *c)
+{
+    if (c->help) {
+        c->help(stdout);
+        return;
+    }
+    printf("usage: %s\n\nflags:\n", c->usage);
+    eo_help_engine(stdout, c->shared, EO_HELP_WIDTH);
+    fputs(c->own_flags ? c->own_flags : "", stdout);
+    eo_help_tail(stdout, EO_HELP_WIDTH, c->log_level);
+}
+
 /* 0 to run, 1 after --help, -1 on a usage error (said on stderr). */
-static int parse(const struct eo_command *c, int argc, char **argv, struct engine_opts *o,
-                 int *first)
+static int parse(const struct eo_command *c, void *ctx, int argc, char **argv,
+                 struct engine_opts *o)
 {
     struct option options[EO_MAX_OPTIONS];
     char short_options[32];
@@ -89,7 +101,7 @@ static int parse(const struct eo_command *c, int argc, char **argv, struct engin
     optind = 1;
     while ((opt = getopt_long(argc, argv, short_options, options, NULL)) != -1) {
         if (opt == 'h') {
-            c->help(stdout);
+            help(c);
             return 1;
         }
         if (opt == '?' || opt == ':') {
@@ -97,7 +109,7 @@ static int parse(const struct eo_command *c, int argc, char **argv, struct engin
             return -1;
         }
         int bad = opt >= EO_OPT_CONFIG && opt <= EO_OPT_LOG_LEVEL ? take_shared(c, opt, optarg, o)
-                                                                  : c->take(c->ctx, opt, optarg);
+                                                                  : c->take(ctx, opt, optarg);
         if (bad)
             return -1;
     }
@@ -109,14 +121,15 @@ static int parse(const struct eo_command *c, int argc, char **argv, struct engin
         fprintf(stderr, "%s: unexpected argument \"%s\"\n", c->name, argv[optind]);
         return -1;
     }
-    *first = optind;
+    o->args = argv + optind;
+    o->n_args = argc - optind;
     return 0;
 }
 
-bool eo_parse(const struct eo_command *c, int argc, char **argv, struct engine_opts *o, int *first,
+bool eo_parse(const struct eo_command *c, void *ctx, int argc, char **argv, struct engine_opts *o,
               int *exit_code)
 {
-    int p = parse(c, argc, argv, o, first);
+    int p = parse(c, ctx, argc, argv, o);
     if (p < 0)
         fprintf(stderr, "run '%s --help' for the flags\n", c->name);
     if (p != 0)
@@ -135,12 +148,13 @@ void eo_help_engine(FILE *out, unsigned shared, int width)
                 width, "--policies DIR", width, "--lua DIR");
 }
 
-void eo_help_tail(FILE *out, int width, const char *log_default)
+void eo_help_tail(FILE *out, int width, enum log_level log_default)
 {
+    static const char *const names[] = {"debug", "info", "warn", "error"};
     fprintf(out,
             "  %-*s debug, info, warn or error [%s]\n"
             "  %-*s this help\n",
-            width, "--log-level LEVEL", log_default, width, "-h, --help");
+            width, "--log-level LEVEL", names[log_default], width, "-h, --help");
 }
 
 enum gg_status eo_engine_new(const struct engine_opts *o, struct engine **out, struct gg_err *err)

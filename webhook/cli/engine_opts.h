@@ -38,6 +38,8 @@ struct engine_opts {
     const char *config;   /* YAML configuration; NULL for none */
     const char *policies; /* "./policies" unless given */
     const char *lua;      /* "./lua" unless given */
+    char **args;          /* the arguments after the flags (eo_parse) */
+    int n_args;
 };
 
 /* A command's flags: its own, plus the shared ones it takes. */
@@ -48,28 +50,32 @@ struct eo_command {
     /* Its own long options, NULL-terminated (may be NULL), and short ones ("o:"; -h is added). */
     const struct option *options;
     const char *short_options;
-    /* Take one of its own flags; -1 after printing why the value is wrong. */
+    /* Take one of its own flags into ctx (eo_parse's); -1 after printing why the value is wrong. */
     int (*take)(void *ctx, int opt, const char *arg);
-    void *ctx;
+    /* --help: help(), else "usage: <usage>", the flags (the shared ones, then own_flags:
+     * "  --flag VALUE  what it does [default]\n" lines, the flag column EO_HELP_WIDTH wide). */
     void (*help)(FILE *out);
+    const char *usage, *own_flags;
     /* What to say when no argument follows the flags ("no PATH given (...)"); NULL: the
      * command takes none. */
     const char *missing_args;
 };
 
 /*
- * Parse argv into o (defaults first) and the command's own flags: true to
- * run, with *first the index of the first argument after the flags; false
+ * Parse argv: the shared flags and the arguments after the flags into o
+ * (defaults first), the command's own flags into ctx.  True to run; false
  * to exit with *exit_code (only then written): 0 after --help, 2 after a
  * usage error (said on stderr, with a pointer to --help).
  */
-bool eo_parse(const struct eo_command *c, int argc, char **argv, struct engine_opts *o, int *first,
+bool eo_parse(const struct eo_command *c, void *ctx, int argc, char **argv, struct engine_opts *o,
               int *exit_code);
+
+#define EO_HELP_WIDTH 22
 
 /* The --help lines of --config, --policies and --lua (those in shared), flags `width` wide. */
 void eo_help_engine(FILE *out, unsigned shared, int width);
-/* The --help lines of --log-level (default log_default) and -h, --help. */
-void eo_help_tail(FILE *out, int width, const char *log_default);
+/* The --help lines of --log-level (its default: log_default) and -h, --help. */
+void eo_help_tail(FILE *out, int width, enum log_level log_default);
 
 /* The engine of o's configuration, policies and Lua library. */
 enum gg_status eo_engine_new(const struct engine_opts *o, struct engine **out, struct gg_err *err);

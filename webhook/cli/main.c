@@ -1,5 +1,6 @@
 /*
- * main.c - the gpuguard binary: dispatch to a subcommand, and what the subcommands share.
+ * main.c - the gpuguard binary's entry point: it dispatches to a subcommand
+ * (and holds the two small helpers of cli.h the subcommands share).
  */
 #include "cli/cli.h"
 #include "util/gpuguard.h"

@@ -4,7 +4,8 @@
  * yet seen.
  *
  * The server fills it from the API server (list + watch); the CLI from a
- * `kubectl get pods -A -o json` snapshot.  Policies read it through
+ * `kubectl get pods,resourceclaims,resourceclaimtemplates -A -o json`
+ * snapshot (inv_read_snapshot).  Policies read it through
  * gpuguard.usage().  Every function is thread-safe.
  *
  * What a pod or a ResourceClaim holds is its charger's answer (see
