@@ -37,7 +37,6 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
-#include <unistd.h>
 
 enum out_format { OUT_TEXT, OUT_JSON, OUT_JUNIT };
 

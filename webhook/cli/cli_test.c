@@ -24,7 +24,6 @@
 #include "codec/yamldoc.h"
 
 #include <errno.h>
-#include <getopt.h>
 #include <libgen.h>
 #include <regex.h>
 #include <stdarg.h>
@@ -33,7 +32,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #define TEST_MAX_SUITE_BYTES ((size_t)16 << 20)
 #define TEST_MAX_DIFF_CELLS 4000000 /* LCS table cells; beyond, lines are listed whole */

@@ -28,15 +28,16 @@ static unsigned shared_flag(int val)
 static bool build_options(const struct eo_command *c, struct option *out)
 {
     size_t n = 0;
+    /* Room is kept for --help and the terminating entry. */
     for (const struct option *p = c->options; p && p->name; p++) {
-        if (n + 1 >= EO_MAX_OPTIONS)
+        if (n + 3 > EO_MAX_OPTIONS)
             return false;
         out[n++] = *p;
     }
     for (size_t i = 0; i < sizeof(shared_options) / sizeof(shared_options[0]); i++) {
         if (!(c->shared & shared_flag(shared_options[i].val)))
             continue;
-        if (n + 2 >= EO_MAX_OPTIONS)
+        if (n + 3 > EO_MAX_OPTIONS)
             return false;
         out[n++] = shared_options[i];
     }
@@ -104,7 +105,7 @@ static int parse(const struct eo_command *c, void *ctx, int argc, char **argv,
             help(c);
             return 1;
         }
-        if (opt == '?' || opt == ':') {
+        if (opt == '?') {
             fprintf(stderr, "%s: unknown flag or missing value: %s\n", c->name, argv[optind - 1]);
             return -1;
         }

@@ -70,7 +70,7 @@ struct eo_command {
 bool eo_parse(const struct eo_command *c, void *ctx, int argc, char **argv, struct engine_opts *o,
               int *exit_code);
 
-#define EO_HELP_WIDTH 22
+#define EO_HELP_WIDTH 22 /* the flag column of the generic --help */
 
 /* The --help lines of --config, --policies and --lua (those in shared), flags `width` wide. */
 void eo_help_engine(FILE *out, unsigned shared, int width);
