@@ -14,6 +14,7 @@
  * (the server's by default).  Under callgrind a review runs ~50x slower:
  * raise it there, or the count includes a hook that native runs never set.
  */
+#include "cli/engine_opts.h"
 #include "codec/admission.h"
 #include "util/clock.h"
 #include "util/arena.h"
@@ -24,7 +25,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
 
 enum { DECODE, TO_LUA, MUTATE, DIFF, VALIDATE, ENCODE, STAGES };
 static const char *const stage_names[STAGES] = {"decode", "json->lua", "mutate",
@@ -74,33 +74,51 @@ static int run_once(struct engine *e, const char *text, size_t len, int64_t sum[
     return 0;
 }
 
+static long n_reviews = 20000;
+
+static const struct option long_options[] = {{"grace-us", required_argument, NULL, 256},
+                                             {NULL, 0, NULL, 0}};
+
+static int take_flag(void *ctx, int opt, const char *arg)
+{
+    (void)ctx;
+    if (opt == 'n')
+        n_reviews = strtol(arg, NULL, 10);
+    else /* --grace-us */
+        lb_set_grace_us(strtoll(arg, NULL, 10));
+    return 0;
+}
+
+static const struct eo_command tool_command = {
+    .name = "bench_engine",
+    .shared = EO_ENGINE,
+    .log_level = LOG_INFO,
+    .options = long_options,
+    .short_options = "n:",
+    .take = take_flag,
+    .usage = "bench_engine [flags] REVIEW.json",
+    .own_flags =
+        "  -n N                   reviews to time [20000]\n"
+        "  --grace-us N           run time before the instruction-count hook [the server's]\n",
+    .missing_args = "no REVIEW.json given",
+};
+
 int main(int argc, char **argv)
 {
-    struct policy_paths paths = {.policies = "policies", .lua = "lua"};
-    const char *review = NULL;
+    struct engine_opts eo;
+    int rc = 2;
     arena_install();
-    long n = 20000;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--policies") == 0 && i + 1 < argc)
-            paths.policies = argv[++i];
-        else if (strcmp(argv[i], "--lua") == 0 && i + 1 < argc)
-            paths.lua = argv[++i];
-        else if (strcmp(argv[i], "--config") == 0 && i + 1 < argc)
-            paths.config = argv[++i];
-        else if (strcmp(argv[i], "-n") == 0 && i + 1 < argc)
-            n = strtol(argv[++i], NULL, 10);
-        else if (strcmp(argv[i], "--grace-us") == 0 && i + 1 < argc)
-            lb_set_grace_us(strtoll(argv[++i], NULL, 10));
-        else
-            review = argv[i];
-    }
+    if (!eo_parse(&tool_command, NULL, argc, argv, &eo, &rc))
+        return rc;
+    const char *review = eo.args[0];
+    long n = n_reviews;
     struct gg_err err = {{0}};
     struct engine *e = NULL;
     char *text = NULL;
     size_t len = 0;
-    if (!review || n < 1 || engine_new(&paths, &e, &err) != GG_OK ||
+    if (n < 1 || eo_engine_new(&eo, &e, &err) != GG_OK ||
         gg_read_file(review, 64 << 20, &text, &len, &err) != GG_OK) {
-        fprintf(stderr, "bench_engine: %s\n", review ? err.msg : "usage: see the header");
+        fprintf(stderr, "bench_engine: %s\n", n < 1 ? "-n must be at least 1" : err.msg);
         engine_free(e);
         return 2;
     }

@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from cli_policy import GPUS_LUA, check_shipped, gpu_pod, training_pod
+
 REPO = Path(__file__).resolve().parent.parent.parent
 CORPUS = REPO.parent / "shared" / "corpus"
 DATA = REPO / "tests" / "data"
@@ -23,17 +25,7 @@ SUMMARY = re.compile(r"^(\d+) checked, (\d+) denied, (\d+) warned, (\d+) skipped
 # A small policy set that only needs the engine's built-in `gpuguard` module:
 # mutate adds a decision annotation and a GPU toleration (idempotently),
 # validate denies more than 4 GPUs and warns about a missing team label.
-GPU_POLICY = r'''
-local gg = require "gpuguard"
-local function gpus(pod)
-  local n = 0
-  for _, c in ipairs(pod.spec.containers or {}) do
-    local l = c.resources and c.resources.limits
-    local v = l and l["nvidia.com/gpu"]
-    if v then n = n + tonumber(v) end
-  end
-  return n
-end
+GPU_POLICY = GPUS_LUA + r'''
 return {
   name = "gpu-limit",
   mutate = function(req, pod)
@@ -81,17 +73,6 @@ return {
   validate = function(req, pod) req:warn("validate ran") end,
 }
 '''
-
-
-def gpu_pod(name="p", gpus=1, namespace=None, labels=None):
-    meta = {"name": name}
-    if namespace:
-        meta["namespace"] = namespace
-    if labels:
-        meta["labels"] = labels
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
-            "spec": {"containers": [{"name": "c", "image": "cuda",
-                                     "resources": {"limits": {"nvidia.com/gpu": gpus}}}]}}
 
 
 def deployment(name="d", gpus=1, namespace=None):
@@ -774,3 +755,38 @@ def test_class_namespaces_are_checked_at_load(binary, tmp_path, namespaces, mess
     _, out = shipped(binary, WORKLOADS / "cluster" / "pytorchjob-worker.yaml", config=config)
     assert out.returncode == 2
     assert message in out.stderr.decode()
+
+
+# ---- the order of manifests with --cluster-state -----------------------------
+
+
+def quota_verdicts(check, *paths):
+    """[(pod name, allowed)] from the shipped policies, team-a's quota of 8 and no pods in use."""
+    state = check.write("state.json", '{"apiVersion": "v1", "kind": "List", "items": []}')
+    out = check_shipped(check.binary, "--cluster-state", state, "-o", "json", *paths,
+                        cwd=check.tmp)
+    assert out.returncode in (0, 1), out.stderr
+    records = [json.loads(line) for line in out.stdout.splitlines()]
+    return [(r["name"], r["allowed"]) for r in records if r["type"] == "template"]
+
+
+def test_cluster_state_charges_each_admitted_pod_to_the_manifests_after_it(check):
+    # Pods of 5 GPUs in team-a (quota 8): whichever comes first is admitted and counts against
+    # the quota for the other, as the cluster would admit them in that order.
+    alpha, beta, gamma = (training_pod(n, "team-a", g)
+                          for n, g in [("alpha", 5), ("beta", 5), ("gamma", 2)])
+    first, second = check.write("a.yaml", [alpha]), check.write("b.yaml", [beta])
+    assert quota_verdicts(check, first, second) == [("alpha", True), ("beta", False)]
+    assert quota_verdicts(check, second, first) == [("beta", True), ("alpha", False)]
+    # The same inputs always give the same results.
+    assert quota_verdicts(check, second, first) == [("beta", True), ("alpha", False)]
+    # Documents of a file in file order.
+    both = check.write("both.yaml", [beta, alpha])
+    assert quota_verdicts(check, both) == [("beta", True), ("alpha", False)]
+    # A directory depth first, the entries of each in byte order of their names
+    # ("B" < "a" < "b"), whatever order they were created in.
+    check.write("tree/b/1.yaml", [beta])
+    check.write("tree/a.yaml", [alpha])
+    check.write("tree/B.yaml", [gamma])
+    assert quota_verdicts(check, "tree") == [("gamma", True), ("alpha", True), ("beta", False)]
+    assert quota_verdicts(check, "tree/b", "tree/a.yaml") == [("beta", True), ("alpha", False)]

@@ -11,19 +11,11 @@ from pathlib import Path
 import pytest
 import yaml
 
+from cli_policy import GPUS_LUA, gpu_pod as pod
+
 REPO = Path(__file__).resolve().parent.parent.parent
 
-POLICY = r'''
-local gg = require "gpuguard"
-local function gpus(pod)
-  local n = 0
-  for _, c in ipairs(pod.spec.containers or {}) do
-    local l = c.resources and c.resources.limits
-    local v = l and l["nvidia.com/gpu"]
-    if v then n = n + tonumber(v) end
-  end
-  return n
-end
+POLICY = GPUS_LUA + r'''
 return {
   name = "gpu-limit",
   mutate = function(req, pod)
@@ -59,15 +51,6 @@ return {
   end,
 }
 '''
-
-
-def pod(name="p", gpus=1, labels=None):
-    meta = {"name": name}
-    if labels:
-        meta["labels"] = labels
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
-            "spec": {"containers": [{"name": "c", "image": "cuda",
-                                     "resources": {"limits": {"nvidia.com/gpu": gpus}}}]}}
 
 
 class Suites:

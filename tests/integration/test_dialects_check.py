@@ -3,18 +3,13 @@ in every GPU dialect (upstream-shaped manifests under tests/policies/gpu-dialect
 a --cluster-state list that mixes pods, ResourceClaims, ResourceClaimTemplates and other kinds.
 """
 import json
-import subprocess
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent.parent
+import yaml
+
+from cli_policy import REPO, check_shipped as check, training_pod
+
 DIALECTS = REPO / "tests" / "policies" / "gpu-dialects"
 STATE = DIALECTS / "cluster-state-dra.json"
-
-
-def check(binary, *args, config="deploy/gpuguard.yaml"):
-    cmd = [binary, "check", "--policies", "policies", "--lua", "lua", "--config", config]
-    return subprocess.run(cmd + [str(a) for a in args], capture_output=True, text=True,
-                          cwd=REPO, timeout=60)
 
 
 def records(out):
@@ -92,9 +87,7 @@ def test_backend_dialects_are_passed_through(binary):
 
 def test_cluster_state_mixes_kinds_and_counts_the_others(binary, tmp_path):
     pod = tmp_path / "one.yaml"
-    pod.write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: one, namespace: team-a, labels: "
-                   "{team: a, gpuguard.io/workload-class: training}}\nspec:\n  containers:\n"
-                   "  - {name: c, image: x, resources: {limits: {nvidia.com/gpu: 1}}}\n")
+    pod.write_text(yaml.safe_dump(training_pod("one", "team-a", 1)))
     out = check(binary, "--cluster-state", STATE, pod)
     assert out.returncode == 1
     assert out.stdout.splitlines()[-1] == \
@@ -116,9 +109,7 @@ def test_a_forged_charge_annotation_frees_nothing(binary, tmp_path):
                "status": {"phase": "Running"}}
     state.write_text(json.dumps({"kind": "List", "items": [running]}))
     pod = tmp_path / "pod.yaml"
-    pod.write_text("apiVersion: v1\nkind: Pod\nmetadata: {name: p, namespace: ml-sandbox, labels: "
-                   "{team: a, gpuguard.io/workload-class: training}}\nspec:\n  containers:\n"
-                   "  - {name: c, image: x, resources: {limits: {nvidia.com/gpu: 1}}}\n")
+    pod.write_text(yaml.safe_dump(training_pod("p", "ml-sandbox", 1)))
     out = check(binary, "--cluster-state", state, pod)
     assert out.returncode == 1
     assert ("gpu-quota: namespace ml-sandbox would use 5 of 4 GPUs (in use 4, this pod 1); "

@@ -26,6 +26,7 @@
  * Prints one line per layer and phase; exit 0 when no run allowed the
  * review, 1 when one did (each such K is printed), 2 on bad usage.
  */
+#include "cli/engine_opts.h"
 #include "codec/admission.h"
 #include "util/clock.h"
 #include "cli/dryrun.h"
@@ -120,7 +121,6 @@ static long disarm(void)
     return inj.count;
 }
 
-
 /* With --dryrun: the object evaluated through dr_evaluate, and its namespace. */
 static json_t *dry_pod;
 static const char *dry_namespace;
@@ -184,13 +184,13 @@ static long sweep_review(struct engine *e, const struct adm_request *req, enum l
 }
 
 /* Loading and reloading with the K-th allocation of layer l failing. */
-static long sweep_load(const struct policy_paths *paths, const struct adm_request *req,
-                       enum layer l, long stride)
+static long sweep_load(const struct engine_opts *paths, const struct adm_request *req, enum layer l,
+                       long stride)
 {
     struct gg_err err = {{0}};
     struct engine *e = NULL;
     arm(l, 0);
-    enum gg_status st = engine_new(paths, &e, &err);
+    enum gg_status st = eo_engine_new(paths, &e, &err);
     long n = disarm();
     if (st != GG_OK) {
         fprintf(stderr, "%s\n", err.msg);
@@ -200,7 +200,7 @@ static long sweep_load(const struct policy_paths *paths, const struct adm_reques
     for (long k = 1; k <= n; k += stride) {
         struct engine *fresh = NULL;
         arm(l, k);
-        st = engine_new(paths, &fresh, &err);
+        st = eo_engine_new(paths, &fresh, &err);
         disarm();
         load.runs++;
         if (st != GG_OK) {
@@ -240,36 +240,63 @@ static long sweep_load(const struct policy_paths *paths, const struct adm_reques
     return load.allowed + reload.allowed;
 }
 
+struct sweep_opts {
+    const char *layer;
+    bool load, dryrun;
+    long stride;
+};
+
+enum { OPT_LAYER = 256, OPT_STRIDE, OPT_LOAD, OPT_DRYRUN };
+
+static const struct option long_options[] = {
+    {"layer", required_argument, NULL, OPT_LAYER},
+    {"stride", required_argument, NULL, OPT_STRIDE},
+    {"load", no_argument, NULL, OPT_LOAD},
+    {"dryrun", no_argument, NULL, OPT_DRYRUN},
+    {NULL, 0, NULL, 0},
+};
+
+static int take_flag(void *ctx, int opt, const char *arg)
+{
+    struct sweep_opts *o = ctx;
+    if (opt == OPT_LAYER) {
+        o->layer = arg;
+    } else if (opt == OPT_STRIDE) {
+        o->stride = strtol(arg, NULL, 10);
+        if (o->stride < 1) {
+            fprintf(stderr, "alloc_sweep: --stride must be at least 1\n");
+            return -1;
+        }
+    } else {
+        *(opt == OPT_LOAD ? &o->load : &o->dryrun) = true;
+    }
+    return 0;
+}
+
+static const struct eo_command tool_command = {
+    .name = "alloc_sweep",
+    .shared = EO_ENGINE,
+    .log_level = LOG_INFO,
+    .options = long_options,
+    .take = take_flag,
+    .usage = "alloc_sweep [flags] REVIEW.json",
+    .own_flags = "  --layer L              libc, jansson, lua or all [all]\n"
+                 "  --load                 sweep loading and reloading the policy set\n"
+                 "  --dryrun               evaluate as gpuguard check does (dr_evaluate)\n"
+                 "  --stride S             every S-th allocation [1]\n",
+    .missing_args = "no REVIEW.json given",
+};
+
 int main(int argc, char **argv)
 {
-    struct policy_paths paths = {.policies = "policies", .lua = "lua"};
-    const char *review = NULL, *layer = "all";
-    bool load = false, dryrun = false;
-    long stride = 1;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--policies") == 0 && i + 1 < argc)
-            paths.policies = argv[++i];
-        else if (strcmp(argv[i], "--lua") == 0 && i + 1 < argc)
-            paths.lua = argv[++i];
-        else if (strcmp(argv[i], "--config") == 0 && i + 1 < argc)
-            paths.config = argv[++i];
-        else if (strcmp(argv[i], "--layer") == 0 && i + 1 < argc)
-            layer = argv[++i];
-        else if (strcmp(argv[i], "--stride") == 0 && i + 1 < argc)
-            stride = strtol(argv[++i], NULL, 10);
-        else if (strcmp(argv[i], "--load") == 0)
-            load = true;
-        else if (strcmp(argv[i], "--dryrun") == 0)
-            dryrun = true;
-        else
-            review = argv[i];
-    }
-    if (!review || stride < 1) {
-        fprintf(stderr, "usage: alloc_sweep --policies DIR --lua DIR [--config FILE] "
-                        "[--layer libc|jansson|lua|all] [--load] [--dryrun] [--stride S] "
-                        "REVIEW.json\n");
-        return 2;
-    }
+    struct engine_opts paths;
+    struct sweep_opts o = {.layer = "all", .stride = 1};
+    int rc = 2;
+    if (!eo_parse(&tool_command, &o, argc, argv, &paths, &rc))
+        return rc;
+    const char *review = paths.args[0], *layer = o.layer;
+    bool load = o.load, dryrun = o.dryrun;
+    long stride = o.stride;
     json_set_alloc_funcs(json_alloc, free);
     lb_set_alloc_hook(lua_fails);
     struct gg_err err = {{0}};
@@ -277,7 +304,7 @@ int main(int argc, char **argv)
     char *text = NULL;
     size_t len = 0;
     struct adm_request req;
-    if (engine_new(&paths, &engine, &err) != GG_OK ||
+    if (eo_engine_new(&paths, &engine, &err) != GG_OK ||
         gg_read_file(review, 64 << 20, &text, &len, &err) != GG_OK ||
         adm_decode(text, len, &req, &err) != GG_OK) {
         fprintf(stderr, "%s\n", err.msg);

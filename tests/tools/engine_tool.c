@@ -9,6 +9,7 @@
  * Exit 0 with the verdict, 1 when the engine cannot load or the review
  * cannot be decoded (message on stderr).
  */
+#include "cli/engine_opts.h"
 #include "codec/admission.h"
 #include "util/clock.h"
 #include "kube/inventory.h"
@@ -19,38 +20,60 @@
 #include <string.h>
 #include <time.h>
 
+struct tool_opts {
+    unsigned phases;
+    const char *cluster_state;
+    long repeat;
+};
+
+enum { OPT_PHASES = 256, OPT_CLUSTER_STATE, OPT_REPEAT };
+
+static const struct option long_options[] = {
+    {"phases", required_argument, NULL, OPT_PHASES},
+    {"cluster-state", required_argument, NULL, OPT_CLUSTER_STATE},
+    {"repeat", required_argument, NULL, OPT_REPEAT},
+    {NULL, 0, NULL, 0},
+};
+
+static int take_flag(void *ctx, int opt, const char *arg)
+{
+    struct tool_opts *t = ctx;
+    if (opt == OPT_CLUSTER_STATE)
+        t->cluster_state = arg;
+    else if (opt == OPT_REPEAT)
+        t->repeat = strtol(arg, NULL, 10);
+    else /* OPT_PHASES */
+        t->phases =
+            PHASE_KEEP_MUTATED | (strcmp(arg, "mutate") == 0     ? PHASE_MUTATE
+                                  : strcmp(arg, "validate") == 0 ? PHASE_VALIDATE
+                                                                 : PHASE_MUTATE | PHASE_VALIDATE);
+    return 0;
+}
+
+static const struct eo_command tool_command = {
+    .name = "engine_tool",
+    .shared = EO_ENGINE,
+    .log_level = LOG_INFO,
+    .options = long_options,
+    .take = take_flag,
+    .usage = "engine_tool [flags] REVIEW.json",
+    .own_flags = "  --phases PHASES        mutate, validate or both [both]\n"
+                 "  --cluster-state FILE   pods in use, for gpuguard.usage() [none]\n"
+                 "  --repeat N             evaluations on one engine [1]\n",
+    .missing_args = "no REVIEW.json given",
+};
 
 int main(int argc, char **argv)
 {
-    struct policy_paths paths = {.policies = "policies", .lua = "lua"};
-    unsigned phases = PHASE_MUTATE | PHASE_VALIDATE | PHASE_KEEP_MUTATED;
-    const char *review = NULL, *cluster_state = NULL;
-    long repeat = 1;
-    for (int i = 1; i < argc; i++) {
-        if (strcmp(argv[i], "--policies") == 0 && i + 1 < argc)
-            paths.policies = argv[++i];
-        else if (strcmp(argv[i], "--lua") == 0 && i + 1 < argc)
-            paths.lua = argv[++i];
-        else if (strcmp(argv[i], "--config") == 0 && i + 1 < argc)
-            paths.config = argv[++i];
-        else if (strcmp(argv[i], "--cluster-state") == 0 && i + 1 < argc)
-            cluster_state = argv[++i];
-        else if (strcmp(argv[i], "--repeat") == 0 && i + 1 < argc)
-            repeat = strtol(argv[++i], NULL, 10);
-        else if (strcmp(argv[i], "--phases") == 0 && i + 1 < argc) {
-            const char *p = argv[++i];
-            phases =
-                PHASE_KEEP_MUTATED | (strcmp(p, "mutate") == 0     ? PHASE_MUTATE
-                                      : strcmp(p, "validate") == 0 ? PHASE_VALIDATE
-                                                                   : PHASE_MUTATE | PHASE_VALIDATE);
-        } else
-            review = argv[i];
-    }
-    if (!review) {
-        fprintf(stderr, "usage: engine_tool --policies DIR --lua DIR [--config FILE] "
-                        "[--phases mutate|validate|both] [--repeat N] REVIEW.json\n");
-        return 2;
-    }
+    struct engine_opts eo;
+    struct tool_opts t = {.phases = PHASE_MUTATE | PHASE_VALIDATE | PHASE_KEEP_MUTATED,
+                          .repeat = 1};
+    int rc = 2;
+    if (!eo_parse(&tool_command, &t, argc, argv, &eo, &rc))
+        return rc;
+    const char *review = eo.args[0], *cluster_state = t.cluster_state;
+    unsigned phases = t.phases;
+    long repeat = t.repeat;
     struct gg_err err = {{0}};
     struct engine *engine = NULL;
     char *text = NULL;
@@ -58,7 +81,7 @@ int main(int argc, char **argv)
     struct adm_request req;
     struct inventory *inv = inv_new();
     if ((cluster_state && inv_load_snapshot(inv, cluster_state, &err) != GG_OK) ||
-        engine_new(&paths, &engine, &err) != GG_OK ||
+        eo_engine_new(&eo, &engine, &err) != GG_OK ||
         gg_read_file(review, 64 << 20, &text, &len, &err) != GG_OK ||
         adm_decode(text, len, &req, &err) != GG_OK) {
         fprintf(stderr, "%s\n", err.msg);
@@ -69,7 +92,7 @@ int main(int argc, char **argv)
     }
     if (cluster_state)
         engine_set_inventory(engine, inv);
-    int rc = 0;
+    rc = 0;
     for (long n = 0; n < repeat; n++) {
         struct policy_verdict v;
         if (engine_evaluate(engine, &req, phases, gg_now_us() + 10000000, &v, &err) != GG_OK) {

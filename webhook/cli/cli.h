@@ -5,16 +5,19 @@
 #ifndef GG_CLI_H
 #define GG_CLI_H
 
+#include <stdbool.h>
+#include <stdio.h>
+
 int cli_serve(int argc, char **argv);
 int cli_certs(int argc, char **argv);
 int cli_check(int argc, char **argv);
 int cli_test(int argc, char **argv);
 int cli_usage(int argc, char **argv);
 
-/* Set the log level from a --log-level value; -1 with a message naming the command if bad. */
-int cli_set_log_level(const char *command, const char *value);
-
 /* True when s is "-h" or "--help". */
 int cli_is_help(const char *s);
+
+/* True when text for f may be coloured: a terminal, NO_COLOR unset, TERM not "dumb". */
+bool cli_use_colour(FILE *f);
 
 #endif

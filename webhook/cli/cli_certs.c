@@ -1,9 +1,11 @@
 /*
- * cli_certs.c - `gpuguard certs`: create a CA and a serving certificate for
- * the webhook Service, print the caBundle, and optionally write it as a
- * kustomize patch for deploy/overlays/self-managed.  Parses flags, prints and
- * writes that patch; all the certificate work is certs.c.  Exit codes: 0
- * done, 1 failed (including a refusal to overwrite), 2 usage error.
+ * cli_certs.c - `gpuguard certs`: the command around certs.c that makes the webhook's CA and
+ * serving certificate.
+ *
+ * Parses the flags, prints the caBundle and optionally writes it as a
+ * kustomize patch for deploy/overlays/self-managed; all the certificate work
+ * is certs.c.  Exit codes: 0 done, 1 failed (including a refusal to
+ * overwrite), 2 usage error.
  */
 #include "http/certs.h"
 #include "cli/cli.h"

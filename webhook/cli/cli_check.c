@@ -17,6 +17,7 @@
 #include "cli/cli.h"
 #include "cli/cli_dra.h"
 #include "cli/cli_files.h"
+#include "cli/engine_opts.h"
 #include "cli/dryrun.h"
 #include "util/gpuguard.h"
 #include "kube/inventory.h"
@@ -36,14 +37,11 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
-#include <unistd.h>
 
 enum out_format { OUT_TEXT, OUT_JSON, OUT_JUNIT };
 
 struct check_opts {
-    const char *config;
-    const char *policies;
-    const char *lua;
+    struct engine_opts engine;
     const char *namespace;
     const char *user;
     const char *cluster_state_path;
@@ -51,15 +49,12 @@ struct check_opts {
     enum out_format format;
     bool show_patch;
     bool emit_mutated;
-    char **paths;
-    int n_paths;
 };
 
 struct check_run {
     struct check_opts o;
     struct engine *engine;
-    json_t *cluster_state;           /* the --cluster-state snapshot, checked */
-    size_t state_counts[MF_STATE_N]; /* its pods, claims, templates, other kinds skipped */
+    size_t state_counts[MF_STATE_N]; /* --cluster-state: pods, claims, templates, others skipped */
     json_t *records;                 /* one object per template, skipped object or error */
     json_t *emitted;                 /* --emit-mutated: the documents, patched, in order */
     size_t checked, allowed, denied, warned, skipped, errors;
@@ -86,45 +81,42 @@ static void check_usage(FILE *out)
         "PATH is a file, a directory (searched recursively for .yaml, .yml and .json files)\n"
         "or - for stdin; files may hold several YAML or JSON documents.\n"
         "\n"
-        "flags:\n"
-        "  --config FILE          gpuguard configuration (YAML) [none]\n"
-        "  --policies DIR         policy directory [./policies]\n"
-        "  --lua DIR              Lua library directory [./lua]\n"
-        "  --namespace NS         namespace for manifests that name none [default]\n"
-        "  --user NAME            userInfo.username of the requests [" DR_DEFAULT_USER "]\n"
-        "  --cluster-state FILE   pods in use, for quota checks: the JSON of 'kubectl get\n"
-        "                         pods,resourceclaims,resourceclaimtemplates -A -o json'\n"
-        "                         (other kinds are skipped and counted) [none]\n"
-        "  --usage FILE           GPU memory history for rightsizing, as written by\n"
-        "                         'gpuguard usage -o FILE' [none: no recommendations]\n"
-        "  -o, --output FORMAT    text, json (one object per line) or junit [text]\n"
-        "  --show-patch           print each JSON patch (text output)\n"
-        "  --emit-mutated         write the manifests, patched, as YAML to stdout; the\n"
-        "                         report then goes to stderr\n"
-        "  --log-level LEVEL      debug, info, warn or error [warn]\n"
-        "  -h, --help             this help\n"
-        "\n"
-        "Exit status: 0 all allowed, 1 at least one denied, 2 usage or input error.\n"
-        "The last line is a summary: \"N checked, N denied, N warned, N skipped\".\n");
+        "flags:\n");
+    eo_help_engine(out, EO_ENGINE, EO_HELP_WIDTH);
+    fprintf(out,
+            "  --namespace NS         namespace for manifests that name none [default]\n"
+            "  --user NAME            userInfo.username of the requests [" DR_DEFAULT_USER "]\n"
+            "  --cluster-state FILE   pods in use, for quota checks: the JSON of 'kubectl get\n"
+            "                         pods,resourceclaims,resourceclaimtemplates -A -o json'\n"
+            "                         (other kinds are skipped and counted) [none]\n"
+            "  --usage FILE           GPU memory history for rightsizing, as written by\n"
+            "                         'gpuguard usage -o FILE' [none: no recommendations]\n"
+            "  -o, --output FORMAT    text, json (one object per line) or junit [text]\n"
+            "  --show-patch           print each JSON patch (text output)\n"
+            "  --emit-mutated         write the manifests, patched, as YAML to stdout; the\n"
+            "                         report then goes to stderr\n");
+    eo_help_tail(out, EO_HELP_WIDTH, LOG_WARN);
+    fprintf(out, "\n"
+                 "Manifests are checked in a fixed order: PATHs as given, a directory depth\n"
+                 "first with the entries of each in byte order of their names, the documents of\n"
+                 "a file from first to last.  With --cluster-state, each pod admitted counts\n"
+                 "against the quota for the manifests after it, as the cluster would admit them\n"
+                 "in that order: the same inputs in the same order give the same results.\n"
+                 "\n"
+                 "Exit status: 0 all allowed, 1 at least one denied, 2 usage or input error.\n"
+                 "The last line is a summary: \"N checked, N denied, N warned, N skipped\".\n");
 }
 
 enum {
-    OPT_CONFIG = 256,
-    OPT_POLICIES,
-    OPT_LUA,
-    OPT_NAMESPACE,
+    OPT_NAMESPACE = 256,
     OPT_USER,
     OPT_CLUSTER_STATE,
     OPT_USAGE,
     OPT_SHOW_PATCH,
     OPT_EMIT_MUTATED,
-    OPT_LOG_LEVEL,
 };
 
 static const struct option long_options[] = {
-    {"config", required_argument, NULL, OPT_CONFIG},
-    {"policies", required_argument, NULL, OPT_POLICIES},
-    {"lua", required_argument, NULL, OPT_LUA},
     {"namespace", required_argument, NULL, OPT_NAMESPACE},
     {"user", required_argument, NULL, OPT_USER},
     {"cluster-state", required_argument, NULL, OPT_CLUSTER_STATE},
@@ -132,86 +124,61 @@ static const struct option long_options[] = {
     {"output", required_argument, NULL, 'o'},
     {"show-patch", no_argument, NULL, OPT_SHOW_PATCH},
     {"emit-mutated", no_argument, NULL, OPT_EMIT_MUTATED},
-    {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
-    {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
 
-/* 0 to run, 1 after --help, -1 on a usage error. */
-static int parse_flags(int argc, char **argv, struct check_opts *o)
+/* One of check's own flags; -1 after saying what is wrong with its value. */
+static int take_flag(void *ctx, int opt, const char *arg)
 {
-    *o = (struct check_opts){.policies = "./policies", .lua = "./lua", .format = OUT_TEXT};
-    int opt;
-    opterr = 0;
-    optind = 1;
-    log_set_level(LOG_WARN);
-    while ((opt = getopt_long(argc, argv, "ho:", long_options, NULL)) != -1) {
-        switch (opt) {
-        case 'h':
-            check_usage(stdout);
-            return 1;
-        case OPT_CONFIG:
-            o->config = optarg;
-            break;
-        case OPT_POLICIES:
-            o->policies = optarg;
-            break;
-        case OPT_LUA:
-            o->lua = optarg;
-            break;
-        case OPT_NAMESPACE:
-            if (!*optarg) {
-                fprintf(stderr, "gpuguard check: --namespace must not be empty\n");
-                return -1;
-            }
-            o->namespace = optarg;
-            break;
-        case OPT_USER:
-            o->user = optarg;
-            break;
-        case OPT_CLUSTER_STATE:
-            o->cluster_state_path = optarg;
-            break;
-        case OPT_USAGE:
-            o->usage_path = optarg;
-            break;
-        case 'o':
-            if (strcmp(optarg, "text") == 0)
-                o->format = OUT_TEXT;
-            else if (strcmp(optarg, "json") == 0)
-                o->format = OUT_JSON;
-            else if (strcmp(optarg, "junit") == 0)
-                o->format = OUT_JUNIT;
-            else {
-                fprintf(stderr, "gpuguard check: -o must be text, json or junit, got \"%s\"\n",
-                        optarg);
-                return -1;
-            }
-            break;
-        case OPT_SHOW_PATCH:
-            o->show_patch = true;
-            break;
-        case OPT_EMIT_MUTATED:
-            o->emit_mutated = true;
-            break;
-        case OPT_LOG_LEVEL:
-            if (cli_set_log_level("check", optarg))
-                return -1;
-            break;
-        default:
-            fprintf(stderr, "gpuguard check: unknown flag or missing value: %s\n",
-                    argv[optind - 1]);
+    struct check_opts *o = ctx;
+    switch (opt) {
+    case OPT_NAMESPACE:
+        if (!*arg) {
+            fprintf(stderr, "gpuguard check: --namespace must not be empty\n");
             return -1;
         }
+        o->namespace = arg;
+        return 0;
+    case OPT_USER:
+        o->user = arg;
+        return 0;
+    case OPT_CLUSTER_STATE:
+        o->cluster_state_path = arg;
+        return 0;
+    case OPT_USAGE:
+        o->usage_path = arg;
+        return 0;
+    case OPT_SHOW_PATCH:
+        o->show_patch = true;
+        return 0;
+    case OPT_EMIT_MUTATED:
+        o->emit_mutated = true;
+        return 0;
+    default: /* 'o' */
+        if (strcmp(arg, "text") == 0)
+            o->format = OUT_TEXT;
+        else if (strcmp(arg, "json") == 0)
+            o->format = OUT_JSON;
+        else if (strcmp(arg, "junit") == 0)
+            o->format = OUT_JUNIT;
+        else {
+            fprintf(stderr, "gpuguard check: -o must be text, json or junit, got \"%s\"\n", arg);
+            return -1;
+        }
+        return 0;
     }
-    if (optind >= argc) {
-        fprintf(stderr, "gpuguard check: no PATH given (a file, a directory or - for stdin)\n");
-        return -1;
-    }
-    o->paths = argv + optind;
-    o->n_paths = argc - optind;
-    return 0;
 }
+
+static const struct eo_command check_command = {
+    .name = "gpuguard check",
+    .shared = EO_ENGINE,
+    .log_level = LOG_WARN,
+    .options = long_options,
+    .short_options = "o:",
+    .take = take_flag,
+    .help = check_usage,
+    .missing_args = "no PATH given (a file, a directory or - for stdin)",
+};
 
 /* ---- inputs ------------------------------------------------------------- */
 
@@ -520,7 +487,7 @@ static json_t *summary_json(const struct check_run *r, int exit_code)
                   (json_int_t)r->denied, "warned", (json_int_t)r->warned, "skipped",
                   (json_int_t)r->skipped, "errors", (json_int_t)r->errors, "exit_code", exit_code);
     const size_t *c = r->state_counts;
-    if (r->cluster_state)
+    if (r->o.cluster_state_path)
         json_object_set_new(sum, "cluster_state",
                             json_pack("{s:I,s:I,s:I,s:I}", "pods", (json_int_t)c[MF_STATE_POD],
                                       "resourceclaims", (json_int_t)c[MF_STATE_CLAIM],
@@ -719,32 +686,13 @@ static void print_junit(const struct check_run *r)
 
 /* ---- the command -------------------------------------------------------- */
 
-static enum gg_status load_cluster_state(struct check_run *r, struct gg_err *err)
-{
-    char *text = NULL;
-    size_t len = 0;
-    enum gg_status st =
-        gg_read_file(r->o.cluster_state_path, MF_MAX_CLUSTER_STATE, &text, &len, err);
-    if (st == GG_OK)
-        st = mf_cluster_state(text, len, r->o.cluster_state_path, &r->cluster_state,
-                              r->state_counts, err);
-    free(text);
-    return st;
-}
-
-static bool use_colour(FILE *f)
-{
-    const char *term = getenv("TERM");
-    return isatty(fileno(f)) && !getenv("NO_COLOR") && !(term && strcmp(term, "dumb") == 0);
-}
-
 /* Every input, in order; "-" once at most. */
 static enum gg_status expand_paths(struct check_run *r, struct cli_files *inputs)
 {
     struct gg_err err = {{0}};
     bool stdin_seen = false;
-    for (int i = 0; i < r->o.n_paths; i++) {
-        const char *p = r->o.paths[i];
+    for (int i = 0; i < r->o.engine.n_args; i++) {
+        const char *p = r->o.engine.args[i];
         struct stat sb;
         enum gg_status st = GG_OK;
         if (strcmp(p, "-") == 0) {
@@ -779,20 +727,14 @@ int cli_check(int argc, char **argv)
     struct check_run r = {0};
     struct gg_err err = {{0}};
     struct cli_files inputs = {0};
-    int rc = 2, p = parse_flags(argc, argv, &r.o);
-    if (p != 0) {
-        if (p < 0)
-            fprintf(stderr, "run 'gpuguard check --help' for the flags\n");
-        return p > 0 ? 0 : 2;
-    }
+    int rc = 2;
+    r.o = (struct check_opts){.format = OUT_TEXT};
+    if (!eo_parse(&check_command, &r.o, argc, argv, &r.o.engine, &rc))
+        return rc;
     r.records = json_array();
     r.emitted = r.o.emit_mutated ? json_array() : NULL;
     r.report = r.o.emit_mutated ? stderr : stdout;
-    r.colour = r.o.format == OUT_TEXT && use_colour(r.report);
-    if (r.o.cluster_state_path && load_cluster_state(&r, &err) != GG_OK) {
-        fprintf(stderr, "gpuguard check: --cluster-state: %s\n", err.msg);
-        goto out;
-    }
+    r.colour = r.o.format == OUT_TEXT && cli_use_colour(r.report);
     if (r.o.usage_path) { /* a saved snapshot never goes stale */
         struct rs_data usage = {0};
         if (rs_file_load(r.o.usage_path, &usage, &err) != GG_OK) {
@@ -802,8 +744,7 @@ int cli_check(int argc, char **argv)
         rss_set_source("file");
         rss_publish(&usage, 0);
     }
-    struct policy_paths paths = {.policies = r.o.policies, .lua = r.o.lua, .config = r.o.config};
-    if (engine_new(&paths, &r.engine, &err) != GG_OK) {
+    if (eo_engine_new(&r.o.engine, &r.engine, &err) != GG_OK) {
         fprintf(stderr, "gpuguard check: cannot load the policies: %s\n", err.msg);
         goto out;
     }
@@ -811,14 +752,12 @@ int cli_check(int argc, char **argv)
         fprintf(stderr, "gpuguard check: out of memory\n");
         goto out;
     }
-    if (r.cluster_state) { /* what inv_load_snapshot does, on the snapshot already checked */
-        if (charger_new(r.engine, r.inventory, &r.charger, &err) != GG_OK) {
-            fprintf(stderr, "gpuguard check: --cluster-state: cannot load the charge model: %s\n",
-                    err.msg);
+    if (r.o.cluster_state_path) {
+        if (eo_load_snapshot(r.engine, r.inventory, r.o.cluster_state_path, r.state_counts,
+                             &r.charger, &err) != GG_OK) {
+            fprintf(stderr, "gpuguard check: --cluster-state: %s\n", err.msg);
             goto out;
         }
-        inv_replace(r.inventory, json_object_get(r.cluster_state, "items"));
-        inv_set_ready(r.inventory, true);
     }
     engine_set_inventory(r.engine, r.inventory);
     if (expand_paths(&r, &inputs) != GG_OK)
@@ -862,7 +801,6 @@ out:
     inv_free(r.inventory);
     json_decref(r.records);
     json_decref(r.emitted);
-    json_decref(r.cluster_state);
     rss_reset();
     return rc;
 }

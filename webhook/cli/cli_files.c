@@ -40,7 +40,8 @@ enum gg_status cli_files_add(struct cli_files *l, const char *name, struct gg_er
     return GG_OK;
 }
 
-bool cli_has_suffix(const char *name, const char *const *suffixes)
+/* True when name ends with one of the NULL-terminated suffixes. */
+static bool has_suffix(const char *name, const char *const *suffixes)
 {
     size_t n = strlen(name);
     for (size_t i = 0; suffixes[i]; i++) {
@@ -77,7 +78,7 @@ static enum gg_status walk(const char *dir, int depth, const char *const *suffix
         if (st == GG_OK && stat(path, &sb) == 0) {
             if (S_ISDIR(sb.st_mode))
                 st = walk(path, depth + 1, suffixes, out, err);
-            else if (S_ISREG(sb.st_mode) && cli_has_suffix(entries[i]->d_name, suffixes))
+            else if (S_ISREG(sb.st_mode) && has_suffix(entries[i]->d_name, suffixes))
                 st = cli_files_add(out, path, err);
         }
         free(path);

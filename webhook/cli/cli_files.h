@@ -22,9 +22,6 @@ struct cli_files {
 void cli_files_clear(struct cli_files *l);
 enum gg_status cli_files_add(struct cli_files *l, const char *name, struct gg_err *err);
 
-/* True when name ends with one of the NULL-terminated suffixes. */
-bool cli_has_suffix(const char *name, const char *const *suffixes);
-
 /*
  * Add every regular file under dir whose name ends with one of suffixes,
  * depth first in byte order of the names; entries starting with '.' are

@@ -17,6 +17,7 @@
 #include "util/arena.h"
 #include "engine/charger.h"
 #include "cli/cli.h"
+#include "cli/engine_opts.h"
 #include "engine/config.h"
 #include "engine/dirwatch.h"
 #include "kube/informer.h"
@@ -46,9 +47,7 @@ struct serve_opts {
     const char *ops_listen;
     const char *tls_cert;
     const char *tls_key;
-    const char *config;
-    const char *policies;
-    const char *lua;
+    struct engine_opts engine;
     const char *client_ca;
     unsigned threads;
     size_t max_body;
@@ -59,38 +58,37 @@ struct serve_opts {
     const char *kubeconfig;
 };
 
+#define SERVE_HELP_WIDTH 25 /* the flag column of --help */
+
 static void serve_usage(FILE *out)
 {
+    fprintf(out, "usage: gpuguard serve --tls-cert FILE --tls-key FILE [flags]\n"
+                 "\n"
+                 "Serve the admission webhook over HTTPS (POST /mutate, POST /validate) and the\n"
+                 "ops endpoints over plain HTTP (GET /healthz, /readyz, /metrics).\n"
+                 "\n"
+                 "flags:\n"
+                 "  --listen ADDR:PORT        webhook address, HTTPS only [0.0.0.0:8443]\n"
+                 "  --ops-listen ADDR:PORT    ops address, plain HTTP [0.0.0.0:9090]\n"
+                 "  --tls-cert FILE           serving certificate (PEM, leaf first) [required]\n"
+                 "  --tls-key FILE            its private key (PEM) [required]\n"
+                 "  --client-ca FILE          require client certificates signed by these CAs\n"
+                 "                            (mutual TLS with the API server) [off]\n");
+    eo_help_engine(out, EO_ENGINE, SERVE_HELP_WIDTH);
+    fprintf(out, "  --threads N               webhook worker threads [number of CPUs]\n"
+                 "  --max-body BYTES          larger request bodies get 413 [16777216]\n"
+                 "  --max-connections N       open connections on the webhook port [4096]\n"
+                 "  --request-timeout SECONDS time for a request's headers and body [10]\n"
+                 "                            (a late request's connection is closed; between\n"
+                 "                            requests, kept-alive connections wait 120 s)\n"
+                 "  --shutdown-grace SECONDS  on SIGTERM, time for requests in flight [30]\n"
+                 "  --inventory on|off        GPU usage per namespace from the API server's pods\n"
+                 "                            (list + watch) for quota policies [on in a cluster\n"
+                 "                            or with --kubeconfig, else off]\n"
+                 "  --kubeconfig FILE         reach the API server with this kubeconfig's current\n"
+                 "                            context instead of the pod's service account\n");
+    eo_help_tail(out, SERVE_HELP_WIDTH, LOG_INFO);
     fprintf(out,
-            "usage: gpuguard serve --tls-cert FILE --tls-key FILE [flags]\n"
-            "\n"
-            "Serve the admission webhook over HTTPS (POST /mutate, POST /validate) and the\n"
-            "ops endpoints over plain HTTP (GET /healthz, /readyz, /metrics).\n"
-            "\n"
-            "flags:\n"
-            "  --listen ADDR:PORT        webhook address, HTTPS only [0.0.0.0:8443]\n"
-            "  --ops-listen ADDR:PORT    ops address, plain HTTP [0.0.0.0:9090]\n"
-            "  --tls-cert FILE           serving certificate (PEM, leaf first) [required]\n"
-            "  --tls-key FILE            its private key (PEM) [required]\n"
-            "  --client-ca FILE          require client certificates signed by these CAs\n"
-            "                            (mutual TLS with the API server) [off]\n"
-            "  --config FILE             gpuguard configuration (YAML)\n"
-            "  --policies DIR            policy directory [./policies]\n"
-            "  --lua DIR                 Lua library directory [./lua]\n"
-            "  --threads N               webhook worker threads [number of CPUs]\n"
-            "  --max-body BYTES          larger request bodies get 413 [16777216]\n"
-            "  --max-connections N       open connections on the webhook port [4096]\n"
-            "  --request-timeout SECONDS time for a request's headers and body [10]\n"
-            "                            (a late request's connection is closed; between\n"
-            "                            requests, kept-alive connections wait 120 s)\n"
-            "  --shutdown-grace SECONDS  on SIGTERM, time for requests in flight [30]\n"
-            "  --inventory on|off        GPU usage per namespace from the API server's pods\n"
-            "                            (list + watch) for quota policies [on in a cluster\n"
-            "                            or with --kubeconfig, else off]\n"
-            "  --kubeconfig FILE         reach the API server with this kubeconfig's current\n"
-            "                            context instead of the pod's service account\n"
-            "  --log-level LEVEL         debug, info, warn or error [info]\n"
-            "  -h, --help                this help\n"
             "\n"
             "Port 0 picks a free port; the ports in use are logged at start.  The certificate\n"
             "and key are reloaded when their files change (a bad pair is refused and the\n"
@@ -121,15 +119,11 @@ enum {
     OPT_TLS_CERT,
     OPT_TLS_KEY,
     OPT_CLIENT_CA,
-    OPT_CONFIG,
-    OPT_POLICIES,
-    OPT_LUA,
     OPT_THREADS,
     OPT_MAX_BODY,
     OPT_MAX_CONN,
     OPT_GRACE,
     OPT_REQUEST_TIMEOUT,
-    OPT_LOG_LEVEL,
     OPT_INVENTORY,
     OPT_KUBECONFIG,
 };
@@ -140,18 +134,13 @@ static const struct option long_options[] = {
     {"tls-cert", required_argument, NULL, OPT_TLS_CERT},
     {"tls-key", required_argument, NULL, OPT_TLS_KEY},
     {"client-ca", required_argument, NULL, OPT_CLIENT_CA},
-    {"config", required_argument, NULL, OPT_CONFIG},
-    {"policies", required_argument, NULL, OPT_POLICIES},
-    {"lua", required_argument, NULL, OPT_LUA},
     {"threads", required_argument, NULL, OPT_THREADS},
     {"max-body", required_argument, NULL, OPT_MAX_BODY},
     {"max-connections", required_argument, NULL, OPT_MAX_CONN},
     {"shutdown-grace", required_argument, NULL, OPT_GRACE},
     {"request-timeout", required_argument, NULL, OPT_REQUEST_TIMEOUT},
-    {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
     {"inventory", required_argument, NULL, OPT_INVENTORY},
     {"kubeconfig", required_argument, NULL, OPT_KUBECONFIG},
-    {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
 
@@ -187,84 +176,70 @@ static int parse_number_flag(int opt, const char *arg, struct serve_opts *o)
     }
 }
 
-/* 0 to serve, 1 after --help, -1 on a usage error. */
-static int parse_flags(int argc, char **argv, struct serve_opts *o)
+/* One of serve's own flags; -1 after saying what is wrong with its value. */
+static int take_flag(void *ctx, int opt, const char *arg)
+{
+    struct serve_opts *o = ctx;
+    switch (opt) {
+    case OPT_LISTEN:
+        o->listen = arg;
+        return 0;
+    case OPT_OPS_LISTEN:
+        o->ops_listen = arg;
+        return 0;
+    case OPT_TLS_CERT:
+        o->tls_cert = arg;
+        return 0;
+    case OPT_TLS_KEY:
+        o->tls_key = arg;
+        return 0;
+    case OPT_CLIENT_CA:
+        o->client_ca = arg;
+        return 0;
+    case OPT_INVENTORY:
+        if (strcmp(arg, "on") != 0 && strcmp(arg, "off") != 0) {
+            fprintf(stderr, "gpuguard serve: --inventory must be on or off\n");
+            return -1;
+        }
+        o->inventory = strcmp(arg, "on") == 0;
+        return 0;
+    case OPT_KUBECONFIG:
+        o->kubeconfig = arg;
+        return 0;
+    default:
+        return parse_number_flag(opt, arg, o);
+    }
+}
+
+/* True to serve; false to exit with *exit_code (after --help or a usage error). */
+static bool parse_flags(int argc, char **argv, struct serve_opts *o, int *exit_code)
 {
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     *o = (struct serve_opts){.listen = "0.0.0.0:8443",
                              .ops_listen = "0.0.0.0:9090",
-                             .policies = "./policies",
-                             .lua = "./lua",
                              .threads = cpus > 0 ? (unsigned)cpus : 1,
                              .max_body = 16 << 20,
                              .max_connections = 4096,
                              .shutdown_grace_s = 30,
                              .request_timeout_s = 10,
                              .inventory = -1};
-    int opt;
-    opterr = 0;
-    optind = 1;
-    while ((opt = getopt_long(argc, argv, "h", long_options, NULL)) != -1) {
-        switch (opt) {
-        case 'h':
-            serve_usage(stdout);
-            return 1;
-        case OPT_LISTEN:
-            o->listen = optarg;
-            break;
-        case OPT_OPS_LISTEN:
-            o->ops_listen = optarg;
-            break;
-        case OPT_TLS_CERT:
-            o->tls_cert = optarg;
-            break;
-        case OPT_TLS_KEY:
-            o->tls_key = optarg;
-            break;
-        case OPT_CLIENT_CA:
-            o->client_ca = optarg;
-            break;
-        case OPT_CONFIG:
-            o->config = optarg;
-            break;
-        case OPT_POLICIES:
-            o->policies = optarg;
-            break;
-        case OPT_LUA:
-            o->lua = optarg;
-            break;
-        case OPT_INVENTORY:
-            if (strcmp(optarg, "on") != 0 && strcmp(optarg, "off") != 0) {
-                fprintf(stderr, "gpuguard serve: --inventory must be on or off\n");
-                return -1;
-            }
-            o->inventory = strcmp(optarg, "on") == 0;
-            break;
-        case OPT_KUBECONFIG:
-            o->kubeconfig = optarg;
-            break;
-        case OPT_LOG_LEVEL:
-            if (cli_set_log_level("serve", optarg))
-                return -1;
-            break;
-        case '?':
-            fprintf(stderr, "gpuguard serve: unknown flag or missing value: %s\n",
-                    argv[optind - 1]);
-            return -1;
-        default:
-            if (parse_number_flag(opt, optarg, o))
-                return -1;
-        }
-    }
-    if (optind < argc) {
-        fprintf(stderr, "gpuguard serve: unexpected argument \"%s\"\n", argv[optind]);
-        return -1;
-    }
+    static const struct eo_command serve_command = {
+        .name = "gpuguard serve",
+        .shared = EO_ENGINE,
+        .log_level = LOG_INFO,
+        .options = long_options,
+        .take = take_flag,
+        .help = serve_usage,
+    };
+    if (!eo_parse(&serve_command, o, argc, argv, &o->engine, exit_code))
+        return false;
     if (!o->tls_cert || !o->tls_key) {
-        fprintf(stderr, "gpuguard serve: --tls-cert and --tls-key are required\n");
-        return -1;
+        fprintf(stderr, "gpuguard serve: --tls-cert and --tls-key are required\n"
+                        "run 'gpuguard serve --help' for the flags\n");
+        *exit_code = 2;
+        return false;
     }
-    return 0;
+    return true;
 }
 
 /* Every connection is a file descriptor: lift the soft limit to fit them. */
@@ -399,7 +374,7 @@ static enum gg_status start_rightsizing(const struct serve_opts *o, struct inven
 {
     json_t *root = NULL;
     struct rs_settings s = {.mode = RS_OFF};
-    enum gg_status st = cfg_load(o->config, &root, err);
+    enum gg_status st = cfg_load(o->engine.config, &root, err);
     if (st == GG_OK)
         st = rs_settings_parse(root, &s, err);
     json_decref(root);
@@ -439,12 +414,9 @@ static void log_serving(const struct serve_opts *o, struct srv *server, struct e
 int cli_serve(int argc, char **argv)
 {
     struct serve_opts o;
-    int r = parse_flags(argc, argv, &o);
-    if (r != 0) {
-        if (r < 0)
-            fprintf(stderr, "run 'gpuguard serve --help' for the flags\n");
-        return r > 0 ? 0 : 2;
-    }
+    int rc = 1;
+    if (!parse_flags(argc, argv, &o, &rc))
+        return rc;
     arena_install();
     sigset_t set;
     sigemptyset(&set);
@@ -455,7 +427,6 @@ int cli_serve(int argc, char **argv)
     raise_fd_limit(o.max_connections);
 
     struct gg_err err = {{0}};
-    struct policy_paths paths = {.policies = o.policies, .lua = o.lua, .config = o.config};
     struct engine *engine = NULL;
     struct reloader *reloader = NULL;
     struct dirwatch *cert_watch = NULL;
@@ -465,9 +436,8 @@ int cli_serve(int argc, char **argv)
     struct informer *informers[N_INFORMERS] = {NULL};
     struct ps_source *rightsizing = NULL;
     char *client_ca = NULL;
-    int rc = 1;
     if (start_certificates(&o, &cert_watch, &client_ca, &err) != GG_OK ||
-        engine_new(&paths, &engine, &err) != GG_OK ||
+        eo_engine_new(&o.engine, &engine, &err) != GG_OK ||
         start_inventory(&o, engine, &inventory, &charger, informers, &err) != GG_OK ||
         start_rightsizing(&o, inventory, &rightsizing, &err) != GG_OK ||
         reload_start(engine, &reloader, &err) != GG_OK)

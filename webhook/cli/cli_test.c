@@ -12,6 +12,7 @@
 #include "cli/cli.h"
 #include "cli/cli_dra.h"
 #include "cli/cli_files.h"
+#include "cli/engine_opts.h"
 #include "cli/dryrun.h"
 #include "util/gpuguard.h"
 #include "kube/inventory.h"
@@ -23,7 +24,6 @@
 #include "codec/yamldoc.h"
 
 #include <errno.h>
-#include <getopt.h>
 #include <libgen.h>
 #include <regex.h>
 #include <stdarg.h>
@@ -32,18 +32,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #define TEST_MAX_SUITE_BYTES ((size_t)16 << 20)
 #define TEST_MAX_DIFF_CELLS 4000000 /* LCS table cells; beyond, lines are listed whole */
-
-struct test_opts {
-    const char *config;
-    const char *policies;
-    const char *lua;
-    char **paths;
-    int n_paths;
-};
 
 /* One suite file, checked. */
 struct suite {
@@ -62,13 +53,15 @@ struct engine_cache {
 };
 
 struct test_run {
-    struct test_opts o;
+    struct engine_opts o; /* for suites that name none; the paths */
     struct engine_cache cache;
     size_t passed, failed, broken;
     bool colour;
     /* Every engine reads usage from it: the suite's cluster_state, not ready without one. */
     struct inventory *inventory;
 };
+
+#define TEST_HELP_WIDTH 19 /* the flag column of --help */
 
 static void test_usage(FILE *out)
 {
@@ -83,67 +76,22 @@ static void test_usage(FILE *out)
             "and a sub-resource such as ephemeralcontainers (what kubectl debug sends).\n"
             "The format is described in docs/policy-tests.md.\n"
             "\n"
-            "flags:\n"
-            "  --config FILE       configuration for suites that name none [none]\n"
-            "  --policies DIR      policy directory for suites that name none [./policies]\n"
-            "  --lua DIR           Lua library directory for suites that name none [./lua]\n"
-            "  --log-level LEVEL   debug, info, warn or error [error]\n"
-            "  -h, --help          this help\n"
-            "\n"
-            "Paths in a suite are relative to the suite file.  Prints PASS or FAIL per case,\n"
-            "with a diff of expected and actual on failure, then \"N passed, M failed\".\n"
-            "Exit status: 0 all passed, 1 a case failed, 2 usage error or a broken suite.\n");
+            "flags (a suite's own config, policies and lua win over them):\n");
+    eo_help_engine(out, EO_ENGINE, TEST_HELP_WIDTH);
+    eo_help_tail(out, TEST_HELP_WIDTH, LOG_ERROR);
+    fprintf(out, "\n"
+                 "Paths in a suite are relative to the suite file.  Prints PASS or FAIL per case,\n"
+                 "with a diff of expected and actual on failure, then \"N passed, M failed\".\n"
+                 "Exit status: 0 all passed, 1 a case failed, 2 usage error or a broken suite.\n");
 }
 
-enum { OPT_CONFIG = 256, OPT_POLICIES, OPT_LUA, OPT_LOG_LEVEL };
-
-static const struct option long_options[] = {
-    {"config", required_argument, NULL, OPT_CONFIG},
-    {"policies", required_argument, NULL, OPT_POLICIES},
-    {"lua", required_argument, NULL, OPT_LUA},
-    {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
-    {"help", no_argument, NULL, 'h'},
-    {NULL, 0, NULL, 0},
+static const struct eo_command test_command = {
+    .name = "gpuguard test",
+    .shared = EO_ENGINE,
+    .log_level = LOG_ERROR,
+    .help = test_usage,
+    .missing_args = "no PATH given (a suite file or a directory)",
 };
-
-static int parse_flags(int argc, char **argv, struct test_opts *o)
-{
-    int opt;
-    *o = (struct test_opts){0};
-    opterr = 0;
-    optind = 1;
-    log_set_level(LOG_ERROR);
-    while ((opt = getopt_long(argc, argv, "h", long_options, NULL)) != -1) {
-        switch (opt) {
-        case 'h':
-            test_usage(stdout);
-            return 1;
-        case OPT_CONFIG:
-            o->config = optarg;
-            break;
-        case OPT_POLICIES:
-            o->policies = optarg;
-            break;
-        case OPT_LUA:
-            o->lua = optarg;
-            break;
-        case OPT_LOG_LEVEL:
-            if (cli_set_log_level("test", optarg))
-                return -1;
-            break;
-        default:
-            fprintf(stderr, "gpuguard test: unknown flag or missing value: %s\n", argv[optind - 1]);
-            return -1;
-        }
-    }
-    if (optind >= argc) {
-        fprintf(stderr, "gpuguard test: no PATH given (a suite file or a directory)\n");
-        return -1;
-    }
-    o->paths = argv + optind;
-    o->n_paths = argc - optind;
-    return 0;
-}
 
 /* ---- checking a suite --------------------------------------------------- */
 
@@ -472,9 +420,8 @@ static enum gg_status suite_load(const struct test_run *r, const char *file, str
     const char *lua = json_string_value(json_object_get(s->doc, "lua"));
     const char *state = json_string_value(json_object_get(s->doc, "cluster_state"));
     s->config = config ? suite_path(s, config) : r->o.config ? strdup(r->o.config) : NULL;
-    s->policies =
-        policies ? suite_path(s, policies) : strdup(r->o.policies ? r->o.policies : "./policies");
-    s->lua = lua ? suite_path(s, lua) : strdup(r->o.lua ? r->o.lua : "./lua");
+    s->policies = policies ? suite_path(s, policies) : strdup(r->o.policies);
+    s->lua = lua ? suite_path(s, lua) : strdup(r->o.lua);
     s->cluster_state = state ? suite_path(s, state) : NULL;
     if ((config && !s->config) || (r->o.config && !s->config) || !s->policies || !s->lua ||
         (state && !s->cluster_state))
@@ -887,8 +834,8 @@ static enum gg_status suite_engine(struct test_run *r, const struct suite *s, st
     free(r->cache.key);
     r->cache.engine = NULL;
     r->cache.key = NULL;
-    struct policy_paths paths = {.policies = s->policies, .lua = s->lua, .config = s->config};
-    enum gg_status st = engine_new(&paths, &r->cache.engine, err);
+    struct engine_opts opts = {.config = s->config, .policies = s->policies, .lua = s->lua};
+    enum gg_status st = eo_engine_new(&opts, &r->cache.engine, err);
     if (st != GG_OK) {
         free(key);
         return st;
@@ -899,50 +846,51 @@ static enum gg_status suite_engine(struct test_run *r, const struct suite *s, st
     return GG_OK;
 }
 
+/*
+ * The suite's cluster state into the shared inventory, charged by the suite's own model (usage
+ * is only known with a snapshot); *charger is the suite's.  Errors point at cluster_state.
+ */
+static enum gg_status suite_state(struct test_run *r, const struct suite *s, struct engine *engine,
+                                  struct charger **charger, struct gg_err *err)
+{
+    if (!s->cluster_state) {
+        json_t *none = json_array();
+        inv_replace(r->inventory, none);
+        inv_set_ready(r->inventory, false);
+        json_decref(none);
+        return none ? GG_OK : gg_fail(err, GG_ERR_NOMEM, "out of memory");
+    }
+    size_t counts[MF_STATE_N];
+    if (eo_load_snapshot(engine, r->inventory, s->cluster_state, counts, charger, err) == GG_OK)
+        return GG_OK;
+    struct gg_err inner = *err;
+    return bad(s, "/cluster_state", err, "%s", inner.msg);
+}
+
 static void run_suite(struct test_run *r, const char *file)
 {
     struct suite s;
     struct gg_err err = {{0}};
     struct engine *engine = NULL;
-    json_t *state = NULL;
+    struct charger *charger = NULL;
     if (suite_load(r, file, &s, &err) != GG_OK) {
         fprintf(stderr, "gpuguard test: %s\n", err.msg);
         r->broken++;
         suite_clear(&s);
         return;
     }
-    if (s.cluster_state) {
-        char *text = NULL;
-        size_t len = 0;
-        size_t counts[MF_STATE_N];
-        enum gg_status st = gg_read_file(s.cluster_state, MF_MAX_CLUSTER_STATE, &text, &len, &err);
-        if (st == GG_OK)
-            st = mf_cluster_state(text, len, s.cluster_state, &state, counts, &err);
-        free(text);
-        if (st != GG_OK) {
-            struct gg_err inner = err;
-            bad(&s, "/cluster_state", &err, "%s", inner.msg);
-            fprintf(stderr, "gpuguard test: %s\n", err.msg);
-            r->broken++;
-            suite_clear(&s);
-            return;
-        }
-    }
-    struct charger *charger = NULL;
-    if (suite_engine(r, &s, &engine, &err) != GG_OK ||
-        (state && charger_new(engine, r->inventory, &charger, &err) != GG_OK)) {
+    if (suite_engine(r, &s, &engine, &err) != GG_OK) {
         fprintf(stderr, "gpuguard test: %s: cannot load the policies: %s\n", s.file, err.msg);
         r->broken++;
-        json_decref(state);
         suite_clear(&s);
         return;
     }
-    /* After the charger: the snapshot's pods are charged by the suite's own model (usage is
-     * only known with a snapshot). */
-    json_t *none = json_array();
-    inv_replace(r->inventory, state ? json_object_get(state, "items") : none);
-    inv_set_ready(r->inventory, state != NULL);
-    json_decref(none);
+    if (suite_state(r, &s, engine, &charger, &err) != GG_OK) {
+        fprintf(stderr, "gpuguard test: %s\n", err.msg);
+        r->broken++;
+        suite_clear(&s);
+        return;
+    }
     const json_t *cases = json_object_get(s.doc, "cases");
     bool broken = false;
     for (size_t i = 0; i < json_array_size(cases); i++) {
@@ -955,7 +903,6 @@ static void run_suite(struct test_run *r, const char *file)
     if (broken)
         r->broken++;
     charger_free(charger);
-    json_decref(state);
     suite_clear(&s);
 }
 
@@ -965,20 +912,16 @@ int cli_test(int argc, char **argv)
     struct test_run r = {0};
     struct cli_files files = {0};
     struct gg_err err = {{0}};
-    int p = parse_flags(argc, argv, &r.o);
-    if (p != 0) {
-        if (p < 0)
-            fprintf(stderr, "run 'gpuguard test --help' for the flags\n");
-        return p > 0 ? 0 : 2;
-    }
+    int rc;
+    if (!eo_parse(&test_command, NULL, argc, argv, &r.o, &rc))
+        return rc;
     if (!(r.inventory = inv_new())) {
         fprintf(stderr, "gpuguard test: out of memory\n");
         return 2;
     }
-    const char *term = getenv("TERM");
-    r.colour = isatty(STDOUT_FILENO) && !getenv("NO_COLOR") && !(term && !strcmp(term, "dumb"));
-    for (int i = 0; i < r.o.n_paths; i++) {
-        const char *path = r.o.paths[i];
+    r.colour = cli_use_colour(stdout);
+    for (int i = 0; i < r.o.n_args; i++) {
+        const char *path = r.o.args[i];
         size_t before = files.count;
         struct stat sb;
         enum gg_status st;

@@ -6,6 +6,7 @@
  * Exit codes: 0 saved, 1 Prometheus could not be queried, 2 a usage error.
  */
 #include "cli/cli.h"
+#include "cli/engine_opts.h"
 #include "engine/config.h"
 #include "util/log.h"
 #include "kube/promsource.h"
@@ -18,6 +19,8 @@
 #include <string.h>
 #include <time.h>
 
+#define USAGE_HELP_WIDTH 19 /* the flag column of --help */
+
 static void usage_usage(FILE *out)
 {
     fprintf(out, "usage: gpuguard usage [--prometheus URL] -o FILE [flags]\n"
@@ -29,76 +32,64 @@ static void usage_usage(FILE *out)
                  "configuration's rightsizing: section; the flags override it.\n"
                  "\n"
                  "flags:\n"
-                 "  --prometheus URL    the Prometheus HTTP API [rightsizing.prometheus.url]\n"
-                 "  --config FILE       gpuguard configuration (YAML) [none]\n"
-                 "  --window DURATION   history to look at, e.g. 7d [rightsizing.window, 7d]\n"
-                 "  -o, --output FILE   where to write it; - for stdout [required]\n"
-                 "  --log-level LEVEL   debug, info, warn or error [warn]\n"
-                 "  -h, --help          this help\n"
-                 "\n"
+                 "  --prometheus URL    the Prometheus HTTP API [rightsizing.prometheus.url]\n");
+    eo_help_engine(out, EO_CONFIG, USAGE_HELP_WIDTH);
+    fprintf(out, "  --window DURATION   history to look at, e.g. 7d [rightsizing.window, 7d]\n"
+                 "  -o, --output FILE   where to write it; - for stdout [required]\n");
+    eo_help_tail(out, USAGE_HELP_WIDTH, LOG_WARN);
+    fprintf(out, "\n"
                  "Exit status: 0 saved, 1 Prometheus could not be queried, 2 usage error.\n");
 }
 
 struct usage_opts {
-    const char *prometheus, *config, *window, *output;
+    struct engine_opts engine; /* only its configuration */
+    const char *prometheus, *window, *output;
 };
 
-enum { OPT_PROMETHEUS = 256, OPT_CONFIG, OPT_WINDOW, OPT_LOG_LEVEL };
+enum { OPT_PROMETHEUS = 256, OPT_WINDOW };
 
 static const struct option long_options[] = {
     {"prometheus", required_argument, NULL, OPT_PROMETHEUS},
-    {"config", required_argument, NULL, OPT_CONFIG},
     {"window", required_argument, NULL, OPT_WINDOW},
     {"output", required_argument, NULL, 'o'},
-    {"log-level", required_argument, NULL, OPT_LOG_LEVEL},
-    {"help", no_argument, NULL, 'h'},
     {NULL, 0, NULL, 0},
 };
 
-/* 0 to run, 1 after --help, -1 on a usage error. */
-static int parse_flags(int argc, char **argv, struct usage_opts *o)
+/* One of usage's own flags (their values are checked with the configuration's). */
+static int take_flag(void *ctx, int opt, const char *arg)
+{
+    struct usage_opts *o = ctx;
+    if (opt == OPT_PROMETHEUS)
+        o->prometheus = arg;
+    else if (opt == OPT_WINDOW)
+        o->window = arg;
+    else /* 'o' */
+        o->output = arg;
+    return 0;
+}
+
+/* True to run; false to exit with *exit_code (after --help or a usage error). */
+static bool parse_flags(int argc, char **argv, struct usage_opts *o, int *exit_code)
 {
     *o = (struct usage_opts){0};
-    int opt;
-    opterr = 0;
-    optind = 1;
-    log_set_level(LOG_WARN);
-    while ((opt = getopt_long(argc, argv, "ho:", long_options, NULL)) != -1) {
-        switch (opt) {
-        case 'h':
-            usage_usage(stdout);
-            return 1;
-        case OPT_PROMETHEUS:
-            o->prometheus = optarg;
-            break;
-        case OPT_CONFIG:
-            o->config = optarg;
-            break;
-        case OPT_WINDOW:
-            o->window = optarg;
-            break;
-        case 'o':
-            o->output = optarg;
-            break;
-        case OPT_LOG_LEVEL:
-            if (cli_set_log_level("usage", optarg))
-                return -1;
-            break;
-        default:
-            fprintf(stderr, "gpuguard usage: unknown flag or missing value: %s\n",
-                    argv[optind - 1]);
-            return -1;
-        }
-    }
-    if (optind < argc) {
-        fprintf(stderr, "gpuguard usage: unexpected argument \"%s\"\n", argv[optind]);
-        return -1;
-    }
+    static const struct eo_command usage_command = {
+        .name = "gpuguard usage",
+        .shared = EO_CONFIG | EO_LOG_LEVEL,
+        .log_level = LOG_WARN,
+        .options = long_options,
+        .short_options = "o:",
+        .take = take_flag,
+        .help = usage_usage,
+    };
+    if (!eo_parse(&usage_command, o, argc, argv, &o->engine, exit_code))
+        return false;
     if (!o->output) {
-        fprintf(stderr, "gpuguard usage: -o FILE is required\n");
-        return -1;
+        fprintf(stderr, "gpuguard usage: -o FILE is required\n"
+                        "run 'gpuguard usage --help' for the flags\n");
+        *exit_code = 2;
+        return false;
     }
-    return 0;
+    return true;
 }
 
 /* The settings: the configuration's, then the flags.  -1 with a message when wrong. */
@@ -106,7 +97,7 @@ static int settings_of(const struct usage_opts *o, struct rs_settings *s)
 {
     struct gg_err err = {{0}};
     json_t *root = NULL;
-    enum gg_status st = cfg_load(o->config, &root, &err);
+    enum gg_status st = cfg_load(o->engine.config, &root, &err);
     if (st == GG_OK)
         st = rs_settings_parse(root, s, &err);
     json_decref(root);
@@ -165,18 +156,16 @@ int cli_usage(int argc, char **argv)
 {
     struct usage_opts o;
     struct rs_settings s;
-    int p = parse_flags(argc, argv, &o);
-    if (p == 0)
-        p = settings_of(&o, &s);
-    if (p != 0) {
-        if (p < 0)
-            fprintf(stderr, "run 'gpuguard usage --help' for the flags\n");
-        return p > 0 ? 0 : 2;
+    int rc = 1;
+    if (!parse_flags(argc, argv, &o, &rc))
+        return rc;
+    if (settings_of(&o, &s) != 0) {
+        fprintf(stderr, "run 'gpuguard usage --help' for the flags\n");
+        return 2;
     }
     struct gg_err err = {{0}};
     struct kc_client *client = NULL;
     json_t *peak = NULL, *history = NULL, *doc = NULL;
-    int rc = 1;
     int64_t now = (int64_t)time(NULL);
     if (ps_client_new(&s, &client, &err) != GG_OK ||
         ps_fetch(client, &s, NULL, &peak, &history, &err) != GG_OK) {

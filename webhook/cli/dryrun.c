@@ -6,7 +6,6 @@
 #include "util/clock.h"
 
 #include "codec/admission.h"
-#include "codec/jsonpatch.h"
 
 #include <ctype.h>
 #include <stdio.h>
@@ -18,7 +17,8 @@
 #define DR_DEFAULT_TIMEOUT_MS 10000
 #define DR_NAME_MAX 256 /* a group, version, kind or resource name */
 
-void dr_uid(char out[37])
+/* A random version-4 UUID, as the API server uses for request uids. */
+static void dr_uid(char out[37])
 {
     unsigned char b[16];
     size_t got = 0;
@@ -43,7 +43,8 @@ void dr_uid(char out[37])
              b[14], b[15]);
 }
 
-const char *dr_namespace(const json_t *pod, const char *fallback)
+/* The namespace a request for pod gets: its own, else fallback, else "default". */
+static const char *dr_namespace(const json_t *pod, const char *fallback)
 {
     const char *ns =
         json_string_value(json_object_get(json_object_get(pod, "metadata"), "namespace"));
@@ -73,8 +74,14 @@ static void gvk_of(const json_t *obj, char *group, char *version, char *kind, ch
     resource[i + 1] = '\0';
 }
 
-json_t *dr_review(const json_t *object, const json_t *old_object, const char *ns,
-                  const struct dr_options *o, const char *uid)
+/*
+ * The AdmissionReview (admission.k8s.io/v1) the API server would send for
+ * object (NULL on DELETE/CONNECT) in namespace ns: its kind and resource
+ * from the object's apiVersion and kind (the resource is the kind in lower
+ * case plus "s"), a Pod when it has no kind.  A new reference.
+ */
+static json_t *dr_review(const json_t *object, const json_t *old_object, const char *ns,
+                         const struct dr_options *o, const char *uid)
 {
     const char *op = operation_of(o);
     char group[DR_NAME_MAX], version[DR_NAME_MAX], kind[DR_NAME_MAX], resource[DR_NAME_MAX];
@@ -213,7 +220,9 @@ enum gg_status dr_evaluate(struct engine *e, const json_t *pod, const struct dr_
         return gg_fail(err, GG_ERR_NOMEM, "out of memory");
     }
     dr_uid(uid);
-    st = call(e, has_object ? object : NULL, old, r.namespace, o, uid, PHASE_MUTATE, &mv, err);
+    /* The engine applies its patch to the object as the API server would (PHASE_KEEP_MUTATED). */
+    st = call(e, has_object ? object : NULL, old, r.namespace, o, uid,
+              PHASE_MUTATE | PHASE_KEEP_MUTATED, &mv, err);
     if (st != GG_OK)
         goto out;
     r.warnings = json_copy(mv.warnings);
@@ -232,12 +241,9 @@ enum gg_status dr_evaluate(struct engine *e, const json_t *pod, const struct dr_
         r.mutated = has_object ? json_incref(object) : NULL;
         goto done;
     }
-    if (has_object && json_array_size(r.patch) == 0) {
-        r.mutated = json_incref(object);
-    } else if (has_object) {
-        st = jp_apply_copy(object, r.patch, &r.mutated, err);
-        if (st != GG_OK)
-            goto out;
+    if (has_object) { /* no mutated object when no policy could mutate: the object itself */
+        r.mutated = mv.mutated ? mv.mutated : json_incref(object);
+        mv.mutated = NULL;
     }
     st = call(e, r.mutated, old, r.namespace, o, uid, PHASE_VALIDATE, &vv, err);
     if (st != GG_OK)

@@ -1,10 +1,12 @@
 /*
- * dryrun.h - one pod (or any object) through the policies the way the API
- * server would put it through gpuguard's two webhooks: the AdmissionReview
- * it would send, the mutating call, the patch applied, then the validating
- * call on the result.
- * Used by `gpuguard check` and `gpuguard test`, so both run exactly what the
- * server runs (the same decode, the same engine).
+ * dryrun.h - one object through gpuguard's mutating and then validating webhook, as the API
+ * server would call them, for `gpuguard check` and `gpuguard test`.
+ *
+ * It builds the AdmissionReview the API server would send and goes through
+ * the server's decode (adm_decode_value) and engine (engine_evaluate), so
+ * the CLI decides exactly as the server does.  It reads the verdict itself
+ * instead of encoding a response (adm_encode): the CLI reports what the
+ * response does not carry (the policies that fired, the mutated object).
  *
  * No I/O beyond what the engine does (it may log policy failures).
  */
@@ -49,18 +51,6 @@ struct dr_result {
     char *decision;        /* the mutated pod's gpuguard.io/decision annotation, or NULL */
 };
 
-/* The namespace a request for pod gets: its own, else fallback, else "default". */
-const char *dr_namespace(const json_t *pod, const char *fallback);
-
-/*
- * The AdmissionReview (admission.k8s.io/v1) the API server would send for
- * object (NULL on DELETE/CONNECT) in namespace ns: its kind and resource
- * from the object's apiVersion and kind (the resource is the kind in lower
- * case plus "s"), a Pod when it has no kind.  A new reference.
- */
-json_t *dr_review(const json_t *object, const json_t *old_object, const char *ns,
-                  const struct dr_options *o, const char *uid);
-
 /*
  * Put pod through the mutating call, then (unless it was denied there) the
  * validating call with the patched pod.  Policy denials and failures are
@@ -80,8 +70,5 @@ enum gg_status dr_mutate(struct engine *e, const json_t *pod, const struct dr_op
 
 /* Append to the array into the names of names it does not hold yet. */
 void dr_add_fired(json_t *into, const json_t *names);
-
-/* A random version-4 UUID, as the API server uses for request uids. */
-void dr_uid(char out[37]);
 
 #endif

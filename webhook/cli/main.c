@@ -1,12 +1,14 @@
 /*
- * main.c - the gpuguard binary: dispatch to a subcommand.
+ * main.c - the gpuguard binary's entry point: it dispatches to a subcommand
+ * (and holds the two small helpers of cli.h the subcommands share).
  */
 #include "cli/cli.h"
 #include "util/gpuguard.h"
-#include "util/log.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static int cmd_version(int argc, char **argv);
 
@@ -30,15 +32,10 @@ int cli_is_help(const char *s)
     return strcmp(s, "-h") == 0 || strcmp(s, "--help") == 0;
 }
 
-int cli_set_log_level(const char *command, const char *value)
+bool cli_use_colour(FILE *f)
 {
-    int level = log_level_parse(value);
-    if (level < 0) {
-        fprintf(stderr, "gpuguard %s: --log-level must be debug, info, warn or error\n", command);
-        return -1;
-    }
-    log_set_level((enum log_level)level);
-    return 0;
+    const char *term = getenv("TERM");
+    return isatty(fileno(f)) && !getenv("NO_COLOR") && !(term && strcmp(term, "dumb") == 0);
 }
 
 static void usage(FILE *out)

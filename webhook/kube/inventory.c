@@ -11,6 +11,7 @@
 #include "util/clock.h"
 
 #include "util/arena.h"
+#include "codec/manifest.h"
 #include "codec/quantity.h"
 
 #include <pthread.h>
@@ -813,23 +814,36 @@ bool inv_ready(struct inventory *inv)
     return ready;
 }
 
+enum gg_status inv_read_snapshot(const char *path, json_t **state, size_t counts[MF_STATE_N],
+                                 struct gg_err *err)
+{
+    char *text = NULL;
+    size_t len = 0;
+    enum gg_status st = gg_read_file(path, MF_MAX_CLUSTER_STATE, &text, &len, err);
+    if (st == GG_OK)
+        st = mf_cluster_state(text, len, path, state, counts, err);
+    free(text);
+    if (st == GG_ERR_INVALID) {
+        struct gg_err inner = *err;
+        return gg_fail(err, st,
+                       "%s (not a pod list: want the JSON of 'kubectl get pods,"
+                       "resourceclaims,resourceclaimtemplates -A -o json')",
+                       inner.msg);
+    }
+    return st;
+}
+
 enum gg_status inv_load_snapshot(struct inventory *inv, const char *path, struct gg_err *err)
 {
-    json_error_t jerr;
-    json_t *doc = json_load_file(path, 0, &jerr);
-    if (!doc)
-        return gg_fail(err, GG_ERR_PARSE, "%s:%d:%d: %s", path, jerr.line, jerr.column, jerr.text);
-    json_t *items = json_object_get(doc, "items");
-    enum gg_status st = GG_OK;
-    if (!json_is_array(items))
-        st = gg_fail(err, GG_ERR_INVALID,
-                     "%s: not a pod list (want the output of kubectl get pods -A -o json)", path);
-    else {
-        inv_replace(inv, items);
-        inv_set_ready(inv, true);
-    }
-    json_decref(doc);
-    return st;
+    json_t *state = NULL;
+    size_t counts[MF_STATE_N];
+    enum gg_status st = inv_read_snapshot(path, &state, counts, err);
+    if (st != GG_OK)
+        return st;
+    inv_replace(inv, json_object_get(state, "items"));
+    inv_set_ready(inv, true);
+    json_decref(state);
+    return GG_OK;
 }
 
 void inv_each_owner(struct inventory *inv,

@@ -4,7 +4,8 @@
  * yet seen.
  *
  * The server fills it from the API server (list + watch); the CLI from a
- * `kubectl get pods -A -o json` snapshot.  Policies read it through
+ * `kubectl get pods,resourceclaims,resourceclaimtemplates -A -o json`
+ * snapshot (inv_read_snapshot).  Policies read it through
  * gpuguard.usage().  Every function is thread-safe.
  *
  * What a pod or a ResourceClaim holds is its charger's answer (see
@@ -17,6 +18,7 @@
 #ifndef GG_INVENTORY_H
 #define GG_INVENTORY_H
 
+#include "codec/manifest.h"
 #include "util/gpuguard.h"
 
 #include <jansson.h>
@@ -146,7 +148,17 @@ void inv_each_owner(struct inventory *inv,
                     void (*fn)(void *ctx, const char *ns, const char *pod, const char *owner),
                     void *ctx);
 
-/* Load a `kubectl get pods,resourceclaims,resourceclaimtemplates -A -o json` dump; marks ready. */
+/*
+ * Read and check the cluster snapshot in file path (`kubectl get pods,
+ * resourceclaims,resourceclaimtemplates -A -o json`, at most
+ * MF_MAX_CLUSTER_STATE bytes, see mf_cluster_state): *state (a new
+ * reference) keeps its pods, claims and templates, counts its items per
+ * kind.  Errors name the file and what is wrong.  The one reader of
+ * snapshots: callers that need a charger set first use it, then inv_replace.
+ */
+enum gg_status inv_read_snapshot(const char *path, json_t **state, size_t counts[MF_STATE_N],
+                                 struct gg_err *err);
+/* inv_read_snapshot, then its objects are inv's and inv is ready; inv is unchanged on failure. */
 enum gg_status inv_load_snapshot(struct inventory *inv, const char *path, struct gg_err *err);
 
 #endif
