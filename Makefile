@@ -4,7 +4,7 @@
 #   make test    the same set-up, then unit, Lua, policy and integration tests
 #   make asan    the test suite under AddressSanitizer and UndefinedBehaviorSanitizer
 #   make fuzz    each libFuzzer target for FUZZ_SECONDS (clang); see docs/testing.md
-#   make lint    clang-format check, cppcheck, luac -p on every Lua file
+#   make lint    clang-format check, cppcheck, luac -p on every Lua file, the layers' include rule
 #   make bench   benchmarks (figures, not pass/fail)
 #   make deps-image  install buildah, mmdebstrap and docker-registry (as root)
 #   make image       build the container image IMAGE (gpuguard:<version>) with buildah
@@ -194,6 +194,7 @@ lint:
 	cppcheck --quiet --error-exitcode=1 --enable=warning,portability --inline-suppr \
 	    --suppress=missingIncludeSystem --include=/usr/include/jansson.h -Iwebhook webhook tests/unit tests/tools tests/bench tests/fuzz
 	@for f in $$(find lua policies tests -name '*.lua'); do luac5.4 -p $$f || exit 1; done
+	$(PYTHON) tests/lint/check_layers.py webhook
 
 install: $(BIN)
 	install -D -m 0755 $(BIN) $(DESTDIR)/usr/local/bin/gpuguard

@@ -29,7 +29,7 @@
 #include "cli/engine_opts.h"
 #include "codec/admission.h"
 #include "util/clock.h"
-#include "cli/dryrun.h"
+#include "engine/dryrun.h"
 #include "engine/luabridge.h"
 #include "engine/policy.h"
 

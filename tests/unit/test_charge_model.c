@@ -12,7 +12,7 @@
 #include <cmocka.h>
 
 #include "charging.h"
-#include "cli/dryrun.h"
+#include "engine/dryrun.h"
 #include "kube/informer.h"
 
 #include <stdio.h>

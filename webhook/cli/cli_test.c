@@ -13,7 +13,7 @@
 #include "cli/cli_dra.h"
 #include "cli/cli_files.h"
 #include "cli/engine_opts.h"
-#include "cli/dryrun.h"
+#include "engine/dryrun.h"
 #include "util/gpuguard.h"
 #include "kube/inventory.h"
 #include "codec/jsonpatch.h"

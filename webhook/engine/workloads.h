@@ -11,7 +11,7 @@
 #define GG_WORKLOADS_H
 
 #include "codec/admission.h"
-#include "cli/dryrun.h"
+#include "engine/dryrun.h"
 #include "util/gpuguard.h"
 #include "codec/manifest.h"
 #include "engine/policy.h"

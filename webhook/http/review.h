@@ -1,7 +1,7 @@
 /*
  * review.h - one admission review from request body to response body:
  * decode, evaluate, encode.  No HTTP here: the server maps the status this
- * returns to an HTTP status.  The CLI's dry run (cli/dryrun.h) shares the
+ * returns to an HTTP status.  The CLI's dry run (engine/dryrun.h) shares the
  * decode and the engine but not this function: it reads the verdict, which
  * says more than the encoded response.
  */

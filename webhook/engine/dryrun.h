@@ -1,6 +1,7 @@
 /*
  * dryrun.h - one object through gpuguard's mutating and then validating webhook, as the API
- * server would call them, for `gpuguard check` and `gpuguard test`.
+ * server would call them, for `gpuguard check`, `gpuguard test` and the webhook's workload
+ * templates (workloads.c).
  *
  * It builds the AdmissionReview the API server would send and goes through
  * the server's decode (adm_decode_value) and engine (engine_evaluate), so

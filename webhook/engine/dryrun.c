@@ -1,8 +1,8 @@
 /*
  * dryrun.c - a pod through the mutating and then the validating webhook,
- * as the API server would call them, for the CLI.  See dryrun.h.
+ * as the API server would call them, for the CLI and workload templates.  See dryrun.h.
  */
-#include "cli/dryrun.h"
+#include "engine/dryrun.h"
 #include "util/clock.h"
 
 #include "codec/admission.h"
