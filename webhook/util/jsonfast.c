@@ -581,6 +581,12 @@ json_t *jf_loadb(const char *text, size_t len, size_t max_depth, struct jf_error
     return jf_loadb_depth(text, len, max_depth, &deepest, err);
 }
 
+/*
+ * The parser's state machine, whole on purpose (about 200 lines): one loop
+ * over the text with an explicit stack of open containers, so nesting costs
+ * no recursion and every state reads the same locals (position, stack,
+ * pending key); split into functions, each would pass all of them around.
+ */
 json_t *jf_loadb_depth(const char *text, size_t len, size_t max_depth, size_t *deepest,
                        struct jf_error *err)
 {
