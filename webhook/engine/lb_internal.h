@@ -44,6 +44,7 @@ struct lb_vm {
     const void *marks[N_SHAPES]; /* the marking metatables, by shape */
     int lazy_mt_ref[2];          /* registry refs of the lazy object and array metatables */
     int frozen_mt_ref;           /* registry ref of the frozen proxies' metatable */
+    int ro_target_ref;           /* registry ref of shared proxy -> shadow (weak keys) */
     lua_Integer epoch;           /* the current request's number, for its stubs */
     struct lb_limits limits;
     const struct lb_source *modules; /* borrowed from the policy set */
@@ -114,10 +115,12 @@ extern const luaL_Reg lb_frozen_methods[];
 void lb_readonly_open(lua_State *L);
 bool lb_is_proxy(lua_State *L, int idx);
 void lb_unproxy(lua_State *L, int idx);
+void lb_unshare(lua_State *L, int idx);
 void lb_push_readonly(lua_State *L, int idx);
 void lb_push_ro_metatable(lua_State *L, lua_CFunction pairs);
 void lb_ro_point(lua_State *L, int proxy, int shadow);
 int lb_ro_pairs(lua_State *L);
+int lb_pairs_of(lua_State *L, lua_CFunction next);
 void lb_push_copy(lua_State *L, int idx);
 void lb_freeze(lua_State *L);
 int lb_frozen_index(lua_State *L);

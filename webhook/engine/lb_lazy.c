@@ -145,10 +145,7 @@ static int raw_next(lua_State *L)
 static int lazy_pairs(lua_State *L)
 {
     lb_materialize_if_lazy(L, 1);
-    lua_pushcfunction(L, raw_next);
-    lua_pushvalue(L, 1);
-    lua_pushnil(L);
-    return 3;
+    return lb_pairs_of(L, raw_next);
 }
 
 const luaL_Reg lb_lazy_methods[] = {{"__index", lazy_index},
@@ -162,14 +159,17 @@ const luaL_Reg lb_lazy_methods[] = {{"__index", lazy_index},
 static int l_next(lua_State *L)
 {
     luaL_checktype(L, 1, LUA_TTABLE);
-    if (lb_shape_of(L, 1) == SHAPE_FROZEN) {
+    enum shape s = lb_shape_of(L, 1);
+    if (s == SHAPE_FROZEN) {
         if (lb_frozen_next(L))
             return 2;
         lua_pushnil(L);
         return 1;
     }
-    lb_unproxy(L, 1);
-    lb_materialize_if_lazy(L, 1);
+    if (lb_is_lazy(s))
+        lb_materialize(L, 1, s);
+    else if (s == SHAPE_NONE) /* maybe a shared proxy (unmarked; its shadow is not lazy) */
+        lb_unshare(L, 1);
     return raw_next(L);
 }
 

@@ -6,7 +6,8 @@
  * keys), so a view is an empty proxy whose metatable refuses writes.  For a
  * shared table the metatable's __index is a shadow: a copy of the table
  * with every nested table replaced by its own view, made once, so reads
- * are table lookups inside the VM with no C call.
+ * (ipairs' too) are table lookups inside the VM with no C call, and # and
+ * pairs cost about what they cost on a plain table.
  *
  * Validate sees the object frozen: the same tables (as mutate left them),
  * each behind a frozen proxy made when it is first reached.  A frozen proxy
@@ -18,9 +19,28 @@
  */
 #include "engine/lb_internal.h"
 
-static const char key_ro_target; /* proxy -> shadow, for lb_unproxy (weak keys) */
-static const char key_ro_cache;  /* table -> its view, made once (weak keys) */
-static const char key_shadow;    /* a frozen proxy's one (hidden) entry: its table */
+static const char key_ro_cache; /* table -> its view, made once (weak keys) */
+static const char key_shadow;   /* a frozen proxy's one (hidden) entry: its table */
+
+/* Push the shadow of the shared proxy at idx (absolute), or nil when it is not one. */
+static int push_shared_shadow(lua_State *L, int idx)
+{
+    lua_rawgeti(L, LUA_REGISTRYINDEX, lb_vm_of(L)->ro_target_ref);
+    lua_pushvalue(L, idx);
+    int type = lua_rawget(L, -2);
+    lua_remove(L, -2);
+    return type;
+}
+
+/* If the table at idx is a shared proxy, replace it with its shadow. */
+void lb_unshare(lua_State *L, int idx)
+{
+    idx = lua_absindex(L, idx);
+    if (push_shared_shadow(L, idx) == LUA_TTABLE)
+        lua_replace(L, idx);
+    else
+        lua_pop(L, 1);
+}
 
 /* Whether the value at idx is a read-only proxy (frozen ones included). */
 bool lb_is_proxy(lua_State *L, int idx)
@@ -30,10 +50,8 @@ bool lb_is_proxy(lua_State *L, int idx)
         return false;
     if (lb_shape_of(L, idx) == SHAPE_FROZEN)
         return true;
-    lb_push_registry(L, &key_ro_target);
-    lua_pushvalue(L, idx);
-    bool proxy = lua_rawget(L, -2) == LUA_TTABLE;
-    lua_pop(L, 2);
+    bool proxy = push_shared_shadow(L, idx) == LUA_TTABLE;
+    lua_pop(L, 1);
     return proxy;
 }
 
@@ -49,13 +67,7 @@ void lb_unproxy(lua_State *L, int idx)
         lb_materialize_if_lazy(L, idx);
         return;
     }
-    lb_push_registry(L, &key_ro_target);
-    lua_pushvalue(L, idx);
-    if (lua_rawget(L, -2) == LUA_TTABLE)
-        lua_replace(L, idx);
-    else
-        lua_pop(L, 1);
-    lua_pop(L, 1);
+    lb_unshare(L, idx);
 }
 
 static int ro_newindex(lua_State *L)
@@ -64,45 +76,48 @@ static int ro_newindex(lua_State *L)
                          "library): copy what you need into a table of your own");
 }
 
-/* The shadow behind a proxy (its metatable's __index, or a frozen proxy's entry). */
-static void push_shadow(lua_State *L, int proxy)
-{
-    lua_pushvalue(L, proxy);
-    lb_unproxy(L, -1);
-}
-
+/*
+ * A shared proxy's __len and its pairs iterator read the shadow from their
+ * upvalue: no lookup to find it, so # and pairs cost about what they cost
+ * on a plain table.
+ */
 static int ro_len(lua_State *L)
 {
-    push_shadow(L, 1);
-    lua_pushinteger(L, (lua_Integer)lua_rawlen(L, -1));
+    lua_pushinteger(L, (lua_Integer)lua_rawlen(L, lua_upvalueindex(1)));
     return 1;
 }
 
 static int ro_next(lua_State *L)
 {
-    push_shadow(L, 1);
-    lua_replace(L, 1);
     lua_settop(L, 2);
-    return lua_next(L, 1) ? 2 : 0;
+    return lua_next(L, lua_upvalueindex(1)) ? 2 : 0;
 }
 
+/* __pairs: the iterator over the shadow (upvalue 1), with the proxy as its state. */
 int lb_ro_pairs(lua_State *L)
 {
-    lua_pushcfunction(L, ro_next);
+    lua_pushvalue(L, lua_upvalueindex(1));
     lua_pushvalue(L, 1);
     lua_pushnil(L);
     return 3;
 }
 
-/* A read-only proxy's metatable, but for its __index (the shadow: see lb_ro_point). */
+/*
+ * Push a read-only proxy's metatable, not yet pointing at a shadow (see
+ * lb_ro_point).  pairs is its __pairs, a C closure whose upvalue is the
+ * iterator.
+ */
 void lb_push_ro_metatable(lua_State *L, lua_CFunction pairs)
 {
     lua_createtable(L, 0, 5);
     lua_pushcfunction(L, ro_newindex);
     lua_setfield(L, -2, "__newindex");
-    lua_pushcfunction(L, ro_len);
+    lua_pushnil(L);
+    lua_pushcclosure(L, ro_len, 1);
     lua_setfield(L, -2, "__len");
-    lua_pushcfunction(L, pairs);
+    lua_pushnil(L);
+    lua_pushcclosure(L, ro_next, 1);
+    lua_pushcclosure(L, pairs, 1);
     lua_setfield(L, -2, "__pairs");
     lua_pushliteral(L, "read-only");
     lua_setfield(L, -2, "__metatable");
@@ -113,14 +128,21 @@ void lb_ro_point(lua_State *L, int proxy, int shadow)
 {
     proxy = lua_absindex(L, proxy);
     shadow = lua_absindex(L, shadow);
-    lb_push_registry(L, &key_ro_target); /* what lb_unproxy reads */
+    lua_rawgeti(L, LUA_REGISTRYINDEX, lb_vm_of(L)->ro_target_ref); /* what lb_unshare reads */
     lua_pushvalue(L, proxy);
     lua_pushvalue(L, shadow);
     lua_rawset(L, -3);
     lua_getmetatable(L, proxy);
     lua_pushvalue(L, shadow);
     lua_setfield(L, -2, "__index");
-    lua_pop(L, 2);
+    lua_getfield(L, -1, "__len");
+    lua_pushvalue(L, shadow);
+    lua_setupvalue(L, -2, 1);
+    lua_getfield(L, -2, "__pairs");
+    lua_getupvalue(L, -1, 1); /* the iterator */
+    lua_pushvalue(L, shadow);
+    lua_setupvalue(L, -2, 1);
+    lua_pop(L, 5);
 }
 
 /*
@@ -187,15 +209,15 @@ void lb_push_readonly(lua_State *L, int idx)
 
 void lb_readonly_open(lua_State *L)
 {
-    const void *weak[] = {&key_ro_target, &key_ro_cache};
     for (int i = 0; i < 2; i++) {
         lua_newtable(L);
         lua_newtable(L);
         lua_pushliteral(L, "k");
         lua_setfield(L, -2, "__mode");
         lua_setmetatable(L, -2);
-        lua_rawsetp(L, LUA_REGISTRYINDEX, weak[i]);
     }
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &key_ro_cache);
+    lb_vm_of(L)->ro_target_ref = luaL_ref(L, LUA_REGISTRYINDEX);
 }
 
 /*
@@ -259,9 +281,22 @@ int lb_frozen_next(lua_State *L)
     return 2;
 }
 
+static int frozen_len(lua_State *L)
+{
+    lb_unproxy(L, 1);
+    lua_pushinteger(L, (lua_Integer)lua_rawlen(L, 1));
+    return 1;
+}
+
 static int frozen_pairs(lua_State *L)
 {
-    lua_pushcfunction(L, lb_frozen_next);
+    return lb_pairs_of(L, lb_frozen_next);
+}
+
+/* What a __pairs returns: the iterator next, the table (argument 1) and nil. */
+int lb_pairs_of(lua_State *L, lua_CFunction next)
+{
+    lua_pushcfunction(L, next);
     lua_pushvalue(L, 1);
     lua_pushnil(L);
     return 3;
@@ -269,7 +304,7 @@ static int frozen_pairs(lua_State *L)
 
 const luaL_Reg lb_frozen_methods[] = {{"__index", lb_frozen_index},
                                       {"__newindex", frozen_newindex},
-                                      {"__len", ro_len},
+                                      {"__len", frozen_len},
                                       {"__pairs", frozen_pairs},
                                       {NULL, NULL}};
 
