@@ -62,6 +62,7 @@ struct lb_vm {
     int n_policies;
     int obj_ref, req_ref;          /* the current request's tables */
     int frozen_ref;                /* the object as validate sees it: read-only */
+    int frozen_cache_ref;          /* its frozen proxies, by the table they show (weak) */
     const struct adm_request *req; /* the current request; NULL between requests */
     struct lb_report report;       /* the current call's report */
     bool report_lost;              /* a req:deny failed: the call fails, even if it went on */
@@ -72,7 +73,6 @@ extern const char lb_key_object_mt, lb_key_array_mt; /* the plain marks */
 extern const char lb_key_null_marker;                /* gpuguard.null's address */
 extern const char lb_key_module;                     /* the gpuguard module */
 extern const char lb_key_policies;                   /* loaded policy tables, 1..n */
-extern const char lb_key_frozen_cache;               /* the request's frozen proxies */
 
 static inline struct lb_vm *lb_vm_of(lua_State *L)
 {

@@ -229,7 +229,7 @@ void lb_freeze(lua_State *L)
     if (!lua_istable(L, -1))
         return;
     luaL_checkstack(L, 4, "object too deep");
-    lua_rawgetp(L, LUA_REGISTRYINDEX, &lb_key_frozen_cache);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, lb_vm_of(L)->frozen_cache_ref);
     lua_pushvalue(L, -2);
     if (lua_rawget(L, -2) == LUA_TTABLE) {
         lua_replace(L, -3);
@@ -237,7 +237,9 @@ void lb_freeze(lua_State *L)
         return;
     }
     lua_pop(L, 1);
-    if (lb_is_proxy(L, -2)) {
+    /* A table of the object is marked; an unmarked one may be a proxy already. */
+    enum shape s = lb_shape_of(L, -2);
+    if (s == SHAPE_FROZEN || (s == SHAPE_NONE && lb_is_proxy(L, -2))) {
         lua_pop(L, 1);
         return;
     }

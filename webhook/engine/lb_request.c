@@ -174,7 +174,7 @@ static int build_request(lua_State *L)
     lua_pushliteral(L, "v");
     lua_setfield(L, -2, "__mode");
     lua_setmetatable(L, -2);
-    lua_rawsetp(L, LUA_REGISTRYINDEX, &lb_key_frozen_cache);
+    lb_vm_of(L)->frozen_cache_ref = luaL_ref(L, LUA_REGISTRYINDEX);
     if (object)
         lb_push_lazy(L, object);
     else
@@ -271,9 +271,8 @@ void lb_request_end(struct lb_vm *vm)
     luaL_unref(vm->L, LUA_REGISTRYINDEX, vm->obj_ref);
     luaL_unref(vm->L, LUA_REGISTRYINDEX, vm->req_ref);
     luaL_unref(vm->L, LUA_REGISTRYINDEX, vm->frozen_ref);
-    vm->obj_ref = vm->req_ref = vm->frozen_ref = LUA_NOREF;
-    lua_pushnil(vm->L);
-    lua_rawsetp(vm->L, LUA_REGISTRYINDEX, &lb_key_frozen_cache);
+    luaL_unref(vm->L, LUA_REGISTRYINDEX, vm->frozen_cache_ref);
+    vm->obj_ref = vm->req_ref = vm->frozen_ref = vm->frozen_cache_ref = LUA_NOREF;
     lb_report_clear(&vm->report);
     /* A big object (a 10 MB annotation) is copied into the VM, and once the
      * generational collector has aged the copy only a major collection frees

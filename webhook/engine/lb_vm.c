@@ -16,8 +16,7 @@
 /* Address space for a VM's small blocks (see blockpool.h). */
 #define LB_POOL_RESERVE (8u << 20)
 
-const char lb_key_object_mt, lb_key_array_mt, lb_key_null_marker, lb_key_module, lb_key_policies,
-    lb_key_frozen_cache;
+const char lb_key_object_mt, lb_key_array_mt, lb_key_null_marker, lb_key_module, lb_key_policies;
 
 /*
  * The JSON shape of the value at idx.  The marking metatables are known by
@@ -110,7 +109,7 @@ enum gg_status lb_vm_new(const struct lb_limits *limits, const struct lb_source 
     vm->modules = modules;
     vm->n_modules = n_modules;
     vm->inventory = inventory;
-    vm->obj_ref = vm->req_ref = vm->frozen_ref = LUA_NOREF;
+    vm->obj_ref = vm->req_ref = vm->frozen_ref = vm->frozen_cache_ref = LUA_NOREF;
     vm->watchdog = watchdog_new(lb_watchdog_fired);
     vm->pool = blockpool_new(LB_POOL_RESERVE);
     vm->L = lua_newstate(lb_alloc, vm);
