@@ -149,6 +149,7 @@ enum gg_status lb_lua_to_json(lua_State *L, int idx, json_t **out, struct gg_err
 /* lb_lazy.c */
 extern const luaL_Reg lb_lazy_methods[];
 extern const luaL_Reg lb_raw_access[];
+int lb_rawlen(lua_State *L);
 void lb_push_lazy(lua_State *L, const json_t *v);
 const json_t *lb_stub_source(lua_State *L, int idx, bool take);
 void lb_materialize(lua_State *L, int idx, enum shape shape);

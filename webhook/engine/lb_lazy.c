@@ -183,7 +183,8 @@ static int l_rawget(lua_State *L)
     return lazy_index(L);
 }
 
-static int l_rawlen(lua_State *L)
+/* Also a frozen proxy's __len: the length of the table it shows. */
+int lb_rawlen(lua_State *L)
 {
     int t = lua_type(L, 1);
     luaL_argexpected(L, t == LUA_TTABLE || t == LUA_TSTRING, 1, "table or string");
@@ -193,4 +194,4 @@ static int l_rawlen(lua_State *L)
 
 /* The sandbox's next, rawget and rawlen (see lb_sandbox.c). */
 const luaL_Reg lb_raw_access[] = {
-    {"next", l_next}, {"rawget", l_rawget}, {"rawlen", l_rawlen}, {NULL, NULL}};
+    {"next", l_next}, {"rawget", l_rawget}, {"rawlen", lb_rawlen}, {NULL, NULL}};

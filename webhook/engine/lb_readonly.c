@@ -283,13 +283,6 @@ int lb_frozen_next(lua_State *L)
     return 2;
 }
 
-static int frozen_len(lua_State *L)
-{
-    lb_unproxy(L, 1);
-    lua_pushinteger(L, (lua_Integer)lua_rawlen(L, 1));
-    return 1;
-}
-
 static int frozen_pairs(lua_State *L)
 {
     return lb_pairs_of(L, lb_frozen_next);
@@ -306,7 +299,7 @@ int lb_pairs_of(lua_State *L, lua_CFunction next)
 
 const luaL_Reg lb_frozen_methods[] = {{"__index", lb_frozen_index},
                                       {"__newindex", frozen_newindex},
-                                      {"__len", frozen_len},
+                                      {"__len", lb_rawlen},
                                       {"__pairs", frozen_pairs},
                                       {NULL, NULL}};
 

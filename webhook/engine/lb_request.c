@@ -12,7 +12,7 @@ static const char key_req_shadow_mt; /* its shadows' metatable: lazy fields */
 
 /*
  * req is one read-only proxy per VM that each request points at a new
- * shadow (see lb_push_readonly).  user, old_object and options are converted
+ * shadow (see lb_ro_point).  user, old_object and options are converted
  * when a policy first reads them, by the shadow's __index: the shipped
  * policies never do, and building their read-only views every request was
  * a third of a request's set-up.

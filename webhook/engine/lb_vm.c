@@ -2,9 +2,9 @@
  * lb_vm.c - a sandboxed Lua VM's life: create it with its sandbox, the
  * marking metatables and the shared configuration; free it.
  *
- * The only files that include lua.h are engine/lb_*.c (through
- * engine/lb_internal.h, which lists what each of them does).  One VM
- * belongs to one thread at a time and is never shared.
+ * In webhook/, the only files that include lua.h are engine/lb_*.c
+ * (through engine/lb_internal.h, which lists what each of them does).  One
+ * VM belongs to one thread at a time and is never shared.
  */
 #include "engine/lb_internal.h"
 #include "engine/watchdog.h"

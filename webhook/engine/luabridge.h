@@ -2,9 +2,9 @@
  * luabridge.h - the Lua side of the engine: sandboxed VMs, JSON <-> Lua,
  * budgets, and the `gpuguard` C module policies require.
  *
- * Implemented by engine/lb_*.c, the only files that include lua.h (see
- * engine/lb_internal.h).  One VM belongs to one thread at a time and is
- * never shared.  A VM whose policy broke a budget
+ * Implemented by engine/lb_*.c, the only files of webhook/ that include
+ * lua.h (engine/lb_internal.h says which does what).  One VM belongs to one
+ * thread at a time and is never shared.  A VM whose policy broke a budget
  * (instructions, memory, wall clock) is marked broken: throw it away.
  *
  * Lua view of JSON: objects and arrays are tables marked with an object or
