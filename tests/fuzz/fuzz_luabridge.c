@@ -1,6 +1,6 @@
 /*
  * fuzz_luabridge.c - libFuzzer target for the JSON <-> Lua bridge
- * (luabridge.c).
+ * (engine/lb_lazy.c, lb_json.c and lb_diff.c, through luabridge.h).
  *
  * The input is a JSON object, the object of an admission request.  It goes
  * through lb_request_begin into one sandboxed VM per process, in which a

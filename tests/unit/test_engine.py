@@ -882,6 +882,108 @@ end }
     assert "attempt to modify a read-only table" in v["message"]
 
 
+WALK_CONFIG = """
+pools:
+  - name: a100
+    taints: [{key: gpu, value: a100}, {key: spot, value: "yes"}]
+  - name: h100
+    taints: []
+guardrails:
+  required_labels: [team, cost-center]
+quotas:
+  default: 4
+  ml: 16
+"""
+
+
+def test_policies_walk_shared_configuration_with_ipairs_len_pairs_and_next(engine):
+    engine.configure(WALK_CONFIG)
+    engine.module("util", "return { sizes = { 1, 2, 4 }, named = { small = 1, big = 8 } }")
+    engine.policy("10-walk.lua", """
+local util = require "util"
+local function sorted_pairs(t)
+  local keys = {}
+  for k, v in pairs(t) do keys[#keys + 1] = k .. "=" .. tostring(v) end
+  table.sort(keys)
+  return table.concat(keys, ",")
+end
+return { name = "walk", validate = function(req, pod, cfg)
+  local out = {}
+  for i, pool in ipairs(cfg.pools) do
+    local taints = {}
+    for j, t in ipairs(pool.taints) do taints[j] = t.key .. ":" .. t.value end
+    out[#out + 1] = i .. " " .. pool.name .. " #" .. #pool.taints .. " " .. table.concat(taints, ",")
+  end
+  out[#out + 1] = "#pools " .. #cfg.pools .. " labels " .. #cfg.guardrails.required_labels
+    .. " " .. table.concat(cfg.guardrails.required_labels, ",")
+  out[#out + 1] = "quotas " .. sorted_pairs(cfg.quotas)
+  local keys, k = {}, next(cfg)
+  while k ~= nil do keys[#keys + 1] = k; k = next(cfg, k) end
+  table.sort(keys)
+  out[#out + 1] = "next " .. table.concat(keys, ",") .. " " .. tostring(next(cfg.pools[2].taints))
+  local total = 0
+  for _, n in ipairs(util.sizes) do total = total + n end
+  out[#out + 1] = "util #" .. #util.sizes .. " sum " .. total .. " " .. sorted_pairs(util.named)
+  local it, state, first = pairs(cfg.quotas)
+  out[#out + 1] = "state " .. tostring(state == cfg.quotas) .. " " .. tostring(first)
+    .. " " .. select("#", it(state, nil))
+  for _, line in ipairs(out) do req:warn(line) end
+end }
+""")
+    v = engine.run(review(pod()), phases="validate", repeat=2)
+    assert v["allowed"] is True
+    assert v["warnings"] == ["walk: " + w for w in [
+        "1 a100 #2 gpu:a100,spot:yes", "2 h100 #0 ", "#pools 2 labels 2 team,cost-center",
+        "quotas default=4,ml=16", "next guardrails,pools,quotas nil",
+        "util #3 sum 7 big=8,small=1", "state true nil 2"]]
+
+
+READ_ONLY = ("attempt to modify a read-only table (shared configuration or library): copy "
+             "what you need into a table of your own")
+AT = "policies/10-write.lua:3: "  # a write in Lua code is placed; one inside a C function is not
+
+# Every way of writing into a shared table, and the error each one ends in.
+SHARED_WRITES = {
+    "new key": ("cfg.extra = 1", AT + READ_ONLY),
+    "existing key": ("cfg.quotas = {}", AT + READ_ONLY),
+    "nested existing key": ("cfg.pools[1].name = 'changed'", AT + READ_ONLY),
+    "nested new key": ("cfg.pools[1].extra = 'x'", AT + READ_ONLY),
+    "nested list element": ("cfg.pools[1].taints[1] = 'x'", AT + READ_ONLY),
+    "library module nested": ("require('util').limits.gpus = 8", AT + READ_ONLY),
+    "rawset": ("rawset(cfg, 'pools', nil)", AT + "attempt to call a nil value (global 'rawset')"),
+    "table.insert": ("table.insert(cfg.pools, {})", READ_ONLY),
+    "table.insert at": ("table.insert(cfg.guardrails.required_labels, 1, 'x')", READ_ONLY),
+    "table.remove": ("table.remove(cfg.pools)", READ_ONLY),
+    "table.remove first": ("table.remove(cfg.guardrails.required_labels, 1)", READ_ONLY),
+    "table.sort": ("table.sort(cfg.guardrails.required_labels)", READ_ONLY),
+    "setmetatable": ("setmetatable(cfg.pools, nil)", "cannot change a protected metatable"),
+    "setmetatable nested": ("setmetatable(cfg.pools[1], {})", "cannot change a protected metatable"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SHARED_WRITES))
+def test_each_way_of_writing_shared_configuration_fails(engine, name):
+    code, message = SHARED_WRITES[name]
+    engine.configure(WALK_CONFIG)
+    engine.module("util", "return { limits = { gpus = 4 } }")
+    engine.policy("10-write.lua", """
+return { name = "write", validate = function(req, pod, cfg)
+  %s
+end }
+""" % code)
+    engine.policy("20-check.lua", """
+return { name = "check", validate = function(req, pod, cfg)
+  req:warn(table.concat({ cfg.pools[1].name, #cfg.pools, #cfg.pools[1].taints,
+    table.concat(cfg.guardrails.required_labels, ","), tostring(cfg.extra),
+    require("util").limits.gpus }, " "))
+end }
+""")
+    v = engine.run(review(pod()), phases="validate", repeat=2)
+    assert v["allowed"] is False
+    assert v["message"] == "write: policy error: " + message
+    assert v["warnings"] == ["check: a100 2 2 team,cost-center nil 4"]
+
+
 def test_config_check_fails_the_load_with_the_key_path(engine):
     engine.configure("pools:\n  - name: a100\n    model: A200\n")
     engine.policy("10-check.lua", """

@@ -2,7 +2,8 @@
  * luabridge.h - the Lua side of the engine: sandboxed VMs, JSON <-> Lua,
  * budgets, and the `gpuguard` C module policies require.
  *
- * luabridge.c is the only file that includes lua.h.  One VM belongs to one
+ * Implemented by engine/lb_*.c, the only files of webhook/ that include
+ * lua.h (engine/lb_internal.h says which does what).  One VM belongs to one
  * thread at a time and is never shared.  A VM whose policy broke a budget
  * (instructions, memory, wall clock) is marked broken: throw it away.
  *
@@ -89,17 +90,16 @@ enum gg_status lb_vm_new(const struct lb_limits *limits, const struct lb_source 
                          struct lb_vm **out, struct gg_err *err);
 void lb_vm_free(struct lb_vm *vm);
 bool lb_vm_broken(const struct lb_vm *vm);
-size_t lb_vm_memory(const struct lb_vm *vm);
 size_t lb_vm_memory_peak(const struct lb_vm *vm);
 
 /*
- * Run a policy file and keep the table it returns as policy number
- * lb_policy_count() - 1.  Runs its check(cfg) function when it has one.
+ * Run a policy file and keep the table it returns as the next policy
+ * (numbered from 0 in load order, as lb_policy_call takes them).  Runs its
+ * check(cfg) function when it has one.
  */
 enum gg_status lb_policy_load(struct lb_vm *vm, const struct lb_source *src,
                               struct lb_policy_info *info, struct gg_err *err);
 void lb_policy_info_clear(struct lb_policy_info *info);
-int lb_policy_count(const struct lb_vm *vm);
 
 /*
  * Start a request: convert the object (NULL for none) and build the req

@@ -1,0 +1,262 @@
+/*
+ * lb_call.c - running Lua under the budgets: a protected call with a
+ * traceback, loading a policy file (its declaration and configuration
+ * check), and running a Lua test file.
+ */
+#include "engine/lb_internal.h"
+#include "util/clock.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int traceback_handler(lua_State *L)
+{
+    const char *msg = lua_tostring(L, 1);
+    if (!msg)
+        msg = lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
+    luaL_traceback(L, L, msg, 1);
+    return 1;
+}
+
+/*
+ * Call the function below nargs arguments under the budgets.  On failure
+ * err gets the error's first line and *traceback the whole text.
+ */
+enum lb_outcome lb_protected_call(struct lb_vm *vm, int nargs, struct gg_err *err, char **traceback)
+{
+    lua_State *L = vm->L;
+    int base = lua_gettop(L) - nargs;
+    lua_pushcfunction(L, traceback_handler);
+    lua_insert(L, base);
+    vm->running = true;
+    int st = lua_pcall(L, nargs, 0, base);
+    vm->running = false;
+    enum lb_outcome outcome = LB_DONE;
+    if (st != LUA_OK) {
+        outcome = vm->kill != LB_DONE ? vm->kill : st == LUA_ERRMEM ? LB_OUT_OF_MEMORY : LB_RAISED;
+        if (outcome == LB_OUT_OF_MEMORY)
+            vm->broken = true;
+        const char *text = lua_tostring(L, -1);
+        if (!text)
+            text = "(no message)";
+        if (traceback)
+            *traceback = strdup(text);
+        size_t first = strcspn(text, "\n");
+        if (vm->kill != LB_DONE)
+            gg_fail(err, GG_ERR_POLICY, "%s", lb_kill_message(vm->kill));
+        else
+            gg_fail(err, GG_ERR_POLICY, "%.*s", (int)first, text);
+    }
+    lua_settop(L, base - 1);
+    return outcome;
+}
+
+/* The declarative fields of the policy table at the top of the stack. */
+static enum gg_status read_decl(lua_State *L, const char *file, struct lb_policy_info *info,
+                                struct gg_err *err)
+{
+    static const char *const fields[] = {"name", "description", "mode", "failure", "match"};
+    int t = lua_gettop(L);
+    json_t *decl = json_object();
+    if (!decl)
+        return gg_fail(err, GG_ERR_NOMEM, "%s: out of memory", file);
+    for (size_t i = 0; i < sizeof(fields) / sizeof(fields[0]); i++) {
+        if (lua_getfield(L, t, fields[i]) != LUA_TNIL) {
+            json_t *v = NULL;
+            struct gg_err sub = {{0}};
+            if (lua_istable(L, -1) && lb_infer_shape(L, lua_absindex(L, -1)) == -2 &&
+                !lua_getmetatable(L, -1))
+                v = json_object(); /* `match = {}`: nothing to restrict */
+            else if (lb_lua_to_json(L, -1, &v, &sub) != GG_OK) {
+                json_decref(decl);
+                return gg_fail(err, GG_ERR_INVALID, "%s: field %s: %s", file, fields[i], sub.msg);
+            }
+            if (json_object_set_new(decl, fields[i], v) != 0) {
+                json_decref(decl);
+                return gg_fail(err, GG_ERR_NOMEM, "%s: out of memory", file);
+            }
+        }
+        lua_pop(L, 1);
+    }
+    lua_getfield(L, t, "mutate");
+    lua_getfield(L, t, "validate");
+    info->has_mutate = lua_isfunction(L, -2);
+    info->has_validate = lua_isfunction(L, -1);
+    lua_pop(L, 2);
+    info->decl = decl;
+    return GG_OK;
+}
+
+/*
+ * Load src under chunkname and run it once under the load-time budgets (a
+ * policy file, a test file).  On success its result is on the stack; on
+ * failure err has the file name and the error's first line, and the stack
+ * is as it was.
+ */
+static enum gg_status run_file(struct lb_vm *vm, const char *chunkname, const struct lb_source *src,
+                               struct gg_err *err)
+{
+    lua_State *L = vm->L;
+    int top = lua_gettop(L);
+    if (lb_load_chunk(L, chunkname, src->text, src->len) != LUA_OK) {
+        gg_fail(err, GG_ERR_POLICY, "%s", lua_tostring(L, -1));
+        lua_settop(L, top);
+        return GG_ERR_POLICY;
+    }
+    lua_pushcfunction(L, traceback_handler);
+    lua_insert(L, -2);
+    lb_budget_open(vm, gg_now_us() + vm->limits.load_time_us);
+    vm->running = true;
+    int st = lua_pcall(L, 0, 1, -2);
+    vm->running = false;
+    lb_budget_close(vm);
+    if (st != LUA_OK) {
+        const char *text = vm->kill != LB_DONE ? lb_kill_message(vm->kill) : lua_tostring(L, -1);
+        gg_fail(err, GG_ERR_POLICY, "%s: %.*s", src->name, (int)strcspn(text, "\n"), text);
+        lua_settop(L, top);
+        return GG_ERR_POLICY;
+    }
+    lua_remove(L, -2); /* the message handler */
+    return GG_OK;
+}
+
+/* lb_policy_load's arguments and result, for load_protected. */
+struct load_call {
+    struct lb_vm *vm;
+    const struct lb_source *src;
+    struct lb_policy_info *info;
+    struct gg_err *err;
+    enum gg_status st;
+};
+
+static enum gg_status policy_load(struct lb_vm *vm, const struct lb_source *src,
+                                  struct lb_policy_info *info, struct gg_err *err);
+
+static int load_protected(lua_State *L)
+{
+    struct load_call *c = lua_touserdata(L, 1);
+    lua_settop(L, 0);
+    c->st = policy_load(c->vm, c->src, c->info, c->err);
+    return 0;
+}
+
+/* Reading the declaration makes strings, which raise on a failed allocation:
+ * the load runs under lua_pcall, and such a failure refuses the policy. */
+enum gg_status lb_policy_load(struct lb_vm *vm, const struct lb_source *src,
+                              struct lb_policy_info *info, struct gg_err *err)
+{
+    memset(info, 0, sizeof(*info));
+    struct load_call c = {vm, src, NULL, err, GG_ERR_NOMEM};
+    c.info = info;
+    lua_pushcfunction(vm->L, load_protected);
+    lua_pushlightuserdata(vm->L, &c);
+    if (lua_pcall(vm->L, 1, 0, 0) != LUA_OK) {
+        c.st = gg_fail(err, GG_ERR_NOMEM, "%s: %s", src->name,
+                       lua_tostring(vm->L, -1) ? lua_tostring(vm->L, -1) : "out of memory");
+        lua_pop(vm->L, 1);
+        lb_policy_info_clear(info);
+    }
+    return c.st;
+}
+
+static enum gg_status policy_load(struct lb_vm *vm, const struct lb_source *src,
+                                  struct lb_policy_info *info, struct gg_err *err)
+{
+    lua_State *L = vm->L;
+    int top = lua_gettop(L);
+    char chunkname[160];
+    snprintf(chunkname, sizeof(chunkname), "@policies/%s", src->name);
+    if (run_file(vm, chunkname, src, err) != GG_OK)
+        return GG_ERR_POLICY;
+    if (!lua_istable(L, -1)) {
+        gg_fail(err, GG_ERR_POLICY, "%s: must return a table (got %s)", src->name,
+                luaL_typename(L, -1));
+        lua_settop(L, top);
+        return GG_ERR_POLICY;
+    }
+    enum gg_status gst = read_decl(L, src->name, info, err);
+    if (gst == GG_OK && lua_getfield(L, -1, "check") == LUA_TFUNCTION) {
+        lua_getfield(L, LUA_REGISTRYINDEX, "gpuguard.config");
+        struct gg_err sub = {{0}};
+        lb_budget_open(vm, gg_now_us() + vm->limits.load_time_us);
+        enum lb_outcome outcome = lb_protected_call(vm, 1, &sub, NULL);
+        lb_budget_close(vm);
+        if (outcome != LB_DONE) {
+            const char *name = json_string_value(json_object_get(info->decl, "name"));
+            gst = gg_fail(err, GG_ERR_POLICY, "policy %s: configuration check failed: %s",
+                          name ? name : src->name, sub.msg);
+        }
+    } else if (gst == GG_OK) {
+        lua_pop(L, 1);
+    }
+    if (gst != GG_OK) {
+        lb_policy_info_clear(info);
+        lua_settop(L, top);
+        return gst;
+    }
+    lb_push_registry(L, &lb_key_policies);
+    lua_pushvalue(L, -2);
+    lua_rawseti(L, -2, ++vm->n_policies);
+    lua_settop(L, top);
+    return GG_OK;
+}
+
+void lb_policy_info_clear(struct lb_policy_info *info)
+{
+    if (!info)
+        return;
+    json_decref(info->decl);
+    memset(info, 0, sizeof(*info));
+}
+
+static int compare_names(const void *a, const void *b)
+{
+    return strcmp(json_string_value(*(json_t *const *)a), json_string_value(*(json_t *const *)b));
+}
+
+enum gg_status lb_run_tests(struct lb_vm *vm, const struct lb_source *src, json_t **results,
+                            struct gg_err *err)
+{
+    lua_State *L = vm->L;
+    int top = lua_gettop(L);
+    char chunkname[256];
+    snprintf(chunkname, sizeof(chunkname), "@%s", src->name);
+    struct gg_err sub = {{0}};
+    if (run_file(vm, chunkname, src, err) != GG_OK)
+        return GG_ERR_POLICY;
+    if (!lua_istable(L, -1)) {
+        gg_fail(err, GG_ERR_POLICY, "%s: must return a table of test functions", src->name);
+        lua_settop(L, top);
+        return GG_ERR_POLICY;
+    }
+    int tests = lua_gettop(L);
+    json_t *names = json_array();
+    lua_pushnil(L);
+    while (lua_next(L, tests)) {
+        if (lua_type(L, -2) == LUA_TSTRING && lua_isfunction(L, -1))
+            json_array_append_new(names, json_string(lua_tostring(L, -2)));
+        lua_pop(L, 1);
+    }
+    size_t n = json_array_size(names);
+    json_t **sorted = calloc(n + 1, sizeof(*sorted));
+    for (size_t i = 0; i < n; i++)
+        sorted[i] = json_array_get(names, i);
+    qsort(sorted, n, sizeof(*sorted), compare_names);
+    json_t *out = json_array();
+    for (size_t i = 0; i < n && !vm->broken; i++) {
+        const char *name = json_string_value(sorted[i]);
+        lua_getfield(L, tests, name);
+        memset(&sub, 0, sizeof(sub));
+        lb_budget_open(vm, gg_now_us() + vm->limits.load_time_us);
+        enum lb_outcome o = lb_protected_call(vm, 0, &sub, NULL);
+        lb_budget_close(vm);
+        json_array_append_new(out, json_pack("{s:s,s:b,s:s?}", "name", name, "ok", o == LB_DONE,
+                                             "error", o == LB_DONE ? NULL : sub.msg));
+    }
+    free(sorted);
+    json_decref(names);
+    lua_settop(L, top);
+    *results = out;
+    return GG_OK;
+}

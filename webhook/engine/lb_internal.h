@@ -1,0 +1,165 @@
+/*
+ * lb_internal.h - what the engine/lb_*.c files share to implement
+ * luabridge.h: the VM's state, the shapes of tables, registry keys and the
+ * functions one part of the bridge calls in another.  Only engine/lb_*.c
+ * include it (and with it lua.h); the rest of gpuguard uses luabridge.h.
+ *
+ * The files, one job each:
+ *   lb_vm.c        a VM's life: create the sandbox, free, the marking metatables
+ *   lb_budget.c    instruction, wall-clock and memory budgets (hook, allocator)
+ *   lb_sandbox.c   the globals a chunk sees, its environment, require
+ *   lb_stdlib.c    bounded replacements for library functions that loop in C
+ *   lb_module.c    the `gpuguard` module policies require
+ *   lb_readonly.c  read-only views: shared tables (configuration, library) and validate's object
+ *   lb_json.c      JSON -> Lua and Lua -> JSON
+ *   lb_lazy.c      the request's object as stubs filled on first use
+ *   lb_call.c      loading and calling policy and test files under the budgets
+ *   lb_request.c   a request: the req table, policy calls, reports
+ *   lb_diff.c      the JSON patch from the original object to the edited one
+ */
+#ifndef GG_LB_INTERNAL_H
+#define GG_LB_INTERNAL_H
+
+#include "engine/luabridge.h"
+
+#include <lauxlib.h>
+#include <lua.h>
+
+/* What a table's metatable says it is (see lb_shape_of). */
+enum shape {
+    SHAPE_NONE,
+    SHAPE_OBJECT,
+    SHAPE_ARRAY,
+    SHAPE_LAZY_OBJECT,
+    SHAPE_LAZY_ARRAY,
+    SHAPE_FROZEN, /* a frozen proxy: validate's read-only view of a table of the object */
+    N_SHAPES
+};
+
+struct watchdog;
+struct blockpool;
+
+struct lb_vm {
+    lua_State *L;
+    const void *marks[N_SHAPES]; /* the marking metatables, by shape */
+    int lazy_mt_ref[2];          /* registry refs of the lazy object and array metatables */
+    int frozen_mt_ref;           /* registry ref of the frozen proxies' metatable */
+    int ro_target_ref;           /* registry ref of shared proxy -> shadow (weak keys) */
+    lua_Integer epoch;           /* the current request's number, for its stubs */
+    struct lb_limits limits;
+    const struct lb_source *modules; /* borrowed from the policy set */
+    size_t n_modules;
+    struct inventory *inventory; /* borrowed; NULL without one */
+    struct watchdog *watchdog;   /* NULL: the hook is set from the start */
+    struct blockpool *pool;      /* NULL: every block from malloc */
+    size_t mem, mem_peak;
+    size_t mem_settled;  /* after the last full collection at a request's end */
+    int64_t used;        /* instructions counted in the current budget window */
+    int64_t deadline_us; /* 0: none */
+    bool running;        /* inside a policy call: budget kills are armed */
+    enum lb_outcome kill;
+    bool broken;
+    int n_policies;
+    int obj_ref, req_ref;          /* the current request's tables */
+    int frozen_ref;                /* the object as validate sees it: read-only */
+    int frozen_cache_ref;          /* its frozen proxies, by the table they show (weak) */
+    const struct adm_request *req; /* the current request; NULL between requests */
+    struct lb_report report;       /* the current call's report */
+    bool report_lost;              /* a req:deny failed: the call fails, even if it went on */
+};
+
+/* Registry keys shared between files (their addresses are the keys). */
+extern const char lb_key_object_mt, lb_key_array_mt; /* the plain marks */
+extern const char lb_key_null_marker;                /* gpuguard.null's address */
+extern const char lb_key_module;                     /* the gpuguard module */
+extern const char lb_key_policies;                   /* loaded policy tables, 1..n */
+
+static inline struct lb_vm *lb_vm_of(lua_State *L)
+{
+    return *(struct lb_vm **)lua_getextraspace(L);
+}
+
+static inline void lb_push_registry(lua_State *L, const void *key)
+{
+    lua_rawgetp(L, LUA_REGISTRYINDEX, key);
+}
+
+static inline bool lb_is_lazy(enum shape s)
+{
+    return s == SHAPE_LAZY_OBJECT || s == SHAPE_LAZY_ARRAY;
+}
+
+/* lb_vm.c */
+enum shape lb_shape_of(lua_State *L, int idx);
+
+/* lb_budget.c */
+void *lb_alloc(void *ud, void *ptr, size_t osize, size_t nsize);
+void lb_watchdog_fired(void *arg);
+void lb_budget_open(struct lb_vm *vm, int64_t deadline_us);
+void lb_budget_close(struct lb_vm *vm);
+bool lb_budget_spend(struct lb_vm *vm, int64_t instructions);
+const char *lb_kill_message(enum lb_outcome kill);
+
+/* lb_sandbox.c */
+void lb_sandbox_open(lua_State *L);
+int lb_load_chunk(lua_State *L, const char *name, const char *text, size_t len);
+
+/* lb_stdlib.c */
+void lb_stdlib_open(lua_State *L);
+
+/* lb_module.c */
+void lb_module_open(lua_State *L);
+
+/* lb_readonly.c */
+extern const luaL_Reg lb_frozen_methods[];
+void lb_readonly_open(lua_State *L);
+bool lb_is_proxy(lua_State *L, int idx);
+void lb_unproxy(lua_State *L, int idx);
+void lb_unshare(lua_State *L, int idx);
+void lb_push_readonly(lua_State *L, int idx);
+void lb_push_ro_metatable(lua_State *L, lua_CFunction pairs);
+void lb_ro_point(lua_State *L, int proxy, int shadow);
+int lb_ro_pairs(lua_State *L);
+int lb_pairs_of(lua_State *L, lua_CFunction next);
+void lb_push_copy(lua_State *L, int idx);
+void lb_freeze(lua_State *L);
+int lb_frozen_index(lua_State *L);
+int lb_frozen_next(lua_State *L);
+
+/* lb_json.c */
+struct lb_path { /* the path of the value being converted, for error messages */
+    int depth;
+    struct {
+        const char *key; /* NULL for an array index */
+        size_t index;
+    } seg[LB_MAX_DEPTH + 2];
+};
+void lb_mark(lua_State *L, const void *mt_key);
+bool lb_is_null(lua_State *L, int idx);
+void lb_push_scalar(lua_State *L, const json_t *v);
+int lb_push_json(lua_State *L, const json_t *v, int depth, int mts);
+void lb_push_json_or_raise(lua_State *L, const json_t *v, const char *what);
+bool lb_too_deep(const json_t *v, int depth);
+int lb_infer_shape(lua_State *L, int idx);
+enum gg_status lb_path_fail(const struct lb_path *p, struct gg_err *err, const char *what);
+enum gg_status lb_to_json(lua_State *L, int idx, struct lb_path *p, json_t **out,
+                          struct gg_err *err);
+enum gg_status lb_lua_to_json(lua_State *L, int idx, json_t **out, struct gg_err *err);
+
+/* lb_lazy.c */
+extern const luaL_Reg lb_lazy_methods[];
+extern const luaL_Reg lb_raw_access[];
+int lb_rawlen(lua_State *L);
+void lb_push_lazy(lua_State *L, const json_t *v);
+const json_t *lb_stub_source(lua_State *L, int idx, bool take);
+void lb_materialize(lua_State *L, int idx, enum shape shape);
+void lb_materialize_if_lazy(lua_State *L, int idx);
+
+/* lb_call.c */
+enum lb_outcome lb_protected_call(struct lb_vm *vm, int nargs, struct gg_err *err,
+                                  char **traceback);
+
+/* lb_request.c */
+void lb_request_open(lua_State *L);
+
+#endif

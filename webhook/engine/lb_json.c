@@ -1,0 +1,302 @@
+/*
+ * lb_json.c - JSON -> Lua and Lua -> JSON, whole values at a time (the
+ * request's object goes to Lua lazily instead: lb_lazy.c).
+ *
+ * Objects and arrays are tables with the object or array mark, null is the
+ * light userdata gpuguard.null, integers stay integers; a table a policy
+ * made is an array when its keys are 1..n and an object when they are
+ * strings.  Conversions refuse nesting deeper than LB_MAX_DEPTH.
+ */
+#include "engine/lb_internal.h"
+
+#include <math.h>
+#include <stdio.h>
+
+void lb_mark(lua_State *L, const void *mt_key)
+{
+    lb_push_registry(L, mt_key);
+    lua_setmetatable(L, -2);
+}
+
+bool lb_is_null(lua_State *L, int idx)
+{
+    return lua_touserdata(L, idx) == (void *)&lb_key_null_marker;
+}
+
+void lb_push_scalar(lua_State *L, const json_t *v)
+{
+    switch (json_typeof(v)) {
+    case JSON_STRING:
+        lua_pushlstring(L, json_string_value(v), json_string_length(v));
+        break;
+    case JSON_INTEGER:
+        lua_pushinteger(L, (lua_Integer)json_integer_value(v));
+        break;
+    case JSON_REAL:
+        lua_pushnumber(L, json_real_value(v));
+        break;
+    case JSON_TRUE:
+    case JSON_FALSE:
+        lua_pushboolean(L, json_is_true(v));
+        break;
+    default:
+        lua_pushlightuserdata(L, (void *)&lb_key_null_marker);
+        break;
+    }
+}
+
+/*
+ * The conversion keeps the two marking metatables at fixed stack slots
+ * (mts, mts + 1: object, array) rather than fetching them from the registry
+ * for every table, and hands keys over with their length.
+ */
+int lb_push_json(lua_State *L, const json_t *v, int depth, int mts)
+{
+    if (depth > LB_MAX_DEPTH)
+        return -1;
+    luaL_checkstack(L, 4, "JSON too deep");
+    size_t i, n, key_len;
+    const char *key;
+    json_t *item;
+    switch (json_typeof(v)) {
+    case JSON_OBJECT:
+        lua_createtable(L, 0, (int)json_object_size(v));
+        lua_pushvalue(L, mts);
+        lua_setmetatable(L, -2);
+        json_object_keylen_foreach((json_t *)v, key, key_len, item)
+        {
+            lua_pushlstring(L, key, key_len);
+            if (lb_push_json(L, item, depth + 1, mts))
+                return -1;
+            lua_rawset(L, -3);
+        }
+        return 0;
+    case JSON_ARRAY:
+        n = json_array_size(v);
+        lua_createtable(L, (int)n, 0);
+        lua_pushvalue(L, mts + 1);
+        lua_setmetatable(L, -2);
+        for (i = 0; i < n; i++) {
+            if (lb_push_json(L, json_array_get(v, i), depth + 1, mts))
+                return -1;
+            lua_rawseti(L, -2, (lua_Integer)i + 1);
+        }
+        return 0;
+    default:
+        lb_push_scalar(L, v);
+        return 0;
+    }
+}
+
+/* Push v or raise a Lua error that says it is too deep. */
+void lb_push_json_or_raise(lua_State *L, const json_t *v, const char *what)
+{
+    int top = lua_gettop(L);
+    lb_push_registry(L, &lb_key_object_mt);
+    lb_push_registry(L, &lb_key_array_mt);
+    if (lb_push_json(L, v, 0, top + 1)) {
+        lua_settop(L, top);
+        luaL_error(L, "%s nests deeper than %d levels", what, LB_MAX_DEPTH);
+    }
+    lua_remove(L, top + 1); /* the two metatables under the value */
+    lua_remove(L, top + 1);
+}
+
+/* True when a value inside v sits deeper than LB_MAX_DEPTH (v is at depth). */
+bool lb_too_deep(const json_t *v, int depth)
+{
+    size_t i;
+    const char *key;
+    json_t *item;
+    if (json_is_array(v)) {
+        json_array_foreach(v, i, item) if (depth >= LB_MAX_DEPTH ||
+                                           lb_too_deep(item, depth + 1)) return true;
+    } else if (json_is_object(v)) {
+        json_object_foreach((json_t *)v, key, item)
+        {
+            if (depth >= LB_MAX_DEPTH || lb_too_deep(item, depth + 1))
+                return true;
+        }
+    }
+    return false;
+}
+
+static void path_format(const struct lb_path *p, char *out, size_t size)
+{
+    size_t used = 0;
+    out[0] = '\0';
+    for (int i = 0; i < p->depth && used < size; i++) {
+        int n = p->seg[i].key ? snprintf(out + used, size - used, "/%s", p->seg[i].key)
+                              : snprintf(out + used, size - used, "/%zu", p->seg[i].index);
+        used += n > 0 ? (size_t)n : 0;
+    }
+    if (!out[0])
+        snprintf(out, size, "/");
+}
+
+enum gg_status lb_path_fail(const struct lb_path *p, struct gg_err *err, const char *what)
+{
+    char where[160];
+    path_format(p, where, sizeof(where));
+    return gg_fail(err, GG_ERR_INVALID, "%s at %s", what, where);
+}
+
+/* Which shape an unmarked table has: 1 array, 0 object, -1 neither, -2 empty. */
+int lb_infer_shape(lua_State *L, int idx)
+{
+    size_t n = lua_rawlen(L, idx), count = 0;
+    bool all_strings = true;
+    lua_pushnil(L);
+    while (lua_next(L, idx)) {
+        count++;
+        if (lua_type(L, -2) != LUA_TSTRING)
+            all_strings = false;
+        lua_pop(L, 1);
+    }
+    if (count == 0)
+        return -2;
+    if (count == n && n > 0)
+        return 1;
+    return all_strings ? 0 : -1;
+}
+
+/* v, or a failure that names the path when making it ran out of memory. */
+static enum gg_status made(json_t *v, struct lb_path *p, struct gg_err *err)
+{
+    return v ? GG_OK : lb_path_fail(p, err, "out of memory");
+}
+
+static enum gg_status array_to_json(lua_State *L, int idx, struct lb_path *p, json_t **out,
+                                    struct gg_err *err)
+{
+    size_t n = lua_rawlen(L, idx);
+    json_t *arr = json_array();
+    if (!arr)
+        return made(arr, p, err);
+    for (size_t i = 1; i <= n; i++) {
+        json_t *item;
+        p->seg[p->depth].key = NULL;
+        p->seg[p->depth].index = i - 1;
+        p->depth++;
+        lua_rawgeti(L, idx, (lua_Integer)i);
+        enum gg_status st = lb_to_json(L, -1, p, &item, err);
+        lua_pop(L, 1);
+        p->depth--;
+        if (st != GG_OK) {
+            json_decref(arr);
+            return st;
+        }
+        if (json_array_append_new(arr, item) != 0) {
+            json_decref(arr);
+            return made(NULL, p, err);
+        }
+    }
+    *out = arr;
+    return GG_OK;
+}
+
+static enum gg_status object_to_json(lua_State *L, int idx, struct lb_path *p, json_t **out,
+                                     struct gg_err *err)
+{
+    json_t *obj = json_object();
+    enum gg_status st = made(obj, p, err);
+    lua_pushnil(L);
+    while (st == GG_OK && lua_next(L, idx)) {
+        if (lua_type(L, -2) != LUA_TSTRING) {
+            st = lb_path_fail(p, err, "an object has a key that is not a string");
+            lua_pop(L, 2);
+            break;
+        }
+        size_t klen;
+        const char *key = lua_tolstring(L, -2, &klen);
+        p->seg[p->depth].key = key;
+        p->depth++;
+        json_t *item = NULL;
+        st = lb_to_json(L, -1, p, &item, err);
+        p->depth--;
+        if (st == GG_OK && json_object_setn_new(obj, key, klen, item) != 0)
+            st = lb_path_fail(p, err, "an object key is not valid UTF-8");
+        lua_pop(L, 1);
+        if (st != GG_OK)
+            lua_pop(L, 1);
+    }
+    if (st != GG_OK) {
+        json_decref(obj);
+        return st;
+    }
+    *out = obj;
+    return GG_OK;
+}
+
+static enum gg_status table_to_json(lua_State *L, int idx, struct lb_path *p, json_t **out,
+                                    struct gg_err *err)
+{
+    if (p->depth > LB_MAX_DEPTH)
+        return lb_path_fail(p, err, "nesting deeper than 100 levels");
+    lua_pushvalue(L, idx);
+    lb_unproxy(L, -1);
+    int t = lua_gettop(L);
+    luaL_checkstack(L, 6, "object too deep");
+    lb_materialize_if_lazy(L, t); /* moved from elsewhere: convert what it holds */
+    int shape;
+    if (lua_getmetatable(L, t)) {
+        lua_pop(L, 1);
+        shape = lb_shape_of(L, t) == SHAPE_ARRAY ? 1 : 0;
+    } else {
+        shape = lb_infer_shape(L, t);
+    }
+    enum gg_status st;
+    if (shape == -2)
+        st = lb_path_fail(p, err,
+                          "an empty table is ambiguous: use gpuguard.array() or gpuguard.object()");
+    else if (shape == -1)
+        st = lb_path_fail(p, err, "a table mixes array and object keys");
+    else
+        st = shape == 1 ? array_to_json(L, t, p, out, err) : object_to_json(L, t, p, out, err);
+    lua_pop(L, 1);
+    return st;
+}
+
+enum gg_status lb_to_json(lua_State *L, int idx, struct lb_path *p, json_t **out,
+                          struct gg_err *err)
+{
+    idx = lua_absindex(L, idx);
+    size_t len;
+    const char *s;
+    switch (lua_type(L, idx)) {
+    case LUA_TTABLE:
+        return table_to_json(L, idx, p, out, err);
+    case LUA_TSTRING:
+        s = lua_tolstring(L, idx, &len);
+        *out = json_stringn(s, len);
+        return *out ? GG_OK : lb_path_fail(p, err, "a string is not valid UTF-8");
+    case LUA_TNUMBER:
+        if (lua_isinteger(L, idx)) {
+            *out = json_integer((json_int_t)lua_tointeger(L, idx));
+            return made(*out, p, err);
+        }
+        if (!isfinite(lua_tonumber(L, idx)))
+            return lb_path_fail(p, err, "a number is not finite (JSON has no inf or nan)");
+        *out = json_real(lua_tonumber(L, idx));
+        return made(*out, p, err);
+    case LUA_TBOOLEAN:
+        *out = json_boolean(lua_toboolean(L, idx));
+        return GG_OK;
+    case LUA_TLIGHTUSERDATA:
+        if (lb_is_null(L, idx)) {
+            *out = json_null();
+            return GG_OK;
+        }
+        /* fall through */
+    default:;
+        char what[64];
+        snprintf(what, sizeof(what), "a %s cannot be converted to JSON", luaL_typename(L, idx));
+        return lb_path_fail(p, err, what);
+    }
+}
+
+enum gg_status lb_lua_to_json(lua_State *L, int idx, json_t **out, struct gg_err *err)
+{
+    struct lb_path p = {0};
+    return lb_to_json(L, idx, &p, out, err);
+}

@@ -1,0 +1,197 @@
+/*
+ * lb_lazy.c - the request's object in Lua as stubs filled on first use.
+ *
+ * The request's object reaches Lua lazily: an object or array is first a
+ * "stub", a table with a lazy metatable whose only entry is hidden: its
+ * JSON source (a light userdata key) and the request it belongs to (an
+ * integer value, vm->epoch).  The first read, write, length or pairs on a
+ * stub drops that entry, fills the table one level deep (children are stubs
+ * in turn) and gives it its plain mark, after which it is an ordinary
+ * table.  Policies read a fraction of a pod, so most of it is never
+ * converted, and the diff knows without looking that a stub still holding
+ * its original source is unchanged.  next, rawget and rawlen are wrapped to
+ * fill a stub first; nothing else in the sandbox reads a table raw.  A stub
+ * kept past its request fills as empty: its epoch is over.
+ */
+#include "engine/lb_internal.h"
+
+/* The two lazy metatables, pushed by integer registry refs (array lookups). */
+static void push_lazy_mts(lua_State *L)
+{
+    const struct lb_vm *vm = lb_vm_of(L);
+    luaL_checkstack(L, 6, "object too deep");
+    lua_rawgeti(L, LUA_REGISTRYINDEX, vm->lazy_mt_ref[0]);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, vm->lazy_mt_ref[1]);
+}
+
+/* Push v, a container as a stub; mts is where push_lazy_mts put the object one. */
+static void push_lazy_at(lua_State *L, const json_t *v, int mts)
+{
+    if (!json_is_object(v) && !json_is_array(v)) {
+        lb_push_scalar(L, v);
+        return;
+    }
+    bool array = json_is_array(v);
+    /* Sized now: filling an empty table later would grow it step by step. */
+    int n = (int)(array ? json_array_size(v) : json_object_size(v));
+    lua_createtable(L, array ? n : 0, array ? 1 : n + 1);
+    lua_pushvalue(L, mts + array);
+    lua_setmetatable(L, -2);
+    lua_pushlightuserdata(L, (void *)v);
+    lua_pushinteger(L, lb_vm_of(L)->epoch);
+    lua_rawset(L, -3);
+}
+
+/*
+ * The JSON source of the stub at idx, NULL when its request is over.  With
+ * take, the hidden entry is removed.
+ */
+const json_t *lb_stub_source(lua_State *L, int idx, bool take)
+{
+    lua_pushnil(L);
+    if (!lua_next(L, idx))
+        return NULL;
+    const json_t *v = lua_touserdata(L, -2);
+    if (lua_tointeger(L, -1) != lb_vm_of(L)->epoch)
+        v = NULL;
+    lua_pop(L, 1);
+    if (take) {
+        lua_pushnil(L);
+        lua_rawset(L, idx);
+    } else {
+        lua_pop(L, 1);
+    }
+    return v;
+}
+
+/* Fill the stub at idx one level deep and give it its plain mark. */
+void lb_materialize(lua_State *L, int idx, enum shape shape)
+{
+    idx = lua_absindex(L, idx);
+    int top = lua_gettop(L);
+    const json_t *v = lb_stub_source(L, idx, true), *item;
+    lb_push_registry(L, shape == SHAPE_LAZY_ARRAY ? &lb_key_array_mt : &lb_key_object_mt);
+    lua_setmetatable(L, idx);
+    push_lazy_mts(L);
+    const char *key;
+    size_t key_len, i;
+    if (json_is_object(v)) {
+        json_object_keylen_foreach((json_t *)v, key, key_len, item)
+        {
+            lua_pushlstring(L, key, key_len);
+            push_lazy_at(L, item, top + 1);
+            lua_rawset(L, idx);
+        }
+    } else if (json_is_array(v)) {
+        json_array_foreach(v, i, item)
+        {
+            push_lazy_at(L, item, top + 1);
+            lua_rawseti(L, idx, (lua_Integer)i + 1);
+        }
+    }
+    lua_settop(L, top);
+}
+
+void lb_materialize_if_lazy(lua_State *L, int idx)
+{
+    enum shape s = lb_shape_of(L, idx);
+    if (lb_is_lazy(s))
+        lb_materialize(L, idx, s);
+}
+
+/* Push the request's object, lazily. */
+void lb_push_lazy(lua_State *L, const json_t *v)
+{
+    int top = lua_gettop(L);
+    push_lazy_mts(L);
+    push_lazy_at(L, v, top + 1);
+    lua_replace(L, top + 1);
+    lua_settop(L, top + 1);
+}
+
+/* A stub's metamethods: fill it, then do the raw operation. */
+static int lazy_index(lua_State *L)
+{
+    lb_materialize_if_lazy(L, 1);
+    lua_settop(L, 2);
+    lua_rawget(L, 1);
+    return 1;
+}
+
+static int lazy_newindex(lua_State *L)
+{
+    lb_materialize_if_lazy(L, 1);
+    lua_settop(L, 3);
+    lua_rawset(L, 1);
+    return 0;
+}
+
+static int lazy_len(lua_State *L)
+{
+    lb_materialize_if_lazy(L, 1);
+    lua_pushinteger(L, (lua_Integer)lua_rawlen(L, 1));
+    return 1;
+}
+
+static int raw_next(lua_State *L)
+{
+    lua_settop(L, 2);
+    if (lua_next(L, 1))
+        return 2;
+    lua_pushnil(L);
+    return 1;
+}
+
+static int lazy_pairs(lua_State *L)
+{
+    lb_materialize_if_lazy(L, 1);
+    return lb_pairs_of(L, raw_next);
+}
+
+const luaL_Reg lb_lazy_methods[] = {{"__index", lazy_index},
+                                    {"__newindex", lazy_newindex},
+                                    {"__len", lazy_len},
+                                    {"__pairs", lazy_pairs},
+                                    {NULL, NULL}};
+
+/* The sandbox's next, rawget and rawlen: as Lua's, after filling a stub. */
+/* (A read-only proxy is read through its shadow, which holds its members.) */
+static int l_next(lua_State *L)
+{
+    luaL_checktype(L, 1, LUA_TTABLE);
+    enum shape s = lb_shape_of(L, 1);
+    if (s == SHAPE_FROZEN) {
+        if (lb_frozen_next(L))
+            return 2;
+        lua_pushnil(L);
+        return 1;
+    }
+    if (lb_is_lazy(s))
+        lb_materialize(L, 1, s);
+    else if (s == SHAPE_NONE) /* maybe a shared proxy (unmarked; its shadow is not lazy) */
+        lb_unshare(L, 1);
+    return raw_next(L);
+}
+
+static int l_rawget(lua_State *L)
+{
+    luaL_checktype(L, 1, LUA_TTABLE);
+    luaL_checkany(L, 2);
+    if (lb_shape_of(L, 1) == SHAPE_FROZEN)
+        return lb_frozen_index(L);
+    lb_unproxy(L, 1);
+    return lazy_index(L);
+}
+
+/* Also a frozen proxy's __len: the length of the table it shows. */
+int lb_rawlen(lua_State *L)
+{
+    int t = lua_type(L, 1);
+    luaL_argexpected(L, t == LUA_TTABLE || t == LUA_TSTRING, 1, "table or string");
+    lb_unproxy(L, 1);
+    return lazy_len(L);
+}
+
+/* The sandbox's next, rawget and rawlen (see lb_sandbox.c). */
+const luaL_Reg lb_raw_access[] = {
+    {"next", l_next}, {"rawget", l_rawget}, {"rawlen", lb_rawlen}, {NULL, NULL}};

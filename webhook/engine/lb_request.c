@@ -1,0 +1,285 @@
+/*
+ * lb_request.c - one request in a VM: the req table policies get, calls of
+ * their mutate and validate, what they report, and the clean-up after.
+ */
+#include "engine/lb_internal.h"
+
+#include <stddef.h>
+#include <string.h>
+
+static const char key_req_proxy;     /* req: one read-only proxy per VM */
+static const char key_req_shadow_mt; /* its shadows' metatable: lazy fields */
+
+/*
+ * req is one read-only proxy per VM that each request points at a new
+ * shadow (see lb_ro_point).  user, old_object and options are converted
+ * when a policy first reads them, by the shadow's __index: the shipped
+ * policies never do, and building their read-only views every request was
+ * a third of a request's set-up.
+ */
+static const struct {
+    const char *key, *what;
+    size_t offset;
+} lazy_req_fields[] = {
+    {"user", "userInfo", offsetof(struct adm_request, user_info)},
+    {"old_object", "the old object", offsetof(struct adm_request, old_object)},
+    {"options", "the options", offsetof(struct adm_request, options)},
+};
+
+static const json_t *req_json(const struct adm_request *req, size_t i)
+{
+    return *(json_t *const *)((const char *)req + lazy_req_fields[i].offset);
+}
+
+/* The shadow's __index (shadow, key): convert a lazy field once. */
+static int req_field(lua_State *L)
+{
+    const struct adm_request *req = lb_vm_of(L)->req;
+    if (!req || lua_type(L, 2) != LUA_TSTRING)
+        return 0;
+    const char *key = lua_tostring(L, 2);
+    for (size_t i = 0; i < sizeof(lazy_req_fields) / sizeof(lazy_req_fields[0]); i++) {
+        if (strcmp(key, lazy_req_fields[i].key) != 0)
+            continue;
+        if (!req_json(req, i))
+            return 0;
+        lb_push_json_or_raise(L, req_json(req, i), lazy_req_fields[i].what);
+        lb_push_readonly(L, -1);
+        lua_pushvalue(L, 2);
+        lua_pushvalue(L, -2);
+        lua_rawset(L, 1);
+        return 1;
+    }
+    return 0;
+}
+
+/* pairs(req) lists the lazy fields too. */
+static int req_pairs(lua_State *L)
+{
+    for (size_t i = 0; i < sizeof(lazy_req_fields) / sizeof(lazy_req_fields[0]); i++) {
+        lua_getfield(L, 1, lazy_req_fields[i].key);
+        lua_pop(L, 1);
+    }
+    return lb_ro_pairs(L);
+}
+
+/* The req proxy and its shadows' metatable, made once per VM. */
+void lb_request_open(lua_State *L)
+{
+    lua_newtable(L);
+    lua_pushcfunction(L, req_field);
+    lua_setfield(L, -2, "__index");
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &key_req_shadow_mt);
+    lua_newtable(L); /* the proxy */
+    lb_push_ro_metatable(L, req_pairs);
+    lua_setmetatable(L, -2);
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &key_req_proxy);
+}
+
+/* Point the req proxy at the shadow on the top of the stack (popped); push the proxy. */
+static void push_req_proxy(lua_State *L)
+{
+    int shadow = lua_gettop(L);
+    lb_push_registry(L, &key_req_shadow_mt);
+    lua_setmetatable(L, shadow);
+    lb_push_registry(L, &key_req_proxy);
+    lb_ro_point(L, -1, shadow);
+    lua_replace(L, shadow);
+}
+
+void lb_report_clear(struct lb_report *report)
+{
+    if (!report)
+        return;
+    json_decref(report->denials);
+    json_decref(report->warnings);
+    json_decref(report->audit);
+    memset(report, 0, sizeof(*report));
+}
+
+/* The current call's report; a part that cannot be made stays NULL (appends then fail). */
+static struct lb_report *current_report(lua_State *L)
+{
+    struct lb_report *r = &lb_vm_of(L)->report;
+    if (!r->denials)
+        r->denials = json_array();
+    if (!r->warnings)
+        r->warnings = json_array();
+    if (!r->audit)
+        r->audit = json_object();
+    return r;
+}
+
+/* Messages must be valid UTF-8: they end up in JSON. */
+static json_t *checked_string(lua_State *L, int idx, const char *what)
+{
+    size_t len;
+    const char *s = luaL_checklstring(L, idx, &len);
+    json_t *v = json_stringn(s, len);
+    if (!v)
+        luaL_error(L, "%s is not valid UTF-8", what);
+    return v;
+}
+
+/* A denial that cannot be recorded fails the call even when pcall catches the error. */
+static int l_req_deny(lua_State *L)
+{
+    struct lb_vm *vm = lb_vm_of(L);
+    bool lost = vm->report_lost;
+    vm->report_lost = true;
+    json_t *msg = checked_string(L, 2, "req:deny message");
+    if (json_array_append_new(current_report(L)->denials, msg) != 0)
+        return luaL_error(L, "req:deny: out of memory recording the denial");
+    vm->report_lost = lost;
+    return 0;
+}
+
+static int l_req_warn(lua_State *L)
+{
+    json_array_append_new(current_report(L)->warnings, checked_string(L, 2, "req:warn message"));
+    return 0;
+}
+
+static int l_req_audit(lua_State *L)
+{
+    const char *key = luaL_checkstring(L, 2);
+    json_t *value = checked_string(L, 3, "req:audit value");
+    json_object_set_new(current_report(L)->audit, key, value);
+    return 0;
+}
+
+static void set_string(lua_State *L, const char *key, const char *value)
+{
+    lua_pushstring(L, value ? value : "");
+    lua_setfield(L, -2, key);
+}
+
+static int build_request(lua_State *L)
+{
+    const struct adm_request *req = lua_touserdata(L, 1);
+    json_t *object = lua_touserdata(L, 2);
+    lua_settop(L, 0);
+    /* The object and the lazy fields sit at depth 3 of a review: no walk
+     * when the decoder saw nothing deeper than the limit below them. */
+    if (!req->depth || req->depth > LB_MAX_DEPTH + 3) {
+        if (object && lb_too_deep(object, 0))
+            luaL_error(L, "the object nests deeper than %d levels", LB_MAX_DEPTH);
+        for (size_t i = 0; i < sizeof(lazy_req_fields) / sizeof(lazy_req_fields[0]); i++)
+            if (lb_too_deep(req_json(req, i), 0))
+                luaL_error(L, "%s nests deeper than %d levels", lazy_req_fields[i].what,
+                           LB_MAX_DEPTH);
+    }
+    lua_newtable(L); /* this request's frozen proxies (a proxy nobody holds may go) */
+    lua_createtable(L, 0, 1);
+    lua_pushliteral(L, "v");
+    lua_setfield(L, -2, "__mode");
+    lua_setmetatable(L, -2);
+    lb_vm_of(L)->frozen_cache_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    if (object)
+        lb_push_lazy(L, object);
+    else
+        lua_pushnil(L);
+    lua_pushvalue(L, -1);
+    lb_freeze(L); /* what validate gets */
+    static const luaL_Reg methods[] = {
+        {"deny", l_req_deny}, {"warn", l_req_warn}, {"audit", l_req_audit}, {NULL, NULL}};
+    lua_createtable(L, 0, 12);
+    luaL_setfuncs(L, methods, 0);
+    set_string(L, "uid", req->uid);
+    set_string(L, "operation", adm_operation_name(req->operation));
+    set_string(L, "namespace", req->namespace);
+    set_string(L, "name", req->name);
+    set_string(L, "kind", req->kind);
+    set_string(L, "group", req->group);
+    set_string(L, "sub_resource", req->sub_resource);
+    lua_pushboolean(L, req->dry_run);
+    lua_setfield(L, -2, "dry_run");
+    if (req->template_path) { /* nil for a Pod under review */
+        lua_pushstring(L, req->template_path);
+        lua_setfield(L, -2, "template");
+    }
+    push_req_proxy(L);
+    /* Here, in protected mode: luaL_ref allocates. */
+    struct lb_vm *vm = lb_vm_of(L);
+    vm->req_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    vm->frozen_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    vm->obj_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    return 0;
+}
+
+enum gg_status lb_request_begin(struct lb_vm *vm, const struct adm_request *req, json_t *object,
+                                int64_t deadline_us, struct gg_err *err)
+{
+    lua_State *L = vm->L;
+    lb_request_end(vm);
+    vm->req = req;
+    lua_pushcfunction(L, build_request);
+    lua_pushlightuserdata(L, (void *)req);
+    lua_pushlightuserdata(L, object);
+    if (lua_pcall(L, 2, 0, 0) != LUA_OK) {
+        enum gg_status st = gg_fail(err, GG_ERR_INVALID, "%s", lua_tostring(L, -1));
+        lua_pop(L, 1);
+        return st;
+    }
+    lb_budget_open(vm, deadline_us);
+    return GG_OK;
+}
+
+enum lb_outcome lb_policy_call(struct lb_vm *vm, int index, enum lb_phase phase,
+                               struct lb_report *report, struct gg_err *err, char **traceback)
+{
+    lua_State *L = vm->L;
+    memset(report, 0, sizeof(*report));
+    if (traceback)
+        *traceback = NULL;
+    if (vm->broken) {
+        gg_fail(err, GG_ERR_POLICY, "the Lua VM was stopped earlier in this request");
+        return LB_RAISED;
+    }
+    lb_push_registry(L, &lb_key_policies);
+    lua_rawgeti(L, -1, index + 1);
+    lua_getfield(L, -1, phase == LB_MUTATE ? "mutate" : "validate");
+    lua_replace(L, -3);
+    lua_pop(L, 1);
+    if (!lua_isfunction(L, -1)) {
+        lua_pop(L, 1);
+        return LB_DONE;
+    }
+    lua_rawgeti(L, LUA_REGISTRYINDEX, vm->req_ref);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, phase == LB_VALIDATE ? vm->frozen_ref : vm->obj_ref);
+    lua_getfield(L, LUA_REGISTRYINDEX, "gpuguard.config");
+    /* One budget for the whole request, opened by lb_request_begin. */
+    vm->report_lost = false;
+    enum lb_outcome outcome = lb_protected_call(vm, 3, err, traceback);
+    if (outcome == LB_DONE && vm->report_lost) {
+        outcome = LB_RAISED;
+        gg_fail(err, GG_ERR_POLICY, "a req:deny call failed and the policy went on");
+    }
+    *report = vm->report;
+    memset(&vm->report, 0, sizeof(vm->report));
+    return outcome;
+}
+
+/* Growth past twice the settled size plus this triggers a full collection. */
+#define GC_SLACK (4u << 20)
+
+void lb_request_end(struct lb_vm *vm)
+{
+    lb_budget_close(vm);
+    vm->req = NULL;
+    vm->epoch++; /* stubs kept past the request must not reach its JSON */
+    luaL_unref(vm->L, LUA_REGISTRYINDEX, vm->obj_ref);
+    luaL_unref(vm->L, LUA_REGISTRYINDEX, vm->req_ref);
+    luaL_unref(vm->L, LUA_REGISTRYINDEX, vm->frozen_ref);
+    luaL_unref(vm->L, LUA_REGISTRYINDEX, vm->frozen_cache_ref);
+    vm->obj_ref = vm->req_ref = vm->frozen_ref = vm->frozen_cache_ref = LUA_NOREF;
+    lb_report_clear(&vm->report);
+    /* A big object (a 10 MB annotation) is copied into the VM, and once the
+     * generational collector has aged the copy only a major collection frees
+     * it, which may not come for thousands of requests: each worker's VM
+     * would keep its largest request's garbage.  Collect it now instead. */
+    if (vm->mem > 2 * vm->mem_settled + GC_SLACK) {
+        lua_gc(vm->L, LUA_GCCOLLECT);
+        vm->mem_settled = vm->mem;
+    }
+}
