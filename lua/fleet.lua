@@ -30,6 +30,7 @@ Must not: keep state, or write into the configuration (it is a read-only table).
 
 local gg = require "gpuguard"
 local gpu = require "gpu"
+local args = require "args"
 
 local M = {}
 
@@ -47,9 +48,7 @@ local function is_mode(s)
     return false
 end
 
-local function fail(fmt, ...)
-    error(string.format(fmt, ...), 0)
-end
+local fail = args.config_fail
 
 local function is_dns_label(s)
     return type(s) == "string" and #s <= 63 and s:match("^[a-z0-9][-a-z0-9]*$") ~= nil and s:sub(-1) ~= "-"
@@ -60,11 +59,11 @@ local function check_string_map(v, where)
         return
     end
     if type(v) ~= "table" or gg.is_array(v) then
-        fail("%s: must be a mapping of strings", where)
+        fail(where, "must be a mapping of strings")
     end
     for k, x in pairs(v) do
         if type(x) ~= "string" then
-            fail("%s.%s: must be a string", where, k)
+            fail(where .. "." .. k, "must be a string")
         end
     end
 end
@@ -74,15 +73,15 @@ local function check_taints(taints, where)
         return
     end
     if type(taints) ~= "table" or not gg.is_array(taints) then
-        fail("%s: must be a list of taints", where)
+        fail(where, "must be a list of taints")
     end
     for i, t in ipairs(taints) do
         local at = string.format("%s[%d]", where, i)
         if type(t) ~= "table" or type(t.key) ~= "string" then
-            fail("%s.key: must be a string", at)
+            fail(at .. ".key", "must be a string")
         end
         if t.effect ~= nil and t.effect ~= "NoSchedule" and t.effect ~= "PreferNoSchedule" and t.effect ~= "NoExecute" then
-            fail("%s.effect: must be NoSchedule, PreferNoSchedule or NoExecute", at)
+            fail(at .. ".effect", "must be NoSchedule, PreferNoSchedule or NoExecute")
         end
     end
 end
@@ -90,62 +89,62 @@ end
 local function check_pool(p, i, catalog, seen)
     local at = string.format("pools[%d]", i)
     if type(p) ~= "table" then
-        fail("%s: must be a mapping", at)
+        fail(at, "must be a mapping")
     end
     if not is_dns_label(p.name) then
-        fail("%s.name: must be a DNS label (lowercase letters, digits, '-')", at)
+        fail(at .. ".name", "must be a DNS label (lowercase letters, digits, '-')")
     end
     if seen[p.name] then
-        fail("%s.name: %s is also the name of pools[%d]", at, p.name, seen[p.name])
+        fail(at .. ".name", "%s is also the name of pools[%d]", p.name, seen[p.name])
     end
     seen[p.name] = i
     local model, msg = gpu.model(p.model, catalog)
     if not model then
-        fail("%s.model: %s", at, msg)
+        fail(at .. ".model", "%s", msg)
     end
     if not is_mode(p.sharing) and not M.PASS_THROUGH[p.sharing] then
-        fail("%s.sharing: must be one of %s, dra, volcano", at, table.concat(M.MODES, ", "))
+        fail(at .. ".sharing", "must be one of %s, dra, volcano", table.concat(M.MODES, ", "))
     end
     if p.sharing == "dra" and p.device_classes == nil then
-        fail("%s.device_classes: a dra pool must list the DRA device classes it runs", at)
+        fail(at .. ".device_classes", "a dra pool must list the DRA device classes it runs")
     end
     if p.sharing == "mig" then
         if not model.mig then
-            fail("%s.model: %s has no MIG profiles, so sharing cannot be mig", at, model.name)
+            fail(at .. ".model", "%s has no MIG profiles, so sharing cannot be mig", model.name)
         end
         if p.mig_strategy ~= nil and p.mig_strategy ~= "mixed" and p.mig_strategy ~= "single" then
-            fail("%s.mig_strategy: must be mixed or single", at)
+            fail(at .. ".mig_strategy", "must be mixed or single")
         end
         if p.mig_strategy == "single" and type(p.mig_profile) ~= "string" then
-            fail("%s.mig_profile: the single strategy needs the profile every GPU of the pool is split into", at)
+            fail(at .. ".mig_profile", "the single strategy needs the profile every GPU of the pool is split into")
         end
         if p.mig_profile ~= nil and not gpu.profile(model, p.mig_profile) then
-            fail("%s.mig_profile: %s has no profile %s", at, model.name, tostring(p.mig_profile))
+            fail(at .. ".mig_profile", "%s has no profile %s", model.name, tostring(p.mig_profile))
         end
     end
     if p.replicas ~= nil and (math.type(p.replicas) ~= "integer" or p.replicas < 1) then
-        fail("%s.replicas: must be a whole number of at least 1", at)
+        fail(at .. ".replicas", "must be a whole number of at least 1")
     end
     if p.shared_resource ~= nil and type(p.shared_resource) ~= "string" then
-        fail("%s.shared_resource: must be a resource name such as nvidia.com/gpu.shared", at)
+        fail(at .. ".shared_resource", "must be a resource name such as nvidia.com/gpu.shared")
     end
     if p.scheduler_name ~= nil and not is_dns_label(p.scheduler_name) then
-        fail("%s.scheduler_name: must be a scheduler name such as kai-scheduler", at)
+        fail(at .. ".scheduler_name", "must be a scheduler name such as kai-scheduler")
     end
     if p.device_classes ~= nil then
         if type(p.device_classes) ~= "table" or not gg.is_array(p.device_classes) then
-            fail("%s.device_classes: must be a list of DRA device class names", at)
+            fail(at .. ".device_classes", "must be a list of DRA device class names")
         end
         for j, c in ipairs(p.device_classes) do
             if type(c) ~= "string" or c == "" or #c > 253 then
-                fail("%s.device_classes[%d]: must be a device class name such as gpu.nvidia.com", at, j)
+                fail(at .. ".device_classes[" .. j .. "]", "must be a device class name such as gpu.nvidia.com")
             end
         end
     end
     check_string_map(p.node_selector, at .. ".node_selector")
     check_taints(p.taints, at .. ".taints")
     if p.placement ~= nil and p.placement ~= "kueue" then
-        fail("%s.placement: must be kueue (Kueue's ResourceFlavors place the pods) or absent", at)
+        fail(at .. ".placement", "must be kueue (Kueue's ResourceFlavors place the pods) or absent")
     end
 end
 
@@ -200,7 +199,7 @@ function M.check(cfg)
         return
     end
     if type(pools) ~= "table" or not gg.is_array(pools) then
-        fail("pools: must be a list of pools")
+        fail("pools", "must be a list of pools")
     end
     local seen = {}
     for i, p in ipairs(pools) do
@@ -208,35 +207,35 @@ function M.check(cfg)
     end
     if cfg.classes ~= nil then
         if type(cfg.classes) ~= "table" or gg.is_array(cfg.classes) then
-            fail("classes: must map class names to their settings")
+            fail("classes", "must map class names to their settings")
         end
         for name, c in pairs(cfg.classes) do
             local at = "classes." .. name
             if type(c) ~= "table" or type(c.sharing) ~= "table" or #c.sharing == 0 then
-                fail("%s.sharing: must list the sharing modes of the class", at)
+                fail(at .. ".sharing", "must list the sharing modes of the class")
             end
             for j, m in ipairs(c.sharing) do
                 if not is_mode(m) then
-                    fail("%s.sharing[%d]: must be one of %s", at, j, table.concat(M.MODES, ", "))
+                    fail(at .. ".sharing[" .. j .. "]", "must be one of %s", table.concat(M.MODES, ", "))
                 end
             end
             if c.max_runtime ~= nil and M.seconds(c.max_runtime) == nil then
-                fail("%s.max_runtime: must be a duration such as 8h or 30m", at)
+                fail(at .. ".max_runtime", "must be a duration such as 8h or 30m")
             end
             if c.namespaces ~= nil then
                 if type(c.namespaces) ~= "table" or not gg.is_array(c.namespaces) then
-                    fail("%s.namespaces: must be a list of namespaces (a trailing * matches a prefix)", at)
+                    fail(at .. ".namespaces", "must be a list of namespaces (a trailing * matches a prefix)")
                 end
                 for j, ns in ipairs(c.namespaces) do
                     if type(ns) ~= "string" or ns == "" then
-                        fail("%s.namespaces[%d]: must be a namespace name or a prefix ending in *", at, j)
+                        fail(at .. ".namespaces[" .. j .. "]", "must be a namespace name or a prefix ending in *")
                     end
                 end
             end
         end
     end
     if cfg.default_class ~= nil and (cfg.classes == nil or cfg.classes[cfg.default_class] == nil) then
-        fail("default_class: %s is not one of the classes", tostring(cfg.default_class))
+        fail("default_class", "%s is not one of the classes", tostring(cfg.default_class))
     end
 end
 

@@ -25,6 +25,7 @@ is a read-only proxy).
 
 local gg = require "gpuguard"
 local k8s = require "k8s"
+local args = require "args"
 
 local M = {}
 
@@ -33,36 +34,9 @@ local GIB = 1024 * MIB
 
 -- Internal helpers ---------------------------------------------------------------------------
 
--- Raise "gpu.<fname>: <message>" at the line that called the public function (lvl 2 there).
-local function fail(lvl, fname, fmt, ...)
-    error("gpu." .. fname .. ": " .. string.format(fmt, ...), lvl + 1)
-end
-
--- "a string", "an integer", "null", ... for messages.
-local function what(v)
-    if v == nil or v == gg.null then
-        return "null"
-    elseif math.type(v) == "integer" then
-        return "an integer"
-    elseif math.type(v) == "float" then
-        return "a float"
-    elseif type(v) == "table" then
-        return gg.is_array(v) and "a list" or "a table"
-    end
-    return "a " .. type(v)
-end
-
--- A short, printable rendering of a user-supplied value for messages.
-local function show(v)
-    if type(v) ~= "string" then
-        return what(v)
-    end
-    local s = v:gsub("[%c\"\\]", "?")
-    if #s > 40 then
-        s = s:sub(1, 37) .. "..."
-    end
-    return '"' .. s .. '"'
-end
+local fail = args.failer("gpu")
+local what, show = args.what, args.show
+local cfg_fail = args.config_fail
 
 -- Sort strings case-insensitively (stable for equal-ignoring-case names).
 local function by_name(a, b)
@@ -483,10 +457,6 @@ end
 
 -- Configuration ---------------------------------------------------------------------------------
 
-local function cfg_fail(path, fmt, ...)
-    error(path .. ": " .. string.format(fmt, ...), 0)
-end
-
 -- True for a list (a YAML sequence, or a Lua table with keys 1..n); read through pairs and #
 -- only, so read-only proxies work.
 local function is_list(v)
@@ -542,7 +512,7 @@ end
 local function cfg_int(path, v, lo, hi)
     if math.type(v) ~= "integer" or v < lo or v > hi then
         cfg_fail(path, "must be a whole number from %d to %d, got %s", lo, hi,
-                 math.type(v) and tostring(v) or show(v))
+                 show(v))
     end
     return v
 end
@@ -588,7 +558,7 @@ local function cfg_profile(path, e, m)
     end
     if e.slices ~= nil and e.slices ~= g then
         cfg_fail(path .. ".slices", "must be %d as the name %s says, got %s", g, e.name,
-                 math.type(e.slices) and tostring(e.slices) or show(e.slices))
+                 show(e.slices))
     end
     local memory
     if e.memory ~= nil then
@@ -849,7 +819,7 @@ function M.pick_profile(model, want)
     end
     if frac ~= nil and (math.type(frac) ~= "integer" or frac < 0 or frac > 1000) then
         fail(2, f, "want.fraction_milli must be an integer from 0 to 1000, got %s",
-             math.type(frac) and tostring(frac) or what(frac))
+             what(frac))
     end
     if #m.profiles == 0 then
         return nil, string.format("GPU model %s has no MIG profiles (it does not support MIG)",
@@ -998,7 +968,7 @@ end
 function M.whole_charge(n)
     if math.type(n) ~= "integer" or n < 0 then
         fail(2, "whole_charge", "n must be a non-negative integer, got %s",
-             math.type(n) and tostring(n) or what(n))
+             what(n))
     end
     return n * 1000
 end

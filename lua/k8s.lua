@@ -18,6 +18,7 @@ modules), or use next/rawget (shared tables are read-only proxies).
 ]]
 
 local gg = require "gpuguard"
+local args = require "args"
 
 local M = {}
 
@@ -35,15 +36,10 @@ end
 
 -- Internal helpers -----------------------------------------------------------------------------
 --
--- Errors blame the policy line that called the library: helpers that may raise take lvl, the
--- error level of that line as seen from the helper (2 in a public function, one more for each
--- helper in between).  A call to such a helper must not be a tail call (a tail call drops a
--- stack level), hence "return (helper(...))".
+-- Helpers that may raise take lvl, as args.lua explains.
 
--- Raise "k8s.<fname>: <message>" at level lvl of the function calling fail.
-local function fail(lvl, fname, fmt, ...)
-    error("k8s." .. fname .. ": " .. string.format(fmt, ...), lvl + 1)
-end
+local fail = args.failer("k8s")
+local what, show = args.what, args.show
 
 -- t[a][b][c] (b and c optional); nil when a step is not a table or the value is JSON null.
 -- The hottest function of a request: fixed parameters, as a vararg call costs more.
@@ -74,18 +70,6 @@ end
 local function is_map(v)
     local t = type(v)
     return t == "table" or (t == "userdata" and v ~= null)
-end
-
--- "null", "an array", "an object", "a string", ... for messages.
-local function what(v)
-    if v == nil or v == null then
-        return "null"
-    elseif v == "" then
-        return "an empty string"
-    elseif type(v) == "table" then
-        return gg.is_array(v) and "an array" or "an object"
-    end
-    return "a " .. type(v)
 end
 
 local function is_empty(t)
@@ -455,7 +439,7 @@ function M.container_path(spec_path, kind, index)
         return index_path(spec_path .. "." .. field, index, "")
     end
     fail(2, "container_path", "kind must be \"init\", \"regular\" or \"ephemeral\", got %s",
-         type(kind) == "string" and string.format("%q", kind) or what(kind))
+         show(kind))
 end
 
 --- True for a sidecar: an init container with restartPolicy "Always" (Kubernetes 1.28+).
@@ -471,7 +455,7 @@ local SECTIONS = { requests = true, limits = true }
 -- Callers test SECTIONS[section] themselves: a call only when it fails keeps reads cheap.
 local function bad_section(lvl, fname, section)
     fail(lvl + 1, fname, "section must be \"requests\" or \"limits\", got %s",
-         type(section) == "string" and string.format("%q", section) or what(section))
+         show(section))
 end
 
 -- The quantity string at resources.<section>[name]; numbers (from YAML manifests) as strings.

@@ -120,14 +120,14 @@ T["parse_fraction: clear errors"] = function()
         { "0,5", 'nil: "0,5" is not a decimal number; write it like 0.25' },
         { "1\n", 'nil: "1?" is not a decimal number; write it like 0.25' },
         { "1234567890", 'nil: "1234567890" is too large' },
-        { string.rep("9", 100), 'nil: "999999999999999999999..." is too long for a GPU amount' },
+        { string.rep("9", 100), 'nil: "9999999999999999999999999999999999999..." is too long for a GPU amount' },
     }
     for _, cs in ipairs(cases) do
         eq(parse(cs[1]), cs[2], string.format("%q", cs[1]))
     end
-    eq(parse(nil), "nil: must be a decimal number such as 0.25, got nothing", "nil")
+    eq(parse(nil), "nil: must be a decimal number such as 0.25, got null", "nil")
     eq(parse(gg.null), "nil: must be a decimal number such as 0.25, got null", "null")
-    eq(parse({}), "nil: must be a decimal number such as 0.25, got a table", "table")
+    eq(parse({}), "nil: must be a decimal number such as 0.25, got an object", "table")
 end
 
 T["parse_fraction options"] = function()
