@@ -239,18 +239,22 @@ function M.check(cfg)
     end
 end
 
---- Seconds of a duration written like "8h", "30m", "90s", "1h30m"; nil when malformed.
+-- Seconds per unit of a duration.
+local UNIT = { w = 604800, d = 86400, h = 3600, m = 60, s = 1 }
+
+--- Seconds of a duration written like "8h", "30m", "90s", "1h30m", "2d", "1w"; nil when
+--- malformed.
 function M.seconds(s)
     if type(s) ~= "string" or s == "" then
         return nil
     end
     local total, rest = 0, s
     while rest ~= "" do
-        local n, unit, tail = rest:match("^(%d+)([hms])(.*)$")
+        local n, unit, tail = rest:match("^(%d+)([wdhms])(.*)$")
         if not n then
             return nil
         end
-        total = total + tonumber(n) * ({ h = 3600, m = 60, s = 1 })[unit]
+        total = total + tonumber(n) * UNIT[unit]
         rest = tail
     end
     return total
@@ -261,24 +265,19 @@ function M.pools(cfg)
     return cfg.pools or {}
 end
 
--- The first pool whose field is value, or nil.
-local function find_pool(cfg, field, value)
-    local pools = M.pools(cfg)
-    -- Not # nor ipairs, here and below: on the configuration's read-only lists each is a C call.
-    local i, p = 1, pools[1]
-    while p ~= nil do
-        if p[field] == value then
+--- The first pool for which matches(pool) is true, or nil.
+function M.find_pool(cfg, matches)
+    for _, p in ipairs(M.pools(cfg)) do
+        if matches(p) then
             return p
         end
-        i = i + 1
-        p = pools[i]
     end
     return nil
 end
 
 --- The pool named name, or nil.
 function M.pool(cfg, name)
-    return find_pool(cfg, "name", name)
+    return M.find_pool(cfg, function(p) return p.name == name end)
 end
 
 -- class_modes without the copy: the configuration's own list, for callers that only read it.
@@ -306,7 +305,7 @@ end
 
 --- The first pool of the given sharing mode, or nil.
 function M.pool_for_mode(cfg, mode)
-    return find_pool(cfg, "sharing", mode)
+    return M.find_pool(cfg, function(p) return p.sharing == mode end)
 end
 
 --[[
@@ -320,15 +319,16 @@ function M.choose(cfg, class, asked, whole)
     local modes = modes_of(cfg, class)
     if asked == nil and whole then
         -- sized: a mode before exclusive has a pool, so without the size it would have won.
-        local sized, i, m = false, 1, modes[1]
-        while m ~= nil and m ~= "exclusive" do
+        local sized = false
+        for _, m in ipairs(modes) do
+            if m == "exclusive" then
+                local pool = M.pool_for_mode(cfg, m)
+                if pool then
+                    return pool, m, sized
+                end
+                break
+            end
             sized = sized or M.pool_for_mode(cfg, m) ~= nil
-            i = i + 1
-            m = modes[i]
-        end
-        local pool = m and M.pool_for_mode(cfg, m)
-        if pool then
-            return pool, m, sized
         end
     end
     if asked ~= nil then
@@ -358,14 +358,11 @@ function M.choose(cfg, class, asked, whole)
         end
         return pool, asked
     end
-    local i, m = 1, modes[1]
-    while m ~= nil do
+    for _, m in ipairs(modes) do
         local pool = M.pool_for_mode(cfg, m)
         if pool then
             return pool, m
         end
-        i = i + 1
-        m = modes[i]
     end
     return nil, string.format("no GPU pool offers the sharing modes of class %s (%s)", class, table.concat(modes, ", "))
 end

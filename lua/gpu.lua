@@ -455,6 +455,21 @@ local function profile_name_arg(lvl, fname, profile)
     return profile
 end
 
+-- The model meant by model (raw) and its profile named by profile (a name or a profile table);
+-- nil and a message for an unknown model or profile.
+local function model_profile(lvl, fname, model, profile)
+    local m, err = resolve(lvl + 1, fname, model)
+    if not m then
+        return nil, err
+    end
+    local p
+    p, err = find_profile(m, profile_name_arg(lvl + 1, fname, profile))
+    if not p then
+        return nil, err
+    end
+    return m, p
+end
+
 -- Configuration ---------------------------------------------------------------------------------
 
 -- True for a list (a YAML sequence, or a Lua table with keys 1..n); read through pairs and #
@@ -769,14 +784,9 @@ end
 --- The profile of model (a model table or name) named name, as a fresh table; nil and a message
 --- naming the model's profiles when it has none of that name.
 function M.profile(model, name)
-    local m, err = resolve(2, "profile", model)
+    local m, p = model_profile(2, "profile", model, name)
     if not m then
-        return nil, err
-    end
-    local p
-    p, err = find_profile(m, profile_name_arg(2, "profile", name))
-    if not p then
-        return nil, err
+        return nil, p
     end
     return copy_profile(p)
 end
@@ -827,14 +837,11 @@ function M.pick_profile(model, want)
     end
     local need = frac and (frac * m.slices + 999) // 1000 or 0
     local usable, allow_me = want.usable, want.allow_me
-    local profiles, best = m.profiles, nil
-    -- memory_of and profile_order's first test written out: this loop runs on every MIG pod.
-    for i = 1, #profiles do
-        local p = profiles[i]
+    local best
+    for _, p in ipairs(m.profiles) do
         if (p.suffix == "" or (allow_me and p.me))
-            and (mem == nil or (usable and p.usable_milli or p.memory_milli) >= mem)
-            and p.slices >= need and (best == nil or p.slices < best.slices
-                or (p.slices == best.slices and profile_order(p, best))) then
+            and (mem == nil or memory_of(p, usable) >= mem)
+            and p.slices >= need and (best == nil or profile_order(p, best)) then
             best = p
         end
     end
@@ -922,14 +929,9 @@ end
 --- model or a profile the model does not have.
 function M.mig_product_label(model, profile, product)
     local f = "mig_product_label"
-    local m, err = resolve(2, f, model)
+    local m, p = model_profile(2, f, model, profile)
     if not m then
-        return nil, err
-    end
-    local p
-    p, err = find_profile(m, profile_name_arg(2, f, profile))
-    if not p then
-        return nil, err
+        return nil, p
     end
     if product ~= nil and (type(product) ~= "string" or product == "") then
         fail(2, f, "product must be a GFD product name such as \"NVIDIA-A100-SXM4-80GB\", "
@@ -951,15 +953,9 @@ end
 --- ceil(slices * 1000 / model slices): 1g of 7 = 143, 3g of 7 = 429, 2g of 4 = 500.  nil and
 --- a message for an unknown model or profile.
 function M.charge_milli(model, profile)
-    local f = "charge_milli"
-    local m, err = resolve(2, f, model)
+    local m, p = model_profile(2, "charge_milli", model, profile)
     if not m then
-        return nil, err
-    end
-    local p
-    p, err = find_profile(m, profile_name_arg(2, f, profile))
-    if not p then
-        return nil, err
+        return nil, p
     end
     return (p.slices * 1000 + m.slices - 1) // m.slices
 end
@@ -967,8 +963,7 @@ end
 --- The charge of n whole GPUs in milli-GPU: n * 1000.
 function M.whole_charge(n)
     if math.type(n) ~= "integer" or n < 0 then
-        fail(2, "whole_charge", "n must be a non-negative integer, got %s",
-             what(n))
+        fail(2, "whole_charge", "n must be a non-negative integer, got %s", what(n))
     end
     return n * 1000
 end

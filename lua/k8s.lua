@@ -138,6 +138,22 @@ local function not_string(lvl, fname, name, v)
     fail(lvl + 1, fname, "%s must be a non-empty string, got %s", name, what(v))
 end
 
+-- The arguments of a writer of one string entry (a label, a node selector, an environment
+-- variable): the table t it writes into (named tname), key (named kname) a non-empty string,
+-- value a string.
+local function entry_args(lvl, fname, tname, t, kname, key, entry, value)
+    if type(t) ~= "table" then
+        not_table(lvl + 1, fname, tname, t)
+    end
+    if type(key) ~= "string" or key == "" then
+        not_string(lvl + 1, fname, kname, key)
+    end
+    if type(value) ~= "string" then
+        fail(lvl + 1, fname, "%svalue of %s %q must be a string, got %s",
+             tname == "container" and cname(t) .. ": " or "", entry, key, what(value))
+    end
+end
+
 -- Pods and pod templates ----------------------------------------------------------------------
 
 -- Where the one pod template of a built-in kind is: the keys from the object to the table that
@@ -646,16 +662,7 @@ local function meta_get(t, field, key)
 end
 
 local function meta_set(lvl, fname, t, field, key, value)
-    if type(t) ~= "table" then
-        not_table(lvl + 1, fname, "object or metadata", t)
-    end
-    if type(key) ~= "string" or key == "" then
-        not_string(lvl + 1, fname, "key", key)
-    end
-    if type(value) ~= "string" then
-        fail(lvl + 1, fname, "value of %s %q must be a string, got %s", field:sub(1, -2), key,
-             what(value))
-    end
+    entry_args(lvl + 1, fname, "object or metadata", t, "key", key, field:sub(1, -2), value)
     local meta = meta_of(lvl + 1, fname, t, true)
     local map = child(lvl + 1, fname, meta, field, "object", "metadata.")
     if map[key] == value then
@@ -785,14 +792,10 @@ local function check_toleration(lvl, fname, tol)
 end
 
 local function tolerated(spec, want)
-    local list = list_of(get(spec, "tolerations"))
-    local i, have = 1, list[1]
-    while have ~= nil do -- ipairs without a C call per entry
+    for _, have in ipairs(list_of(get(spec, "tolerations"))) do
         if type(have) == "table" and covers(have, want) then
             return true
         end
-        i = i + 1
-        have = list[i]
     end
     return false
 end
@@ -816,8 +819,7 @@ function M.add_toleration(spec, tol)
         return false
     end
     local copy = gg.object()
-    for i = 1, #TOLERATION_FIELDS do
-        local field = TOLERATION_FIELDS[i]
+    for _, field in ipairs(TOLERATION_FIELDS) do
         if t[field] ~= "" then
             copy[field] = tol[field]
         end
@@ -839,15 +841,7 @@ end
 --- missing.  Returns true when it changed.
 function M.set_node_selector(spec, key, value)
     local f = "set_node_selector"
-    if type(spec) ~= "table" then
-        not_table(2, f, "spec", spec)
-    end
-    if type(key) ~= "string" or key == "" then
-        not_string(2, f, "key", key)
-    end
-    if type(value) ~= "string" then
-        fail(2, f, "value of node selector %q must be a string, got %s", key, what(value))
-    end
+    entry_args(2, f, "spec", spec, "key", key, "node selector", value)
     local sel = child(2, f, spec, "nodeSelector", "object", "spec.")
     if sel[key] == value then
         return false
@@ -890,16 +884,7 @@ end
 --- env (created as an array when missing).  Returns true when the container changed.
 function M.set_env(container, name, value)
     local f = "set_env"
-    if type(container) ~= "table" then
-        not_table(2, f, "container", container)
-    end
-    if type(name) ~= "string" or name == "" then
-        not_string(2, f, "name", name)
-    end
-    if type(value) ~= "string" then
-        fail(2, f, "%s: value of %s must be a string, got %s", cname(container), name,
-             what(value))
-    end
+    entry_args(2, f, "container", container, "name", name, "environment variable", value)
     local env = child(2, f, container, "env", "array", "", container)
     local found, changed = false, false
     for _, e in ipairs(env) do
