@@ -25,7 +25,11 @@ Configuration keys (see deploy/gpuguard.yaml for a complete example):
   default_class: batch
   exclusive: {fractions: round-up}   # round-up (with a warning) | deny
 
-Must not: keep state, or write into the configuration (it is a read-only table).
+State: what it derives from a configuration (its GPU catalog, the models its pools name, the
+taints and node selectors of all pools) is built the first time it is asked for and kept per
+configuration table, weak-keyed.  Safe because a loaded configuration never changes: a reload
+brings a new table (and a new VM).
+Must not: write into the configuration (it is a read-only table).
 ]]
 
 local gg = require "gpuguard"

@@ -4,8 +4,8 @@ names and node labels the NVIDIA device plugin and GPU Feature Discovery (GFD) u
 choice of the smallest MIG profile that covers a request, charges in milli-GPU, and recognising
 the GPU resources a container already asks for.
 
-Facts come from /work/shared/reference/gpu-sharing.md (the MIG User Guide's "Supported MIG
-Profiles" tables, the GPU Operator's default mig-parted config, the k8s-device-plugin sources).
+Facts come from NVIDIA's MIG User Guide ("Supported MIG Profiles" tables), the GPU Operator's
+default mig-parted config and the k8s-device-plugin sources.
 See lua/README.md for the full reference.
 
 Conventions:
@@ -18,9 +18,8 @@ Conventions:
     message; wrong argument types raise an error naming the function.  Configuration errors
     (gpu.catalog) raise error(msg, 0) with the key path.
   * Integer arithmetic only.
-Must not: keep state between calls, hand out its own tables (everything returned is a fresh
-copy the caller may keep or edit), or use next/rawget on tables it is given (the configuration
-is a read-only proxy).
+Must not: keep state between calls, or hand out its own tables (everything returned is a fresh
+copy the caller may keep or edit).
 ]]
 
 local gg = require "gpuguard"
@@ -472,8 +471,7 @@ end
 
 -- Configuration ---------------------------------------------------------------------------------
 
--- True for a list (a YAML sequence, or a Lua table with keys 1..n); read through pairs and #
--- only, so read-only proxies work.
+-- True for a list (a YAML sequence, or a Lua table with keys 1..n).
 local function is_list(v)
     if type(v) ~= "table" or gg.is_object(v) then
         return false

@@ -13,8 +13,8 @@ Conventions (see lua/README.md for the full reference):
     differs, and return true when they changed the object, false when it already was so; calling
     one twice leaves the object as after once.  Removers return the removed value or nil.
   * Bad arguments raise an error that names the function and the container or field.
-Must not: keep state between calls, write into tables it was not given to edit (config, other
-modules), or use next/rawget (shared tables are read-only proxies).
+Must not: keep state between calls, or write into tables it was not given to edit (config, other
+modules).
 ]]
 
 local gg = require "gpuguard"

@@ -11,8 +11,7 @@ Conventions:
   * Amounts are Lua integers in milli-GPU; passing a float is an error.
   * Functions that judge data (a user's fraction, a pod) return nil/false and a message;
     wrong argument types raise an error naming the function.
-Must not: keep state between calls, or use next/rawget on tables it is given (the
-configuration is a read-only proxy).
+Must not: keep state between calls, or write into the tables it is given.
 ]]
 
 local gg = require "gpuguard"

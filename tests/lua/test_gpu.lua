@@ -2,8 +2,8 @@
 test_gpu.lua - tests of lua/gpu.lua (the GPU catalog), run inside the policy sandbox.
 
 Returns a table mapping test names to functions; a test fails by raising an error.  Expected
-values come from /work/shared/reference/gpu-sharing.md (MIG User Guide tables, GPU Operator
-mig-parted config, k8s-device-plugin naming).
+values come from NVIDIA's MIG User Guide tables, the GPU Operator's mig-parted config and the
+k8s-device-plugin's naming.
 ]]
 
 local gg = require "gpuguard"
