@@ -269,19 +269,27 @@ function M.pools(cfg)
     return cfg.pools or {}
 end
 
---- The first pool for which matches(pool) is true, or nil.
-function M.find_pool(cfg, matches)
+--- The first pool for which matches(pool, arg) is true, or nil.
+function M.find_pool(cfg, matches, arg)
     for _, p in ipairs(M.pools(cfg)) do
-        if matches(p) then
+        if matches(p, arg) then
             return p
         end
     end
     return nil
 end
 
+local function named(pool, name)
+    return pool.name == name
+end
+
+local function of_mode(pool, mode)
+    return pool.sharing == mode
+end
+
 --- The pool named name, or nil.
 function M.pool(cfg, name)
-    return M.find_pool(cfg, function(p) return p.name == name end)
+    return M.find_pool(cfg, named, name)
 end
 
 -- class_modes without the copy: the configuration's own list, for callers that only read it.
@@ -309,7 +317,7 @@ end
 
 --- The first pool of the given sharing mode, or nil.
 function M.pool_for_mode(cfg, mode)
-    return M.find_pool(cfg, function(p) return p.sharing == mode end)
+    return M.find_pool(cfg, of_mode, mode)
 end
 
 --[[

@@ -123,17 +123,20 @@ end
 
 -- Pools --------------------------------------------------------------------------------------
 
+-- Does spec.nodeSelector hold all of pool's node_selector (and it has one)?
+local function selects(pool, spec)
+    local any, all = false, true
+    for k, v in pairs(pool.node_selector or NONE) do
+        any = true
+        all = all and k8s.node_selector(spec, k) == v
+    end
+    return any and all
+end
+
 --- The pool whose node_selector the pod's spec.nodeSelector holds entirely, or nil.
 function M.pool_of(pod, cfg)
     local spec = k8s.pod_spec(pod)
-    return spec and fleet.find_pool(cfg, function(p)
-        local any, all = false, true
-        for k, v in pairs(p.node_selector or NONE) do
-            any = true
-            all = all and k8s.node_selector(spec, k) == v
-        end
-        return any and all
-    end)
+    return spec and fleet.find_pool(cfg, selects, spec)
 end
 
 --- The scheduler a pool's own dialect needs: scheduler_name, else its sharing mode's.
@@ -612,7 +615,7 @@ function M.charge(pod, cfg, opts)
     ctx.fraction_milli, ctx.fraction_devices = share, k
     local ok, total, breakdown = pcall(quota.pod_charge, spec, ctx)
     if not ok then
-        return nil, tostring(total):gsub("^.-quota%.pod_charge: ", "")
+        return nil, (tostring(total):gsub("^.-quota%.pod_charge: ", ""))
     elseif not total then
         return nil, breakdown
     end
