@@ -300,7 +300,8 @@ end
 -- where intent finds it again.
 local function pod_level_target(regular, limits, requests)
     local with_gpu
-    for i, c in ipairs(regular) do
+    for i = 1, #regular do
+        local c = regular[i]
         limits[i] = k8s.get_resource(c, "limits", GPU) or false
         if not limits[i] then
             requests[i] = k8s.get_resource(c, "requests", GPU) or false
@@ -415,7 +416,8 @@ local function intent_of(pod)
             end
         end
     end
-    for i, c in ipairs(regular) do
+    for i = 1, #regular do
+        local c = regular[i]
         local fkey, mkey, f, m
         if per_container then
             fkey, mkey = M.FRACTION .. "." .. c.name, M.MEMORY .. "." .. c.name
