@@ -25,11 +25,16 @@ Configuration keys (see deploy/gpuguard.yaml for a complete example):
   default_class: batch
   exclusive: {fractions: round-up}   # round-up (with a warning) | deny
 
-Must not: keep state, or write into the configuration (it is a read-only table).
+State: what it derives from a configuration (its GPU catalog, the models its pools name, the
+taints and node selectors of all pools) is built the first time it is asked for and kept per
+configuration table, weak-keyed.  Safe because a loaded configuration never changes: a reload
+brings a new table (and a new VM).
+Must not: write into the configuration (it is a read-only table).
 ]]
 
 local gg = require "gpuguard"
 local gpu = require "gpu"
+local args = require "args"
 
 local M = {}
 
@@ -47,9 +52,7 @@ local function is_mode(s)
     return false
 end
 
-local function fail(fmt, ...)
-    error(string.format(fmt, ...), 0)
-end
+local fail = args.config_fail
 
 local function is_dns_label(s)
     return type(s) == "string" and #s <= 63 and s:match("^[a-z0-9][-a-z0-9]*$") ~= nil and s:sub(-1) ~= "-"
@@ -60,11 +63,11 @@ local function check_string_map(v, where)
         return
     end
     if type(v) ~= "table" or gg.is_array(v) then
-        fail("%s: must be a mapping of strings", where)
+        fail(where, "must be a mapping of strings")
     end
     for k, x in pairs(v) do
         if type(x) ~= "string" then
-            fail("%s.%s: must be a string", where, k)
+            fail(where .. "." .. k, "must be a string")
         end
     end
 end
@@ -74,15 +77,15 @@ local function check_taints(taints, where)
         return
     end
     if type(taints) ~= "table" or not gg.is_array(taints) then
-        fail("%s: must be a list of taints", where)
+        fail(where, "must be a list of taints")
     end
     for i, t in ipairs(taints) do
         local at = string.format("%s[%d]", where, i)
         if type(t) ~= "table" or type(t.key) ~= "string" then
-            fail("%s.key: must be a string", at)
+            fail(at .. ".key", "must be a string")
         end
         if t.effect ~= nil and t.effect ~= "NoSchedule" and t.effect ~= "PreferNoSchedule" and t.effect ~= "NoExecute" then
-            fail("%s.effect: must be NoSchedule, PreferNoSchedule or NoExecute", at)
+            fail(at .. ".effect", "must be NoSchedule, PreferNoSchedule or NoExecute")
         end
     end
 end
@@ -90,62 +93,62 @@ end
 local function check_pool(p, i, catalog, seen)
     local at = string.format("pools[%d]", i)
     if type(p) ~= "table" then
-        fail("%s: must be a mapping", at)
+        fail(at, "must be a mapping")
     end
     if not is_dns_label(p.name) then
-        fail("%s.name: must be a DNS label (lowercase letters, digits, '-')", at)
+        fail(at .. ".name", "must be a DNS label (lowercase letters, digits, '-')")
     end
     if seen[p.name] then
-        fail("%s.name: %s is also the name of pools[%d]", at, p.name, seen[p.name])
+        fail(at .. ".name", "%s is also the name of pools[%d]", p.name, seen[p.name])
     end
     seen[p.name] = i
     local model, msg = gpu.model(p.model, catalog)
     if not model then
-        fail("%s.model: %s", at, msg)
+        fail(at .. ".model", "%s", msg)
     end
     if not is_mode(p.sharing) and not M.PASS_THROUGH[p.sharing] then
-        fail("%s.sharing: must be one of %s, dra, volcano", at, table.concat(M.MODES, ", "))
+        fail(at .. ".sharing", "must be one of %s, dra, volcano", table.concat(M.MODES, ", "))
     end
     if p.sharing == "dra" and p.device_classes == nil then
-        fail("%s.device_classes: a dra pool must list the DRA device classes it runs", at)
+        fail(at .. ".device_classes", "a dra pool must list the DRA device classes it runs")
     end
     if p.sharing == "mig" then
         if not model.mig then
-            fail("%s.model: %s has no MIG profiles, so sharing cannot be mig", at, model.name)
+            fail(at .. ".model", "%s has no MIG profiles, so sharing cannot be mig", model.name)
         end
         if p.mig_strategy ~= nil and p.mig_strategy ~= "mixed" and p.mig_strategy ~= "single" then
-            fail("%s.mig_strategy: must be mixed or single", at)
+            fail(at .. ".mig_strategy", "must be mixed or single")
         end
         if p.mig_strategy == "single" and type(p.mig_profile) ~= "string" then
-            fail("%s.mig_profile: the single strategy needs the profile every GPU of the pool is split into", at)
+            fail(at .. ".mig_profile", "the single strategy needs the profile every GPU of the pool is split into")
         end
         if p.mig_profile ~= nil and not gpu.profile(model, p.mig_profile) then
-            fail("%s.mig_profile: %s has no profile %s", at, model.name, tostring(p.mig_profile))
+            fail(at .. ".mig_profile", "%s has no profile %s", model.name, tostring(p.mig_profile))
         end
     end
     if p.replicas ~= nil and (math.type(p.replicas) ~= "integer" or p.replicas < 1) then
-        fail("%s.replicas: must be a whole number of at least 1", at)
+        fail(at .. ".replicas", "must be a whole number of at least 1")
     end
     if p.shared_resource ~= nil and type(p.shared_resource) ~= "string" then
-        fail("%s.shared_resource: must be a resource name such as nvidia.com/gpu.shared", at)
+        fail(at .. ".shared_resource", "must be a resource name such as nvidia.com/gpu.shared")
     end
     if p.scheduler_name ~= nil and not is_dns_label(p.scheduler_name) then
-        fail("%s.scheduler_name: must be a scheduler name such as kai-scheduler", at)
+        fail(at .. ".scheduler_name", "must be a scheduler name such as kai-scheduler")
     end
     if p.device_classes ~= nil then
         if type(p.device_classes) ~= "table" or not gg.is_array(p.device_classes) then
-            fail("%s.device_classes: must be a list of DRA device class names", at)
+            fail(at .. ".device_classes", "must be a list of DRA device class names")
         end
         for j, c in ipairs(p.device_classes) do
             if type(c) ~= "string" or c == "" or #c > 253 then
-                fail("%s.device_classes[%d]: must be a device class name such as gpu.nvidia.com", at, j)
+                fail(at .. ".device_classes[" .. j .. "]", "must be a device class name such as gpu.nvidia.com")
             end
         end
     end
     check_string_map(p.node_selector, at .. ".node_selector")
     check_taints(p.taints, at .. ".taints")
     if p.placement ~= nil and p.placement ~= "kueue" then
-        fail("%s.placement: must be kueue (Kueue's ResourceFlavors place the pods) or absent", at)
+        fail(at .. ".placement", "must be kueue (Kueue's ResourceFlavors place the pods) or absent")
     end
 end
 
@@ -200,7 +203,7 @@ function M.check(cfg)
         return
     end
     if type(pools) ~= "table" or not gg.is_array(pools) then
-        fail("pools: must be a list of pools")
+        fail("pools", "must be a list of pools")
     end
     local seen = {}
     for i, p in ipairs(pools) do
@@ -208,50 +211,54 @@ function M.check(cfg)
     end
     if cfg.classes ~= nil then
         if type(cfg.classes) ~= "table" or gg.is_array(cfg.classes) then
-            fail("classes: must map class names to their settings")
+            fail("classes", "must map class names to their settings")
         end
         for name, c in pairs(cfg.classes) do
             local at = "classes." .. name
             if type(c) ~= "table" or type(c.sharing) ~= "table" or #c.sharing == 0 then
-                fail("%s.sharing: must list the sharing modes of the class", at)
+                fail(at .. ".sharing", "must list the sharing modes of the class")
             end
             for j, m in ipairs(c.sharing) do
                 if not is_mode(m) then
-                    fail("%s.sharing[%d]: must be one of %s", at, j, table.concat(M.MODES, ", "))
+                    fail(at .. ".sharing[" .. j .. "]", "must be one of %s", table.concat(M.MODES, ", "))
                 end
             end
             if c.max_runtime ~= nil and M.seconds(c.max_runtime) == nil then
-                fail("%s.max_runtime: must be a duration such as 8h or 30m", at)
+                fail(at .. ".max_runtime", "must be a duration such as 8h or 30m")
             end
             if c.namespaces ~= nil then
                 if type(c.namespaces) ~= "table" or not gg.is_array(c.namespaces) then
-                    fail("%s.namespaces: must be a list of namespaces (a trailing * matches a prefix)", at)
+                    fail(at .. ".namespaces", "must be a list of namespaces (a trailing * matches a prefix)")
                 end
                 for j, ns in ipairs(c.namespaces) do
                     if type(ns) ~= "string" or ns == "" then
-                        fail("%s.namespaces[%d]: must be a namespace name or a prefix ending in *", at, j)
+                        fail(at .. ".namespaces[" .. j .. "]", "must be a namespace name or a prefix ending in *")
                     end
                 end
             end
         end
     end
     if cfg.default_class ~= nil and (cfg.classes == nil or cfg.classes[cfg.default_class] == nil) then
-        fail("default_class: %s is not one of the classes", tostring(cfg.default_class))
+        fail("default_class", "%s is not one of the classes", tostring(cfg.default_class))
     end
 end
 
---- Seconds of a duration written like "8h", "30m", "90s", "1h30m"; nil when malformed.
+-- Seconds per unit of a duration.
+local UNIT = { w = 604800, d = 86400, h = 3600, m = 60, s = 1 }
+
+--- Seconds of a duration written like "8h", "30m", "90s", "1h30m", "2d", "1w"; nil when
+--- malformed.
 function M.seconds(s)
     if type(s) ~= "string" or s == "" then
         return nil
     end
     local total, rest = 0, s
     while rest ~= "" do
-        local n, unit, tail = rest:match("^(%d+)([hms])(.*)$")
+        local n, unit, tail = rest:match("^(%d+)([wdhms])(.*)$")
         if not n then
             return nil
         end
-        total = total + tonumber(n) * ({ h = 3600, m = 60, s = 1 })[unit]
+        total = total + tonumber(n) * UNIT[unit]
         rest = tail
     end
     return total
@@ -262,24 +269,27 @@ function M.pools(cfg)
     return cfg.pools or {}
 end
 
--- The first pool whose field is value, or nil.
-local function find_pool(cfg, field, value)
-    local pools = M.pools(cfg)
-    -- Not # nor ipairs, here and below: on the configuration's read-only lists each is a C call.
-    local i, p = 1, pools[1]
-    while p ~= nil do
-        if p[field] == value then
+--- The first pool for which matches(pool, arg) is true, or nil.
+function M.find_pool(cfg, matches, arg)
+    for _, p in ipairs(M.pools(cfg)) do
+        if matches(p, arg) then
             return p
         end
-        i = i + 1
-        p = pools[i]
     end
     return nil
 end
 
+local function named(pool, name)
+    return pool.name == name
+end
+
+local function of_mode(pool, mode)
+    return pool.sharing == mode
+end
+
 --- The pool named name, or nil.
 function M.pool(cfg, name)
-    return find_pool(cfg, "name", name)
+    return M.find_pool(cfg, named, name)
 end
 
 -- class_modes without the copy: the configuration's own list, for callers that only read it.
@@ -307,7 +317,7 @@ end
 
 --- The first pool of the given sharing mode, or nil.
 function M.pool_for_mode(cfg, mode)
-    return find_pool(cfg, "sharing", mode)
+    return M.find_pool(cfg, of_mode, mode)
 end
 
 --[[
@@ -321,15 +331,16 @@ function M.choose(cfg, class, asked, whole)
     local modes = modes_of(cfg, class)
     if asked == nil and whole then
         -- sized: a mode before exclusive has a pool, so without the size it would have won.
-        local sized, i, m = false, 1, modes[1]
-        while m ~= nil and m ~= "exclusive" do
+        local sized = false
+        for _, m in ipairs(modes) do
+            if m == "exclusive" then
+                local pool = M.pool_for_mode(cfg, m)
+                if pool then
+                    return pool, m, sized
+                end
+                break
+            end
             sized = sized or M.pool_for_mode(cfg, m) ~= nil
-            i = i + 1
-            m = modes[i]
-        end
-        local pool = m and M.pool_for_mode(cfg, m)
-        if pool then
-            return pool, m, sized
         end
     end
     if asked ~= nil then
@@ -359,14 +370,11 @@ function M.choose(cfg, class, asked, whole)
         end
         return pool, asked
     end
-    local i, m = 1, modes[1]
-    while m ~= nil do
+    for _, m in ipairs(modes) do
         local pool = M.pool_for_mode(cfg, m)
         if pool then
             return pool, m
         end
-        i = i + 1
-        m = modes[i]
     end
     return nil, string.format("no GPU pool offers the sharing modes of class %s (%s)", class, table.concat(modes, ", "))
 end

@@ -4,8 +4,8 @@ names and node labels the NVIDIA device plugin and GPU Feature Discovery (GFD) u
 choice of the smallest MIG profile that covers a request, charges in milli-GPU, and recognising
 the GPU resources a container already asks for.
 
-Facts come from /work/shared/reference/gpu-sharing.md (the MIG User Guide's "Supported MIG
-Profiles" tables, the GPU Operator's default mig-parted config, the k8s-device-plugin sources).
+Facts come from NVIDIA's MIG User Guide ("Supported MIG Profiles" tables), the GPU Operator's
+default mig-parted config and the k8s-device-plugin sources.
 See lua/README.md for the full reference.
 
 Conventions:
@@ -18,13 +18,13 @@ Conventions:
     message; wrong argument types raise an error naming the function.  Configuration errors
     (gpu.catalog) raise error(msg, 0) with the key path.
   * Integer arithmetic only.
-Must not: keep state between calls, hand out its own tables (everything returned is a fresh
-copy the caller may keep or edit), or use next/rawget on tables it is given (the configuration
-is a read-only proxy).
+Must not: keep state between calls, or hand out its own tables (everything returned is a fresh
+copy the caller may keep or edit).
 ]]
 
 local gg = require "gpuguard"
 local k8s = require "k8s"
+local args = require "args"
 
 local M = {}
 
@@ -33,36 +33,9 @@ local GIB = 1024 * MIB
 
 -- Internal helpers ---------------------------------------------------------------------------
 
--- Raise "gpu.<fname>: <message>" at the line that called the public function (lvl 2 there).
-local function fail(lvl, fname, fmt, ...)
-    error("gpu." .. fname .. ": " .. string.format(fmt, ...), lvl + 1)
-end
-
--- "a string", "an integer", "null", ... for messages.
-local function what(v)
-    if v == nil or v == gg.null then
-        return "null"
-    elseif math.type(v) == "integer" then
-        return "an integer"
-    elseif math.type(v) == "float" then
-        return "a float"
-    elseif type(v) == "table" then
-        return gg.is_array(v) and "a list" or "a table"
-    end
-    return "a " .. type(v)
-end
-
--- A short, printable rendering of a user-supplied value for messages.
-local function show(v)
-    if type(v) ~= "string" then
-        return what(v)
-    end
-    local s = v:gsub("[%c\"\\]", "?")
-    if #s > 40 then
-        s = s:sub(1, 37) .. "..."
-    end
-    return '"' .. s .. '"'
-end
+local fail = args.failer("gpu")
+local what, show = args.what, args.show
+local cfg_fail = args.config_fail
 
 -- Sort strings case-insensitively (stable for equal-ignoring-case names).
 local function by_name(a, b)
@@ -481,14 +454,24 @@ local function profile_name_arg(lvl, fname, profile)
     return profile
 end
 
--- Configuration ---------------------------------------------------------------------------------
-
-local function cfg_fail(path, fmt, ...)
-    error(path .. ": " .. string.format(fmt, ...), 0)
+-- The model meant by model (raw) and its profile named by profile (a name or a profile table);
+-- nil and a message for an unknown model or profile.
+local function model_profile(lvl, fname, model, profile)
+    local m, err = resolve(lvl + 1, fname, model)
+    if not m then
+        return nil, err
+    end
+    local p
+    p, err = find_profile(m, profile_name_arg(lvl + 1, fname, profile))
+    if not p then
+        return nil, err
+    end
+    return m, p
 end
 
--- True for a list (a YAML sequence, or a Lua table with keys 1..n); read through pairs and #
--- only, so read-only proxies work.
+-- Configuration ---------------------------------------------------------------------------------
+
+-- True for a list (a YAML sequence, or a Lua table with keys 1..n).
 local function is_list(v)
     if type(v) ~= "table" or gg.is_object(v) then
         return false
@@ -542,7 +525,7 @@ end
 local function cfg_int(path, v, lo, hi)
     if math.type(v) ~= "integer" or v < lo or v > hi then
         cfg_fail(path, "must be a whole number from %d to %d, got %s", lo, hi,
-                 math.type(v) and tostring(v) or show(v))
+                 show(v))
     end
     return v
 end
@@ -588,7 +571,7 @@ local function cfg_profile(path, e, m)
     end
     if e.slices ~= nil and e.slices ~= g then
         cfg_fail(path .. ".slices", "must be %d as the name %s says, got %s", g, e.name,
-                 math.type(e.slices) and tostring(e.slices) or show(e.slices))
+                 show(e.slices))
     end
     local memory
     if e.memory ~= nil then
@@ -799,14 +782,9 @@ end
 --- The profile of model (a model table or name) named name, as a fresh table; nil and a message
 --- naming the model's profiles when it has none of that name.
 function M.profile(model, name)
-    local m, err = resolve(2, "profile", model)
+    local m, p = model_profile(2, "profile", model, name)
     if not m then
-        return nil, err
-    end
-    local p
-    p, err = find_profile(m, profile_name_arg(2, "profile", name))
-    if not p then
-        return nil, err
+        return nil, p
     end
     return copy_profile(p)
 end
@@ -849,7 +827,7 @@ function M.pick_profile(model, want)
     end
     if frac ~= nil and (math.type(frac) ~= "integer" or frac < 0 or frac > 1000) then
         fail(2, f, "want.fraction_milli must be an integer from 0 to 1000, got %s",
-             math.type(frac) and tostring(frac) or what(frac))
+             what(frac))
     end
     if #m.profiles == 0 then
         return nil, string.format("GPU model %s has no MIG profiles (it does not support MIG)",
@@ -857,14 +835,11 @@ function M.pick_profile(model, want)
     end
     local need = frac and (frac * m.slices + 999) // 1000 or 0
     local usable, allow_me = want.usable, want.allow_me
-    local profiles, best = m.profiles, nil
-    -- memory_of and profile_order's first test written out: this loop runs on every MIG pod.
-    for i = 1, #profiles do
-        local p = profiles[i]
+    local best
+    for _, p in ipairs(m.profiles) do
         if (p.suffix == "" or (allow_me and p.me))
-            and (mem == nil or (usable and p.usable_milli or p.memory_milli) >= mem)
-            and p.slices >= need and (best == nil or p.slices < best.slices
-                or (p.slices == best.slices and profile_order(p, best))) then
+            and (mem == nil or memory_of(p, usable) >= mem)
+            and p.slices >= need and (best == nil or profile_order(p, best)) then
             best = p
         end
     end
@@ -952,14 +927,9 @@ end
 --- model or a profile the model does not have.
 function M.mig_product_label(model, profile, product)
     local f = "mig_product_label"
-    local m, err = resolve(2, f, model)
+    local m, p = model_profile(2, f, model, profile)
     if not m then
-        return nil, err
-    end
-    local p
-    p, err = find_profile(m, profile_name_arg(2, f, profile))
-    if not p then
-        return nil, err
+        return nil, p
     end
     if product ~= nil and (type(product) ~= "string" or product == "") then
         fail(2, f, "product must be a GFD product name such as \"NVIDIA-A100-SXM4-80GB\", "
@@ -981,15 +951,9 @@ end
 --- ceil(slices * 1000 / model slices): 1g of 7 = 143, 3g of 7 = 429, 2g of 4 = 500.  nil and
 --- a message for an unknown model or profile.
 function M.charge_milli(model, profile)
-    local f = "charge_milli"
-    local m, err = resolve(2, f, model)
+    local m, p = model_profile(2, "charge_milli", model, profile)
     if not m then
-        return nil, err
-    end
-    local p
-    p, err = find_profile(m, profile_name_arg(2, f, profile))
-    if not p then
-        return nil, err
+        return nil, p
     end
     return (p.slices * 1000 + m.slices - 1) // m.slices
 end
@@ -997,8 +961,7 @@ end
 --- The charge of n whole GPUs in milli-GPU: n * 1000.
 function M.whole_charge(n)
     if math.type(n) ~= "integer" or n < 0 then
-        fail(2, "whole_charge", "n must be a non-negative integer, got %s",
-             math.type(n) and tostring(n) or what(n))
+        fail(2, "whole_charge", "n must be a non-negative integer, got %s", what(n))
     end
     return n * 1000
 end

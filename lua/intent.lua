@@ -123,27 +123,20 @@ end
 
 -- Pools --------------------------------------------------------------------------------------
 
+-- Does spec.nodeSelector hold all of pool's node_selector (and it has one)?
+local function selects(pool, spec)
+    local any, all = false, true
+    for k, v in pairs(pool.node_selector or NONE) do
+        any = true
+        all = all and k8s.node_selector(spec, k) == v
+    end
+    return any and all
+end
+
 --- The pool whose node_selector the pod's spec.nodeSelector holds entirely, or nil.
 function M.pool_of(pod, cfg)
     local spec = k8s.pod_spec(pod)
-    if not spec then
-        return nil
-    end
-    local pools = fleet.pools(cfg)
-    local i, p = 1, pools[1]
-    while p ~= nil do
-        local sel, any, all = p.node_selector, false, true
-        for k, v in pairs(sel or NONE) do
-            any = true
-            all = all and k8s.node_selector(spec, k) == v
-        end
-        if any and all then
-            return p
-        end
-        i = i + 1
-        p = pools[i]
-    end
-    return nil
+    return spec and fleet.find_pool(cfg, selects, spec)
 end
 
 --- The scheduler a pool's own dialect needs: scheduler_name, else its sharing mode's.
@@ -377,7 +370,7 @@ end
 -- The DRA part of a pod: its charge, items for the breakdown, GPU classes; or nil and a message.
 local function pod_dra(pod, spec, cfg, pool, lookup, namespace)
     local refs = list(spec.resourceClaims)
-    if refs[1] == nil then
+    if #refs == 0 then
         return 0, NONE, NONE
     end
     local meta = k8s.pod_meta(pod)
@@ -532,7 +525,7 @@ function M.dialects(pod)
     if out.hami then
         out["device-plugin"] = nil -- nvidia.com/gpu counts HAMi's physical GPUs
     end
-    if list(spec.resourceClaims)[1] ~= nil then
+    if #list(spec.resourceClaims) > 0 then
         out.dra = true
     end
     if k8s.annotation(pod, M.KAI_FRACTION) or k8s.annotation(pod, M.KAI_MEMORY) or k8s.annotation(pod, M.KAI_DEVICES) then
@@ -622,7 +615,7 @@ function M.charge(pod, cfg, opts)
     ctx.fraction_milli, ctx.fraction_devices = share, k
     local ok, total, breakdown = pcall(quota.pod_charge, spec, ctx)
     if not ok then
-        return nil, tostring(total):gsub("^.-quota%.pod_charge: ", "")
+        return nil, (tostring(total):gsub("^.-quota%.pod_charge: ", ""))
     elseif not total then
         return nil, breakdown
     end

@@ -13,11 +13,12 @@ Conventions (see lua/README.md for the full reference):
     differs, and return true when they changed the object, false when it already was so; calling
     one twice leaves the object as after once.  Removers return the removed value or nil.
   * Bad arguments raise an error that names the function and the container or field.
-Must not: keep state between calls, write into tables it was not given to edit (config, other
-modules), or use next/rawget (shared tables are read-only proxies).
+Must not: keep state between calls, or write into tables it was not given to edit (config, other
+modules).
 ]]
 
 local gg = require "gpuguard"
+local args = require "args"
 
 local M = {}
 
@@ -35,15 +36,10 @@ end
 
 -- Internal helpers -----------------------------------------------------------------------------
 --
--- Errors blame the policy line that called the library: helpers that may raise take lvl, the
--- error level of that line as seen from the helper (2 in a public function, one more for each
--- helper in between).  A call to such a helper must not be a tail call (a tail call drops a
--- stack level), hence "return (helper(...))".
+-- Helpers that may raise take lvl, as args.lua explains.
 
--- Raise "k8s.<fname>: <message>" at level lvl of the function calling fail.
-local function fail(lvl, fname, fmt, ...)
-    error("k8s." .. fname .. ": " .. string.format(fmt, ...), lvl + 1)
-end
+local fail = args.failer("k8s")
+local what, show = args.what, args.show
 
 -- t[a][b][c] (b and c optional); nil when a step is not a table or the value is JSON null.
 -- The hottest function of a request: fixed parameters, as a vararg call costs more.
@@ -74,18 +70,6 @@ end
 local function is_map(v)
     local t = type(v)
     return t == "table" or (t == "userdata" and v ~= null)
-end
-
--- "null", "an array", "an object", "a string", ... for messages.
-local function what(v)
-    if v == nil or v == null then
-        return "null"
-    elseif v == "" then
-        return "an empty string"
-    elseif type(v) == "table" then
-        return gg.is_array(v) and "an array" or "an object"
-    end
-    return "a " .. type(v)
 end
 
 local function is_empty(t)
@@ -152,6 +136,22 @@ end
 
 local function not_string(lvl, fname, name, v)
     fail(lvl + 1, fname, "%s must be a non-empty string, got %s", name, what(v))
+end
+
+-- The arguments of a writer of one string entry (a label, a node selector, an environment
+-- variable): the table t it writes into (named tname), key (named kname) a non-empty string,
+-- value a string.
+local function entry_args(lvl, fname, tname, t, kname, key, entry, value)
+    if type(t) ~= "table" then
+        not_table(lvl + 1, fname, tname, t)
+    end
+    if type(key) ~= "string" or key == "" then
+        not_string(lvl + 1, fname, kname, key)
+    end
+    if type(value) ~= "string" then
+        fail(lvl + 1, fname, "%svalue of %s %q must be a string, got %s",
+             tname == "container" and cname(t) .. ": " or "", entry, key, what(value))
+    end
 end
 
 -- Pods and pod templates ----------------------------------------------------------------------
@@ -455,7 +455,7 @@ function M.container_path(spec_path, kind, index)
         return index_path(spec_path .. "." .. field, index, "")
     end
     fail(2, "container_path", "kind must be \"init\", \"regular\" or \"ephemeral\", got %s",
-         type(kind) == "string" and string.format("%q", kind) or what(kind))
+         show(kind))
 end
 
 --- True for a sidecar: an init container with restartPolicy "Always" (Kubernetes 1.28+).
@@ -471,7 +471,7 @@ local SECTIONS = { requests = true, limits = true }
 -- Callers test SECTIONS[section] themselves: a call only when it fails keeps reads cheap.
 local function bad_section(lvl, fname, section)
     fail(lvl + 1, fname, "section must be \"requests\" or \"limits\", got %s",
-         type(section) == "string" and string.format("%q", section) or what(section))
+         show(section))
 end
 
 -- The quantity string at resources.<section>[name]; numbers (from YAML manifests) as strings.
@@ -662,16 +662,7 @@ local function meta_get(t, field, key)
 end
 
 local function meta_set(lvl, fname, t, field, key, value)
-    if type(t) ~= "table" then
-        not_table(lvl + 1, fname, "object or metadata", t)
-    end
-    if type(key) ~= "string" or key == "" then
-        not_string(lvl + 1, fname, "key", key)
-    end
-    if type(value) ~= "string" then
-        fail(lvl + 1, fname, "value of %s %q must be a string, got %s", field:sub(1, -2), key,
-             what(value))
-    end
+    entry_args(lvl + 1, fname, "object or metadata", t, "key", key, field:sub(1, -2), value)
     local meta = meta_of(lvl + 1, fname, t, true)
     local map = child(lvl + 1, fname, meta, field, "object", "metadata.")
     if map[key] == value then
@@ -801,14 +792,10 @@ local function check_toleration(lvl, fname, tol)
 end
 
 local function tolerated(spec, want)
-    local list = list_of(get(spec, "tolerations"))
-    local i, have = 1, list[1]
-    while have ~= nil do -- ipairs without a C call per entry
+    for _, have in ipairs(list_of(get(spec, "tolerations"))) do
         if type(have) == "table" and covers(have, want) then
             return true
         end
-        i = i + 1
-        have = list[i]
     end
     return false
 end
@@ -832,8 +819,7 @@ function M.add_toleration(spec, tol)
         return false
     end
     local copy = gg.object()
-    for i = 1, #TOLERATION_FIELDS do
-        local field = TOLERATION_FIELDS[i]
+    for _, field in ipairs(TOLERATION_FIELDS) do
         if t[field] ~= "" then
             copy[field] = tol[field]
         end
@@ -855,15 +841,7 @@ end
 --- missing.  Returns true when it changed.
 function M.set_node_selector(spec, key, value)
     local f = "set_node_selector"
-    if type(spec) ~= "table" then
-        not_table(2, f, "spec", spec)
-    end
-    if type(key) ~= "string" or key == "" then
-        not_string(2, f, "key", key)
-    end
-    if type(value) ~= "string" then
-        fail(2, f, "value of node selector %q must be a string, got %s", key, what(value))
-    end
+    entry_args(2, f, "spec", spec, "key", key, "node selector", value)
     local sel = child(2, f, spec, "nodeSelector", "object", "spec.")
     if sel[key] == value then
         return false
@@ -906,16 +884,7 @@ end
 --- env (created as an array when missing).  Returns true when the container changed.
 function M.set_env(container, name, value)
     local f = "set_env"
-    if type(container) ~= "table" then
-        not_table(2, f, "container", container)
-    end
-    if type(name) ~= "string" or name == "" then
-        not_string(2, f, "name", name)
-    end
-    if type(value) ~= "string" then
-        fail(2, f, "%s: value of %s must be a string, got %s", cname(container), name,
-             what(value))
-    end
+    entry_args(2, f, "container", container, "name", name, "environment variable", value)
     local env = child(2, f, container, "env", "array", "", container)
     local found, changed = false, false
     for _, e in ipairs(env) do

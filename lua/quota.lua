@@ -11,41 +11,20 @@ Conventions:
   * Amounts are Lua integers in milli-GPU; passing a float is an error.
   * Functions that judge data (a user's fraction, a pod) return nil/false and a message;
     wrong argument types raise an error naming the function.
-Must not: keep state between calls, or use next/rawget on tables it is given (the
-configuration is a read-only proxy).
+Must not: keep state between calls, or write into the tables it is given.
 ]]
 
 local gg = require "gpuguard"
 local k8s = require "k8s"
 local gpu = require "gpu"
+local args = require "args"
 
 local M = {}
 
 -- Internal helpers ---------------------------------------------------------------------------
 
-local function fail(lvl, fname, fmt, ...)
-    error("quota." .. fname .. ": " .. string.format(fmt, ...), lvl + 1)
-end
-
-local function what(v)
-    if v == nil or v == gg.null then
-        return "null"
-    elseif math.type(v) == "float" then
-        return "the float " .. string.format("%.17g", v)
-    elseif math.type(v) == "integer" then
-        return "the integer " .. v
-    end
-    return "a " .. type(v)
-end
-
--- A short, printable rendering of a user's string for messages.
-local function show(s)
-    s = s:gsub("[%c\"\\]", "?")
-    if #s > 24 then
-        s = s:sub(1, 21) .. "..."
-    end
-    return '"' .. s .. '"'
-end
+local fail = args.failer("quota")
+local what, show = args.what, args.show
 
 local function check_milli(lvl, fname, name, v, allow_nil)
     if v == nil and allow_nil then
@@ -63,37 +42,31 @@ end
 
 -- Numbers -------------------------------------------------------------------------------------
 
---- Format milli-GPU exactly, with as few decimals as needed: 250 -> "0.25", 1000 -> "1",
---- 9250 -> "9.25", 143 -> "0.143", -500 -> "-0.5".
-function M.format_milli(m)
+-- m (milli-GPU) as "<sign><whole>" when whole, else "<sign><whole>.<three decimals>" less what
+-- the pattern trim matches.
+local function format(lvl, fname, m, trim)
     if math.type(m) ~= "integer" then
-        fail(2, "format_milli", "m must be an integer in milli-GPU, got %s", what(m))
+        fail(lvl + 1, fname, "m must be an integer in milli-GPU, got %s", what(m))
     end
     local sign = m < 0 and "-" or ""
     local a = m < 0 and -m or m
     if a % 1000 == 0 then
         return sign .. (a // 1000)
     end
-    return sign .. (string.format("%d.%03d", a // 1000, a % 1000):gsub("0+$", ""))
+    return sign .. (string.format("%d.%03d", a // 1000, a % 1000):gsub(trim, ""))
+end
+
+--- Format milli-GPU exactly, with as few decimals as needed: 250 -> "0.25", 1000 -> "1",
+--- 9250 -> "9.25", 143 -> "0.143", -500 -> "-0.5".
+function M.format_milli(m)
+    return (format(2, "format_milli", m, "0+$"))
 end
 
 --- Format milli-GPU for messages: whole numbers without decimals, fractional ones with at least
 --- two decimals and at most three (exact): 8000 -> "8", 500 -> "0.50", 9250 -> "9.25",
 --- 143 -> "0.143", 1100 -> "1.10".
 function M.format_gpus(m)
-    if math.type(m) ~= "integer" then
-        fail(2, "format_gpus", "m must be an integer in milli-GPU, got %s", what(m))
-    end
-    local sign = m < 0 and "-" or ""
-    local a = m < 0 and -m or m
-    if a % 1000 == 0 then
-        return sign .. (a // 1000)
-    end
-    local s = string.format("%d.%03d", a // 1000, a % 1000)
-    if s:sub(-1) == "0" then
-        s = s:sub(1, -2)
-    end
-    return sign .. s
+    return (format(2, "format_gpus", m, "0$"))
 end
 
 local MAX_WHOLE_DIGITS = 9 -- up to 999999999 GPUs: far below integer overflow in milli
@@ -118,8 +91,7 @@ function M.parse_fraction(s, opts)
     elseif math.type(s) == "float" then
         s = string.format("%.14g", s)
     elseif type(s) ~= "string" then
-        return bad("must be a decimal number such as 0.25, got %s",
-                   s == nil and "nothing" or s == gg.null and "null" or "a " .. type(s))
+        return bad("must be a decimal number such as 0.25, got %s", what(s))
     end
     if #s > 40 then
         return bad("%s is too long for a GPU amount", show(s))
@@ -178,7 +150,7 @@ local function check_ctx(lvl, ctx)
     local means = ctx.gpu_means
     if means ~= nil and means ~= "whole" and means ~= "mig" and means ~= "replica" then
         fail(lvl + 1, "pod_charge", "ctx.gpu_means must be \"whole\", \"mig\" or \"replica\", "
-             .. "got %s", type(means) == "string" and show(means) or what(means))
+             .. "got %s", show(means))
     end
     if ctx.replicas ~= nil and (math.type(ctx.replicas) ~= "integer" or ctx.replicas < 1) then
         fail(lvl + 1, "pod_charge", "ctx.replicas must be a positive integer, got %s",

@@ -19,6 +19,7 @@ local gg = require "gpuguard"
 local k8s = require "k8s"
 local gpu = require "gpu"
 local quota = require "quota"
+local fleet = require "fleet"
 
 local M = {}
 
@@ -29,24 +30,6 @@ local MIB_MILLI = 1024 * 1024 * 1000
 local GIB_MILLI = 1024 * MIB_MILLI
 local DEFAULT_CLASSES = { "inference", "interactive", "batch" }
 local MODES = { off = true, recommend = true, apply = true }
-local UNIT = { w = 604800, d = 86400, h = 3600, m = 60, s = 1 }
-
---- "7d", "1h30m", "90s" -> seconds; nil when malformed.
-function M.seconds(text)
-    if type(text) ~= "string" or text == "" then
-        return nil
-    end
-    local total, rest = 0, text
-    while rest ~= "" do
-        local n, unit, tail = rest:match("^(%d+)([wdhms])(.*)$")
-        if not n then
-            return nil
-        end
-        total = total + tonumber(n) * UNIT[unit]
-        rest = tail
-    end
-    return total > 0 and total or nil
-end
 
 --- The rightsizing settings with their defaults: { mode, headroom, min_history_s, classes }
 --- (classes a set).  Call M.check first: this trusts the values.
@@ -59,7 +42,7 @@ function M.settings(cfg)
     return {
         mode = rs.mode or "off",
         headroom = rs.headroom or 1.25,
-        min_history_s = M.seconds(rs.min_history or "1h"),
+        min_history_s = fleet.seconds(rs.min_history or "1h"),
         classes = classes,
     }
 end
@@ -81,7 +64,7 @@ function M.check(cfg)
     if h ~= nil and (type(h) ~= "number" or h < 1 or h > 10) then
         error("rightsizing.headroom: must be a number from 1 to 10, such as 1.25", 0)
     end
-    if rs.min_history ~= nil and not M.seconds(rs.min_history) then
+    if rs.min_history ~= nil and (fleet.seconds(rs.min_history) or 0) == 0 then
         error("rightsizing.min_history: must be a duration such as 1h or 2d", 0)
     end
     if rs.classes ~= nil then

@@ -16,7 +16,12 @@ exactly one does, else to the first regular container.  A per-container annotati
 regular container, and nvidia.com/gpu with a request different from its limit, are errors (the
 intent is nil and a message that says what to change), never guessed.
 
-Must not: keep state, or change the pod.
+State: the answers that cannot change while policies edit a pod (its class, whether it wants a
+GPU, whether it is exempt) are memoised per pod table, so that every policy of a request gets the
+first answer without computing it again.  Safe because the engine decodes a new pod table for
+each request: an answer is never seen by another request, and the table is weak-keyed, so it
+goes with the pod.  compute_class, compute_wants_gpu and compute_exempt answer afresh.
+Must not: change the pod.
 ]]
 
 local k8s = require "k8s"
@@ -31,15 +36,25 @@ local REGULAR = { regular = true }
 local NONE = {}
 local GPU = "nvidia.com/gpu"
 
--- Answers that do not change while policies edit a pod (its class, whether it wants a GPU,
--- whether it is exempt), kept per pod table for the request; weak keys let them go with the pod.
+-- The memoised answers of each pod table (see the header).
 local memo = setmetatable({}, { __mode = "k" })
 
--- Callers write "memo[pod] or memo_of(pod)": a call only for the first answer of a request.
 local function memo_of(pod)
-    local m = {}
-    memo[pod] = m
+    local m = memo[pod]
+    if m == nil then
+        m = {}
+        memo[pod] = m
+    end
     return m
+end
+
+-- memo_of(pod)[key], from compute(pod, a, b) the first time.
+local function remembered(key, compute, pod, a, b)
+    local m = memo_of(pod)
+    if m[key] == nil then
+        m[key] = compute(pod, a, b)
+    end
+    return m[key]
 end
 
 M.CLASS_LABEL = "gpuguard.io/workload-class"
@@ -138,7 +153,7 @@ cfg.default_class (or "batch").  Returns class, reason.  Whether the pod's names
 class is class_allowed's question.
 ]]
 function M.class(pod, cfg)
-    local m = memo[pod] or memo_of(pod)
+    local m = memo_of(pod)
     if m.class == nil then
         m.class, m.class_reason = M.compute_class(pod, cfg)
     end
@@ -228,11 +243,7 @@ local DEFAULT_EXEMPT = { "gpu-operator", "nvidia-device-plugin", "kube-system" }
 --- Never by owner: anyone may create a DaemonSet, and an ownerReference is whatever the creator
 --- wrote.  namespace is the request's (req.namespace).
 function M.exempt(pod, namespace, cfg)
-    local m = memo[pod] or memo_of(pod)
-    if m.exempt == nil then
-        m.exempt = M.compute_exempt(pod, namespace, cfg)
-    end
-    return m.exempt
+    return remembered("exempt", M.compute_exempt, pod, namespace, cfg)
 end
 
 --- M.exempt without the per-request memory.
@@ -343,15 +354,10 @@ local function intent_of(pod)
     -- yields them, without its option checks), walked once and then read as a list.
     local regular, is_regular = {}, {}
     local list = spec.containers
-    if type(list) == "table" then
-        local i, c = 1, list[1]
-        while c ~= nil do
-            if type(c) == "table" then
-                regular[#regular + 1] = c
-                is_regular[c.name] = true
-            end
-            i = i + 1
-            c = list[i]
+    for _, c in ipairs(type(list) == "table" and list or NONE) do
+        if type(c) == "table" then
+            regular[#regular + 1] = c
+            is_regular[c.name] = true
         end
     end
     -- A per-container annotation must name a regular container (a typo would drop the request).
@@ -464,7 +470,7 @@ end
 function M.intent(pod)
     local out, msg = intent_of(pod)
     if out == nil or #out > 0 then
-        local m = memo[pod] or memo_of(pod)
+        local m = memo_of(pod)
         if m.wants_gpu == nil then
             m.wants_gpu = true
         end
@@ -476,11 +482,7 @@ end
 --- dialect of intent.lua (a malformed request counts as asking).  cfg and namespace (the
 --- request's) let it read DRA claims; the first answer of a request is kept.
 function M.wants_gpu(pod, cfg, namespace)
-    local m = memo[pod] or memo_of(pod)
-    if m.wants_gpu == nil then
-        m.wants_gpu = M.compute_wants_gpu(pod, cfg, namespace)
-    end
-    return m.wants_gpu
+    return remembered("wants_gpu", M.compute_wants_gpu, pod, cfg, namespace)
 end
 
 --- M.wants_gpu without the per-request memory.

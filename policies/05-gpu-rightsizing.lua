@@ -38,7 +38,7 @@ local GIB_MILLI = 1024 * rightsize.MIB_MILLI
 
 -- The allocation the pod asks for now and the one its usage needs, or nil when it is not ours.
 local function compare(req, pod, cfg, settings)
-    if k8s.annotation(pod, rightsize.OPT_OUT) == "off" or fleet.pools(cfg)[1] == nil then
+    if k8s.annotation(pod, rightsize.OPT_OUT) == "off" or #fleet.pools(cfg) == 0 then
         return nil
     end
     local intent = workload.intent(pod)

@@ -34,7 +34,6 @@ Idempotent: everything is recomputed from the pod's own request annotations and 
 appended, so a pod it already rewrote comes out unchanged.
 ]]
 
-local gg = require "gpuguard"
 local k8s = require "k8s"
 local gpu = require "gpu"
 local quota = require "quota"
@@ -205,6 +204,15 @@ function backends.kai(e, pool, model, _, _, pod)
     return { charge = share, detail = string.format("%s of %s through KAI", quota.format_gpus(share), model.name) }
 end
 
+-- Write down the decision, pool and charge on the pod, and audit the decision.
+local function record(req, pod, decision, pool, total)
+    k8s.set_annotation(pod, DECISION, decision)
+    k8s.set_annotation(pod, POOL, pool.name)
+    k8s.set_annotation(pod, CHARGE, tostring(total))
+    req:audit("decision", decision)
+    return true
+end
+
 -- A pod written in a backend's own dialect keeps it: checked, charged and given the pool that
 -- runs that dialect (20-gpu-placement adds its selector and tolerations), never rewritten.
 local function pass_through(req, pod, cfg, dialect)
@@ -237,15 +245,11 @@ local function pass_through(req, pod, cfg, dialect)
     total, breakdown = intent.charge(pod, cfg, opts)
     local decision = string.format("%s on pool %s (passed through): %s", dialect, pool.name,
         quota.describe(total, breakdown))
-    k8s.set_annotation(pod, DECISION, decision)
-    k8s.set_annotation(pod, POOL, pool.name)
-    k8s.set_annotation(pod, CHARGE, tostring(total))
-    req:audit("decision", decision)
-    return true
+    return record(req, pod, decision, pool, total)
 end
 
 local function decide(req, pod, cfg)
-    if fleet.pools(cfg)[1] == nil then -- not #: a C call on the configuration's list
+    if #fleet.pools(cfg) == 0 then
         return
     end
     local dialects = intent.dialects(pod)
@@ -258,12 +262,12 @@ local function decide(req, pod, cfg)
             return pass_through(req, pod, cfg, dialect)
         end
     end
-    local intent, msg = workload.intent(pod)
-    if not intent then
+    local asks, msg = workload.intent(pod)
+    if not asks then
         req:deny(msg)
         return
     end
-    if #intent == 0 then
+    if #asks == 0 then
         return
     end
     local class, why = workload.class(pod, cfg)
@@ -273,8 +277,7 @@ local function decide(req, pod, cfg)
         return
     end
     local fractional, whole_gpus = false, 0
-    for i = 1, #intent do -- numeric loops over intent: ipairs costs a C call per entry
-        local e = intent[i]
+    for _, e in ipairs(asks) do
         fractional = fractional or e.fraction_milli ~= nil or e.memory_milli ~= nil
         whole_gpus = whole_gpus + (e.whole or 0)
     end
@@ -286,7 +289,7 @@ local function decide(req, pod, cfg)
     end
     if not asked and not fractional and mode ~= "exclusive" then
         -- Whole GPUs on a class that shares: one GPU is a full share; more needs exclusive GPUs.
-        for _, e in ipairs(intent) do
+        for _, e in ipairs(asks) do
             if e.whole > 1 then
                 req:deny(string.format("class %s shares GPUs (%s) and %s asks for %d; ask for at most 1 GPU, a fraction, or use a class with exclusive GPUs",
                     class, table.concat(fleet.class_modes(cfg, class), ", "), e.container.name, e.whole))
@@ -296,8 +299,7 @@ local function decide(req, pod, cfg)
     end
     local model = fleet.model(cfg, pool)
     local total, parts, notes, selector = 0, {}, {}, nil -- selector made when a backend gives one
-    for i = 1, #intent do
-        local e = intent[i]
+    for _, e in ipairs(asks) do
         local got, err = backends[mode](e, pool, model, cfg, notes, pod)
         if not got then
             req:deny(string.format("container %s: %s", e.container.name, err))
@@ -318,8 +320,8 @@ local function decide(req, pod, cfg)
             k8s.set_node_selector(spec, k, v)
         end
     end
-    for i = 1, #notes do
-        req:warn(notes[i])
+    for _, note in ipairs(notes) do
+        req:warn(note)
     end
     local decision = string.format("%s on pool %s for class %s (%s): %s", mode, pool.name, class, why,
         table.concat(parts, "; "))
@@ -329,18 +331,13 @@ local function decide(req, pod, cfg)
     if mode ~= "exclusive" then
         -- A whole GPU turned into a share no longer shows as nvidia.com/gpu: write the request
         -- down as a full share, so the API server's second call decides the same again.
-        for i = 1, #intent do
-            local e = intent[i]
+        for _, e in ipairs(asks) do
             if e.whole and not e.fraction_milli and not e.memory_milli then
                 k8s.set_annotation(pod, workload.FRACTION .. "." .. e.container.name, "1")
             end
         end
     end
-    k8s.set_annotation(pod, DECISION, decision)
-    k8s.set_annotation(pod, POOL, pool.name)
-    k8s.set_annotation(pod, CHARGE, tostring(total))
-    req:audit("decision", decision)
-    return true
+    return record(req, pod, decision, pool, total)
 end
 
 --[[

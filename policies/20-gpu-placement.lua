@@ -90,12 +90,8 @@ local function place(req, pod, cfg)
     for k, v in pairs(fleet.places(pool) and pool.node_selector or {}) do
         k8s.set_node_selector(spec, k, v)
     end
-    local taints = pool.taints or {}
-    local i, taint = 1, taints[1]
-    while taint ~= nil do -- not # nor ipairs: on a configuration list each is a C call
+    for _, taint in ipairs(pool.taints or {}) do
         k8s.add_toleration(spec, toleration_for(taint))
-        i = i + 1
-        taint = taints[i]
     end
     add_spot(pod, spec, cfg)
     req:audit("pool", pool.name)

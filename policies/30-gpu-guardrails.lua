@@ -266,12 +266,11 @@ end
 local PLAIN = { cpu = true, memory = true, ["ephemeral-storage"] = true }
 
 local function equal_requests_rules(req, containers)
-    for i = 1, #containers do
-        local c = containers[i]
+    for _, c in ipairs(containers) do
         local names -- made only for a container with NVIDIA resources, as most have none
-        for j = 1, #SECTIONS do
-            for name in pairs(c.resources and c.resources[SECTIONS[j]] or NONE) do
-                if not PLAIN[name] and name:sub(1, 11) == "nvidia.com/" then -- no pattern
+        for _, section in ipairs(SECTIONS) do
+            for name in pairs(c.resources and c.resources[section] or NONE) do
+                if not PLAIN[name] and name:sub(1, 11) == "nvidia.com/" then
                     names = names or {}
                     names[name] = true
                 end
@@ -291,14 +290,10 @@ local function equal_requests_rules(req, containers)
 end
 
 local function label_rules(req, pod, cfg)
-    local required = cfg.guardrails and cfg.guardrails.required_labels or {}
-    local i, key = 1, required[1]
-    while key ~= nil do -- not # nor ipairs: on a configuration list each is a C call
+    for _, key in ipairs(guardrails_of(cfg).required_labels or NONE) do
         if not k8s.label(pod, key) then
             req:deny(string.format("GPU pods need the label %s for cost attribution; add metadata.labels.%s", key, key))
         end
-        i = i + 1
-        key = required[i]
     end
 end
 

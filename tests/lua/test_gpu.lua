@@ -2,8 +2,8 @@
 test_gpu.lua - tests of lua/gpu.lua (the GPU catalog), run inside the policy sandbox.
 
 Returns a table mapping test names to functions; a test fails by raising an error.  Expected
-values come from /work/shared/reference/gpu-sharing.md (MIG User Guide tables, GPU Operator
-mig-parted config, k8s-device-plugin naming).
+values come from NVIDIA's MIG User Guide tables, the GPU Operator's mig-parted config and the
+k8s-device-plugin's naming.
 ]]
 
 local gg = require "gpuguard"
@@ -482,7 +482,7 @@ T["pick_profile rejects malformed wants"] = function()
     raises(function() gpu.pick_profile("A100-80GB", { memory_milli = "8Gi" }) end,
            "want.memory_milli", "string memory")
     raises(function() gpu.pick_profile("A100-80GB", { fraction_milli = 1001 }) end,
-           "gpu.pick_profile: want.fraction_milli must be an integer from 0 to 1000, got 1001",
+           "gpu.pick_profile: want.fraction_milli must be an integer from 0 to 1000, got the integer 1001",
            "fraction above one")
     raises(function() gpu.pick_profile("A100-80GB", { fraction_milli = 0.25 }) end,
            "want.fraction_milli", "float fraction")
@@ -590,8 +590,8 @@ T["whole GPU charges"] = function()
     eq(gpu.whole_charge(1), 1000, "1")
     eq(gpu.whole_charge(8), 8000, "8")
     raises(function() gpu.whole_charge(-1) end, "gpu.whole_charge: n must be a non-negative "
-           .. "integer, got -1", "negative")
-    raises(function() gpu.whole_charge(1.5) end, "got 1.5", "float")
+           .. "integer, got the integer -1", "negative")
+    raises(function() gpu.whole_charge(1.5) end, "got the float 1.5", "float")
 end
 
 -- Configuration -------------------------------------------------------------------------------
@@ -667,7 +667,7 @@ T["the configuration may be a read-only proxy"] = function()
     eq(pick(cat.models["RTX-PRO-6000-96GB"], mem("90Gi")), "4g.96gb", "pick")
     local ok, err = pcall(gpu.catalog, readonly({ gpu_models = { { name = "X", memory = 5 } } }))
     eq(ok, false, "bad entry through a proxy")
-    eq(err, "gpu_models[1].memory: must be a quantity such as 48Gi, got an integer", "message")
+    eq(err, "gpu_models[1].memory: must be a quantity such as 48Gi, got the integer 5", "message")
 end
 
 T["no configuration, or no gpu_models, gives the built-in catalog"] = function()
@@ -688,7 +688,7 @@ T["configuration errors name the key path"] = function()
         { function() gpu.catalog({ gpu_models = "A100" }) end,
           'gpu_models: must be a list of GPU models ({name, memory, slices, profiles}), got "A100"' },
         { function() gpu.catalog({ gpu_models = { name = "X" } }) end,
-          "gpu_models: must be a list of GPU models ({name, memory, slices, profiles}), got a table" },
+          "gpu_models: must be a list of GPU models ({name, memory, slices, profiles}), got an object" },
         { models("X"), 'gpu_models[1]: must be a mapping with name and memory, got "X"' },
         { models({ memory = "48Gi" }), "gpu_models[1].name: must be a model name of letters, "
           .. "digits, '.', '-' and '_', such as RTX-PRO-6000-96GB, got null" },
@@ -704,7 +704,7 @@ T["configuration errors name the key path"] = function()
           "gpu_models[1].memroy: unknown key (known: aliases, memory, name, note, products, "
           .. "profiles, slices, uncertain)" },
         { models({ name = "X", memory = "48Gi", slices = 9 }),
-          "gpu_models[1].slices: must be a whole number from 1 to 8, got 9" },
+          "gpu_models[1].slices: must be a whole number from 1 to 8, got the integer 9" },
         { models({ name = "X", memory = "48Gi", profiles = "1g.12gb" }),
           'gpu_models[1].profiles: must be a list of MIG profiles, got "1g.12gb"' },
         { models(good, { name = "X", memory = "48Gi", profiles = { { name = "1g.12gb",
@@ -719,11 +719,11 @@ T["configuration errors name the key path"] = function()
           "gpu_models[1].profiles[1].name: 1g.12gb+xyz: unknown attribute +xyz (known: +me, "
           .. "+me.all, +gfx, -me)" },
         { models({ name = "X", memory = "48Gi", profiles = { { name = "2g.24gb", slices = 3 } } }),
-          "gpu_models[1].profiles[1].slices: must be 2 as the name 2g.24gb says, got 3" },
+          "gpu_models[1].profiles[1].slices: must be 2 as the name 2g.24gb says, got the integer 3" },
         { models({ name = "X", memory = "48Gi", profiles = { { name = "4g.96gb" } } }),
           "gpu_models[1].profiles[1].memory: 96Gi is more than the GPU's 48Gi" },
         { models({ name = "X", memory = "48Gi", profiles = { { name = "1g.12gb", max = 0 } } }),
-          "gpu_models[1].profiles[1].max: must be a whole number from 1 to 64, got 0" },
+          "gpu_models[1].profiles[1].max: must be a whole number from 1 to 64, got the integer 0" },
         { models({ name = "X", memory = "48Gi", profiles = { { name = "1g.12gb", me = "yes" } } }),
           'gpu_models[1].profiles[1].me: must be true or false, got "yes"' },
         { models({ name = "X", memory = "48Gi", profiles = { { name = "1g.12gb", usable = "13Gi" } } }),

@@ -33,13 +33,18 @@ local function raises(fn, wants, what)
     end
 end
 
--- The value parse_fraction gives, or "nil: <message>".
-local function parse(s, opts)
-    local m, err = quota.parse_fraction(s, opts)
-    if m == nil then
+-- The first result of fn(...), or "nil: <message>" when fn returns nil and a message.
+local function result(fn, ...)
+    local v, err = fn(...)
+    if v == nil then
         return "nil: " .. tostring(err)
     end
-    return m
+    return v
+end
+
+-- The value parse_fraction gives, or "nil: <message>".
+local function parse(s, opts)
+    return result(quota.parse_fraction, s, opts)
 end
 
 -- Mark a plain fixture as the engine marks decoded JSON.
@@ -71,13 +76,9 @@ local function spec(containers, init)
     return json({ containers = containers, initContainers = init })
 end
 
--- The total, or "nil: <message>".
+-- The total pod_charge gives, or "nil: <message>".
 local function charge(s, ctx)
-    local total, breakdown = quota.pod_charge(s, ctx)
-    if total == nil then
-        return "nil: " .. tostring(breakdown)
-    end
-    return total
+    return result(quota.pod_charge, s, ctx)
 end
 
 local T = {}
@@ -120,14 +121,14 @@ T["parse_fraction: clear errors"] = function()
         { "0,5", 'nil: "0,5" is not a decimal number; write it like 0.25' },
         { "1\n", 'nil: "1?" is not a decimal number; write it like 0.25' },
         { "1234567890", 'nil: "1234567890" is too large' },
-        { string.rep("9", 100), 'nil: "999999999999999999999..." is too long for a GPU amount' },
+        { string.rep("9", 100), 'nil: "9999999999999999999999999999999999999..." is too long for a GPU amount' },
     }
     for _, cs in ipairs(cases) do
         eq(parse(cs[1]), cs[2], string.format("%q", cs[1]))
     end
-    eq(parse(nil), "nil: must be a decimal number such as 0.25, got nothing", "nil")
+    eq(parse(nil), "nil: must be a decimal number such as 0.25, got null", "nil")
     eq(parse(gg.null), "nil: must be a decimal number such as 0.25, got null", "null")
-    eq(parse({}), "nil: must be a decimal number such as 0.25, got a table", "table")
+    eq(parse({}), "nil: must be a decimal number such as 0.25, got an object", "table")
 end
 
 T["parse_fraction options"] = function()
@@ -209,36 +210,32 @@ T["check: below and exactly at the limit pass"] = function()
 end
 
 T["check: the message above the limit"] = function()
-    local ok, msg = quota.check(8750, 500, 8000, "namespace team-a")
-    eq(ok, false, "ok")
-    eq(msg, "namespace team-a would use 9.25 of 8 GPUs (in use 8.75, this pod 0.50); ask for a "
-       .. "smaller fraction or free GPUs", "message")
-    ok, msg = quota.check(7501, 500, 8000, "namespace team-a")
-    eq(msg, "namespace team-a would use 8.001 of 8 GPUs (in use 7.501, this pod 0.50); ask for "
-       .. "a smaller fraction or free GPUs", "one milli over")
-    ok, msg = quota.check(7000, 2000, 8000, "namespace team-a")
-    eq(msg, "namespace team-a would use 9 of 8 GPUs (in use 7, this pod 2); ask for fewer GPUs "
-       .. "or free GPUs", "whole GPUs")
-    ok, msg = quota.check(900, 143, 1000, "namespace dev")
-    eq(msg, "namespace dev would use 1.043 of 1 GPU (in use 0.90, this pod 0.143); ask for a "
-       .. "smaller fraction or free GPUs", "one GPU")
-    ok, msg = quota.check(0, 500, 250)
-    eq(msg, "the namespace would use 0.50 of 0.25 GPUs (in use 0, this pod 0.50); this pod "
-       .. "alone is over the quota, ask for at most 0.25 GPUs", "default scope, pod alone")
-    ok, msg = quota.check(1000, 16000, 8000, "namespace team-a")
-    eq(msg, "namespace team-a would use 17 of 8 GPUs (in use 1, this pod 16); this pod alone "
-       .. "is over the quota, ask for at most 8 GPUs", "pod alone over")
-    ok, msg = quota.check(0, 250, 0, "namespace sandbox")
-    eq(ok, false, "zero quota")
-    eq(msg, "namespace sandbox has no GPU quota (0 GPUs) and this pod needs 0.25; ask for a GPU "
-       .. "quota first", "zero quota message")
-end
-
-T["check: already over the quota"] = function()
-    local ok, msg = quota.check(9000, 250, 8000, "namespace team-a")
-    eq(ok, false, "ok")
-    eq(msg, "namespace team-a would use 9.25 of 8 GPUs (in use 9, this pod 0.25); ask for a "
-       .. "smaller fraction or free GPUs", "message")
+    -- { used, pod, quota, scope, message, what }
+    local cases = {
+        { 8750, 500, 8000, "namespace team-a", "namespace team-a would use 9.25 of 8 GPUs (in use "
+          .. "8.75, this pod 0.50); ask for a smaller fraction or free GPUs", "message" },
+        { 7501, 500, 8000, "namespace team-a", "namespace team-a would use 8.001 of 8 GPUs (in "
+          .. "use 7.501, this pod 0.50); ask for a smaller fraction or free GPUs", "one milli over" },
+        { 7000, 2000, 8000, "namespace team-a", "namespace team-a would use 9 of 8 GPUs (in use "
+          .. "7, this pod 2); ask for fewer GPUs or free GPUs", "whole GPUs" },
+        { 900, 143, 1000, "namespace dev", "namespace dev would use 1.043 of 1 GPU (in use 0.90, "
+          .. "this pod 0.143); ask for a smaller fraction or free GPUs", "one GPU" },
+        { 0, 500, 250, nil, "the namespace would use 0.50 of 0.25 GPUs (in use 0, this pod "
+          .. "0.50); this pod alone is over the quota, ask for at most 0.25 GPUs",
+          "default scope, pod alone" },
+        { 1000, 16000, 8000, "namespace team-a", "namespace team-a would use 17 of 8 GPUs (in use "
+          .. "1, this pod 16); this pod alone is over the quota, ask for at most 8 GPUs",
+          "pod alone over" },
+        { 0, 250, 0, "namespace sandbox", "namespace sandbox has no GPU quota (0 GPUs) and this "
+          .. "pod needs 0.25; ask for a GPU quota first", "zero quota" },
+        { 9000, 250, 8000, "namespace team-a", "namespace team-a would use 9.25 of 8 GPUs (in use "
+          .. "9, this pod 0.25); ask for a smaller fraction or free GPUs", "already over" },
+    }
+    for _, c in ipairs(cases) do
+        local ok, msg = quota.check(c[1], c[2], c[3], c[4])
+        eq(ok, false, c[6] .. ": ok")
+        eq(msg, c[5], c[6])
+    end
 end
 
 T["check: only integers"] = function()

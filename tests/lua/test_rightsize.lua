@@ -7,6 +7,7 @@ Returns a table mapping test names to functions; a test fails by raising an erro
 
 local gpu = require "gpu"
 local rightsize = require "rightsize"
+local fleet = require "fleet"
 
 local GIB = 1024 * 1024 * 1024 * 1000 -- milli-bytes
 
@@ -109,8 +110,13 @@ function T.words_in_messages()
     eq(rightsize.span(3 * 3600 + 59), "3 hours", "hours")
     eq(rightsize.span(5400), "90 minutes", "below two hours")
     eq(rightsize.gib(7270), "7.1 GiB", "MiB as GiB")
-    eq(rightsize.seconds("1h30m"), 5400, "1h30m")
-    eq(rightsize.seconds("1y"), nil, "no years")
+end
+
+function T.durations()
+    eq(fleet.seconds("1h30m"), 5400, "1h30m")
+    eq(fleet.seconds("2d"), 172800, "days")
+    eq(fleet.seconds("1y"), nil, "no years")
+    eq(fleet.seconds(""), nil, "empty")
 end
 
 return T
