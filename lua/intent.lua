@@ -44,10 +44,10 @@ local fleet = require "fleet"
 
 local M = {}
 
--- Keys, in one place for every policy.
-M.DECISION = "gpuguard.io/decision"
+-- Keys, in one place for every policy (those the C code reads too come from gpuguard.keys).
+M.DECISION = gg.keys.decision
 M.POOL = "gpuguard.io/pool"
-M.CHARGE = "gpuguard.io/charge"
+M.CHARGE = gg.keys.charge
 M.FRACTION = "gpuguard.io/gpu-fraction"
 M.MEMORY = "gpuguard.io/gpu-memory"
 M.KAI_FRACTION = "gpu-fraction"

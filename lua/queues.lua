@@ -20,9 +20,11 @@ Where the label goes (docs/queues.md):
   kai:   every object as it is admitted; KAI's pod grouper reads the top owner, then the pod.
 ]]
 
+local gg = require "gpuguard"
+
 local M = {}
 
-M.LABEL = { kueue = "kueue.x-k8s.io/queue-name", kai = "kai.scheduler/queue" }
+M.LABEL = { kueue = gg.keys.kueue_queue, kai = gg.keys.kai_queue }
 M.PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
 M.KUEUE_CONTROLLER = "system:serviceaccount:kueue-system:kueue-controller-manager"
 

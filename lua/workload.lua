@@ -57,7 +57,7 @@ local function remembered(key, compute, pod, a, b)
     return m[key]
 end
 
-M.CLASS_LABEL = "gpuguard.io/workload-class"
+M.CLASS_LABEL = gg.keys.workload_class
 M.SHARING_ANNOTATION = "gpuguard.io/sharing"
 M.FRACTION = intent.FRACTION
 M.MEMORY = intent.MEMORY

@@ -91,19 +91,24 @@ local function deny_unless_exempt(ctx, msg)
     end
 end
 
--- Is the requester a user or in a group of allowed ({users = [...], groups = [...]})?
-local function requester_in(req, allowed)
-    local user = req.user or NONE
-    for _, u in ipairs(allowed.users or NONE) do
-        if u == user.username then
+local function member(list, x)
+    for _, v in ipairs(list) do
+        if v == x then
             return true
         end
     end
-    for _, want in ipairs(allowed.groups or NONE) do
-        for _, g in ipairs(user.groups or NONE) do
-            if g == want then
-                return true
-            end
+    return false
+end
+
+-- Is the requester a user or in a group of allowed ({users = [...], groups = [...]})?
+local function requester_in(req, allowed)
+    local user = req.user or NONE
+    if member(allowed.users or NONE, user.username) then
+        return true
+    end
+    for _, group in ipairs(user.groups or NONE) do
+        if member(allowed.groups or NONE, group) then
+            return true
         end
     end
     return false

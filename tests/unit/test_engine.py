@@ -1084,6 +1084,29 @@ end }
                              '"1.1.M": unexpected \'.\' at offset 3 | true | true']
 
 
+def test_gpuguard_keys_are_the_c_code_keys_and_read_only(engine):
+    engine.policy("10-keys.lua", """
+local gg = require "gpuguard"
+return { name = "keys", validate = function(req)
+  local names = {}
+  for name, key in pairs(gg.keys) do
+    names[#names + 1] = name .. "=" .. key
+  end
+  table.sort(names)
+  for _, line in ipairs(names) do
+    req:warn(line)
+  end
+  gg.keys.charge = "mine"
+end }
+""")
+    v = engine.run(review(pod()), phases="validate")
+    assert v["warnings"] == ["keys: charge=gpuguard.io/charge", "keys: decision=gpuguard.io/decision",
+                             "keys: kai_queue=kai.scheduler/queue",
+                             "keys: kueue_queue=kueue.x-k8s.io/queue-name",
+                             "keys: workload_class=gpuguard.io/workload-class"]
+    assert "attempt to modify a read-only table" in v["message"]
+
+
 def test_print_logs_its_arguments_tab_separated(engine):
     engine.policy("10-print.lua", """
 return { name = "p", validate = function(req) print("pod", 1, nil, true) end }

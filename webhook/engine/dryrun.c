@@ -261,7 +261,7 @@ done:
     if (r.mutated) {
         const char *d = json_string_value(
             json_object_get(json_object_get(json_object_get(r.mutated, "metadata"), "annotations"),
-                            DR_DECISION_ANNOTATION));
+                            GG_KEY_DECISION));
         if (d)
             r.decision = strdup(d);
     }

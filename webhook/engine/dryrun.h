@@ -14,6 +14,7 @@
 #ifndef GG_DRYRUN_H
 #define GG_DRYRUN_H
 
+#include "codec/keys.h"
 #include "util/gpuguard.h"
 #include "engine/policy.h"
 
@@ -21,7 +22,6 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#define DR_DECISION_ANNOTATION "gpuguard.io/decision"
 #define DR_DEFAULT_USER "gpuguard-check"
 
 /* What the API server fills in around the object.  Zero means the default. */

@@ -171,18 +171,11 @@ static enum gg_status prune_object(lua_State *L, int idx, const json_t *original
     size_t matched = 0; /* Lua keys the original has: fewer than its size means removals */
     idx = lua_absindex(L, idx);
     luaL_checkstack(L, 4, "object too deep");
+    const char *key;
+    size_t key_len;
     lua_pushnil(L);
-    while (st == GG_OK && lua_next(L, idx)) {
-        if (lua_type(L, -2) != LUA_TSTRING) {
-            st = lb_path_fail(p, err, "an object has a key that is not a string");
-            lua_pop(L, 2);
-            break;
-        }
-        size_t key_len;
-        const char *key = lua_tolstring(L, -2, &key_len);
+    while (lb_next_member(L, idx, p, &key, &key_len, &st, err)) {
         json_t *ov = json_object_getn(original, key, key_len), *so = NULL, *se = NULL;
-        p->seg[p->depth].key = key;
-        p->depth++;
         if (ov) {
             matched++;
             st = prune_value(L, -1, ov, p, &so, &se, err);

@@ -145,6 +145,11 @@ enum gg_status lb_path_fail(const struct lb_path *p, struct gg_err *err, const c
 enum gg_status lb_to_json(lua_State *L, int idx, struct lb_path *p, json_t **out,
                           struct gg_err *err);
 enum gg_status lb_lua_to_json(lua_State *L, int idx, json_t **out, struct gg_err *err);
+/* lua_next over the Lua object at idx in a conversion: pushes the next key and value and
+ * enters the key in p (the caller leaves it: p->depth--); false at the end, or with *st set
+ * when a key is not a string, nothing pushed then. */
+bool lb_next_member(lua_State *L, int idx, struct lb_path *p, const char **key, size_t *len,
+                    enum gg_status *st, struct gg_err *err);
 
 /* lb_lazy.c */
 extern const luaL_Reg lb_lazy_methods[];

@@ -195,22 +195,31 @@ static enum gg_status array_to_json(lua_State *L, int idx, struct lb_path *p, js
     return GG_OK;
 }
 
+bool lb_next_member(lua_State *L, int idx, struct lb_path *p, const char **key, size_t *len,
+                    enum gg_status *st, struct gg_err *err)
+{
+    if (*st != GG_OK || !lua_next(L, idx))
+        return false;
+    if (lua_type(L, -2) != LUA_TSTRING) {
+        *st = lb_path_fail(p, err, "an object has a key that is not a string");
+        lua_pop(L, 2);
+        return false;
+    }
+    *key = lua_tolstring(L, -2, len);
+    p->seg[p->depth].key = *key;
+    p->depth++;
+    return true;
+}
+
 static enum gg_status object_to_json(lua_State *L, int idx, struct lb_path *p, json_t **out,
                                      struct gg_err *err)
 {
     json_t *obj = json_object();
     enum gg_status st = made(obj, p, err);
+    const char *key;
+    size_t klen;
     lua_pushnil(L);
-    while (st == GG_OK && lua_next(L, idx)) {
-        if (lua_type(L, -2) != LUA_TSTRING) {
-            st = lb_path_fail(p, err, "an object has a key that is not a string");
-            lua_pop(L, 2);
-            break;
-        }
-        size_t klen;
-        const char *key = lua_tolstring(L, -2, &klen);
-        p->seg[p->depth].key = key;
-        p->depth++;
+    while (lb_next_member(L, idx, p, &key, &klen, &st, err)) {
         json_t *item = NULL;
         st = lb_to_json(L, -1, p, &item, err);
         p->depth--;

@@ -4,6 +4,7 @@
  * usage history, DRA claims).
  */
 #include "engine/lb_internal.h"
+#include "codec/keys.h"
 #include "kube/inventory.h"
 #include "kube/ownerfold.h"
 #include "kube/rsstore.h"
@@ -229,5 +230,12 @@ void lb_module_open(lua_State *L)
     luaL_newlib(L, funcs);
     lua_pushlightuserdata(L, (void *)&lb_key_null_marker);
     lua_setfield(L, -2, "null");
+    lua_newtable(L); /* gpuguard.keys (the module is made read-only with the library) */
+#define SET_KEY(name, key)                                                                         \
+    lua_pushliteral(L, key);                                                                       \
+    lua_setfield(L, -2, name);
+    GG_KEYS(SET_KEY)
+#undef SET_KEY
+    lua_setfield(L, -2, "keys");
     lua_rawsetp(L, LUA_REGISTRYINDEX, &lb_key_module);
 }

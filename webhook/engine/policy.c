@@ -912,7 +912,7 @@ static void reserve(struct engine *e, const struct adm_request *req, unsigned ph
     const char *name =
         *req->name ? req->name : json_string_value(json_object_get(meta, "generateName"));
     const char *cls =
-        json_string_value(json_object_get(json_object_get(meta, "labels"), INV_CLASS_LABEL));
+        json_string_value(json_object_get(json_object_get(meta, "labels"), GG_KEY_WORKLOAD_CLASS));
     if (charge > 0 && name)
         inv_reserve(e->inventory, req->namespace, name, cls, charge, INV_RESERVATION_TTL_MS);
 }

@@ -112,7 +112,7 @@ static void warn_changes(json_t *warnings, const char *path, const char *what, c
 struct gather {
     json_t *patch, *warnings, *audit, *fired;
     char *denials;
-    long long charge; /* milli-GPU-equivalents of all the pods, WL_CHARGE_ANNOTATION x count */
+    long long charge; /* milli-GPU-equivalents of all the pods, GG_KEY_CHARGE x count */
     char charges[WL_CHARGE_TEXT];
 };
 
@@ -169,7 +169,7 @@ static void add_charge(struct gather *g, const struct mf_entry *e, const json_t 
 {
     const char *note = json_string_value(
         json_object_get(json_object_get(json_object_get(r->pod.mutated, "metadata"), "annotations"),
-                        WL_CHARGE_ANNOTATION));
+                        GG_KEY_CHARGE));
     char *end = NULL;
     long long milli = note ? strtoll(note, &end, 10) : 0;
     if (!note || *end || milli <= 0)
@@ -362,7 +362,7 @@ out:
 
 const char *wl_queue(const json_t *obj)
 {
-    static const char *const labels[] = {WL_KUEUE_QUEUE_LABEL, WL_KAI_QUEUE_LABEL};
+    static const char *const labels[] = {GG_KEY_KUEUE_QUEUE, GG_KEY_KAI_QUEUE};
     json_t *l = json_object_get(json_object_get(obj, "metadata"), "labels");
     for (size_t i = 0; i < sizeof(labels) / sizeof(labels[0]); i++) {
         const char *q = json_string_value(json_object_get(l, labels[i]));

@@ -10,6 +10,7 @@
 #ifndef GG_WORKLOADS_H
 #define GG_WORKLOADS_H
 
+#include "codec/keys.h"
 #include "codec/admission.h"
 #include "engine/dryrun.h"
 #include "util/gpuguard.h"
@@ -25,11 +26,7 @@
 #define WL_CONTROLLER_ACCOUNTS_KEY "controller_accounts"
 #define WL_MAX_PODS 1000000 /* a bound on the pods counted for one template */
 #define WL_CHARGE_TEXT 512  /* the per-template part of the charge's audit annotation */
-#define WL_CHARGE_ANNOTATION "gpuguard.io/charge" /* a pod's charge, in milli-GPUs */
 #define WL_CHARGE_AUDIT_KEY "workload-charge"
-/* The queue labels lua/queues.lua sets */
-#define WL_KUEUE_QUEUE_LABEL "kueue.x-k8s.io/queue-name"
-#define WL_KAI_QUEUE_LABEL "kai.scheduler/queue"
 
 /* One template through the policies. */
 struct wl_result {

@@ -321,8 +321,8 @@ static bool read_controller(struct inf_scan *s, json_t *meta)
 }
 
 /* What the charge model (intent.lua) reads of a pod's metadata. */
-static const char *const kept_labels[] = {INV_CLASS_LABEL, NULL};
-static const char *const kept_annotations[] = {INV_CHARGE_ANNOTATION, "gpu-fraction", "gpu-memory",
+static const char *const kept_labels[] = {GG_KEY_WORKLOAD_CLASS, NULL};
+static const char *const kept_annotations[] = {GG_KEY_CHARGE, "gpu-fraction", "gpu-memory",
                                                "gpu-fraction-num-devices", NULL};
 
 /* A value kept whole, parsed from its text (spec.resourceClaims, spec.nodeSelector). */

@@ -354,7 +354,7 @@ static bool state_add(struct state *st, const json_t *obj, int64_t charge)
         return false;
     struct record *r = calloc(1, sizeof(*r));
     const char *cls = json_string_value(json_object_get(
-        json_object_get(json_object_get(obj, "metadata"), "labels"), INV_CLASS_LABEL));
+        json_object_get(json_object_get(obj, "metadata"), "labels"), GG_KEY_WORKLOAD_CLASS));
     struct slot *s = r ? map_put(&st->pods, uid) : NULL;
     if (!s) {
         free(r);

@@ -18,6 +18,7 @@
 #ifndef GG_INVENTORY_H
 #define GG_INVENTORY_H
 
+#include "codec/keys.h"
 #include "codec/manifest.h"
 #include "util/gpuguard.h"
 
@@ -25,8 +26,6 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#define INV_CHARGE_ANNOTATION "gpuguard.io/charge"
-#define INV_CLASS_LABEL "gpuguard.io/workload-class"
 /* How long an admitted pod counts before the watch must have shown it. */
 #define INV_RESERVATION_TTL_MS 60000
 

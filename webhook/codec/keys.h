@@ -1,0 +1,23 @@
+/*
+ * keys.h - the annotation and label keys gpuguard's C code and its Lua
+ * library share, written once: the gpuguard module hands them to Lua as
+ * gpuguard.keys, and lua/ names them from there.
+ */
+#ifndef GG_KEYS_H
+#define GG_KEYS_H
+
+#define GG_KEY_CHARGE "gpuguard.io/charge"     /* a pod's charge in milli-GPU */
+#define GG_KEY_DECISION "gpuguard.io/decision" /* the sharing decision, for people */
+#define GG_KEY_WORKLOAD_CLASS "gpuguard.io/workload-class"
+#define GG_KEY_KUEUE_QUEUE "kueue.x-k8s.io/queue-name" /* set by lua/queues.lua */
+#define GG_KEY_KAI_QUEUE "kai.scheduler/queue"
+
+/* The keys by their name in gpuguard.keys: X(name, key) for each. */
+#define GG_KEYS(X)                                                                                 \
+    X("charge", GG_KEY_CHARGE)                                                                     \
+    X("decision", GG_KEY_DECISION)                                                                 \
+    X("workload_class", GG_KEY_WORKLOAD_CLASS)                                                     \
+    X("kueue_queue", GG_KEY_KUEUE_QUEUE)                                                           \
+    X("kai_queue", GG_KEY_KAI_QUEUE)
+
+#endif
