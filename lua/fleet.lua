@@ -279,17 +279,26 @@ function M.find_pool(cfg, matches, arg)
     return nil
 end
 
-local function named(pool, name)
-    return pool.name == name
-end
-
 local function of_mode(pool, mode)
     return pool.sharing == mode
 end
 
---- The pool named name, or nil.
+-- Pools by name, per configuration: policies ask for a pool by name on every review.
+local by_name = setmetatable({}, { __mode = "k" })
+
+--- The pool named name (the first, if several are), or nil.
 function M.pool(cfg, name)
-    return M.find_pool(cfg, named, name)
+    local pools = by_name[cfg]
+    if not pools then
+        pools = {}
+        for _, p in ipairs(M.pools(cfg)) do
+            if p.name ~= nil and pools[p.name] == nil then
+                pools[p.name] = p
+            end
+        end
+        by_name[cfg] = pools
+    end
+    return name ~= nil and pools[name] or nil
 end
 
 -- class_modes without the copy: the configuration's own list, for callers that only read it.

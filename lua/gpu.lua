@@ -342,8 +342,9 @@ local function copy_model(m)
 end
 
 -- key without a leading "nvidia-" or "tesla-" (GFD products of current and older drivers).
+local PRODUCT_PREFIXES = { "nvidia-", "tesla-" }
 local function unprefixed(key)
-    for _, prefix in ipairs({ "nvidia-", "tesla-" }) do
+    for _, prefix in ipairs(PRODUCT_PREFIXES) do
         if key:sub(1, #prefix) == prefix and #key > #prefix then
             return key:sub(#prefix + 1)
         end

@@ -273,8 +273,9 @@ local PLAIN = { cpu = true, memory = true, ["ephemeral-storage"] = true }
 local function equal_requests_rules(req, containers)
     for _, c in ipairs(containers) do
         local names -- made only for a container with NVIDIA resources, as most have none
+        local resources = c.resources or NONE
         for _, section in ipairs(SECTIONS) do
-            for name in pairs(c.resources and c.resources[section] or NONE) do
+            for name in pairs(resources[section] or NONE) do
                 if not PLAIN[name] and name:sub(1, 11) == "nvidia.com/" then
                     names = names or {}
                     names[name] = true
