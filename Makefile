@@ -139,7 +139,7 @@ test: deps
 unit: $(UNIT_BIN) $(TOOL_BIN) fuzz-replay
 	@set -e; for t in $(UNIT_BIN); do echo "== $$t"; $$t; done
 	@echo "== Lua library tests (in the policy sandbox)"
-	$(BUILD)/tests/tools/lua_tests --lua lua tests/lua/test_*.lua
+	$(BUILD)/tests/tools/lua_tests --lua lua --test-lib tests/lua/lib tests/lua/test_*.lua
 
 # Every fuzz target over its seed and regression corpus (no fuzzing, no clang).
 fuzz-replay: $(REPLAY_BIN)

@@ -8,86 +8,14 @@ k8s-device-plugin's naming.
 
 local gg = require "gpuguard"
 local gpu = require "gpu"
+local testlib = require "testlib"
 
 -- Helpers -------------------------------------------------------------------------------------
 
-local function dump(v)
-    if type(v) == "string" then
-        return string.format("%q", v)
-    elseif type(v) ~= "table" then
-        return tostring(v)
-    end
-    local keys = {}
-    for k in pairs(v) do
-        keys[#keys + 1] = k
-    end
-    table.sort(keys, function(a, b) return tostring(a) < tostring(b) end)
-    local parts = {}
-    for _, k in ipairs(keys) do
-        parts[#parts + 1] = tostring(k) .. "=" .. dump(v[k])
-    end
-    return "{" .. table.concat(parts, ", ") .. "}"
-end
-
-local function eq(got, want, what)
-    if type(want) == "table" then
-        if type(got) ~= "table" then
-            error(string.format("%s: got %s, want %s", what, dump(got), dump(want)), 2)
-        end
-        for k, v in pairs(want) do
-            if got[k] ~= v and not (type(v) == "table" and dump(got[k]) == dump(v)) then
-                error(string.format("%s.%s: got %s, want %s", what, tostring(k), dump(got[k]),
-                                    dump(v)), 2)
-            end
-        end
-        return
-    end
-    if got ~= want then
-        error(string.format("%s: got %s, want %s", what, dump(got), dump(want)), 2)
-    end
-end
-
--- fn must raise an error whose message is exactly want (error(msg, 0): no position).
-local function raises_exactly(fn, want, what)
-    local ok, err = pcall(fn)
-    if ok then
-        error(what .. ": no error raised", 2)
-    end
-    if err ~= want then
-        error(string.format("%s:\n  got  %s\n  want %s", what, tostring(err), want), 2)
-    end
-end
-
--- fn must raise an error whose message contains every plain string in wants.
-local function raises(fn, wants, what)
-    local ok, err = pcall(fn)
-    if ok then
-        error(what .. ": no error raised", 2)
-    end
-    err = tostring(err)
-    for _, w in ipairs(type(wants) == "table" and wants or { wants }) do
-        if not err:find(w, 1, true) then
-            error(string.format("%s: error %q does not contain %q", what, err, w), 2)
-        end
-    end
-end
-
--- A read-only proxy like the ones the engine gives for config tables: next/rawget see nothing.
-local function readonly(t)
-    if type(t) ~= "table" then
-        return t
-    end
-    local inner = {}
-    for k, v in pairs(t) do
-        inner[k] = readonly(v)
-    end
-    return setmetatable({}, {
-        __index = inner,
-        __newindex = function() error("write into a read-only table") end,
-        __pairs = function() return pairs(inner) end,
-        __len = function() return #inner end,
-    })
-end
+-- A table compares on the fields a test names: catalog entries carry more.
+local eq = testlib.eq_fields
+local raises, raises_exactly = testlib.raises, testlib.raises_exactly
+local readonly = testlib.readonly
 
 local function q(s)
     return assert(gg.quantity(s))

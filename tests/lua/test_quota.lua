@@ -8,30 +8,11 @@ Returns a table mapping test names to functions; a test fails by raising an erro
 local gg = require "gpuguard"
 local gpu = require "gpu"
 local quota = require "quota"
+local testlib = require "testlib"
 
 -- Helpers -------------------------------------------------------------------------------------
 
-local function eq(got, want, what)
-    if got ~= want then
-        error(string.format("%s: got %s, want %s", what,
-                            type(got) == "string" and string.format("%q", got) or tostring(got),
-                            type(want) == "string" and string.format("%q", want)
-                            or tostring(want)), 2)
-    end
-end
-
-local function raises(fn, wants, what)
-    local ok, err = pcall(fn)
-    if ok then
-        error(what .. ": no error raised", 2)
-    end
-    err = tostring(err)
-    for _, w in ipairs(type(wants) == "table" and wants or { wants }) do
-        if not err:find(w, 1, true) then
-            error(string.format("%s: error %q does not contain %q", what, err, w), 2)
-        end
-    end
-end
+local eq, raises, json = testlib.eq, testlib.raises, testlib.json
 
 -- The first result of fn(...), or "nil: <message>" when fn returns nil and a message.
 local function result(fn, ...)
@@ -45,22 +26,6 @@ end
 -- The value parse_fraction gives, or "nil: <message>".
 local function parse(s, opts)
     return result(quota.parse_fraction, s, opts)
-end
-
--- Mark a plain fixture as the engine marks decoded JSON.
-local function json(t)
-    if type(t) ~= "table" then
-        return t
-    end
-    for _, v in pairs(t) do
-        json(v)
-    end
-    if gg.is_array(t) or gg.is_object(t) then
-        return t
-    elseif t[1] ~= nil then
-        return gg.array(t)
-    end
-    return gg.object(t)
 end
 
 local function c(name, limits, extra)

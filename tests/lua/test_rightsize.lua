@@ -8,24 +8,11 @@ Returns a table mapping test names to functions; a test fails by raising an erro
 local gpu = require "gpu"
 local rightsize = require "rightsize"
 local fleet = require "fleet"
+local testlib = require "testlib"
+
+local eq, raises = testlib.eq, testlib.raises
 
 local GIB = 1024 * 1024 * 1024 * 1000 -- milli-bytes
-
-local function eq(got, want, what)
-    if got ~= want then
-        error(string.format("%s: got %s, want %s", what, tostring(got), tostring(want)), 2)
-    end
-end
-
-local function raises(fn, want, what)
-    local ok, err = pcall(fn)
-    if ok then
-        error(what .. ": no error raised", 2)
-    end
-    if not tostring(err):find(want, 1, true) then
-        error(string.format("%s: error %q does not contain %q", what, tostring(err), want), 2)
-    end
-end
 
 local T = {}
 
