@@ -531,6 +531,76 @@ end }
         assert v["warnings"] == ["look: nil 1 busybox true name,namespace true 1 next"]
 
 
+# A frozen proxy reads differently once its table is filled (by its first
+# read, or by mutate before validate): the same refusals either way.
+@pytest.mark.parametrize("touch", ["", "for _, c in ipairs(pod.spec.containers) do "
+                                       "local _ = c.resources and c.resources.limits end"])
+def test_frozen_tables_stay_read_only_after_reads(engine, touch):
+    engine.policy("05-touch.lua", """
+return { name = "touch", mutate = function(req, pod) %s end }
+""" % touch)
+    engine.policy("10-edit.lua", """
+local gg = require "gpuguard"
+return { name = "edit", validate = function(req, pod)
+  local c = pod.spec.containers
+  local first = c[1]
+  assert(c[1] == first and rawget(c, 1) == first and pod.spec.containers == c)
+  assert(first.resources == first.resources and next(c) == 1 and select(2, next(c)) == first)
+  local out = {}
+  for _, try in ipairs({
+    function() first.image = "evil" end,
+    function() first.name = nil end,
+    function() c[3] = {} end,
+    function() table.insert(c, {}) end,
+    function() table.remove(c) end,
+    function() table.sort(c, function(a, b) return a.name > b.name end) end,
+    function() table.move(c, 1, 1, 2) end,
+    function() setmetatable(first, nil) end,
+    function() first.resources.limits.cpu = "64" end,
+  }) do
+    local ok, err = pcall(try)
+    err = not ok and tostring(err):gsub("^[^:]*:%d+: ", "")
+    out[#out + 1] = ok and "ok" or err == "FROZEN_EDIT" and "frozen" or err
+  end
+  req:warn(table.concat(out, "|"))
+  local keys = {}
+  for k in pairs(first) do keys[#keys + 1] = k end
+  table.sort(keys)
+  req:warn(string.format("%s %s %s %d %d %s %s %s %s", c[1].image, c[2].name,
+    first.resources.limits.cpu, #c, rawlen(c), getmetatable(first), table.concat(keys, ","),
+    tostring(gg.is_array(c) and gg.is_object(first)), tostring(first.missing)))
+end }
+""".replace("FROZEN_EDIT", FROZEN_EDIT))
+    obj = pod(containers=[{"name": "a", "image": "busybox", "resources": {"limits": {"cpu": "1"}}},
+                          {"name": "b", "image": "nginx"}])
+    v = engine.run(review(obj), phases="both", repeat=2)
+    assert v["warnings"] == [
+        "edit: " + "|".join(["frozen"] * 7 + ["cannot change a protected metatable", "frozen"]),
+        "edit: busybox b 1 2 2 read-only image,name,resources true nil"]
+    assert v["allowed"] is True
+
+
+def test_frozen_table_kept_past_its_request_stays_read_only(engine):
+    engine.policy("10-keep.lua", """
+local kept
+return { name = "keep", validate = function(req, pod)
+  if kept then
+    local ok, err = pcall(function() kept.spec.containers[1].image = "evil" end)
+    req:warn(string.format("%s %s %d %s", kept.metadata.name, kept.spec.containers[1].image,
+      #kept.spec.containers, tostring(err):gsub("^[^:]*:%d+: ", "")))
+    local n = 0
+    for _ in pairs(kept.spec) do n = n + 1 end
+    req:warn("pairs " .. n .. " " .. tostring(kept.metadata.labels))
+  end
+  local _ = pod.metadata.name, pod.spec.containers[1].image
+  kept = pod
+end }
+""")
+    v = engine.run(review(pod()), phases="validate", repeat=3)
+    assert v["allowed"] is True
+    assert v["warnings"] == ["keep: p busybox 1 " + FROZEN_EDIT, "keep: pairs 1 nil"]
+
+
 def test_validate_after_mutate_sees_the_edits_read_only(engine):
     engine.policy("10-add-label.lua", ADD_LABEL)
     engine.policy("20-look.lua", """

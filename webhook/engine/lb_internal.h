@@ -43,7 +43,9 @@ struct lb_vm {
     lua_State *L;
     const void *marks[N_SHAPES]; /* the marking metatables, by shape */
     int lazy_mt_ref[2];          /* registry refs of the lazy object and array metatables */
-    int frozen_mt_ref;           /* registry ref of the frozen proxies' metatable */
+    int frozen_mt_ref;           /* registry ref of the frozen proxies' first metatable */
+    int frozen_filled_mt_ref;    /* and of their second: the table shown is filled */
+    const void *frozen_filled;   /* that second metatable (also SHAPE_FROZEN) */
     int ro_target_ref;           /* registry ref of shared proxy -> shadow (weak keys) */
     lua_Integer epoch;           /* the current request's number, for its stubs */
     struct lb_limits limits;
@@ -111,7 +113,7 @@ void lb_stdlib_open(lua_State *L);
 void lb_module_open(lua_State *L);
 
 /* lb_readonly.c */
-extern const luaL_Reg lb_frozen_methods[];
+extern const luaL_Reg lb_frozen_methods[], lb_frozen_filled_methods[];
 void lb_readonly_open(lua_State *L);
 bool lb_is_proxy(lua_State *L, int idx);
 void lb_unproxy(lua_State *L, int idx);

@@ -12,10 +12,16 @@
  * Validate sees the object frozen: the same tables (as mutate left them),
  * each behind a frozen proxy made when it is first reached.  A frozen proxy
  * is a table whose only entry is hidden (a light userdata key: the table it
- * shows); its metatable, one for all of them, reads through to that table,
- * gives nested tables behind their own proxies and raises on any write.
+ * shows); its metatable reads through to that table, gives nested tables
+ * behind their own proxies and raises on any write.  There are two such
+ * metatables, each shared by all proxies: the first fills a stub on a read
+ * and moves the proxy to the second, whose reads skip the stub check.
  * The request keeps one proxy per table, so nothing is copied and nothing a
  * policy can reach in validate is writable.
+ *
+ * Frozen proxies have no shadow like the shared views': a policy reads a
+ * table of the object a few times per request (a pod's tables about five
+ * on average), fewer than a shadow and a metatable of its own cost to make.
  */
 #include "engine/lb_internal.h"
 
@@ -62,9 +68,13 @@ void lb_unproxy(lua_State *L, int idx)
     if (!lua_istable(L, idx))
         return;
     if (lb_shape_of(L, idx) == SHAPE_FROZEN) {
+        lua_getmetatable(L, idx); /* only a proxy with the first metatable may show a stub */
+        bool filled = lua_topointer(L, -1) == lb_vm_of(L)->frozen_filled;
+        lua_pop(L, 1);
         lua_rawgetp(L, idx, &key_shadow);
         lua_replace(L, idx);
-        lb_materialize_if_lazy(L, idx);
+        if (!filled)
+            lb_materialize_if_lazy(L, idx);
         return;
     }
     lb_unshare(L, idx);
@@ -228,8 +238,9 @@ void lb_freeze(lua_State *L)
 {
     if (!lua_istable(L, -1))
         return;
+    const struct lb_vm *vm = lb_vm_of(L);
     luaL_checkstack(L, 4, "object too deep");
-    lua_rawgeti(L, LUA_REGISTRYINDEX, lb_vm_of(L)->frozen_cache_ref);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, vm->frozen_cache_ref);
     lua_pushvalue(L, -2);
     if (lua_rawget(L, -2) == LUA_TTABLE) {
         lua_replace(L, -3);
@@ -246,7 +257,7 @@ void lb_freeze(lua_State *L)
     lua_createtable(L, 0, 1); /* the proxy */
     lua_pushvalue(L, -3);
     lua_rawsetp(L, -2, &key_shadow);
-    lua_rawgeti(L, LUA_REGISTRYINDEX, lb_vm_of(L)->frozen_mt_ref);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, lb_is_lazy(s) ? vm->frozen_mt_ref : vm->frozen_filled_mt_ref);
     lua_setmetatable(L, -2);
     lua_pushvalue(L, -3);
     lua_pushvalue(L, -2);
@@ -255,16 +266,39 @@ void lb_freeze(lua_State *L)
     lua_pop(L, 1);
 }
 
-/* A frozen proxy's metamethods: read through to the table it shows, refuse writes. */
+/*
+ * A frozen proxy's metamethods: read through to the table it shows, refuse
+ * writes.  lb_frozen_index is the first metatable's __index (and the
+ * sandbox's rawget of any frozen proxy): it fills a stub and moves the
+ * proxy to the second metatable, whose reads skip that check.
+ */
 int lb_frozen_index(lua_State *L)
 {
     lua_settop(L, 2);
     lua_rawgetp(L, 1, &key_shadow);
-    lua_replace(L, 1);
-    lb_materialize_if_lazy(L, 1);
+    lb_materialize_if_lazy(L, 3);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, lb_vm_of(L)->frozen_filled_mt_ref);
+    lua_setmetatable(L, 1);
     lua_pushvalue(L, 2);
-    lua_rawget(L, 1);
+    lua_rawget(L, 3);
     lb_freeze(L);
+    return 1;
+}
+
+static int frozen_filled_index(lua_State *L)
+{
+    lua_settop(L, 2);
+    lua_rawgetp(L, 1, &key_shadow);
+    lua_pushvalue(L, 2);
+    lua_rawget(L, 3);
+    lb_freeze(L);
+    return 1;
+}
+
+static int frozen_filled_len(lua_State *L)
+{
+    lua_rawgetp(L, 1, &key_shadow);
+    lua_pushinteger(L, (lua_Integer)lua_rawlen(L, -1));
     return 1;
 }
 
@@ -302,6 +336,12 @@ const luaL_Reg lb_frozen_methods[] = {{"__index", lb_frozen_index},
                                       {"__len", lb_rawlen},
                                       {"__pairs", frozen_pairs},
                                       {NULL, NULL}};
+
+const luaL_Reg lb_frozen_filled_methods[] = {{"__index", frozen_filled_index},
+                                             {"__newindex", frozen_newindex},
+                                             {"__len", frozen_filled_len},
+                                             {"__pairs", frozen_pairs},
+                                             {NULL, NULL}};
 
 /* A shallow copy of the table at idx (a proxy is copied from its shadow). */
 void lb_push_copy(lua_State *L, int idx)

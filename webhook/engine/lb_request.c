@@ -9,6 +9,9 @@
 
 static const char key_req_proxy;     /* req: one read-only proxy per VM */
 static const char key_req_shadow_mt; /* its shadows' metatable: lazy fields */
+static const char key_weak_values;   /* the frozen proxy caches' metatable */
+
+#define FROZEN_CACHE_SIZE 64
 
 /*
  * req is one read-only proxy per VM that each request points at a new
@@ -63,9 +66,13 @@ static int req_pairs(lua_State *L)
     return lb_ro_pairs(L);
 }
 
-/* The req proxy and its shadows' metatable, made once per VM. */
+/* The req proxy, its shadows' metatable and the caches' metatable, made once per VM. */
 void lb_request_open(lua_State *L)
 {
+    lua_createtable(L, 0, 1);
+    lua_pushliteral(L, "v");
+    lua_setfield(L, -2, "__mode");
+    lua_rawsetp(L, LUA_REGISTRYINDEX, &key_weak_values);
     lua_newtable(L);
     lua_pushcfunction(L, req_field);
     lua_setfield(L, -2, "__index");
@@ -169,10 +176,10 @@ static int build_request(lua_State *L)
                 luaL_error(L, "%s nests deeper than %d levels", lazy_req_fields[i].what,
                            LB_MAX_DEPTH);
     }
-    lua_newtable(L); /* this request's frozen proxies (a proxy nobody holds may go) */
-    lua_createtable(L, 0, 1);
-    lua_pushliteral(L, "v");
-    lua_setfield(L, -2, "__mode");
+    /* This request's frozen proxies (a proxy nobody holds may go), sized
+     * for what policies read of a pod: growing it step by step cost more. */
+    lua_createtable(L, 0, FROZEN_CACHE_SIZE);
+    lb_push_registry(L, &key_weak_values);
     lua_setmetatable(L, -2);
     lb_vm_of(L)->frozen_cache_ref = luaL_ref(L, LUA_REGISTRYINDEX);
     if (object)

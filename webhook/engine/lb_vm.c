@@ -33,7 +33,7 @@ enum shape lb_shape_of(lua_State *L, int idx)
     for (int s = SHAPE_OBJECT; s < N_SHAPES; s++)
         if (vm->marks[s] == mt)
             return (enum shape)s;
-    return SHAPE_NONE;
+    return mt == vm->frozen_filled ? SHAPE_FROZEN : SHAPE_NONE;
 }
 
 /* The marking metatables, each hiding itself behind its shape's name. */
@@ -64,6 +64,13 @@ static void make_marks(lua_State *L, struct lb_vm *vm)
         else
             lua_rawsetp(L, LUA_REGISTRYINDEX, marks[i].key);
     }
+    /* A frozen proxy whose table is filled: its reads skip the stub check. */
+    lua_newtable(L);
+    luaL_setfuncs(L, lb_frozen_filled_methods, 0);
+    lua_pushliteral(L, "read-only");
+    lua_setfield(L, -2, "__metatable");
+    vm->frozen_filled = lua_topointer(L, -1);
+    vm->frozen_filled_mt_ref = luaL_ref(L, LUA_REGISTRYINDEX);
 }
 
 static int open_sandbox(lua_State *L)
