@@ -17,7 +17,8 @@ enum metrics_endpoint { MET_MUTATE, MET_VALIDATE, MET_ENDPOINTS };
 
 enum metrics_verdict { MET_ALLOWED, MET_PATCHED, MET_DENIED, MET_ERROR, MET_VERDICTS };
 
-/* The review's operation, in enum adm_operation order; MET_OP_NONE when it did not decode. */
+/* The review's operation (http/review.c maps enum adm_operation onto it); MET_OP_NONE when it
+ * did not decode. */
 enum metrics_operation {
     MET_OP_CREATE,
     MET_OP_UPDATE,
