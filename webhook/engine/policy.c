@@ -191,24 +191,12 @@ static enum gg_status check_match(const json_t *match, const char *name, struct 
     return GG_OK;
 }
 
-/* Valid name: a DNS-1123 label, so it can prefix messages and audit keys. */
-static bool valid_policy_name(const char *s)
-{
-    size_t n = s ? strlen(s) : 0;
-    if (n == 0 || n > 63 || s[0] == '-' || s[n - 1] == '-')
-        return false;
-    for (size_t i = 0; i < n; i++)
-        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '-'))
-            return false;
-    return true;
-}
-
 static enum gg_status policy_from_info(struct policy *p, struct lb_policy_info *info,
                                        const char *file, struct gg_err *err)
 {
     json_t *decl = info->decl;
     const char *name = json_string_value(json_object_get(decl, "name"));
-    if (!valid_policy_name(name))
+    if (!gg_dns_label(name)) /* it prefixes messages and audit keys */
         return gg_fail(err, GG_ERR_INVALID,
                        "%s: name must be lowercase letters, digits and '-' (at most 63), got "
                        "\"%.64s\"",
@@ -453,8 +441,7 @@ enum gg_status engine_render_quotas(struct engine *e, struct buf *out)
     json_object_foreach(json_object_get(quotas, "namespaces"), ns, v)
     {
         /* Namespace names are DNS labels: nothing to escape in the label value. */
-        if (st == GG_OK && strspn(ns, "abcdefghijklmnopqrstuvwxyz0123456789-") == strlen(ns) &&
-            quota_milli(v, &milli)) {
+        if (st == GG_OK && gg_dns_label(ns) && quota_milli(v, &milli)) {
             snprintf(series, sizeof(series), "gpuguard_quota_gpus{namespace=\"%.256s\"}", ns);
             st = append_gpus(out, series, milli);
         }

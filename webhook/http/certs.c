@@ -33,7 +33,6 @@
 #define CA_COMMON_NAME "gpuguard webhook CA"
 #define SERIAL_BYTES 16 /* 128-bit random serials */
 #define CN_MAX 64       /* ub-common-name in RFC 5280 */
-#define LABEL_MAX 63    /* DNS label length */
 #define N_TARGETS 3
 
 struct ext_spec {
@@ -97,21 +96,10 @@ const char *certs_key_type_name(enum certs_key_type type)
     return "unknown";
 }
 
-/* Lower-case RFC 1123 label; DNS-1035 also wants a letter first. */
+/* A DNS-1123 label; DNS-1035 also wants a letter first. */
 static bool is_label(const char *s, bool letter_first)
 {
-    size_t n = strlen(s);
-
-    if (n == 0 || n > LABEL_MAX || s[0] == '-' || s[n - 1] == '-')
-        return false;
-    if (letter_first && !(s[0] >= 'a' && s[0] <= 'z'))
-        return false;
-    for (size_t i = 0; i < n; i++) {
-        char c = s[i];
-        if (!((c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '-'))
-            return false;
-    }
-    return true;
+    return gg_dns_label(s) && (!letter_first || (s[0] >= 'a' && s[0] <= 'z'));
 }
 
 enum gg_status certs_check_service(const char *name, struct gg_err *err)

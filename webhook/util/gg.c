@@ -142,3 +142,14 @@ enum gg_status gg_json_dump(const json_t *v, size_t flags, char **out, size_t *l
     }
     return GG_ERR_NOMEM;
 }
+
+bool gg_dns_label(const char *s)
+{
+    size_t n = s ? strlen(s) : 0;
+    if (n == 0 || n > 63 || s[0] == '-' || s[n - 1] == '-')
+        return false;
+    for (size_t i = 0; i < n; i++)
+        if (!((s[i] >= 'a' && s[i] <= 'z') || (s[i] >= '0' && s[i] <= '9') || s[i] == '-'))
+            return false;
+    return true;
+}

@@ -9,6 +9,7 @@
 #ifndef GPUGUARD_H
 #define GPUGUARD_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #define GG_VERSION "0.1.0"
@@ -56,6 +57,12 @@ enum gg_status gg_fail(struct gg_err *err, enum gg_status status, const char *fm
  */
 enum gg_status gg_read_file(const char *path, size_t max, char **data, size_t *len,
                             struct gg_err *err);
+
+/*
+ * A DNS-1123 label, as Kubernetes wants namespace and many other names:
+ * a-z, 0-9 and '-', not starting or ending with '-', 1 to 63 characters.
+ */
+bool gg_dns_label(const char *s);
 
 /*
  * JSON text of v (jansson dump flags) in a NUL-terminated buffer from plain
