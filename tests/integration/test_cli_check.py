@@ -215,6 +215,25 @@ def test_input_error_wins_over_denial(check):
     assert out.stdout.decode().splitlines()[-1] == "1 checked, 1 denied, 1 warned, 0 skipped, 1 error"
 
 
+# An operator's template names a placeholder namespace the API server would refuse: there is
+# no verdict to give for it (evaluated there, it would be judged as in a namespace that cannot
+# exist), so it is skipped with the reason; the valid pod beside it is checked as usual.
+@pytest.mark.parametrize("namespace", ["FILLED BY THE OPERATOR", "Team-A", "-a", "a" * 64])
+def test_a_namespace_the_api_server_refuses_is_skipped_with_the_reason(check, namespace):
+    check.policy("10-gpu.lua", GPU_POLICY)
+    pod = gpu_pod("big", gpus=8)
+    pod["metadata"]["namespace"] = namespace
+    path = check.write("placeholder.yaml", [gpu_pod("ok"), pod])
+    records, out = check.json(path)
+    assert out.returncode == 0, out.stderr.decode()
+    assert [(r["type"], r["name"]) for r in records[:-1]] == [("template", "ok"), ("skipped", "big")]
+    assert records[1]["namespace"] == namespace
+    assert records[1]["reason"] == (
+        "metadata.namespace is not a namespace name (a-z, 0-9 and '-', at most 63 characters), "
+        "so the API server refuses it; set the namespace it runs in")
+    assert records[-1]["checked"] == 1 and records[-1]["skipped"] == 1
+
+
 def test_colour_only_on_a_terminal(check):
     check.policy("10-gpu.lua", GPU_POLICY)
     path = check.write("big.yaml", [gpu_pod("big", gpus=8)])

@@ -996,6 +996,14 @@ static enum gg_status visit(struct collector *c, const json_t *obj, const char *
     char group[256];
     if (!object_group(obj, o.kind, group, sizeof(group)))
         return add_skipped(c, &o, "no pod template");
+    /* The API server refuses such an object, so there is no verdict to give: evaluated
+     * in it, a template's placeholder ("FILLED BY THE OPERATOR") would get the verdicts of
+     * a namespace that cannot exist. */
+    if (*o.namespace && !gg_dns_label(o.namespace))
+        return add_skipped(c, &o,
+                           "metadata.namespace is not a namespace name (a-z, 0-9 and '-', at "
+                           "most 63 characters), so the API server refuses it; set the namespace "
+                           "it runs in");
     enum gg_status st = GG_OK;
     bool known = false;
     for (size_t i = 0; i < N_ELEMS(singles); i++) {
