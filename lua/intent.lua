@@ -144,15 +144,6 @@ function M.pool_scheduler(pool)
     return pool.scheduler_name or M.SCHEDULERS[pool.sharing]
 end
 
-local function contains(l, v)
-    for _, x in ipairs(l or NONE) do
-        if x == v then
-            return true
-        end
-    end
-    return false
-end
-
 -- Does pool run dialect (with these DRA classes)?
 local function runs(pool, dialect, classes)
     if dialect == "dra" then
@@ -160,7 +151,7 @@ local function runs(pool, dialect, classes)
             return false
         end
         for _, c in ipairs(classes) do
-            if not contains(pool.device_classes, c) then
+            if not k8s.contains(pool.device_classes, c) then
                 return false
             end
         end

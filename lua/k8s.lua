@@ -86,6 +86,16 @@ local function list_of(v)
     return type(v) == "table" and v or NONE
 end
 
+--- True when the list (nil: none) holds v: a configuration list of names, a pod's groups.
+function M.contains(list, v)
+    for _, x in ipairs(list or NONE) do
+        if x == v then
+            return true
+        end
+    end
+    return false
+end
+
 -- 'container "name"' for messages.
 local function cname(c)
     local n = get(c, "name")

@@ -249,10 +249,8 @@ end
 --- M.exempt without the per-request memory.
 function M.compute_exempt(pod, namespace, cfg)
     local p = cfg.placement
-    for _, ns in ipairs(p and p.exempt_namespaces or DEFAULT_EXEMPT) do
-        if ns == namespace then
-            return true
-        end
+    if k8s.contains(p and p.exempt_namespaces or DEFAULT_EXEMPT, namespace) then
+        return true
     end
     local accounts = p and p.exempt_service_accounts
     if not accounts then
@@ -262,12 +260,7 @@ function M.compute_exempt(pod, namespace, cfg)
     local spec = k8s.pod_spec(pod) or NONE
     local sa = spec.serviceAccountName or spec.serviceAccount
     local id = tostring(namespace) .. "/" .. ((type(sa) == "string" and sa ~= "") and sa or "default")
-    for _, a in ipairs(accounts) do
-        if a == id then
-            return true
-        end
-    end
-    return false
+    return k8s.contains(accounts, id)
 end
 
 --- The sharing mode the pod asks for with gpuguard.io/sharing, or nil.

@@ -91,23 +91,14 @@ local function deny_unless_exempt(ctx, msg)
     end
 end
 
-local function member(list, x)
-    for _, v in ipairs(list) do
-        if v == x then
-            return true
-        end
-    end
-    return false
-end
-
 -- Is the requester a user or in a group of allowed ({users = [...], groups = [...]})?
 local function requester_in(req, allowed)
     local user = req.user or NONE
-    if member(allowed.users or NONE, user.username) then
+    if k8s.contains(allowed.users, user.username) then
         return true
     end
     for _, group in ipairs(user.groups or NONE) do
-        if member(allowed.groups or NONE, group) then
+        if k8s.contains(allowed.groups, group) then
             return true
         end
     end

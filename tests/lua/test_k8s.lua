@@ -960,4 +960,12 @@ T["the sample admission review pod"] = function()
     eq(pod, before, "pod after the mutation")
 end
 
+function T.contains_finds_exact_members()
+    local names = readonly({ "gpu-operator", "kube-system" })
+    eq(k8s.contains(names, "kube-system"), true, "a member of a read-only list")
+    eq(k8s.contains(names, "kube"), false, "a prefix is no member")
+    eq(k8s.contains(nil, "kube-system"), false, "no list")
+    eq(k8s.contains({ 1, 2 }, "1"), false, "1 is not \"1\"")
+end
+
 return T
