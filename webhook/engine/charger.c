@@ -95,14 +95,6 @@ void charger_free(struct charger *c)
     free(c);
 }
 
-uint64_t charger_generation(struct charger *c)
-{
-    pthread_mutex_lock(&c->lock);
-    uint64_t g = c->generation;
-    pthread_mutex_unlock(&c->lock);
-    return g;
-}
-
 /* One GPU per container that names a GPU-looking resource ("/" and "gpu"), at least one. */
 static int64_t worst_case(const json_t *obj)
 {

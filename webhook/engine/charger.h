@@ -38,7 +38,4 @@ void charger_free(struct charger *c);
  */
 int64_t charger_charge(void *charger, const json_t *obj);
 
-/* The configuration generation of the last charge. */
-uint64_t charger_generation(struct charger *c);
-
 #endif
