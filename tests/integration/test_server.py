@@ -112,6 +112,20 @@ def test_keep_alive_connection_serves_many_requests(server):
     assert re.search(r"^gpuguard_open_connections 1$", text, re.M)
 
 
+def test_one_worker_thread_serves_without_library_warnings(binary, certs, tmp_path):
+    srv = start_server(binary, certs, tmp_path, "--threads", "1")
+    try:
+        sent = review()
+        status, _, got = srv.connect().review(sent)
+        assert status == 200
+        check_envelope(sent, got, "/mutate")
+        serving = [r for r in srv.log_lines() if r.get("msg") == "serving"]
+        assert serving[0]["threads"] == 1
+        assert [r for r in srv.log_lines() if r.get("level") in ("warn", "error")] == []
+    finally:
+        assert srv.stop() == 0
+
+
 def plain_request(conn, method, path, body=None, headers=None):
     conn.request(method, path, body=body, headers=headers or {})
     resp = conn.getresponse()

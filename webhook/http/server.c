@@ -562,23 +562,27 @@ static struct MHD_Daemon *start_webhook(struct srv *s, const struct srv_config *
     unsigned flags = MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_TLS | MHD_USE_ERROR_LOG | MHD_USE_ITC;
     if (addr->ss_family == AF_INET6)
         flags |= MHD_USE_IPv6;
-    /* MHD_OPTION_HTTPS_MEM_TRUST must not be passed at all without client CAs. */
-    struct MHD_OptionItem trust[] = {
-        {cfg->client_ca_pem ? MHD_OPTION_HTTPS_MEM_TRUST : MHD_OPTION_END, 0,
-         (void *)cfg->client_ca_pem},
-        {MHD_OPTION_END, 0, NULL}};
+    /* Options passed only when set: MHD_OPTION_HTTPS_MEM_TRUST must not be
+     * passed at all without client CAs, and a pool size of 0 draws a warning. */
+    struct MHD_OptionItem extra[3];
+    size_t n = 0;
+    if (cfg->client_ca_pem)
+        extra[n++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_TRUST, 0,
+                                             (void *)cfg->client_ca_pem};
+    if (cfg->threads > 1)
+        extra[n++] = (struct MHD_OptionItem){MHD_OPTION_THREAD_POOL_SIZE, cfg->threads, NULL};
+    extra[n] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
     /* The library splits its limit between the workers; each must keep polling
      * the listen socket up to ours (see accept_policy). */
     unsigned workers = cfg->threads > 1 ? cfg->threads : 1;
     unsigned mhd_limit = (cfg->max_connections + 1) * workers;
     return MHD_start_daemon(
         flags, 0, accept_policy, s, on_webhook, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
-        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)addr, MHD_OPTION_THREAD_POOL_SIZE,
-        cfg->threads > 1 ? cfg->threads : 0, MHD_OPTION_CONNECTION_LIMIT, mhd_limit,
+        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)addr, MHD_OPTION_CONNECTION_LIMIT, mhd_limit,
         MHD_OPTION_CONNECTION_TIMEOUT, cfg->idle_timeout_s, MHD_OPTION_HTTPS_CERT_CALLBACK,
         tls_creds_retrieve, MHD_OPTION_HTTPS_PRIORITIES, TLS_PRIORITIES,
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection,
-        s, MHD_OPTION_ARRAY, trust, MHD_OPTION_END);
+        s, MHD_OPTION_ARRAY, extra, MHD_OPTION_END);
 }
 
 /*
