@@ -277,6 +277,25 @@ def cpu_seconds(pids):
     return total / tick
 
 
+def worker_seconds(pid):
+    """utime + stime of each libmicrohttpd worker thread of pid, in seconds, by thread id."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for task in tasks:
+        try:
+            if Path(f"/proc/{pid}/task/{task}/comm").read_text().strip() != "MHD-worker":
+                continue
+            fields = Path(f"/proc/{pid}/task/{task}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        out[task] = (int(fields[11]) + int(fields[12])) / tick
+    return out
+
+
 def children_of(pid):
     kids = []
     try:
@@ -676,8 +695,9 @@ def machine_busy():
 
 
 def run_wrk(wrk, args, port, bodies, seconds, label, pid_list=None, rss_pid=None,
-            events=None, probe=None, tmp=None, connections=None):
-    """One wrk run (--connections unless given); returns a dict of its figures."""
+            events=None, probe=None, tmp=None, connections=None, workers_pid=None):
+    """One wrk run (--connections unless given); returns a dict of its figures (with
+    workers_pid, the cores each of its worker threads used: how evenly the load spread)."""
     url = f"https://127.0.0.1:{port}{PATH}"
     conns = connections or args.connections
     threads = min(args.threads, conns)
@@ -697,6 +717,7 @@ def run_wrk(wrk, args, port, bodies, seconds, label, pid_list=None, rss_pid=None
     if events:
         helpers.append(events)
     cpu0 = cpu_seconds(pid_list() if pid_list else [])
+    workers0 = worker_seconds(workers_pid) if workers_pid else {}
     kids0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     busy0 = machine_busy()
     t0 = time.monotonic()
@@ -731,6 +752,10 @@ def run_wrk(wrk, args, port, bodies, seconds, label, pid_list=None, rss_pid=None
     res["rps"] = res["requests"] / (res["duration_us"] / 1e6)
     res["errors_total"] = sum(res["errors"].values())
     res["cpu_cores"] = cpu / wall if pid_list else None
+    if workers_pid:
+        workers1 = worker_seconds(workers_pid)
+        res["worker_cores"] = sorted(((workers1[t] - workers0.get(t, 0)) / wall for t in workers1),
+                                     reverse=True)
     res["wrk_cores"] = (kids1.ru_utime + kids1.ru_stime - kids0.ru_utime - kids0.ru_stime) / wall
     span = max(1, busy1[1] - busy0[1])
     res["machine_cores"] = (busy1[0] - busy0[0]) / span * os.cpu_count()
@@ -910,6 +935,9 @@ def report(ctx):
     row("**gpuguard requests/s**", f"**{g['rps']:,.0f}**")
     row("gpuguard latency p50 / p99 / p99.9 / max", lat_row(g), "p99 ≤ 2 ms")
     row("CPU during the run (cores)", cpu_text("gpuguard", g, ctx))
+    if g.get("worker_cores"):
+        row("CPU of each worker thread during the run (cores; even is balanced)",
+            ", ".join(f"{c:.2f}" for c in g["worker_cores"]))
     if n:
         row("nginx ceiling requests/s", f"{n['rps']:,.0f}")
         row("nginx latency p50 / p99 / p99.9 / max", lat_row(n))
@@ -1090,7 +1118,7 @@ def bench(a, reaper, tmp):
         probe = (server.context(), probe_body) if first else None
         r = {"g": run_wrk(wrk, a, server.port, bodies, a.seconds, f"gpuguard steady, round {i}",
                           pid_list=server_pids, rss_pid=server.proc.pid if first else None,
-                          probe=probe, tmp=tmp),
+                          probe=probe, tmp=tmp, workers_pid=server.proc.pid),
              "n": run_wrk(wrk, a, ngx.port, bodies, a.seconds, f"nginx, round {i}",
                           pid_list=ngx.pids, probe=probe, tmp=tmp)}
         r["g1"] = run_wrk(wrk, a, server.port, bodies, a.seconds,

@@ -85,6 +85,9 @@ def test_bench_server_runs_end_to_end(binary, tools, tmp_path):
                 "certificate rotation under load", "server RSS under load",
                 "server RSS with 20 open idle TLS connections"):
         assert row in report, f"{row!r} missing from the report:\n{report}"
+    # Each worker thread's share of the load (one per CPU by default), to see the balance.
+    assert re.search(r"\| CPU of each worker thread during the run [^|]*\| \d+\.\d\d(, \d+\.\d\d)* \|",
+                     report), report
     assert report.split("\n\n", 1)[1] in out.stdout  # the table, printed at the end
     tmp = temp_dir_of(out.stdout)
     assert tmp and not Path(tmp).exists()

@@ -567,8 +567,8 @@ static struct MHD_Daemon *start_webhook(struct srv *s, const struct srv_config *
     struct MHD_OptionItem extra[3];
     size_t n = 0;
     if (cfg->client_ca_pem)
-        extra[n++] = (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_TRUST, 0,
-                                             (void *)cfg->client_ca_pem};
+        extra[n++] =
+            (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_TRUST, 0, (void *)cfg->client_ca_pem};
     if (cfg->threads > 1)
         extra[n++] = (struct MHD_OptionItem){MHD_OPTION_THREAD_POOL_SIZE, cfg->threads, NULL};
     extra[n] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
