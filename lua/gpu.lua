@@ -18,8 +18,8 @@ Conventions:
     message; wrong argument types raise an error naming the function.  Configuration errors
     (gpu.catalog) raise error(msg, 0) with the key path.
   * Integer arithmetic only.
-Must not: keep state between calls, or hand out its own tables (everything returned is a fresh
-copy the caller may keep or edit).
+Must not: keep state between calls (beyond a bounded memo of what each resource name means), or
+hand out its own tables (everything returned is a fresh copy the caller may keep or edit).
 ]]
 
 local gg = require "gpuguard"
@@ -28,6 +28,7 @@ local args = require "args"
 
 local M = {}
 
+local null = gg.null
 local MIB = 1024 * 1024
 local GIB = 1024 * MIB
 
@@ -428,8 +429,12 @@ end
 
 -- The profile of m named name (raw), or nil and a message listing m's profiles.
 local function find_profile(m, name)
-    for _, p in ipairs(m.profiles) do
-        if p.name == name then
+    local profiles = m.profiles
+    for i = 1, #profiles do -- ipairs written out: no C call per profile
+        local p = profiles[i]
+        if p == nil then
+            break
+        elseif p.name == name then
             return p
         end
     end
@@ -837,7 +842,12 @@ function M.pick_profile(model, want)
     local need = frac and (frac * m.slices + 999) // 1000 or 0
     local usable, allow_me = want.usable, want.allow_me
     local best
-    for _, p in ipairs(m.profiles) do
+    local profiles = m.profiles
+    for i = 1, #profiles do -- ipairs written out: no C call per profile
+        local p = profiles[i]
+        if p == nil then
+            break
+        end
         if (p.suffix == "" or (allow_me and p.me))
             and (mem == nil or memory_of(p, usable) >= mem)
             and p.slices >= need and (best == nil or profile_order(p, best)) then
@@ -983,8 +993,6 @@ local OTHER = {
     ["volcano.sh/gpu-memory"] = { "volcano", "MiB" },
 }
 
-local SECTIONS = { "limits", "requests" }
-
 -- kind, unit and MIG profile of a resource name, or nil when it is not a GPU resource.
 local function classify(name)
     if name == "nvidia.com/gpu" then
@@ -1001,6 +1009,43 @@ local function classify(name)
         return o[1], o[2]
     end
     return nil
+end
+
+-- classify's answer by name, { kind, unit, profile } or false (also for a key that is not a
+-- string): every review asks about the same few names ("cpu", "memory", ...), and
+-- mig_profile_of runs a pattern on each.  Capped, as the names come from pods: past
+-- MAX_CLASSIFIED names, new ones are classified on every call.
+local classified, n_classified, MAX_CLASSIFIED = {}, 0, 256
+
+local function class_of(name)
+    local c = classified[name]
+    if c == nil then
+        if type(name) ~= "string" then
+            return false
+        end
+        local kind, unit, profile = classify(name)
+        c = kind ~= nil and { kind, unit, profile }
+        if n_classified < MAX_CLASSIFIED then
+            classified[name] = c
+            n_classified = n_classified + 1
+        end
+    end
+    return c
+end
+
+-- Add to names the GPU resource names of map (a section of resources) that seen lacks; returns
+-- names and seen, both made on the first such name.
+local function gpu_names(map, names, seen)
+    for name in pairs(map) do
+        if class_of(name) and not (seen and seen[name]) then
+            if not names then
+                names, seen = {}, {}
+            end
+            seen[name] = true
+            names[#names + 1] = name
+        end
+    end
+    return names, seen
 end
 
 --- The GPU resources container asks for, as a list sorted by resource name of
@@ -1021,30 +1066,43 @@ function M.requested(container)
     if type(res) ~= "table" then
         return out
     end
-    local names, seen = {}, {}
-    for _, section in ipairs(SECTIONS) do
-        local map = res[section]
-        if type(map) == "table" then
-            for name in pairs(map) do
-                if type(name) == "string" and not seen[name] and classify(name) then
-                    seen[name] = true
-                    names[#names + 1] = name
-                end
-            end
-        end
+    local limits, requests = res.limits, res.requests
+    local names, seen
+    if type(limits) == "table" then
+        names, seen = gpu_names(limits, names, seen)
     end
-    table.sort(names)
+    if type(requests) == "table" then
+        names = gpu_names(requests, names, seen)
+    end
+    if not names then
+        return out -- no GPU resource, as most containers
+    end
+    if #names > 1 then
+        table.sort(names)
+    end
     for _, name in ipairs(names) do
-        local milli = k8s.request_milli(container, name)
+        -- The effective request read from the sections at hand; anything but a quantity string
+        -- goes through k8s.request_milli, which converts it or raises its error.
+        local v
+        if type(requests) == "table" then
+            v = requests[name]
+        end
+        if (v == nil or v == null) and type(limits) == "table" then
+            v = limits[name]
+        end
+        local milli = type(v) == "string" and gg.quantity(v)
+        if not milli then
+            milli = k8s.request_milli(container, name)
+        end
         if milli and milli ~= 0 then
             if milli < 0 or milli % 1000 ~= 0 then
                 local cname = type(container.name) == "string" and container.name or "?"
                 fail(2, "requested", "container %q: %s = %s must be a whole number", cname,
                      name, gg.format_quantity(milli, "DecimalSI"))
             end
-            local kind, unit, profile = classify(name)
-            out[#out + 1] = { resource = name, count = milli // 1000, kind = kind, unit = unit,
-                              profile = profile }
+            local c = class_of(name)
+            out[#out + 1] = { resource = name, count = milli // 1000, kind = c[1], unit = c[2],
+                              profile = c[3] }
         end
     end
     return out

@@ -71,7 +71,9 @@ local MIG_CLASS = "mig.nvidia.com"
 local HAMI = { ["nvidia.com/gpumem"] = true, ["nvidia.com/gpumem-percentage"] = true,
                ["nvidia.com/gpucores"] = true }
 
+local null = gg.null
 local NONE = {}
+local INIT_AND_REGULAR = { init = true, regular = true } -- k8s.containers' opts, only read
 local AMOUNT = { allow_above_one = true, allow_zero = true }
 local MAX_DRA_REQUESTS = 32 -- a claim's requests and a request's alternatives, as the API caps
 
@@ -123,20 +125,29 @@ end
 
 -- Pools --------------------------------------------------------------------------------------
 
--- Does spec.nodeSelector hold all of pool's node_selector (and it has one)?
-local function selects(pool, spec)
-    local any, all = false, true
+-- Does the nodeSelector ns (a table) hold all of pool's node_selector (and it has one)?
+local function selects(pool, ns)
+    local any = false
     for k, v in pairs(pool.node_selector or NONE) do
+        local have = ns[k]
+        if have == nil or have == null or have ~= v then
+            return false
+        end
         any = true
-        all = all and k8s.node_selector(spec, k) == v
     end
-    return any and all
+    return any
+end
+
+-- pool_of for the pod's spec; spec.nodeSelector read once for all pools.
+local function spec_pool(spec, cfg)
+    local ns = spec.nodeSelector
+    return type(ns) == "table" and fleet.find_pool(cfg, selects, ns) or nil
 end
 
 --- The pool whose node_selector the pod's spec.nodeSelector holds entirely, or nil.
 function M.pool_of(pod, cfg)
     local spec = k8s.pod_spec(pod)
-    return spec and fleet.find_pool(cfg, selects, spec)
+    return spec and spec_pool(spec, cfg)
 end
 
 --- The scheduler a pool's own dialect needs: scheduler_name, else its sharing mode's.
@@ -429,11 +440,41 @@ end
 
 -- KAI ----------------------------------------------------------------------------------------
 
+-- The annotations k8s.annotation(pod, key) reads (those of the object's metadata, or of pod
+-- itself when it is a metadata table), or NONE: read once for several keys, as each read of the
+-- object in validate is a C call.
+local function annotations_of(pod)
+    if type(pod) ~= "table" then
+        return NONE
+    end
+    local meta = pod.metadata
+    if meta == nil then
+        if pod.spec ~= nil or pod.kind ~= nil or pod.apiVersion ~= nil then
+            return NONE
+        end
+        meta = pod
+    elseif type(meta) ~= "table" then
+        return NONE
+    end
+    local a = meta.annotations
+    return type(a) == "table" and a or NONE
+end
+
+-- annotations[key] as k8s.annotation gives it: nil for JSON null.
+local function annotation_in(annotations, key)
+    local v = annotations[key]
+    if v == null then
+        return nil
+    end
+    return v
+end
+
 -- KAI's annotations as a share and a device count; nil and a message for illegal values.
 local function kai_share(pod, spec, memory_mib)
-    local f = k8s.annotation(pod, M.KAI_FRACTION)
-    local mem = k8s.annotation(pod, M.KAI_MEMORY)
-    local devices = k8s.annotation(pod, M.KAI_DEVICES)
+    local annotations = annotations_of(pod)
+    local f = annotation_in(annotations, M.KAI_FRACTION)
+    local mem = annotation_in(annotations, M.KAI_MEMORY)
+    local devices = annotation_in(annotations, M.KAI_DEVICES)
     if not f and not mem then
         if devices then
             return nil, "annotation gpu-fraction-num-devices needs gpu-fraction or gpu-memory beside it"
@@ -443,7 +484,7 @@ local function kai_share(pod, spec, memory_mib)
     if f and mem then
         return nil, "annotations gpu-fraction and gpu-memory are exclusive in KAI; keep one of them"
     end
-    for c in k8s.containers(spec, { init = true, regular = true }) do
+    for c in k8s.containers(spec, INIT_AND_REGULAR) do
         if k8s.get_resource(c, "limits", "nvidia.com/gpu") or k8s.get_resource(c, "requests", "nvidia.com/gpu") then
             return nil, string.format("annotation %s and nvidia.com/gpu (container %s) are exclusive in KAI; "
                 .. "remove nvidia.com/gpu or the annotation", f and M.KAI_FRACTION or M.KAI_MEMORY, tostring(c.name))
@@ -481,9 +522,12 @@ end
 
 -- Dialects -----------------------------------------------------------------------------------
 
+-- gpuguard's per-container annotations begin with these (OWN begins both: one test for most keys).
+local OWN, FRACTION_DOT, MEMORY_DOT = "gpuguard.io/gpu-", M.FRACTION .. ".", M.MEMORY .. "."
+
 -- The dialects of the containers' resources (a set).
 local function resource_dialects(spec, out)
-    for c in k8s.containers(spec, { init = true, regular = true }) do
+    for c in k8s.containers(spec, INIT_AND_REGULAR) do
         local ok, items = pcall(gpu.requested, c)
         for _, it in ipairs(ok and items or NONE) do
             if HAMI[it.resource] then
@@ -519,24 +563,31 @@ function M.dialects(pod)
     if #list(spec.resourceClaims) > 0 then
         out.dra = true
     end
-    if k8s.annotation(pod, M.KAI_FRACTION) or k8s.annotation(pod, M.KAI_MEMORY) or k8s.annotation(pod, M.KAI_DEVICES) then
+    local annotations = annotations_of(pod)
+    if annotation_in(annotations, M.KAI_FRACTION) or annotation_in(annotations, M.KAI_MEMORY)
+        or annotation_in(annotations, M.KAI_DEVICES) then
         out.kai = true
     end
     local meta = k8s.pod_meta(pod)
     for key in pairs(meta and type(meta.annotations) == "table" and meta.annotations or NONE) do
-        if type(key) == "string" and (key == M.FRACTION or key == M.MEMORY or key:sub(1, #M.FRACTION + 1) == M.FRACTION .. "."
-            or key:sub(1, #M.MEMORY + 1) == M.MEMORY .. ".") then
+        if key == M.FRACTION or key == M.MEMORY or (type(key) == "string" and key:sub(1, #OWN) == OWN
+            and (key:sub(1, #FRACTION_DOT) == FRACTION_DOT or key:sub(1, #MEMORY_DOT) == MEMORY_DOT)) then
             out.gpuguard = true
+            break
         end
     end
     return out
 end
 
+-- The backend dialects, in the order foreign names them.
+local FOREIGN = { "dra", "kai", "hami", "volcano" }
+
 --- The backend dialect a pod is already written in and that gpuguard passes through: "dra",
 --- "kai", "hami" or "volcano"; nil for none.  Two at once is an error (nil and a message).
 function M.foreign(d)
     local found
-    for _, name in ipairs({ "dra", "kai", "hami", "volcano" }) do
+    for i = 1, #FOREIGN do
+        local name = FOREIGN[i]
         if d[name] then
             if found then
                 return nil, string.format("the pod asks for GPUs in two dialects at once (%s and %s); use one", found,
@@ -553,7 +604,13 @@ end
 -- quota.pod_charge's context for a pod on pool (nil: unknown), replicas charged at R.
 local function context(cfg, pool, memory_mib, replicas)
     local mig = pool and pool.sharing == "mig" and pool or fleet.pool_for_mode(cfg, "mig")
-    local ctx = { model = mig and mig.model, catalog = fleet.catalog(cfg), memory_mib = memory_mib,
+    local model = mig and mig.model
+    if type(model) == "string" and model ~= "" then
+        -- The catalog's table, as pod_charge would look it up, from fleet's memo; an unknown
+        -- name stays a name, for pod_charge's message.
+        model = fleet.model(cfg, model) or model
+    end
+    local ctx = { model = model, catalog = fleet.catalog(cfg), memory_mib = memory_mib,
                   replicas = replicas }
     if pool and pool.sharing == "mig" and pool.mig_strategy == "single" then
         ctx.gpu_means, ctx.profile = "mig", pool.mig_profile
@@ -590,7 +647,7 @@ function M.charge(pod, cfg, opts)
     if not spec then
         return 0, {}, {}
     end
-    local pool = opts.pool or M.pool_of(pod, cfg)
+    local pool = opts.pool or spec_pool(spec, cfg)
     local model = pool and fleet.model(cfg, pool)
     local memory_mib = model and model.memory_mib or smallest_memory(cfg)
     local share, k = kai_share(pod, spec, memory_mib)
@@ -659,7 +716,7 @@ function M.usage_charge(pod, cfg)
         return total
     end
     local spec, n = k8s.pod_spec(pod), 0
-    for c in k8s.containers(spec or NONE, { init = true, regular = true }) do
+    for c in k8s.containers(spec or NONE, INIT_AND_REGULAR) do
         local ok, items = pcall(gpu.requested, c)
         n = n + ((not ok or #items > 0) and 1 or 0)
     end

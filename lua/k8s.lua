@@ -349,8 +349,12 @@ end
 --- The kind of the object's controller (the ownerReference with controller: true), e.g.
 --- "ReplicaSet", "Job", "DaemonSet", and that ownerReference; nil when there is none.
 function M.owner_kind(obj)
-    for _, ref in ipairs(list_of(get(obj, "metadata", "ownerReferences"))) do
-        if get(ref, "controller") == true then
+    local refs = list_of(get(obj, "metadata", "ownerReferences"))
+    for i = 1, #refs do -- by index: in validate, ipairs would add a C call per entry
+        local ref = refs[i]
+        if ref == nil then
+            break
+        elseif get(ref, "controller") == true then
             return get(ref, "kind"), ref
         end
     end
@@ -671,8 +675,11 @@ local function meta_get(t, field, key)
     return v
 end
 
+-- An entry of each map meta_set writes, for messages (no string made per call).
+local ENTRY = { labels = "label", annotations = "annotation" }
+
 local function meta_set(lvl, fname, t, field, key, value)
-    entry_args(lvl + 1, fname, "object or metadata", t, "key", key, field:sub(1, -2), value)
+    entry_args(lvl + 1, fname, "object or metadata", t, "key", key, ENTRY[field], value)
     local meta = meta_of(lvl + 1, fname, t, true)
     local map = child(lvl + 1, fname, meta, field, "object", "metadata.")
     if map[key] == value then
@@ -802,8 +809,12 @@ local function check_toleration(lvl, fname, tol)
 end
 
 local function tolerated(spec, want)
-    for _, have in ipairs(list_of(get(spec, "tolerations"))) do
-        if type(have) == "table" and covers(have, want) then
+    local list = list_of(get(spec, "tolerations"))
+    for i = 1, #list do -- by index: ipairs would add a C call per toleration
+        local have = list[i]
+        if have == nil then
+            break
+        elseif type(have) == "table" and covers(have, want) then
             return true
         end
     end
@@ -829,7 +840,8 @@ function M.add_toleration(spec, tol)
         return false
     end
     local copy = gg.object()
-    for _, field in ipairs(TOLERATION_FIELDS) do
+    for i = 1, #TOLERATION_FIELDS do
+        local field = TOLERATION_FIELDS[i]
         if t[field] ~= "" then
             copy[field] = tol[field]
         end

@@ -26,6 +26,8 @@ local M = {}
 local fail = args.failer("quota")
 local what, show = args.what, args.show
 
+local INIT_AND_REGULAR = { init = true, regular = true } -- k8s.containers' opts, only read
+
 local function check_milli(lvl, fname, name, v, allow_nil)
     if v == nil and allow_nil then
         return
@@ -234,11 +236,10 @@ local function vgpu_share(ctx, state, who, mem_item, pct_item, cores_item)
     return math.min(share, 1000)
 end
 
--- The charge lines of one container: list of {resource, count, charge, rule}, or nil, msg.
-local function container_lines(c, ctx, state)
-    local name = type(c.name) == "string" and c.name or "?"
+-- The charge lines of the GPU resources items (gpu.requested) of the container named name: list
+-- of {resource, count, charge, rule}, or nil, msg.
+local function container_lines(items, name, ctx, state)
     local who = string.format("container %q:", name)
-    local items = gpu.requested(c)
     local by = {}
     for _, it in ipairs(items) do
         by[it.resource] = it
@@ -372,16 +373,24 @@ function M.pod_charge(pod_spec, ctx)
     local state = {}
     local breakdown = {}
     local sum, init_max, sidecars = 0, 0, 0
-    for c, kind in k8s.containers(pod_spec, { init = true, regular = true }) do
-        local lines, err = container_lines(c, ctx, state)
-        if not lines then
-            return nil, err
+    for c, kind in k8s.containers(pod_spec, INIT_AND_REGULAR) do
+        local items = gpu.requested(c)
+        local charge, name, lines = 0, nil, nil
+        if #items > 0 then -- most containers ask for no GPU: no name, lines or messages for them
+            name = c.name
+            if type(name) ~= "string" then
+                name = "?"
+            end
+            local err
+            lines, err = container_lines(items, name, ctx, state)
+            if not lines then
+                return nil, err
+            end
+            for _, l in ipairs(lines) do
+                charge = charge + l.charge
+            end
         end
-        local charge = 0
-        for _, l in ipairs(lines) do
-            charge = charge + l.charge
-        end
-        local sidecar = k8s.is_sidecar(c, kind)
+        local sidecar = kind == "init" and k8s.is_sidecar(c, kind)
         if kind == "regular" then
             sum = sum + charge
         elseif sidecar then
@@ -390,9 +399,9 @@ function M.pod_charge(pod_spec, ctx)
         else
             init_max = math.max(init_max, charge + sidecars)
         end
-        if #lines > 0 then
+        if lines and #lines > 0 then
             breakdown[#breakdown + 1] = {
-                container = type(c.name) == "string" and c.name or "?",
+                container = name,
                 kind = sidecar and "sidecar" or kind,
                 charge = charge,
                 items = lines,

@@ -36,6 +36,19 @@ local rightsize = require "rightsize"
 
 local GIB_MILLI = 1024 * rightsize.MIB_MILLI
 
+-- rightsize.settings per configuration, made once per VM (a loaded configuration never changes,
+-- and nothing here writes into the settings): every pod review asks for them.
+local settings_of = setmetatable({}, { __mode = "k" })
+
+local function settings_for(cfg)
+    local s = settings_of[cfg]
+    if not s then
+        s = rightsize.settings(cfg)
+        settings_of[cfg] = s
+    end
+    return s
+end
+
 -- The allocation the pod asks for now and the one its usage needs, or nil when it is not ours.
 local function compare(req, pod, cfg, settings)
     if k8s.annotation(pod, rightsize.OPT_OUT) == "off" or #fleet.pools(cfg) == 0 then
@@ -78,7 +91,7 @@ local function apply(pod, c, need)
 end
 
 local function rightsize_pod(req, pod, cfg)
-    local settings = rightsize.settings(cfg)
+    local settings = settings_for(cfg)
     if settings.mode == "off" then
         return
     end

@@ -136,9 +136,16 @@ local function configured_ref(ctx, c, kind, index, e)
     return false
 end
 
+-- Each read of the pod in validate is a C call: lists are walked by index (ipairs adds a call
+-- per entry) and fields read once into locals.
 local function env_rules(ctx, c, kind, index)
     local env = c.env
-    for _, e in ipairs(type(env) == "table" and env or NONE) do
+    env = type(env) == "table" and env or NONE
+    for i = 1, #env do
+        local e = env[i]
+        if e == nil then
+            break
+        end
         local name = type(e) == "table" and e.name
         if GPU_ENV[name] and not NO_GPU_VALUES[e.value] and not configured_ref(ctx, c, kind, index, e) then
             if ctx.gpu then
@@ -165,7 +172,8 @@ end
 
 -- shared() is asked only of pods that set what it could forbid.
 local function privilege_rules(ctx, c)
-    local sc = type(c.securityContext) == "table" and c.securityContext or NONE
+    local sc = c.securityContext
+    sc = type(sc) == "table" and sc or NONE
     if sc.privileged == true then
         if shared(ctx) then
             ctx.req:deny(string.format("container %s is privileged on a shared GPU and would see every GPU of the node; drop privileged or use exclusive GPUs",
@@ -175,7 +183,8 @@ local function privilege_rules(ctx, c)
                 c.name))
         end
     end
-    local caps = type(sc.capabilities) == "table" and sc.capabilities.add
+    local caps = sc.capabilities
+    caps = type(caps) == "table" and caps.add
     for _, cap in ipairs(type(caps) == "table" and caps or NONE) do
         local name = type(cap) == "string" and cap:upper():gsub("^CAP_", "")
         if SHARED_GPU_CAPS[name] and shared(ctx) then
@@ -223,8 +232,14 @@ end
 
 local function host_path_rules(ctx)
     local volumes = ctx.spec.volumes
-    for _, v in ipairs(type(volumes) == "table" and volumes or NONE) do
-        local path = type(v) == "table" and type(v.hostPath) == "table" and v.hostPath.path
+    volumes = type(volumes) == "table" and volumes or NONE
+    for i = 1, #volumes do
+        local v = volumes[i]
+        if v == nil then
+            break
+        end
+        local host = type(v) == "table" and v.hostPath
+        local path = type(host) == "table" and host.path
         if type(path) == "string" then
             local p = path_parts(path)
             for _, entry in ipairs(guardrails_of(ctx.cfg).host_paths or DEFAULT_HOST_PATHS) do
@@ -248,8 +263,10 @@ local function node_name_rule(ctx)
     end
 end
 
+local HOST_NAMESPACES = { "hostPID", "hostIPC" }
+
 local function host_namespace_rules(ctx)
-    for _, field in ipairs({ "hostPID", "hostIPC" }) do
+    for _, field in ipairs(HOST_NAMESPACES) do
         if ctx.spec[field] == true and shared(ctx) then
             ctx.req:deny(string.format("the pod sets %s on a shared GPU and could reach the other pods on that GPU; remove it or use exclusive GPUs",
                 field))
@@ -261,12 +278,26 @@ end
 -- only these.
 local PLAIN = { cpu = true, memory = true, ["ephemeral-storage"] = true }
 
+-- resources[section][name] as k8s.get_resource(c, section, name) gives it, read from the
+-- sections at hand when it is a string (the usual case), else through get_resource.
+local function resource_of(c, maps, section, name)
+    local v = maps[section][name]
+    if type(v) == "string" then
+        return v
+    end
+    return k8s.get_resource(c, section, name)
+end
+
 local function equal_requests_rules(req, containers)
+    local maps = {}
     for _, c in ipairs(containers) do
         local names -- made only for a container with NVIDIA resources, as most have none
         local resources = c.resources or NONE
-        for _, section in ipairs(SECTIONS) do
-            for name in pairs(resources[section] or NONE) do
+        for i = 1, #SECTIONS do
+            local section = SECTIONS[i]
+            local map = resources[section] or NONE
+            maps[section] = map
+            for name in pairs(map) do
                 if not PLAIN[name] and name:sub(1, 11) == "nvidia.com/" then
                     names = names or {}
                     names[name] = true
@@ -274,7 +305,7 @@ local function equal_requests_rules(req, containers)
             end
         end
         for name in pairs(names or NONE) do
-            local r, l = k8s.get_resource(c, "requests", name), k8s.get_resource(c, "limits", name)
+            local r, l = resource_of(c, maps, "requests", name), resource_of(c, maps, "limits", name)
             if l == nil then
                 req:deny(string.format("container %s requests %s without a limit; set limits.%s to %s", c.name, name,
                     name, r))
@@ -315,7 +346,9 @@ end
 local function create_rules(req, pod, spec, cfg)
     local ctx = new_ctx(req, pod, spec, cfg)
     node_name_rule(ctx)
+    local containers = {} -- walked once, for rules that each go through all of them in turn
     for c, kind, index in k8s.containers(spec) do
+        containers[#containers + 1] = c
         container_rules(ctx, c, kind, index)
     end
     host_path_rules(ctx)
@@ -323,8 +356,6 @@ local function create_rules(req, pod, spec, cfg)
     if not ctx.gpu then
         return
     end
-    -- The containers walked once, for rules that each go through all of them in turn.
-    local containers = k8s.all_containers(spec)
     equal_requests_rules(req, containers)
     label_rules(req, pod, cfg)
     runtime_rules(req, pod, spec, cfg)

@@ -48,8 +48,11 @@ end
 
 -- The label key when this object carries the queue, else nil.
 local function queue_label(req, obj, q)
+    if not q then
+        return nil -- no queues configured: the object's owner is not read
+    end
     local owned = k8s.owner_kind(obj) ~= nil
-    if q and queues.labels_here(q.system, req.group .. "/" .. req.kind, owned) then
+    if queues.labels_here(q.system, req.group .. "/" .. req.kind, owned) then
         return queues.LABEL[q.system]
     end
     return nil

@@ -742,6 +742,31 @@ T["requested: requests or limits, zero and non-GPU resources left out"] = functi
            'is not a quantity', "malformed")
 end
 
+T["requested: the request wins over the limit, null is missing, other values raise"] = function()
+    eq(list(gpu.requested(container({ ["nvidia.com/gpu"] = "3" }, { ["nvidia.com/gpu"] = "2" }))),
+       "nvidia.com/gpu=2/whole/devices", "request")
+    eq(list(gpu.requested(container({ ["nvidia.com/gpu"] = "3" }, { ["nvidia.com/gpu"] = gg.null }))),
+       "nvidia.com/gpu=3/whole/devices", "null request")
+    eq(list(gpu.requested(container(nil, { ["nvidia.com/gpu"] = 4 }))),
+       "nvidia.com/gpu=4/whole/devices", "a YAML integer request")
+    raises(function()
+        gpu.requested(container({ ["nvidia.com/gpu"] = "1" }, { ["nvidia.com/gpu"] = false }))
+    end, 'resources.requests["nvidia.com/gpu"] is a boolean, want a quantity string', "boolean")
+end
+
+T["requested: the same answers past the memo of resource names"] = function()
+    local limits = { ["nvidia.com/mig-1g.10gb"] = "1" }
+    for i = 1, 300 do
+        limits["example.com/r" .. i] = "1"
+    end
+    for _ = 1, 2 do
+        eq(list(gpu.requested(container(limits))), "nvidia.com/mig-1g.10gb=1/mig/devices/1g.10gb",
+           "mig among many names")
+        eq(list(gpu.requested(container({ ["nvidia.com/mig-2g.20gb.shared"] = "2", cpu = "1" }))),
+           "nvidia.com/mig-2g.20gb.shared=2/shared/replicas/2g.20gb", "a name first seen now")
+    end
+end
+
 T["requested on a decoded pod"] = function()
     local c = gg.object({ name = "trainer", resources = gg.object({
         limits = gg.object({ ["nvidia.com/mig-2g.20gb"] = "1", memory = "16Gi" }),
