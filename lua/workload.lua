@@ -17,10 +17,11 @@ regular container, and nvidia.com/gpu with a request different from its limit, a
 intent is nil and a message that says what to change), never guessed.
 
 State: the answers that cannot change while policies edit a pod (its class, whether it wants a
-GPU, whether it is exempt) are memoised per pod table, so that every policy of a request gets the
-first answer without computing it again.  Safe because the engine decodes a new pod table for
-each request: an answer is never seen by another request, and the table is weak-keyed, so it
-goes with the pod.  compute_class, compute_wants_gpu and compute_exempt answer afresh.
+GPU, whether it is exempt) are memoised per pod table, so that every policy of a request, in
+mutate and in validate, gets the first answer without computing it again (the key is the pod's
+read-only view, gpuguard.frozen, which validate's policies are given).  Safe because the engine
+decodes a new pod table for each request: an answer is never seen by another request, and the
+memo is weak-keyed, so it goes with the pod.  compute_class, compute_wants_gpu and compute_exempt answer afresh.
 Must not: change the pod.
 ]]
 
@@ -36,14 +37,16 @@ local REGULAR = { regular = true }
 local NONE = {}
 local GPU = "nvidia.com/gpu"
 
--- The memoised answers of each pod table (see the header).
+-- The memoised answers of each pod table (see the header), by its read-only view: the same
+-- key for the pod mutate edits and the pod validate reads.
 local memo = setmetatable({}, { __mode = "k" })
 
 local function memo_of(pod)
-    local m = memo[pod]
+    local key = gg.frozen(pod)
+    local m = memo[key]
     if m == nil then
         m = {}
-        memo[pod] = m
+        memo[key] = m
     end
     return m
 end

@@ -618,6 +618,50 @@ end }
     assert v["message"] == "look: policy error: policies/20-look.lua:7: " + FROZEN_EDIT
 
 
+def test_frozen_is_the_view_validate_gets_all_request_long(engine):
+    engine.policy("10-remember.lua", """
+local gg = require "gpuguard"
+local seen = setmetatable({}, { __mode = "k" })
+return { name = "remember",
+  mutate = function(req, pod)
+    local view = gg.frozen(pod)
+    seen[view] = pod.metadata.name
+    local ok, err = pcall(function() view.metadata.name = "x" end)
+    req:warn(string.format("%s %s %s", tostring(rawequal(view, gg.frozen(pod))), tostring(ok),
+      tostring(err):gsub("^[^:]*:%d+: ", "")))
+    pod.metadata.name = "edited"
+    req:warn(view.metadata.name .. " " .. tostring(gg.frozen(7)) .. " " .. tostring(gg.frozen(nil)))
+  end,
+  validate = function(req, pod)
+    req:warn(string.format("%s %s %s", tostring(seen[pod]), tostring(rawequal(gg.frozen(pod), pod)),
+      tostring(rawequal(gg.frozen(pod.metadata), pod.metadata))))
+  end }
+""")
+    v = engine.run(review(pod()), phases="both")
+    assert v["allowed"] is True, v
+    assert v["warnings"] == ["remember: true false " + FROZEN_EDIT, "remember: edited 7 nil",
+                             "remember: p true true"]
+
+
+def test_workload_answers_hold_for_the_whole_request(engine):
+    # workload.lua remembers a pod's class by its read-only view: validate gets mutate's answer,
+    # as every later mutate policy does, although the label changed in between.
+    engine.lua = REPO / "lua"
+    engine.policy("10-relabel.lua", """
+local workload = require "workload"
+return { name = "relabel",
+  mutate = function(req, pod)
+    req:warn("mutate " .. workload.class(pod))
+    pod.metadata.labels[workload.CLASS_LABEL] = "training"
+  end,
+  validate = function(req, pod)
+    req:warn("validate " .. workload.class(pod) .. " " .. pod.metadata.labels[workload.CLASS_LABEL])
+  end }
+""")
+    v = engine.run(review(pod(labels={"gpuguard.io/workload-class": "inference"})), phases="both")
+    assert v["warnings"] == ["relabel: mutate inference", "relabel: validate inference training"]
+
+
 def test_validate_after_a_failed_mutation_sees_the_object_as_it_came(engine):
     engine.policy("10-half.lua", """
 return { name = "half", failure = "allow", mutate = function(req, pod)

@@ -53,6 +53,21 @@ static int l_object(lua_State *L)
     return l_mark(L, &lb_key_object_mt);
 }
 
+/*
+ * gpuguard.frozen(t): the read-only view validate's policies get of t, a
+ * table of the request's object: the same view all request long, so a
+ * library can key what it remembers of a pod by it in both phases.  t
+ * itself when it is a read-only view already, not a table, or used
+ * between requests.
+ */
+static int l_frozen(lua_State *L)
+{
+    lua_settop(L, 1);
+    if (lua_istable(L, 1) && lb_vm_of(L)->frozen_cache_ref != LUA_NOREF)
+        lb_freeze(L);
+    return 1;
+}
+
 static enum shape arg_shape(lua_State *L)
 {
     lua_settop(L, 1);
@@ -219,6 +234,7 @@ void lb_module_open(lua_State *L)
                                      {"object", l_object},
                                      {"is_array", l_is_array},
                                      {"is_object", l_is_object},
+                                     {"frozen", l_frozen},
                                      {"quantity", l_quantity},
                                      {"format_quantity", l_format_quantity},
                                      {"log", l_log},
