@@ -610,8 +610,9 @@ local function context(cfg, pool, memory_mib, replicas)
         -- name stays a name, for pod_charge's message.
         model = fleet.model(cfg, model) or model
     end
+    -- requested: the containers' GPU resources, read once for the up to three pod_charge calls.
     local ctx = { model = model, catalog = fleet.catalog(cfg), memory_mib = memory_mib,
-                  replicas = replicas }
+                  replicas = replicas, requested = {} }
     if pool and pool.sharing == "mig" and pool.mig_strategy == "single" then
         ctx.gpu_means, ctx.profile = "mig", pool.mig_profile
     elseif pool and (pool.sharing == "time-slicing" or pool.sharing == "mps")

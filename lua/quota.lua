@@ -177,6 +177,10 @@ local function check_ctx(lvl, ctx)
         fail(lvl + 1, "pod_charge", "ctx.fraction_devices must be a positive integer, got %s",
              what(ctx.fraction_devices))
     end
+    if ctx.requested ~= nil and type(ctx.requested) ~= "table" then
+        fail(lvl + 1, "pod_charge", "ctx.requested must be a table or nil, got %s",
+             what(ctx.requested))
+    end
 end
 
 -- The model of ctx (resolved once), or nil and a message saying what needed it.
@@ -360,6 +364,8 @@ end
 ---                                   times nvidia.com/gpu (default 1).  Volcano vgpu-* alike.
 ---   ctx.fraction_milli              a fraction annotation (KAI style), times
 ---                                   ctx.fraction_devices (default 1), charged to the pod
+--- ctx.requested (optional): a table in which each container's gpu.requested answer is kept,
+--- for several calls on a spec that does not change between them (the answers are only read).
 --- Containers combine as the scheduler combines requests: max(sum of regular and sidecar
 --- containers, each init container plus the sidecars started before it); ephemeral containers
 --- do not count.  Returns total, breakdown where breakdown is a list of
@@ -373,8 +379,15 @@ function M.pod_charge(pod_spec, ctx)
     local state = {}
     local breakdown = {}
     local sum, init_max, sidecars = 0, 0, 0
+    local requested = ctx.requested
     for c, kind in k8s.containers(pod_spec, INIT_AND_REGULAR) do
-        local items = gpu.requested(c)
+        local items = requested and requested[c]
+        if not items then
+            items = gpu.requested(c)
+            if requested then
+                requested[c] = items
+            end
+        end
         local charge, name, lines = 0, nil, nil
         if #items > 0 then -- most containers ask for no GPU: no name, lines or messages for them
             name = c.name

@@ -374,6 +374,23 @@ T["pod_charge: malformed ctx raises"] = function()
     raises(function() quota.pod_charge(s, "A100") end, "quota.pod_charge: ctx must be a table",
            "ctx")
     raises(function() quota.describe(1.5, {}) end, "quota.describe", "describe")
+    raises(function() quota.pod_charge(s, { requested = "yes" }) end,
+           "ctx.requested must be a table or nil, got a string", "requested")
+end
+
+T["pod_charge: ctx.requested keeps each container's GPU resources across calls"] = function()
+    local s = spec({ c("trainer", { ["nvidia.com/gpu.shared"] = "2" }), c("logger", { cpu = "1" }) })
+    local kept = {}
+    eq(quota.pod_charge(s, { replicas = 4, requested = kept }), 500, "replicas 4")
+    local trainer, logger = s.containers[1], s.containers[2]
+    eq(kept[trainer][1].resource, "nvidia.com/gpu.shared", "trainer's answer kept")
+    eq(kept[trainer][1].count, 2, "its count")
+    eq(#kept[logger], 0, "logger's: no GPU resource")
+    eq(quota.pod_charge(s, { replica_milli = 1, requested = kept }), 2, "same answers, other ctx")
+    -- What is kept is what counts: a call with it does not read the container again.
+    kept[trainer] = { { resource = "nvidia.com/gpu", count = 3, kind = "whole", unit = "devices" } }
+    eq(quota.pod_charge(s, { requested = kept }), 3000, "kept answer used")
+    eq(quota.pod_charge(s, { replicas = 2 }), 1000, "without it, read afresh")
 end
 
 return T
