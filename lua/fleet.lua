@@ -159,17 +159,23 @@ function M.places(pool)
 end
 
 -- Catalogs built from a configuration, once per VM: building one walks every model.
-local catalogs = setmetatable({}, { __mode = "k" })
+--- A function of a configuration that gives build(cfg), built once per configuration table
+--- (weakly kept: it goes with the configuration) and shared by every caller: do not edit it.
+--- A loaded configuration never changes, so what is worked out from it alone holds.
+function M.per_config(build)
+    local built = setmetatable({}, { __mode = "k" })
+    return function(cfg)
+        local v = built[cfg]
+        if v == nil then
+            v = build(cfg)
+            built[cfg] = v
+        end
+        return v
+    end
+end
 
 --- The GPU catalog of cfg (gpu.catalog), built once and shared: do not edit it.
-function M.catalog(cfg)
-    local c = catalogs[cfg]
-    if not c then
-        c = gpu.catalog(cfg)
-        catalogs[cfg] = c
-    end
-    return c
-end
+M.catalog = M.per_config(gpu.catalog)
 
 -- Models by name, per catalog: a lookup normalises the name through several patterns.
 local found = setmetatable({}, { __mode = "k" })

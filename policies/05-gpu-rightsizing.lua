@@ -36,18 +36,8 @@ local rightsize = require "rightsize"
 
 local GIB_MILLI = 1024 * rightsize.MIB_MILLI
 
--- rightsize.settings per configuration, made once per VM (a loaded configuration never changes,
--- and nothing here writes into the settings): every pod review asks for them.
-local settings_of = setmetatable({}, { __mode = "k" })
-
-local function settings_for(cfg)
-    local s = settings_of[cfg]
-    if not s then
-        s = rightsize.settings(cfg)
-        settings_of[cfg] = s
-    end
-    return s
-end
+-- rightsize.settings per configuration (nothing here writes into them): every pod review asks.
+local settings_for = fleet.per_config(rightsize.settings)
 
 -- The allocation the pod asks for now and the one its usage needs, or nil when it is not ours.
 local function compare(req, pod, cfg, settings)
