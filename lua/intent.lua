@@ -440,24 +440,10 @@ end
 
 -- KAI ----------------------------------------------------------------------------------------
 
--- The annotations k8s.annotation(pod, key) reads (those of the object's metadata, or of pod
--- itself when it is a metadata table), or NONE: read once for several keys, as each read of the
--- object in validate is a C call.
+-- The annotations k8s.annotation(pod, key) reads, or NONE: read once for several keys, as each
+-- read of the object in validate is a C call.
 local function annotations_of(pod)
-    if type(pod) ~= "table" then
-        return NONE
-    end
-    local meta = pod.metadata
-    if meta == nil then
-        if pod.spec ~= nil or pod.kind ~= nil or pod.apiVersion ~= nil then
-            return NONE
-        end
-        meta = pod
-    elseif type(meta) ~= "table" then
-        return NONE
-    end
-    local a = meta.annotations
-    return type(a) == "table" and a or NONE
+    return k8s.annotations(pod) or NONE
 end
 
 -- annotations[key] as k8s.annotation gives it: nil for JSON null.

@@ -727,6 +727,13 @@ function M.remove_label(obj_or_meta, key)
     return meta_remove(obj_or_meta, "labels", key)
 end
 
+--- All the annotations of an object or of a metadata table, as the map annotation() reads
+--- (the object's own, not copied: read several keys from it with one walk); nil when none.
+function M.annotations(obj_or_meta)
+    local a = meta_get(obj_or_meta, "annotations")
+    return type(a) == "table" and a or nil
+end
+
 --- The annotation key of an object or of a metadata table; nil when absent.
 function M.annotation(obj_or_meta, key)
     return meta_get(obj_or_meta, "annotations", key)

@@ -613,6 +613,17 @@ T["label and annotation read objects and metadata"] = function()
     eq(k8s.label(nil, "app"), nil, "nil")
 end
 
+T["annotations: the map annotation reads, of an object or of metadata"] = function()
+    local pod = gpu_pod()
+    eq(rawequal(k8s.annotations(pod), pod.metadata.annotations), true, "a pod's own map")
+    eq(rawequal(k8s.annotations(pod.metadata), pod.metadata.annotations), true, "of metadata")
+    eq(k8s.annotations(deployment()), nil, "a deployment's own: it has none")
+    eq(k8s.annotations(json { kind = "Pod", metadata = { annotations = gg.null } }), nil, "null")
+    eq(k8s.annotations(json { kind = "Pod", metadata = { annotations = "x" } }), nil, "not a map")
+    eq(k8s.annotations(json { kind = "Pod", spec = gg.object() }), nil, "no metadata")
+    eq(k8s.annotations(nil), nil, "nil")
+end
+
 T["set_label creates metadata and labels as objects"] = function()
     local pod = json { apiVersion = "v1", kind = "Pod", spec = { containers = { gpu_container("c") } } }
     eq(k8s.set_label(pod, "gpuguard.io/workload-class", "training"), true, "changed")
