@@ -249,6 +249,11 @@ function M.exempt(pod, namespace, cfg)
     return remembered("exempt", M.compute_exempt, pod, namespace, cfg)
 end
 
+--- Said after a denial that exempt pods are spared: for GPU plumbing (a driver, device plugin or
+--- exporter) the fix is where it runs, not dropping what it needs.
+M.EXEMPT_HINT = "; GPU plumbing (drivers, device plugins, exporters) belongs in a namespace of "
+    .. "placement.exempt_namespaces or runs as one of placement.exempt_service_accounts"
+
 --- M.exempt without the per-request memory.
 function M.compute_exempt(pod, namespace, cfg)
     local p = cfg.placement

@@ -134,7 +134,8 @@ local function check(req, pod, cfg)
     if cfg.placement and cfg.placement.non_gpu_pods == "warn" then
         req:warn(string.format("asks for no GPU but %s; remove it or ask for a GPU", short))
     else
-        req:deny(string.format("the pod asks for no GPU but %s; %s, or ask for a GPU", why, fix))
+        req:deny(string.format("the pod asks for no GPU but %s; %s, or ask for a GPU%s", why, fix,
+            workload.EXEMPT_HINT))
     end
 end
 

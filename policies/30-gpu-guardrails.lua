@@ -87,7 +87,7 @@ end
 -- something.
 local function deny_unless_exempt(ctx, msg)
     if not workload.exempt(ctx.pod, ctx.req.namespace, ctx.cfg) then
-        ctx.req:deny(msg)
+        ctx.req:deny(msg .. workload.EXEMPT_HINT)
     end
 end
 

@@ -20,7 +20,8 @@ from test_faults import CLOSED, SANITIZED
 DENY = json.loads((REPO / "tests" / "data" / "reviews" / "pod-deny.json").read_text())
 DENIAL = ("gpu-guardrails: volume nvidia mounts /dev/nvidia0 from the host, which is or lies "
           "under the GPU device and driver path /dev/nvidia*; remove it and ask for a GPU through "
-          "the device plugin")
+          "the device plugin; GPU plumbing (drivers, device plugins, exporters) belongs in a namespace "
+          "of placement.exempt_namespaces or runs as one of placement.exempt_service_accounts")
 # Co-prime strides, so the failures land at different points of each request.
 STRIDES = (61, 97, 211)
 REQUESTS = 60  # per stride

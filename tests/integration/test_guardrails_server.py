@@ -110,7 +110,9 @@ def test_kubectl_debug_with_every_gpu_on_a_shared_gpu_is_denied(shipped):
     assert resp["allowed"] is False
     assert resp["status"]["message"] == (
         "gpu-guardrails: container debugger-x2k9p sets NVIDIA_VISIBLE_DEVICES; remove it: the "
-        "device plugin sets which GPUs and driver features a container gets\n"
+        "device plugin sets which GPUs and driver features a container gets; GPU plumbing "
+        "(drivers, device plugins, exporters) belongs in a namespace of "
+        "placement.exempt_namespaces or runs as one of placement.exempt_service_accounts\n"
         "gpu-guardrails: container debugger-x2k9p is privileged on a shared GPU and would see "
         "every GPU of the node; drop privileged or use exclusive GPUs")
 
