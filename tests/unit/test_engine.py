@@ -662,6 +662,28 @@ return { name = "relabel",
     assert v["warnings"] == ["relabel: mutate inference", "relabel: validate inference training"]
 
 
+def test_workload_answers_of_a_failed_mutation_are_not_kept(engine):
+    # A failed mutate call drops its edits, and with them what was worked out from them:
+    # validate starts from the object as it came, and so does the memo.
+    engine.lua = REPO / "lua"
+    engine.policy("10-half.lua", """
+local workload = require "workload"
+return { name = "half", failure = "allow",
+  mutate = function(req, pod)
+    pod.metadata.labels[workload.CLASS_LABEL] = "training"
+    req:warn("mutate " .. workload.class(pod))
+    error("then fails")
+  end,
+  validate = function(req, pod)
+    req:warn("validate " .. workload.class(pod))
+  end }
+""")
+    v = engine.run(review(pod(labels={"gpuguard.io/workload-class": "inference"})), phases="both")
+    assert v["patch"] == []
+    assert [w for w in v["warnings"] if "ignored" not in w] == ["half: mutate training",
+                                                                 "half: validate inference"]
+
+
 def test_validate_after_a_failed_mutation_sees_the_object_as_it_came(engine):
     engine.policy("10-half.lua", """
 return { name = "half", failure = "allow", mutate = function(req, pod)
