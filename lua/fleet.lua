@@ -290,21 +290,19 @@ local function of_mode(pool, mode)
 end
 
 -- Pools by name, per configuration: policies ask for a pool by name on every review.
-local by_name = setmetatable({}, { __mode = "k" })
+local pools_by_name = M.per_config(function(cfg)
+    local pools = {}
+    for _, p in ipairs(M.pools(cfg)) do
+        if p.name ~= nil and pools[p.name] == nil then
+            pools[p.name] = p
+        end
+    end
+    return pools
+end)
 
 --- The pool named name (the first, if several are), or nil.
 function M.pool(cfg, name)
-    local pools = by_name[cfg]
-    if not pools then
-        pools = {}
-        for _, p in ipairs(M.pools(cfg)) do
-            if p.name ~= nil and pools[p.name] == nil then
-                pools[p.name] = p
-            end
-        end
-        by_name[cfg] = pools
-    end
-    return name ~= nil and pools[name] or nil
+    return name ~= nil and pools_by_name(cfg)[name] or nil
 end
 
 -- class_modes without the copy: the configuration's own list, for callers that only read it.
@@ -394,39 +392,27 @@ function M.choose(cfg, class, asked, whole)
     return nil, string.format("no GPU pool offers the sharing modes of class %s (%s)", class, table.concat(modes, ", "))
 end
 
--- The lists below, built once per configuration (placement checks read them on every review).
-local taint_lists = setmetatable({}, { __mode = "k" })
-local selector_lists = setmetatable({}, { __mode = "k" })
-
---- Every taint of every pool, and every node selector entry of every pool (placement checks);
---- built once and shared: do not edit them.
-function M.gpu_taints(cfg)
-    local out = taint_lists[cfg]
-    if not out then
-        out = {}
-        for _, p in ipairs(M.pools(cfg)) do
-            for _, t in ipairs(p.taints or {}) do
-                out[#out + 1] = { pool = p.name, taint = t }
-            end
+--- Every taint of every pool, and every node selector entry of every pool (placement checks,
+--- on every review): built once per configuration and shared: do not edit them.
+M.gpu_taints = M.per_config(function(cfg)
+    local out = {}
+    for _, p in ipairs(M.pools(cfg)) do
+        for _, t in ipairs(p.taints or {}) do
+            out[#out + 1] = { pool = p.name, taint = t }
         end
-        taint_lists[cfg] = out
     end
     return out
-end
+end)
 
-function M.gpu_selectors(cfg)
-    local out = selector_lists[cfg]
-    if not out then
-        out = {}
-        for _, p in ipairs(M.pools(cfg)) do
-            for k, v in pairs(p.node_selector or {}) do
-                out[#out + 1] = { pool = p.name, key = k, value = v }
-            end
+M.gpu_selectors = M.per_config(function(cfg)
+    local out = {}
+    for _, p in ipairs(M.pools(cfg)) do
+        for k, v in pairs(p.node_selector or {}) do
+            out[#out + 1] = { pool = p.name, key = k, value = v }
         end
-        selector_lists[cfg] = out
     end
     return out
-end
+end)
 
 -- Does toleration tol tolerate taint?  (The scheduler's rule.)
 function M.tolerates(tol, taint)

@@ -38,14 +38,6 @@ local fail = args.failer("gpu")
 local what, show = args.what, args.show
 local cfg_fail = args.config_fail
 
--- Sort strings case-insensitively (stable for equal-ignoring-case names).
-local function by_name(a, b)
-    local la, lb = a:lower(), b:lower()
-    if la ~= lb then
-        return la < lb
-    end
-    return a < b
-end
 
 -- Memory in milli-bytes as people write it: "80Gi", "512Mi", otherwise the DecimalSI quantity.
 local function fmt_mem(milli)
@@ -430,12 +422,9 @@ end
 -- The profile of m named name (raw), or nil and a message listing m's profiles.
 local function find_profile(m, name)
     local profiles = m.profiles
-    for i = 1, #profiles do -- ipairs written out: no C call per profile
-        local p = profiles[i]
-        if p == nil then
-            break
-        elseif p.name == name then
-            return p
+    for i = 1, #profiles do -- ipairs written out (a C call per step); the list has no gaps
+        if profiles[i].name == name then
+            return profiles[i]
         end
     end
     if #m.profiles == 0 then
@@ -843,11 +832,8 @@ function M.pick_profile(model, want)
     local usable, allow_me = want.usable, want.allow_me
     local best
     local profiles = m.profiles
-    for i = 1, #profiles do -- ipairs written out: no C call per profile
+    for i = 1, #profiles do -- ipairs written out (a C call per step); the list has no gaps
         local p = profiles[i]
-        if p == nil then
-            break
-        end
         if (p.suffix == "" or (allow_me and p.me))
             and (mem == nil or memory_of(p, usable) >= mem)
             and p.slices >= need and (best == nil or profile_order(p, best)) then

@@ -21,6 +21,7 @@ Where the label goes (docs/queues.md):
 ]]
 
 local gg = require "gpuguard"
+local k8s = require "k8s"
 
 local M = {}
 
@@ -168,10 +169,8 @@ function M.refusal(q, namespace, queue)
     if not allowed then
         return nil
     end
-    for _, a in ipairs(allowed) do
-        if a == queue then
-            return nil
-        end
+    if k8s.contains(allowed, queue) then
+        return nil
     end
     return ("queue %q may not be used in namespace %s; use one of: %s"):format(queue, namespace,
         table.concat(allowed, ", "))

@@ -14,7 +14,6 @@ Conventions:
 Must not: keep state between calls, or write into the tables it is given.
 ]]
 
-local gg = require "gpuguard"
 local k8s = require "k8s"
 local gpu = require "gpu"
 local args = require "args"

@@ -346,9 +346,12 @@ end
 local function create_rules(req, pod, spec, cfg)
     local ctx = new_ctx(req, pod, spec, cfg)
     node_name_rule(ctx)
-    local containers = {} -- walked once, for rules that each go through all of them in turn
+    -- A GPU pod's containers, walked once, for rules that each go through all of them in turn.
+    local containers = ctx.gpu and {} or nil
     for c, kind, index in k8s.containers(spec) do
-        containers[#containers + 1] = c
+        if containers then
+            containers[#containers + 1] = c
+        end
         container_rules(ctx, c, kind, index)
     end
     host_path_rules(ctx)

@@ -216,8 +216,9 @@ function M.copy(v)
     return c
 end
 
--- A read-only proxy like the ones the engine gives for config tables, all the way down:
--- next/rawget see nothing, writes raise.
+-- A read-only proxy like the ones the engine gives for config tables, all the way down: reads
+-- through it, pairs and # work and writes raise.  (Unlike the engine's, whose sandbox reads
+-- through them, next and rawget see an empty table here.)
 function M.readonly(t)
     if type(t) ~= "table" then
         return t
