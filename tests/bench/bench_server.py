@@ -264,22 +264,22 @@ def rss_kb(pid):
     return vals["VmRSS"], vals["VmHWM"]
 
 
+def stat_seconds(path):
+    """utime + stime from a /proc stat file (a process's or a thread's), in seconds; 0 when gone."""
+    try:
+        fields = Path(path).read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def cpu_seconds(pids):
     """utime + stime of the given processes, in seconds."""
-    tick = os.sysconf("SC_CLK_TCK")
-    total = 0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += int(fields[11]) + int(fields[12])
-    return total / tick
+    return sum(stat_seconds(f"/proc/{pid}/stat") for pid in pids)
 
 
 def worker_seconds(pid):
     """utime + stime of each libmicrohttpd worker thread of pid, in seconds, by thread id."""
-    tick = os.sysconf("SC_CLK_TCK")
     out = {}
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
@@ -289,10 +289,9 @@ def worker_seconds(pid):
         try:
             if Path(f"/proc/{pid}/task/{task}/comm").read_text().strip() != "MHD-worker":
                 continue
-            fields = Path(f"/proc/{pid}/task/{task}/stat").read_text().rsplit(")", 1)[1].split()
         except OSError:
             continue
-        out[task] = (int(fields[11]) + int(fields[12])) / tick
+        out[task] = stat_seconds(f"/proc/{pid}/task/{task}/stat")
     return out
 
 

@@ -197,7 +197,7 @@ static enum gg_status policy_load(struct lb_vm *vm, const struct lb_source *src,
     }
     lb_push_registry(L, &lb_key_policies);
     lua_pushvalue(L, -2);
-    lua_rawseti(L, -2, ++vm->n_policies);
+    lua_rawseti(L, -2, (lua_Integer)lua_rawlen(L, -2) + 1);
     lua_settop(L, top);
     return GG_OK;
 }

@@ -61,7 +61,6 @@ struct lb_vm {
     bool running;        /* inside a policy call: budget kills are armed */
     enum lb_outcome kill;
     bool broken;
-    int n_policies;
     int obj_ref, req_ref;          /* the current request's tables */
     int frozen_ref;                /* the object as validate sees it: read-only */
     int frozen_cache_ref;          /* its frozen proxies, by the table they show (weak) */

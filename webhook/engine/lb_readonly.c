@@ -248,9 +248,12 @@ void lb_freeze(lua_State *L)
         return;
     }
     lua_pop(L, 1);
-    /* A table of the object is marked; an unmarked one may be a proxy already. */
+    /* A table of the object is marked; an unmarked one may be a shared proxy already. */
     enum shape s = lb_shape_of(L, -2);
-    if (s == SHAPE_FROZEN || (s == SHAPE_NONE && lb_is_proxy(L, -2))) {
+    bool shared = s == SHAPE_NONE && push_shared_shadow(L, lua_absindex(L, -2)) == LUA_TTABLE;
+    if (s == SHAPE_NONE)
+        lua_pop(L, 1); /* the shadow, or nil */
+    if (s == SHAPE_FROZEN || shared) {
         lua_pop(L, 1);
         return;
     }

@@ -569,12 +569,12 @@ static struct MHD_Daemon *start_webhook(struct srv *s, const struct srv_config *
     if (cfg->client_ca_pem)
         extra[n++] =
             (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_TRUST, 0, (void *)cfg->client_ca_pem};
-    if (cfg->threads > 1)
-        extra[n++] = (struct MHD_OptionItem){MHD_OPTION_THREAD_POOL_SIZE, cfg->threads, NULL};
+    unsigned workers = cfg->threads > 1 ? cfg->threads : 1;
+    if (workers > 1)
+        extra[n++] = (struct MHD_OptionItem){MHD_OPTION_THREAD_POOL_SIZE, workers, NULL};
     extra[n] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
     /* The library splits its limit between the workers; each must keep polling
      * the listen socket up to ours (see accept_policy). */
-    unsigned workers = cfg->threads > 1 ? cfg->threads : 1;
     unsigned mhd_limit = (cfg->max_connections + 1) * workers;
     return MHD_start_daemon(
         flags, 0, accept_policy, s, on_webhook, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
