@@ -79,6 +79,10 @@ def test_bench_server_runs_end_to_end(binary, tools, tmp_path):
         assert row in headline, f"{row!r} missing from the headline figures:\n{headline}"
     if callgrind_n(binary) != "off":
         assert re.search(r"\| engine instructions per review [^|]*\| [\d,]+ K \|", headline)
+    # The one-connection p99 twice: the bodies cycled, and one GPU pod alone.
+    assert re.search(r"\| p99, one connection [^|]*\| \*\*[\d.-]+ ms\*\* \([^)]*the four bodies "
+                     r"cycled\); the inference pod, gpu-fraction 0\.25 alone \*\*[\d.-]+ ms\*\*",
+                     headline), headline
     for row in ("| machine |", "| load average", "gpuguard requests/s",
                 "gpuguard latency p50 / p99 / p99.9 / max", "nginx ceiling requests/s",
                 "gpuguard / nginx requests/s", "policy reload under load",
