@@ -1,13 +1,17 @@
 /*
  * server.c - libmicrohttpd front end: TLS webhook port and plain ops port.
  *
- * The only file that includes microhttpd.h.  The webhook daemon runs a pool
- * of poll() worker threads (not epoll: in libmicrohttpd 0.9.75,
- * MHD_quiesce_daemon on an epoll daemon with internal threads races its
- * workers for the listen socket and can abort the process, which would turn
- * every SIGTERM into a crash); each request is handled to the end on the worker
- * that read it (policies are bounded by their own budgets and the request
- * deadline), so there is no hand-off between threads.  Refusals that need
+ * The only file that includes microhttpd.h.  The webhook runs one daemon
+ * per worker thread, each with one poll() thread (not epoll: in
+ * libmicrohttpd 0.9.75, MHD_quiesce_daemon on an epoll daemon with internal
+ * threads races its workers for the listen socket and can abort the process,
+ * which would turn every SIGTERM into a crash) and a listening socket of its
+ * own on the shared port, so that the kernel spreads connections across the
+ * workers (listener.h; libmicrohttpd's thread pool polls one socket, and a
+ * burst of connections could all land on one worker).  Each request is
+ * handled to the end on the worker that read it (policies are bounded by
+ * their own budgets and the request deadline), so there is no hand-off
+ * between threads.  Refusals that need
  * no body (404, 405, 415, 413 by Content-Length) are answered from the
  * headers, before a byte of the body is buffered.
  *
@@ -26,6 +30,7 @@
 #include "util/buf.h"
 #include "util/log.h"
 #include "util/metrics.h"
+#include "http/listener.h"
 #include "http/review.h"
 #include "http/sweeper.h"
 #include "http/tlscreds.h"
@@ -68,8 +73,10 @@
 
 struct srv {
     bool require_client_cert;
-    struct sweeper *sweeper; /* the request deadline of the webhook's connections */
-    struct MHD_Daemon *webhook;
+    struct sweeper *sweeper;      /* the request deadline of the webhook's connections */
+    struct MHD_Daemon **webhooks; /* one per worker thread */
+    unsigned n_webhooks;
+    uint16_t port;
     struct MHD_Daemon *ops;
     size_t max_body;
     unsigned max_connections;
@@ -522,11 +529,19 @@ static void open_connection(struct srv *s, struct MHD_Connection *c, void **sock
         require_client_cert(session);
 }
 
+/* The worker threads' name in ps and top -H (libmicrohttpd calls them all MHD-single). */
+#define WORKER_THREAD_NAME "webhook-worker"
+
 static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
                           enum MHD_ConnectionNotificationCode toe)
 {
+    static _Thread_local bool named;
     struct srv *s = cls;
     bool started = toe == MHD_CONNECTION_NOTIFY_STARTED;
+    if (!named) { /* runs on the worker: its first connection names it */
+        pthread_setname_np(pthread_self(), WORKER_THREAD_NAME);
+        named = true;
+    }
     if (started) {
         open_connection(s, c, socket_context);
         atomic_fetch_add(&s->open_connections, 1);
@@ -556,33 +571,60 @@ static enum MHD_Result accept_policy(void *cls, const struct sockaddr *addr, soc
     return MHD_NO;
 }
 
-static struct MHD_Daemon *start_webhook(struct srv *s, const struct srv_config *cfg,
-                                        struct sockaddr_storage *addr)
+/* One worker: a daemon with its own thread on the listening socket fd (its from now on). */
+static struct MHD_Daemon *start_webhook(struct srv *s, const struct srv_config *cfg, int fd)
 {
     unsigned flags = MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_TLS | MHD_USE_ERROR_LOG | MHD_USE_ITC;
-    if (addr->ss_family == AF_INET6)
-        flags |= MHD_USE_IPv6;
-    /* Options passed only when set: MHD_OPTION_HTTPS_MEM_TRUST must not be
-     * passed at all without client CAs, and a pool size of 0 draws a warning. */
-    struct MHD_OptionItem extra[3];
-    size_t n = 0;
+    /* MHD_OPTION_HTTPS_MEM_TRUST must not be passed at all without client CAs. */
+    struct MHD_OptionItem extra[2] = {{MHD_OPTION_END, 0, NULL}, {MHD_OPTION_END, 0, NULL}};
     if (cfg->client_ca_pem)
-        extra[n++] =
+        extra[0] =
             (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_TRUST, 0, (void *)cfg->client_ca_pem};
-    unsigned workers = cfg->threads > 1 ? cfg->threads : 1;
-    if (workers > 1)
-        extra[n++] = (struct MHD_OptionItem){MHD_OPTION_THREAD_POOL_SIZE, workers, NULL};
-    extra[n] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
-    /* The library splits its limit between the workers; each must keep polling
-     * the listen socket up to ours (see accept_policy). */
-    unsigned mhd_limit = (cfg->max_connections + 1) * workers;
+    /* Each worker keeps polling its listen socket up to our limit (see accept_policy). */
     return MHD_start_daemon(
         flags, 0, accept_policy, s, on_webhook, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
-        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)addr, MHD_OPTION_CONNECTION_LIMIT, mhd_limit,
+        MHD_OPTION_LISTEN_SOCKET, fd, MHD_OPTION_CONNECTION_LIMIT, cfg->max_connections + 1,
         MHD_OPTION_CONNECTION_TIMEOUT, cfg->idle_timeout_s, MHD_OPTION_HTTPS_CERT_CALLBACK,
         tls_creds_retrieve, MHD_OPTION_HTTPS_PRIORITIES, TLS_PRIORITIES,
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection,
         s, MHD_OPTION_ARRAY, extra, MHD_OPTION_END);
+}
+
+/*
+ * The workers, each on its own listening socket; a daemon that fails to
+ * start (its certificate or key rejected) stops the ones before it.
+ */
+static enum gg_status start_webhooks(struct srv *s, const struct srv_config *cfg,
+                                     const struct sockaddr_storage *addr, struct gg_err *err)
+{
+    unsigned n = cfg->threads > 1 ? cfg->threads : 1;
+    int *fds = calloc(n, sizeof(*fds));
+    s->webhooks = calloc(n, sizeof(*s->webhooks));
+    if (!fds || !s->webhooks) {
+        free(fds);
+        return gg_fail(err, GG_ERR_NOMEM, "out of memory");
+    }
+    enum gg_status st = listeners_open(addr, cfg->listen, n, fds, &s->port, err);
+    for (unsigned i = 0; st == GG_OK && i < n; i++) {
+        s->webhooks[i] = start_webhook(s, cfg, fds[i]);
+        if (!s->webhooks[i]) {
+            for (unsigned k = i; k < n; k++) /* a daemon that did not start leaves its socket */
+                close(fds[k]);
+            st = gg_fail(err, GG_ERR_IO, "cannot serve HTTPS on %s (certificate or key rejected?)",
+                         cfg->listen);
+        } else {
+            s->n_webhooks++;
+        }
+    }
+    free(fds);
+    return st;
+}
+
+static void stop_webhooks(struct srv *s)
+{
+    for (unsigned i = 0; i < s->n_webhooks; i++)
+        MHD_stop_daemon(s->webhooks[i]);
+    free(s->webhooks);
 }
 
 /*
@@ -642,13 +684,8 @@ enum gg_status srv_start(const struct srv_config *cfg, struct srv **out, struct 
     snprintf(s->not_ready_reason, sizeof(s->not_ready_reason), "starting");
     if ((st = sw_new((int64_t)cfg->request_timeout_s * 1000, &s->sweeper, err)) != GG_OK)
         goto fail;
-    s->webhook = start_webhook(s, cfg, &hook_addr);
-    if (!s->webhook) {
-        st = gg_fail(err, GG_ERR_IO,
-                     "cannot serve HTTPS on %s (address in use, or certificate/key rejected)",
-                     cfg->listen);
+    if ((st = start_webhooks(s, cfg, &hook_addr, err)) != GG_OK)
         goto fail;
-    }
     s->ops = start_ops(s, &ops_addr);
     if (!s->ops) {
         st = gg_fail(err, GG_ERR_IO, "cannot serve the ops port on %s (address in use?)",
@@ -658,8 +695,7 @@ enum gg_status srv_start(const struct srv_config *cfg, struct srv **out, struct 
     *out = s;
     return GG_OK;
 fail:
-    if (s->webhook)
-        MHD_stop_daemon(s->webhook);
+    stop_webhooks(s);
     sw_free(s->sweeper);
     pthread_mutex_destroy(&s->reason_lock);
     free(s);
@@ -674,7 +710,7 @@ static uint16_t bound_port(struct MHD_Daemon *d)
 
 uint16_t srv_port(const struct srv *s)
 {
-    return bound_port(s->webhook);
+    return s->port;
 }
 
 uint16_t srv_ops_port(const struct srv *s)
@@ -696,9 +732,11 @@ void srv_stop(struct srv *s, int64_t grace_ms)
         return;
     srv_set_ready(s, false, "shutting down");
     atomic_store(&draining, true);
-    MHD_socket listener = MHD_quiesce_daemon(s->webhook);
-    if (listener != MHD_INVALID_SOCKET)
-        close(listener);
+    for (unsigned i = 0; i < s->n_webhooks; i++) {
+        MHD_socket listener = MHD_quiesce_daemon(s->webhooks[i]);
+        if (listener != MHD_INVALID_SOCKET)
+            close(listener);
+    }
     /* Wait for the requests in flight and, for a moment, for the kept-alive
      * connections to send their next request and be answered with
      * Connection: close; only the idle ones are left for the stop to cut. */
@@ -712,7 +750,7 @@ void srv_stop(struct srv *s, int64_t grace_ms)
     if (metrics_inflight() > 0)
         log_msg(LOG_WARN, "shutdown: %ld requests still in flight after %lld ms",
                 metrics_inflight(), (long long)grace_ms);
-    MHD_stop_daemon(s->webhook);
+    stop_webhooks(s);
     MHD_stop_daemon(s->ops);
     sw_free(s->sweeper);
     pthread_mutex_destroy(&s->reason_lock);
