@@ -2,7 +2,8 @@
  * bench_engine.c - the in-process engine benchmark: one AdmissionReview
  * evaluated N times with a policy set, time split by stage.
  *
- *   bench_engine --policies DIR --lua DIR [--config FILE] [-n N] [--grace-us N] REVIEW.json
+ *   bench_engine --policies DIR --lua DIR [--config FILE] [-n N] [--grace-us N]
+ *                [--phases mutate|validate|both] REVIEW.json
  *
  * Prints microseconds per review for decode, JSON->Lua, mutate, diff,
  * validate and encode, and their total (one thread, one VM, warm).
@@ -31,6 +32,9 @@ static const char *const stage_names[STAGES] = {"decode", "json->lua", "mutate",
                                                 "diff",   "validate",  "encode"};
 
 /* One review through every stage; adds the time of each to sum. */
+static long n_reviews = 20000;
+static unsigned phases = PHASE_MUTATE | PHASE_VALIDATE;
+
 static int run_once(struct engine *e, const char *text, size_t len, int64_t sum[STAGES])
 {
     struct gg_err err = {{0}};
@@ -44,8 +48,7 @@ static int run_once(struct engine *e, const char *text, size_t len, int64_t sum[
     }
     int64_t t1 = gg_now_ns();
     struct policy_verdict v;
-    if (engine_evaluate(e, &req, PHASE_MUTATE | PHASE_VALIDATE, gg_now_ns() / 1000 + 10000000, &v,
-                        &err) != GG_OK) {
+    if (engine_evaluate(e, &req, phases, gg_now_ns() / 1000 + 10000000, &v, &err) != GG_OK) {
         fprintf(stderr, "%s\n", err.msg);
         arena_end();
         return -1;
@@ -72,18 +75,27 @@ static int run_once(struct engine *e, const char *text, size_t len, int64_t sum[
     return 0;
 }
 
-static long n_reviews = 20000;
-
 static const struct option long_options[] = {{"grace-us", required_argument, NULL, 256},
+                                             {"phases", required_argument, NULL, 257},
                                              {NULL, 0, NULL, 0}};
 
 static int take_flag(void *ctx, int opt, const char *arg)
 {
     (void)ctx;
-    if (opt == 'n')
+    if (opt == 'n') {
         n_reviews = strtol(arg, NULL, 10);
-    else /* --grace-us */
+    } else if (opt == 256) {
         lb_set_grace_us(strtoll(arg, NULL, 10));
+    } else if (strcmp(arg, "mutate") == 0) {
+        phases = PHASE_MUTATE; /* what the server's /mutate runs */
+    } else if (strcmp(arg, "validate") == 0) {
+        phases = PHASE_VALIDATE;
+    } else if (strcmp(arg, "both") == 0) {
+        phases = PHASE_MUTATE | PHASE_VALIDATE;
+    } else {
+        fprintf(stderr, "bench_engine: --phases must be mutate, validate or both, not %s\n", arg);
+        return -1;
+    }
     return 0;
 }
 
@@ -97,7 +109,8 @@ static const struct eo_command tool_command = {
     .usage = "bench_engine [flags] REVIEW.json",
     .own_flags =
         "  -n N                   reviews to time [20000]\n"
-        "  --grace-us N           run time before the instruction-count hook [the server's]\n",
+        "  --grace-us N           run time before the instruction-count hook [the server's]\n"
+        "  --phases P             mutate (as /mutate), validate (as /validate) or both [both]\n",
     .missing_args = "no REVIEW.json given",
 };
 
