@@ -136,16 +136,13 @@ return { name = "which-worker", mutate = function(req) req:warn("worker " .. id)
 """
 
 
-# Connections each worker must get of a burst of 48: the kernel picks a worker's socket by a
-# hash of the connection's addresses, so fewer comes about less than once in a million runs.
-FAIR_SHARE = {1: 48, 2: 8, 3: 2}
-
-
 @pytest.mark.parametrize("threads", [1, 2, 3])
 def test_a_burst_of_connections_spreads_across_the_workers(binary, certs, tmp_path, threads):
-    """Each worker listens on a socket of its own (SO_REUSEPORT).  With one listening socket
-    polled by all the workers, a burst of connections (a client opening its pool) went to
-    one worker: 48 of 48, or 45 and 3, leaving the other CPU idle under load."""
+    """One thread accepts and hands the connections to the workers in turn.  With one listening
+    socket polled by all the workers, a burst of connections (a client opening its pool) went
+    to one worker: 48 of 48, or 45 and 3, leaving the other CPU idle under load.  (That a new
+    connection skips a worker busy with a review: test_inventory_dra.py,
+    test_a_template_get_ends_within_the_reviews_deadline.)"""
     policies = tmp_path / "policies"
     policies.mkdir()
     (policies / "10-which-worker.lua").write_text(WHICH_WORKER)
@@ -162,7 +159,7 @@ def test_a_burst_of_connections_spreads_across_the_workers(binary, certs, tmp_pa
             conn.close()
             assert status == 200
             seen.update(got["response"]["warnings"])
-        assert len(seen) == threads and min(seen.values()) >= FAIR_SHARE[threads], seen
+        assert sorted(seen.values()) == [48 // threads] * threads, seen
         # Named for ps and top -H, and for the benchmark's per-worker CPU.
         tasks = Path(f"/proc/{srv.proc.pid}/task")
         names = [(t / "comm").read_text().strip() for t in tasks.iterdir()]
@@ -444,8 +441,7 @@ def test_bad_listen_address_exits_1(binary, certs):
 
 @pytest.mark.parametrize("threads", ["1", "2"])
 def test_a_port_in_use_exits_1_even_by_another_gpuguard(binary, certs, tmp_path, threads):
-    """The workers' sockets share their port (SO_REUSEPORT); a second gpuguard on that port must
-    not join the first one's sockets and take half its connections."""
+    """A second gpuguard on the port must not share it (as SO_REUSEPORT would let it)."""
     srv = start_server(binary, certs, tmp_path)
     try:
         out = subprocess.run([binary, "serve", "--listen", f"127.0.0.1:{srv.port}",
