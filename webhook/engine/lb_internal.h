@@ -64,6 +64,8 @@ struct lb_vm {
     int obj_ref, req_ref;          /* the current request's tables */
     int frozen_ref;                /* the object as validate sees it: read-only */
     int frozen_cache_ref;          /* its frozen proxies, by the table they show (weak) */
+    int frozen_made;               /* proxies made in this request */
+    int frozen_cache_hint;         /* and in the last one: the next cache's size */
     const struct adm_request *req; /* the current request; NULL between requests */
     struct lb_report report;       /* the current call's report */
     bool report_lost;              /* a req:deny failed: the call fails, even if it went on */

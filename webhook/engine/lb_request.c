@@ -11,7 +11,8 @@ static const char key_req_proxy;     /* req: one read-only proxy per VM */
 static const char key_req_shadow_mt; /* its shadows' metatable: lazy fields */
 static const char key_weak_values;   /* the frozen proxy caches' metatable */
 
-#define FROZEN_CACHE_SIZE 64
+#define FROZEN_CACHE_SIZE 64  /* at least: what the shipped policies read of a pod */
+#define FROZEN_CACHE_MAX 4096 /* at most: a huge object must not size every later cache */
 
 /*
  * req is one read-only proxy per VM that each request points at a new
@@ -177,11 +178,16 @@ static int build_request(lua_State *L)
                            LB_MAX_DEPTH);
     }
     /* This request's frozen proxies (a proxy nobody holds may go), sized
-     * for what policies read of a pod: growing it step by step cost more. */
-    lua_createtable(L, 0, FROZEN_CACHE_SIZE);
+     * for what policies read of the last request's object: growing it step
+     * by step (a rehash at each power of two) cost more. */
+    struct lb_vm *vm = lb_vm_of(L);
+    int size =
+        vm->frozen_cache_hint < FROZEN_CACHE_SIZE ? FROZEN_CACHE_SIZE : vm->frozen_cache_hint;
+    lua_createtable(L, 0, size < FROZEN_CACHE_MAX ? size : FROZEN_CACHE_MAX);
     lb_push_registry(L, &key_weak_values);
     lua_setmetatable(L, -2);
-    lb_vm_of(L)->frozen_cache_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    vm->frozen_cache_ref = luaL_ref(L, LUA_REGISTRYINDEX);
+    vm->frozen_made = 0;
     if (object)
         lb_push_lazy(L, object);
     else
@@ -207,7 +213,6 @@ static int build_request(lua_State *L)
     }
     push_req_proxy(L);
     /* Here, in protected mode: luaL_ref allocates. */
-    struct lb_vm *vm = lb_vm_of(L);
     vm->req_ref = luaL_ref(L, LUA_REGISTRYINDEX);
     vm->frozen_ref = luaL_ref(L, LUA_REGISTRYINDEX);
     vm->obj_ref = luaL_ref(L, LUA_REGISTRYINDEX);
@@ -280,6 +285,9 @@ void lb_request_end(struct lb_vm *vm)
     luaL_unref(vm->L, LUA_REGISTRYINDEX, vm->frozen_ref);
     luaL_unref(vm->L, LUA_REGISTRYINDEX, vm->frozen_cache_ref);
     vm->obj_ref = vm->req_ref = vm->frozen_ref = vm->frozen_cache_ref = LUA_NOREF;
+    if (vm->frozen_made)
+        vm->frozen_cache_hint = vm->frozen_made;
+    vm->frozen_made = 0;
     lb_report_clear(&vm->report);
     /* A big object (a 10 MB annotation) is copied into the VM, and once the
      * generational collector has aged the copy only a major collection frees
