@@ -1019,10 +1019,11 @@ local function class_of(name)
     return c
 end
 
--- Add to names the GPU resource names of map (a section of resources) that seen lacks; returns
--- names and seen, both made on the first such name.
-local function gpu_names(map, names, seen)
-    for name in pairs(map) do
+-- Add to names the GPU resource names among keys (a section's, gpuguard.fields) that seen
+-- lacks; returns names and seen, both made on the first such name.
+local function gpu_names(keys, names, seen)
+    for i = 1, #keys do
+        local name = keys[i]
         if class_of(name) and not (seen and seen[name]) then
             if not names then
                 names, seen = {}, {}
@@ -1048,21 +1049,15 @@ function M.requested(container)
     if type(container) ~= "table" then
         return out
     end
-    local res = container.resources
-    if type(res) ~= "table" then
-        return out
-    end
-    local limits, requests = res.limits, res.requests
-    local names, seen
-    if type(limits) == "table" then
-        names, seen = gpu_names(limits, names, seen)
-    end
-    if type(requests) == "table" then
-        names = gpu_names(requests, names, seen)
-    end
+    -- The names read without filling the container: most ask for no GPU, and the containers
+    -- no policy reads stay untouched (stubs) for the other policies and the diff.
+    local names, seen = gpu_names(gg.fields(container, "resources", "limits"))
+    names = gpu_names(gg.fields(container, "resources", "requests"), names, seen)
     if not names then
         return out -- no GPU resource, as most containers
     end
+    local res = container.resources
+    local limits, requests = res.limits, res.requests
     if #names > 1 then
         table.sort(names)
     end

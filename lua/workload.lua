@@ -329,6 +329,16 @@ local function annotation(pod, meta, annotations, key)
     end
 end
 
+-- k8s.get_resource(c, section, "nvidia.com/gpu"), read without filling c when it is a string
+-- or absent (anything else goes through get_resource, which converts it or says what is wrong).
+local function gpu_resource(c, section)
+    local v = gg.peek(c, "resources", section, GPU)
+    if v == nil or type(v) == "string" then
+        return v
+    end
+    return k8s.get_resource(c, section, GPU)
+end
+
 -- The intent entry of container c, added to out when new.
 local function entry(out, by_name, c)
     local e = by_name[c.name]
@@ -358,7 +368,7 @@ local function intent_of(pod)
     for _, c in ipairs(type(list) == "table" and list or NONE) do
         if type(c) == "table" then
             regular[#regular + 1] = c
-            is_regular[c.name] = true
+            is_regular[gg.peek(c, "name")] = true -- peek: most containers stay untouched
         end
     end
     -- A per-container annotation must name a regular container (a typo would drop the request).
@@ -421,7 +431,8 @@ local function intent_of(pod)
         local c = regular[i]
         local fkey, mkey, f, m
         if per_container then
-            fkey, mkey = M.FRACTION .. "." .. c.name, M.MEMORY .. "." .. c.name
+            local name = gg.peek(c, "name")
+            fkey, mkey = M.FRACTION .. "." .. name, M.MEMORY .. "." .. name
             f, m = annotation(pod, meta, annotations, fkey), annotation(pod, meta, annotations, mkey)
         end
         local msg
@@ -441,10 +452,10 @@ local function intent_of(pod)
         end
         local limit, request = limits[i], requests[i]
         if limit == nil then
-            limit = k8s.get_resource(c, "limits", GPU)
+            limit = gpu_resource(c, "limits")
         end
         if request == nil then
-            request = k8s.get_resource(c, "requests", GPU)
+            request = gpu_resource(c, "requests")
         end
         if limit and request and gg.quantity(limit) ~= gg.quantity(request) then
             -- Which one was meant is not ours to guess (Kubernetes refuses the pod anyway).

@@ -618,6 +618,56 @@ end }
     assert v["message"] == "look: policy error: policies/20-look.lua:7: " + FROZEN_EDIT
 
 
+# gpuguard.peek and gpuguard.fields answer as reads and pairs would, without filling the
+# tables they pass under a stub: the same answers on untouched, filled, edited and read-only
+# tables.
+PEEK_POLICY = """
+local gg = require "gpuguard"
+local function look(req, c, when)
+  local f = gg.fields(c, "resources", "limits")
+  table.sort(f)
+  req:warn(string.format("%s: %s %s %s %s %s %s [%s] [%s] %d %d %s %s", when,
+    tostring(gg.peek(c, "name")), tostring(gg.peek(c, "resources", "limits", "cpu")),
+    tostring(gg.peek(c, "resources", "limits", "nope")), tostring(gg.peek(c, "name", "len")),
+    tostring(gg.peek(c, "args", 2)), tostring(gg.peek(c, "args", 2.0)), table.concat(f, ","),
+    table.concat(gg.fields(c, "args"), ","), #gg.fields(c, "image"), #gg.fields(c, "nope", "x"),
+    tostring(gg.peek(nil, "a")), tostring(gg.peek(c, "resources") == c.resources)))
+end
+return { name = "peek",
+  mutate = function(req, pod)
+    local c = pod.spec.containers
+    look(req, c[1], "untouched")
+    local d = c[2]
+    d.resources.limits.cpu = "2"
+    d.resources.limits.memory = nil
+    d.args = { "x" }
+    look(req, d, "edited")
+  end,
+  validate = function(req, pod)
+    local c = pod.spec.containers
+    look(req, c[1], "read-only")
+    look(req, c[2], "read-only edited")
+    local ok, err = pcall(function() gg.peek(c[1], "resources", "limits").cpu = "9" end)
+    req:warn(tostring(err):gsub("^[^:]*:%d+: ", ""))
+  end }
+"""
+
+
+def test_peek_and_fields_read_as_reads_do_without_filling(engine):
+    engine.policy("10-peek.lua", PEEK_POLICY)
+    container = {"image": "busybox", "args": ["a", "b"],
+                 "resources": {"limits": {"cpu": "1", "memory": "1Gi"}}}
+    obj = pod(containers=[dict(container, name="c"), dict(container, name="d")])
+    v = engine.run(review(obj), phases="both")
+    assert v["allowed"] is True
+    assert v["warnings"] == [
+        "peek: untouched: c 1 nil nil b b [cpu,memory] [1,2] 0 0 nil true",
+        "peek: edited: d 2 nil nil nil nil [cpu] [1] 0 0 nil true",
+        "peek: read-only: c 1 nil nil b b [cpu,memory] [1,2] 0 0 nil true",
+        "peek: read-only edited: d 2 nil nil nil nil [cpu] [1] 0 0 nil true",
+        "peek: " + FROZEN_EDIT]
+
+
 def test_frozen_is_the_view_validate_gets_all_request_long(engine):
     engine.policy("10-remember.lua", """
 local gg = require "gpuguard"

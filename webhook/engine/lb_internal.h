@@ -118,6 +118,7 @@ extern const luaL_Reg lb_frozen_methods[], lb_frozen_filled_methods[];
 void lb_readonly_open(lua_State *L);
 bool lb_is_proxy(lua_State *L, int idx);
 void lb_unproxy(lua_State *L, int idx);
+void lb_push_shown(lua_State *L, int idx);
 void lb_unshare(lua_State *L, int idx);
 void lb_push_readonly(lua_State *L, int idx);
 void lb_push_ro_metatable(lua_State *L, lua_CFunction pairs);
@@ -160,6 +161,8 @@ extern const luaL_Reg lb_raw_access[];
 int lb_rawlen(lua_State *L);
 void lb_push_lazy(lua_State *L, const json_t *v);
 const json_t *lb_stub_source(lua_State *L, int idx, bool take);
+int lb_peek(lua_State *L);
+int lb_fields(lua_State *L);
 void lb_materialize(lua_State *L, int idx, enum shape shape);
 void lb_materialize_if_lazy(lua_State *L, int idx);
 

@@ -11,7 +11,8 @@
  * converted, and the diff knows without looking that a stub still holding
  * its original source is unchanged.  next, rawget and rawlen are wrapped to
  * fill a stub first; nothing else in the sandbox reads a table raw.  A stub
- * kept past its request fills as empty: its epoch is over.
+ * kept past its request fills as empty: its epoch is over.  gpuguard.peek
+ * and gpuguard.fields read through stubs without filling them.
  */
 #include "engine/lb_internal.h"
 
@@ -195,3 +196,152 @@ int lb_rawlen(lua_State *L)
 /* The sandbox's next, rawget and rawlen (see lb_sandbox.c). */
 const luaL_Reg lb_raw_access[] = {
     {"next", l_next}, {"rawget", l_rawget}, {"rawlen", lb_rawlen}, {NULL, NULL}};
+
+/*
+ * gpuguard.peek and gpuguard.fields read the object without filling it: a
+ * policy that asks each of a pod's thirty containers whether it has a GPU
+ * resource would otherwise fill every container and its resources (a
+ * quarter of a /mutate review of such a pod), and the diff would then walk
+ * them all.  Under a stub, the request's JSON is what filling would give.
+ */
+
+/* The JSON source of the table at idx if it is an unfilled stub of this request (or a
+ * read-only view of one), else NULL. */
+static const json_t *untouched_source(lua_State *L, int idx)
+{
+    idx = lua_absindex(L, idx);
+    enum shape s = lb_shape_of(L, idx);
+    if (lb_is_lazy(s))
+        return lb_stub_source(L, idx, false);
+    if (s != SHAPE_FROZEN)
+        return NULL;
+    lb_push_shown(L, idx);
+    s = lb_shape_of(L, -1);
+    const json_t *v = lb_is_lazy(s) ? lb_stub_source(L, lua_gettop(L), false) : NULL;
+    lua_pop(L, 1);
+    return v;
+}
+
+/* v[key at stack index k], as a filled table would have it (integer keys 1-based), or NULL. */
+static const json_t *json_member(lua_State *L, const json_t *v, int k)
+{
+    int is_int = 0;
+    if (json_is_object(v) && lua_type(L, k) == LUA_TSTRING) {
+        size_t len;
+        const char *key = lua_tolstring(L, k, &len);
+        return json_object_getn(v, key, len);
+    }
+    lua_Integer i = lua_type(L, k) == LUA_TNUMBER ? lua_tointegerx(L, k, &is_int) : 0;
+    if (json_is_array(v) && is_int && i >= 1 && (lua_Unsigned)i <= json_array_size(v))
+        return json_array_get(v, (size_t)i - 1);
+    return NULL;
+}
+
+/*
+ * Walk t (argument 1) by the keys in arguments from..n-stop.  Leaves on the
+ * top the value reached and returns NULL, or, from an unfilled stub on,
+ * walks the JSON instead and returns the JSON value reached (pushing
+ * nothing); *absent is set when a step finds no member or no table.
+ */
+static const json_t *walk(lua_State *L, int n, bool *absent)
+{
+    *absent = false;
+    luaL_checkstack(L, 4, "object too deep");
+    lua_pushvalue(L, 1);
+    for (int i = 2; i <= n; i++) {
+        if (!lua_istable(L, -1)) {
+            *absent = true;
+            lua_pop(L, 1);
+            return NULL;
+        }
+        const json_t *v = untouched_source(L, -1);
+        if (v) {
+            lua_pop(L, 1);
+            for (; i <= n && v; i++)
+                v = json_is_object(v) || json_is_array(v) ? json_member(L, v, i) : NULL;
+            *absent = v == NULL;
+            return v;
+        }
+        lua_pushvalue(L, i);
+        lua_gettable(L, -2); /* a filled table, or a view: read as a policy would */
+        lua_remove(L, -2);
+    }
+    const json_t *v = lua_istable(L, -1) ? untouched_source(L, -1) : NULL;
+    if (v)
+        lua_pop(L, 1);
+    return v;
+}
+
+/*
+ * gpuguard.peek(t, k1, k2, ...): t[k1][k2]..., nil when a step is not a
+ * table, without filling what is untouched.  A table at the end is read as
+ * usual (filled, and read-only in validate).
+ */
+int lb_peek(lua_State *L)
+{
+    int n = lua_gettop(L);
+    bool absent;
+    const json_t *v = walk(L, n, &absent);
+    if (absent) {
+        lua_pushnil(L);
+    } else if (v && !json_is_object(v) && !json_is_array(v)) {
+        lb_push_scalar(L, v);
+    } else if (v) { /* a table under a stub: the usual reads make it */
+        lua_pushvalue(L, 1);
+        for (int i = 2; i <= n; i++) {
+            lua_pushvalue(L, i);
+            lua_gettable(L, -2);
+            lua_remove(L, -2);
+        }
+    }
+    return 1;
+}
+
+/*
+ * gpuguard.fields(t, k1, ...): a new list of the keys of t[k1]... (strings
+ * of an object, 1..n of an array), empty when that is not a table; in no
+ * particular order, and without filling what is untouched.
+ */
+int lb_fields(lua_State *L)
+{
+    int n = lua_gettop(L);
+    bool absent;
+    const json_t *v = walk(L, n, &absent);
+    lua_newtable(L);
+    int out = lua_gettop(L);
+    lua_Integer count = 0;
+    const char *key;
+    size_t key_len, i;
+    const json_t *item;
+    if (absent)
+        return 1;
+    if (v) {
+        if (json_is_object(v)) {
+            json_object_keylen_foreach((json_t *)v, key, key_len, item)
+            {
+                lua_pushlstring(L, key, key_len);
+                lua_rawseti(L, out, ++count);
+            }
+        } else if (json_is_array(v)) {
+            json_array_foreach(v, i, item)
+            {
+                lua_pushinteger(L, (lua_Integer)i + 1);
+                lua_rawseti(L, out, ++count);
+            }
+        }
+        return 1;
+    }
+    if (!lua_istable(L, out - 1))
+        return 1;
+    lb_push_shown(L, out - 1); /* a read through a view left a view: list its table's keys */
+    lb_materialize_if_lazy(L, -1);
+    int t = lua_gettop(L);
+    lua_pushnil(L);
+    while (lua_next(L, t)) {
+        lua_pop(L, 1);
+        lua_pushvalue(L, -1);
+        lua_rawseti(L, out, ++count);
+    }
+    lua_settop(L, out);
+    return 1;
+}

@@ -235,6 +235,8 @@ void lb_module_open(lua_State *L)
                                      {"is_array", l_is_array},
                                      {"is_object", l_is_object},
                                      {"frozen", l_frozen},
+                                     {"peek", lb_peek},
+                                     {"fields", lb_fields},
                                      {"quantity", l_quantity},
                                      {"format_quantity", l_format_quantity},
                                      {"log", l_log},

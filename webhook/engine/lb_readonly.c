@@ -70,6 +70,24 @@ bool lb_is_proxy(lua_State *L, int idx)
     return proxy;
 }
 
+/*
+ * Push what the value at idx shows without filling it: the table behind a
+ * frozen proxy, the shadow of a shared one, else the value itself.
+ */
+void lb_push_shown(lua_State *L, int idx)
+{
+    idx = lua_absindex(L, idx);
+    if (!lua_istable(L, idx)) {
+        lua_pushvalue(L, idx);
+        return;
+    }
+    if (lua_rawgetp(L, idx, &key_shadow) == LUA_TTABLE)
+        return; /* only a frozen proxy holds that key */
+    lua_pop(L, 1);
+    lua_pushvalue(L, idx);
+    lb_unshare(L, -1);
+}
+
 /* If the value at idx is a read-only proxy, replace it with its shadow (filled). */
 void lb_unproxy(lua_State *L, int idx)
 {
