@@ -29,8 +29,8 @@ mutate, at CREATE:
   * pods of a class with max_runtime and no activeDeadlineSeconds get it set to max_runtime.
 
 Pods of the GPU plumbing (workload.exempt: placement.exempt_namespaces and
-placement.exempt_service_accounts) are exempt from the environment, hostPath and
-privileged-without-GPU rules.
+placement.exempt_service_accounts) are exempt from the environment, hostPath,
+privileged-without-GPU and required-label rules.
 
 Config keys: guardrails.required_labels, guardrails.host_paths, guardrails.gpu_env_config_maps,
 guardrails.bind_allowed, guardrails.update_allowed, classes.<class>.max_runtime,
@@ -317,10 +317,15 @@ local function equal_requests_rules(req, containers)
     end
 end
 
-local function label_rules(req, pod, cfg)
-    for _, key in ipairs(guardrails_of(cfg).required_labels or NONE) do
-        if not k8s.label(pod, key) then
-            req:deny(string.format("GPU pods need the label %s for cost attribution; add metadata.labels.%s", key, key))
+-- The GPU plumbing is exempt: its operator makes its pods (the GPU operator's CUDA validator asks
+-- for a GPU) and cannot be told to label them, and they are no team's cost.
+local function label_rules(ctx)
+    for _, key in ipairs(guardrails_of(ctx.cfg).required_labels or NONE) do
+        if not k8s.label(ctx.pod, key) then
+            if workload.exempt(ctx.pod, ctx.req.namespace, ctx.cfg) then
+                return
+            end
+            ctx.req:deny(string.format("GPU pods need the label %s for cost attribution; add metadata.labels.%s", key, key))
         end
     end
 end
@@ -360,7 +365,7 @@ local function create_rules(req, pod, spec, cfg)
         return
     end
     equal_requests_rules(req, containers)
-    label_rules(req, pod, cfg)
+    label_rules(ctx)
     runtime_rules(req, pod, spec, cfg)
 end
 
