@@ -363,12 +363,14 @@ local function intent_of(pod)
     end
     -- The regular containers (spec.containers without nulls, as k8s.containers(spec, REGULAR)
     -- yields them, without its option checks), walked once and then read as a list.
-    local regular, is_regular = {}, {}
+    local regular, names, is_regular = {}, {}, {}
     local list = spec.containers
     for _, c in ipairs(type(list) == "table" and list or NONE) do
         if type(c) == "table" then
+            local name = gg.peek(c, "name") -- peek: most containers stay untouched
             regular[#regular + 1] = c
-            is_regular[gg.peek(c, "name")] = true -- peek: most containers stay untouched
+            names[#regular] = name
+            is_regular[name] = true
         end
     end
     -- A per-container annotation must name a regular container (a typo would drop the request).
@@ -395,12 +397,12 @@ local function intent_of(pod)
     end
     if stray then
         table.sort(stray)
-        local names = {}
-        for i, c in ipairs(regular) do
-            names[i] = tostring(c.name)
+        local shown = {}
+        for i = 1, #regular do
+            shown[i] = tostring(names[i])
         end
         return nil, string.format("annotation %s names no container of the pod; use one of %s", stray[1],
-            table.concat(names, ", "))
+            table.concat(shown, ", "))
     end
     local out, by_name, limits, requests = {}, {}, NONE, NONE
     local pod_fraction = annotation(pod, meta, annotations, M.FRACTION)
@@ -431,8 +433,7 @@ local function intent_of(pod)
         local c = regular[i]
         local fkey, mkey, f, m
         if per_container then
-            local name = gg.peek(c, "name")
-            fkey, mkey = M.FRACTION .. "." .. name, M.MEMORY .. "." .. name
+            fkey, mkey = M.FRACTION .. "." .. names[i], M.MEMORY .. "." .. names[i]
             f, m = annotation(pod, meta, annotations, fkey), annotation(pod, meta, annotations, mkey)
         end
         local msg

@@ -237,11 +237,22 @@ static const json_t *json_member(lua_State *L, const json_t *v, int k)
     return NULL;
 }
 
+/* Replace the value on the top of the stack with value[k] for the keys in arguments from..to,
+ * read as a policy would (a stub filled, a view's member behind its view). */
+static void read_keys(lua_State *L, int from, int to)
+{
+    for (int i = from; i <= to; i++) {
+        lua_pushvalue(L, i);
+        lua_gettable(L, -2);
+        lua_remove(L, -2);
+    }
+}
+
 /*
- * Walk t (argument 1) by the keys in arguments from..n-stop.  Leaves on the
- * top the value reached and returns NULL, or, from an unfilled stub on,
- * walks the JSON instead and returns the JSON value reached (pushing
- * nothing); *absent is set when a step finds no member or no table.
+ * Walk t (argument 1) by the keys in arguments 2..n.  Leaves on the top the
+ * value reached and returns NULL, or, from an unfilled stub on, walks the
+ * JSON instead and returns the JSON value reached (pushing nothing);
+ * *absent is set when a step finds no member or no table.
  */
 static const json_t *walk(lua_State *L, int n, bool *absent)
 {
@@ -262,9 +273,7 @@ static const json_t *walk(lua_State *L, int n, bool *absent)
             *absent = v == NULL;
             return v;
         }
-        lua_pushvalue(L, i);
-        lua_gettable(L, -2); /* a filled table, or a view: read as a policy would */
-        lua_remove(L, -2);
+        read_keys(L, i, i);
     }
     const json_t *v = lua_istable(L, -1) ? untouched_source(L, -1) : NULL;
     if (v)
@@ -288,11 +297,7 @@ int lb_peek(lua_State *L)
         lb_push_scalar(L, v);
     } else if (v) { /* a table under a stub: the usual reads make it */
         lua_pushvalue(L, 1);
-        for (int i = 2; i <= n; i++) {
-            lua_pushvalue(L, i);
-            lua_gettable(L, -2);
-            lua_remove(L, -2);
-        }
+        read_keys(L, 2, n);
     }
     return 1;
 }
@@ -333,8 +338,8 @@ int lb_fields(lua_State *L)
     }
     if (!lua_istable(L, out - 1))
         return 1;
-    lb_push_shown(L, out - 1); /* a read through a view left a view: list its table's keys */
-    lb_materialize_if_lazy(L, -1);
+    lb_push_shown(L, out - 1);     /* a read through a view left a view: list its table's keys */
+    lb_materialize_if_lazy(L, -1); /* a stub of an earlier request: it fills as empty */
     int t = lua_gettop(L);
     lua_pushnil(L);
     while (lua_next(L, t)) {

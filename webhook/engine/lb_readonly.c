@@ -257,20 +257,6 @@ void lb_readonly_open(lua_State *L)
     lb_vm_of(L)->ro_target_ref = luaL_ref(L, LUA_REGISTRYINDEX);
 }
 
-/*
- * Replace the table on the top of the stack with its frozen proxy (made
- * once per request); other values, read-only proxies included, stay.
- */
-static void freeze_table(lua_State *L);
-
-void lb_freeze(lua_State *L)
-{
-    if (!lua_istable(L, -1))
-        return;
-    luaL_checkstack(L, 4, "object too deep");
-    freeze_table(L);
-}
-
 /* lb_freeze of the table on the top of the stack, with 4 free slots above it. */
 static void freeze_table(lua_State *L)
 {
@@ -303,6 +289,18 @@ static void freeze_table(lua_State *L)
     lua_rawset(L, -4); /* cache[table] = proxy */
     lua_replace(L, -3);
     lua_pop(L, 1);
+}
+
+/*
+ * Replace the table on the top of the stack with its frozen proxy (made
+ * once per request); other values, read-only proxies included, stay.
+ */
+void lb_freeze(lua_State *L)
+{
+    if (!lua_istable(L, -1))
+        return;
+    luaL_checkstack(L, 4, "object too deep");
+    freeze_table(L);
 }
 
 /*
