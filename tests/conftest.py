@@ -57,8 +57,10 @@ class ApiServerConnection(http.client.HTTPSConnection):
         super().__init__("127.0.0.1", port, timeout=timeout, context=context)
         self._sni = sni
 
-    def connect(self):
-        sock = socket.create_connection((self.host, self.port), self.timeout)
+    def connect(self, sock=None):
+        """TLS over a new TCP connection, or over sock (connected already, for bursts)."""
+        if sock is None:
+            sock = socket.create_connection((self.host, self.port), self.timeout)
         # As the API server's Go client does: without it, the body written after the headers
         # waits for the server's delayed ACK (40 ms a request).
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)

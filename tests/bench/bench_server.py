@@ -280,7 +280,8 @@ def cpu_seconds(pids):
 
 
 def worker_seconds(pid):
-    """utime + stime of each libmicrohttpd worker thread of pid, in seconds, by thread id."""
+    """utime + stime of each webhook worker thread of pid (named at its first connection), in
+    seconds, by thread id."""
     out = {}
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
@@ -288,7 +289,7 @@ def worker_seconds(pid):
         return out
     for task in tasks:
         try:
-            if Path(f"/proc/{pid}/task/{task}/comm").read_text().strip() != "MHD-worker":
+            if Path(f"/proc/{pid}/task/{task}/comm").read_text().strip() != "webhook-worker":
                 continue
         except OSError:
             continue
@@ -938,8 +939,10 @@ def report(ctx):
     row("gpuguard latency p50 / p99 / p99.9 / max", lat_row(g), "p99 ≤ 2 ms")
     row("CPU during the run (cores)", cpu_text("gpuguard", g, ctx))
     if g.get("worker_cores"):
+        # A worker is named at its first connection: one that never had any is not listed.
+        idle = [0.0] * (ctx["server_threads"] - len(g["worker_cores"]))
         row("CPU of each worker thread during the run (cores; even is balanced)",
-            ", ".join(f"{c:.2f}" for c in g["worker_cores"]))
+            ", ".join(f"{c:.2f}" for c in g["worker_cores"] + idle))
     if n:
         row("nginx ceiling requests/s", f"{n['rps']:,.0f}")
         row("nginx latency p50 / p99 / p99.9 / max", lat_row(n))

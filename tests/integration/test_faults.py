@@ -353,6 +353,49 @@ def test_flood_of_connections_past_the_limit(serve):
     assert_recovered(srv, baseline)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_burst_past_the_limit_while_every_worker_is_busy(serve, threads):
+    """30 TCP connects at once, no TLS, against --max-connections 4 while
+    every worker runs a stuck review: the accepting thread hands over only
+    what fits and closes the rest at once.  Counted when a worker takes them
+    instead, all 30 passed while the workers were busy and reached
+    libmicrohttpd's own per-worker limit, whose refusal path (0.9.75) leaves
+    a mutex locked: the workers hung for good, /healthz still said 200 and
+    SIGTERM hung."""
+    # A stuck review holds its worker until the engine's timeout (not its instruction budget).
+    srv = serve("--threads", str(threads), "--max-connections", "4", "--request-timeout", "60",
+                engine="timeout: 2s\n  instructions: 1000000000000")
+    baseline = warm_up(srv)
+    stuck = [srv.connect(timeout=HANG) for _ in range(threads)]
+    answers = []
+    clients = [threading.Thread(target=lambda c=conn: answers.append(
+        c.review(json.dumps(stuck_review()).encode(), path="/validate", timeout="10s")[0]))
+        for conn in stuck]
+    for client in clients:
+        client.start()
+    assert wait_for(lambda: gauge(srv, "gpuguard_inflight_requests") == threads)
+    burst = []
+    for _ in range(30):
+        sock = socket.socket()
+        sock.setblocking(False)
+        try:
+            sock.connect(("127.0.0.1", srv.port))
+        except BlockingIOError:
+            pass
+        burst.append(sock)
+    for client in clients:
+        client.join(timeout=HANG)
+    assert answers == [200] * threads  # the stuck reviews' failure verdicts
+    assert wait_for(lambda: gauge(srv, "gpuguard_open_connections") == 4)
+    with pytest.raises(CLOSED):
+        expect_normal(srv, srv.connect(timeout=HANG))
+    for sock in burst + [conn.sock for conn in stuck]:
+        sock.close()
+    assert wait_for(lambda: gauge(srv, "gpuguard_open_connections") == 0)
+    assert_recovered(srv, baseline)
+    assert not [r for r in srv.log_lines() if "connection limit" in r.get("msg", "")]
+
+
 # ---- bad bodies -------------------------------------------------------------------
 
 def test_oversized_bodies_get_413(serve):

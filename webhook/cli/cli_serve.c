@@ -75,7 +75,9 @@ static void serve_usage(FILE *out)
                  "  --client-ca FILE          require client certificates signed by these CAs\n"
                  "                            (mutual TLS with the API server) [off]\n");
     eo_help_engine(out, EO_ENGINE, SERVE_HELP_WIDTH);
-    fprintf(out, "  --threads N               webhook worker threads [number of CPUs]\n"
+    fprintf(out, "  --threads N               webhook worker threads; new connections go to\n"
+                 "                            each in turn, skipping those busy with a review\n"
+                 "                            [number of CPUs]\n"
                  "  --max-body BYTES          larger request bodies get 413 [16777216]\n"
                  "  --max-connections N       open connections on the webhook port [4096]\n"
                  "  --request-timeout SECONDS time for a request's headers and body [10]\n"

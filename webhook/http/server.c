@@ -1,21 +1,26 @@
 /*
  * server.c - libmicrohttpd front end: TLS webhook port and plain ops port.
  *
- * The only file that includes microhttpd.h.  The webhook daemon runs a pool
- * of poll() worker threads (not epoll: in libmicrohttpd 0.9.75,
- * MHD_quiesce_daemon on an epoll daemon with internal threads races its
- * workers for the listen socket and can abort the process, which would turn
- * every SIGTERM into a crash); each request is handled to the end on the worker
- * that read it (policies are bounded by their own budgets and the request
- * deadline), so there is no hand-off between threads.  Refusals that need
+ * The only file that includes microhttpd.h.  The webhook runs one daemon
+ * per worker thread, each a poll() loop without a listening socket of its
+ * own; one thread accepts (acceptor.h) and hands each new connection to the
+ * next worker in turn that is not running a review (MHD_add_connection),
+ * so that a burst of connections spreads across the workers and none waits
+ * behind a slow review while another worker idles.  Each request is handled
+ * to the end on the worker that read it (policies are bounded by their own
+ * budgets and the request deadline), so there is no hand-off between
+ * threads after the accept.  Refusals that need
  * no body (404, 405, 415, 413 by Content-Length) are answered from the
  * headers, before a byte of the body is buffered.
  *
- * --max-connections is enforced here, not by libmicrohttpd's own limit: a
- * worker at that limit stops polling the listen socket, so a connection
- * past it would sit in the kernel's backlog, its handshake hung, until
- * some idle connection times out (120 s).  Instead the library's limit is
- * set above ours and a connection past ours is accepted and closed at once.
+ * --max-connections is enforced by the accepting thread, before the
+ * hand-off: a connection past it is accepted and closed at once, so its
+ * client sees the connection closed instead of a hung handshake.  The
+ * library's own per-worker limit is set above ours and must never be
+ * reached: in libmicrohttpd 0.9.75 a worker that refuses a handed-over
+ * connection at that limit leaves a mutex of its own locked, and hangs at
+ * its next close (a burst of 30 connects against --max-connections 4 froze
+ * the workers while /healthz said 200).
  * A slot is held no longer than --request-timeout by a request that is
  * late (sweeper.h), however slowly its bytes trickle in.
  */
@@ -26,6 +31,7 @@
 #include "util/buf.h"
 #include "util/log.h"
 #include "util/metrics.h"
+#include "http/acceptor.h"
 #include "http/review.h"
 #include "http/sweeper.h"
 #include "http/tlscreds.h"
@@ -69,11 +75,15 @@
 struct srv {
     bool require_client_cert;
     struct sweeper *sweeper; /* the request deadline of the webhook's connections */
-    struct MHD_Daemon *webhook;
+    struct acceptor *acceptor;
+    struct worker *workers;
+    unsigned n_workers;
+    atomic_uint next_worker; /* where the acceptor's round starts */
+    uint16_t port;
     struct MHD_Daemon *ops;
     size_t max_body;
     unsigned max_connections;
-    atomic_uint open_connections;
+    atomic_uint open_connections; /* handed to a worker and not yet closed */
     struct engine *engine;
     void (*ready_note)(void *ctx, char *out, size_t size);
     void *ready_note_ctx;
@@ -81,6 +91,16 @@ struct srv {
     pthread_mutex_t reason_lock;
     char not_ready_reason[256];
 };
+
+/* A webhook worker: its daemon and whether its thread is running a review now. */
+struct worker {
+    struct srv *s;
+    struct MHD_Daemon *daemon;
+    atomic_bool reviewing;
+};
+
+/* The worker whose thread this is (set at its first connection). */
+static _Thread_local struct worker *this_worker;
 
 /* Per-request state, created on the first call for a request. */
 struct request {
@@ -324,7 +344,12 @@ static enum MHD_Result on_webhook(void *cls, struct MHD_Connection *c, const cha
         snprintf(reason, sizeof(reason), "body is over the limit of %zu bytes", s->max_body);
         return refuse(c, rq, MHD_HTTP_CONTENT_TOO_LARGE, url, reason);
     }
-    return answer_review(s, c, rq, url);
+    if (this_worker) /* the acceptor gives new connections to other workers meanwhile */
+        atomic_store(&this_worker->reviewing, true);
+    enum MHD_Result ret = answer_review(s, c, rq, url);
+    if (this_worker)
+        atomic_store(&this_worker->reviewing, false);
+    return ret;
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
@@ -522,67 +547,109 @@ static void open_connection(struct srv *s, struct MHD_Connection *c, void **sock
         require_client_cert(session);
 }
 
+/* The worker threads' name in ps and top -H (libmicrohttpd calls them all MHD-single). */
+#define WORKER_THREAD_NAME "webhook-worker"
+
 static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
                           enum MHD_ConnectionNotificationCode toe)
 {
-    struct srv *s = cls;
+    struct worker *w = cls;
+    struct srv *s = w->s;
     bool started = toe == MHD_CONNECTION_NOTIFY_STARTED;
+    if (!this_worker) { /* runs on the worker: its first connection names it */
+        pthread_setname_np(pthread_self(), WORKER_THREAD_NAME);
+        this_worker = w;
+    }
     if (started) {
         open_connection(s, c, socket_context);
-        atomic_fetch_add(&s->open_connections, 1);
     } else {
         sw_close(*socket_context);
         *socket_context = NULL;
-        atomic_fetch_sub(&s->open_connections, 1);
+        atomic_fetch_sub(&s->open_connections, 1); /* counted by hand_to_worker */
     }
     metrics_connections_add(started ? 1 : -1);
 }
 
-/*
- * Called on the worker that accepted the connection, before it is set up:
- * past --max-connections the socket is closed at once, so the client sees
- * its connection closed instead of a hung handshake.  Workers accepting at
- * the same moment may overshoot by a connection each; the library's own
- * limit (threads x (max + 1)) stays the hard bound.
- */
-static enum MHD_Result accept_policy(void *cls, const struct sockaddr *addr, socklen_t len)
+/* One worker: a daemon with its own poll thread, given connections by the acceptor. */
+static struct MHD_Daemon *start_worker(struct worker *w, const struct srv_config *cfg)
 {
-    (void)addr;
-    (void)len;
-    struct srv *s = cls;
-    if (atomic_load(&s->open_connections) < s->max_connections)
-        return MHD_YES;
-    log_msg(LOG_DEBUG, "connection refused: %u connections open, the limit", s->max_connections);
-    return MHD_NO;
+    unsigned flags = MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_TLS | MHD_USE_ERROR_LOG | MHD_USE_ITC |
+                     MHD_USE_NO_LISTEN_SOCKET;
+    /* MHD_OPTION_HTTPS_MEM_TRUST must not be passed at all without client CAs. */
+    struct MHD_OptionItem extra[2] = {{MHD_OPTION_END, 0, NULL}, {MHD_OPTION_END, 0, NULL}};
+    if (cfg->client_ca_pem)
+        extra[0] =
+            (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_TRUST, 0, (void *)cfg->client_ca_pem};
+    /* Never reached (see the top of this file): a worker holds at most the
+     * connections handed to it and not yet closed, and hand_to_worker keeps
+     * all of those within max_connections.  The library counts a connection
+     * from the moment its worker takes it off the hand-off queue until after
+     * the CLOSED notice, both on the worker's own thread. */
+    struct srv *s = w->s;
+    return MHD_start_daemon(
+        flags, 0, NULL, NULL, on_webhook, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
+        MHD_OPTION_CONNECTION_LIMIT, cfg->max_connections + 1, MHD_OPTION_CONNECTION_TIMEOUT,
+        cfg->idle_timeout_s, MHD_OPTION_HTTPS_CERT_CALLBACK, tls_creds_retrieve,
+        MHD_OPTION_HTTPS_PRIORITIES, TLS_PRIORITIES, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+        MHD_OPTION_NOTIFY_CONNECTION, on_connection, w, MHD_OPTION_ARRAY, extra, MHD_OPTION_END);
 }
 
-static struct MHD_Daemon *start_webhook(struct srv *s, const struct srv_config *cfg,
-                                        struct sockaddr_storage *addr)
+/*
+ * On the accepting thread: past --max-connections the socket is closed at
+ * once; else it is counted (until its worker's CLOSED notice) and given to
+ * the next worker in turn that is not running a review, or the next in turn
+ * when all are.  The worker owns the socket from here on: libmicrohttpd
+ * closes it on any failure, and a failure after the worker took it is
+ * followed by the CLOSED notice.  (One that fails before: out of memory for
+ * the connection's pool, keeps its count: a slot lost, never an extra one.)
+ */
+static void hand_to_worker(void *ctx, int fd, const struct sockaddr *addr, socklen_t len)
 {
-    unsigned flags = MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_TLS | MHD_USE_ERROR_LOG | MHD_USE_ITC;
-    if (addr->ss_family == AF_INET6)
-        flags |= MHD_USE_IPv6;
-    /* Options passed only when set: MHD_OPTION_HTTPS_MEM_TRUST must not be
-     * passed at all without client CAs, and a pool size of 0 draws a warning. */
-    struct MHD_OptionItem extra[3];
-    size_t n = 0;
-    if (cfg->client_ca_pem)
-        extra[n++] =
-            (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_TRUST, 0, (void *)cfg->client_ca_pem};
-    unsigned workers = cfg->threads > 1 ? cfg->threads : 1;
-    if (workers > 1)
-        extra[n++] = (struct MHD_OptionItem){MHD_OPTION_THREAD_POOL_SIZE, workers, NULL};
-    extra[n] = (struct MHD_OptionItem){MHD_OPTION_END, 0, NULL};
-    /* The library splits its limit between the workers; each must keep polling
-     * the listen socket up to ours (see accept_policy). */
-    unsigned mhd_limit = (cfg->max_connections + 1) * workers;
-    return MHD_start_daemon(
-        flags, 0, accept_policy, s, on_webhook, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
-        MHD_OPTION_SOCK_ADDR, (struct sockaddr *)addr, MHD_OPTION_CONNECTION_LIMIT, mhd_limit,
-        MHD_OPTION_CONNECTION_TIMEOUT, cfg->idle_timeout_s, MHD_OPTION_HTTPS_CERT_CALLBACK,
-        tls_creds_retrieve, MHD_OPTION_HTTPS_PRIORITIES, TLS_PRIORITIES,
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection,
-        s, MHD_OPTION_ARRAY, extra, MHD_OPTION_END);
+    struct srv *s = ctx;
+    if (atomic_load(&s->open_connections) >= s->max_connections) {
+        close(fd);
+        log_msg(LOG_DEBUG, "connection refused: %u connections open, the limit",
+                s->max_connections);
+        return;
+    }
+    atomic_fetch_add(&s->open_connections, 1);
+    unsigned first = atomic_fetch_add(&s->next_worker, 1) % s->n_workers;
+    struct worker *w = &s->workers[first];
+    for (unsigned k = 0; k < s->n_workers; k++) {
+        struct worker *candidate = &s->workers[(first + k) % s->n_workers];
+        if (!atomic_load(&candidate->reviewing)) {
+            w = candidate;
+            break;
+        }
+    }
+    if (MHD_add_connection(w->daemon, fd, addr, len) != MHD_YES)
+        atomic_fetch_sub(&s->open_connections, 1); /* closed, never queued */
+}
+
+/* The workers, then the acceptor; a worker that fails to start stops the ones before it. */
+static enum gg_status start_webhook(struct srv *s, const struct srv_config *cfg,
+                                    const struct sockaddr_storage *addr, struct gg_err *err)
+{
+    unsigned n = cfg->threads > 1 ? cfg->threads : 1;
+    s->workers = calloc(n, sizeof(*s->workers));
+    if (!s->workers)
+        return gg_fail(err, GG_ERR_NOMEM, "out of memory");
+    for (unsigned i = 0; i < n; i++) {
+        s->workers[i].s = s;
+        s->workers[i].daemon = start_worker(&s->workers[i], cfg);
+        if (!s->workers[i].daemon)
+            return gg_fail(err, GG_ERR_IO,
+                           "cannot serve HTTPS on %s (certificate or key rejected?)", cfg->listen);
+        s->n_workers++;
+    }
+    return acc_start(addr, cfg->listen, hand_to_worker, s, &s->port, &s->acceptor, err);
+}
+
+static void stop_workers(struct srv *s)
+{
+    for (unsigned i = 0; i < s->n_workers; i++)
+        MHD_stop_daemon(s->workers[i].daemon);
+    free(s->workers);
 }
 
 /*
@@ -642,13 +709,8 @@ enum gg_status srv_start(const struct srv_config *cfg, struct srv **out, struct 
     snprintf(s->not_ready_reason, sizeof(s->not_ready_reason), "starting");
     if ((st = sw_new((int64_t)cfg->request_timeout_s * 1000, &s->sweeper, err)) != GG_OK)
         goto fail;
-    s->webhook = start_webhook(s, cfg, &hook_addr);
-    if (!s->webhook) {
-        st = gg_fail(err, GG_ERR_IO,
-                     "cannot serve HTTPS on %s (address in use, or certificate/key rejected)",
-                     cfg->listen);
+    if ((st = start_webhook(s, cfg, &hook_addr, err)) != GG_OK)
         goto fail;
-    }
     s->ops = start_ops(s, &ops_addr);
     if (!s->ops) {
         st = gg_fail(err, GG_ERR_IO, "cannot serve the ops port on %s (address in use?)",
@@ -658,8 +720,8 @@ enum gg_status srv_start(const struct srv_config *cfg, struct srv **out, struct 
     *out = s;
     return GG_OK;
 fail:
-    if (s->webhook)
-        MHD_stop_daemon(s->webhook);
+    acc_stop(s->acceptor);
+    stop_workers(s);
     sw_free(s->sweeper);
     pthread_mutex_destroy(&s->reason_lock);
     free(s);
@@ -674,7 +736,7 @@ static uint16_t bound_port(struct MHD_Daemon *d)
 
 uint16_t srv_port(const struct srv *s)
 {
-    return bound_port(s->webhook);
+    return s->port;
 }
 
 uint16_t srv_ops_port(const struct srv *s)
@@ -696,9 +758,7 @@ void srv_stop(struct srv *s, int64_t grace_ms)
         return;
     srv_set_ready(s, false, "shutting down");
     atomic_store(&draining, true);
-    MHD_socket listener = MHD_quiesce_daemon(s->webhook);
-    if (listener != MHD_INVALID_SOCKET)
-        close(listener);
+    acc_stop(s->acceptor);
     /* Wait for the requests in flight and, for a moment, for the kept-alive
      * connections to send their next request and be answered with
      * Connection: close; only the idle ones are left for the stop to cut. */
@@ -712,7 +772,7 @@ void srv_stop(struct srv *s, int64_t grace_ms)
     if (metrics_inflight() > 0)
         log_msg(LOG_WARN, "shutdown: %ld requests still in flight after %lld ms",
                 metrics_inflight(), (long long)grace_ms);
-    MHD_stop_daemon(s->webhook);
+    stop_workers(s);
     MHD_stop_daemon(s->ops);
     sw_free(s->sweeper);
     pthread_mutex_destroy(&s->reason_lock);
