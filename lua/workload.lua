@@ -296,6 +296,16 @@ local function fraction_of(text, key)
     return milli
 end
 
+-- k8s.get_resource(c, section, "nvidia.com/gpu"), read without filling c when it is a string
+-- or absent (anything else goes through get_resource, which converts it or says what is wrong).
+local function gpu_resource(c, section)
+    local v = gg.peek(c, "resources", section, GPU)
+    if v == nil or type(v) == "string" then
+        return v
+    end
+    return k8s.get_resource(c, section, GPU)
+end
+
 -- The container a pod-level fraction or memory belongs to, from the list of regular ones.  What
 -- it reads of container i's nvidia.com/gpu goes to limits[i] and requests[i] (false for none),
 -- where intent finds it again.
@@ -303,9 +313,9 @@ local function pod_level_target(regular, limits, requests)
     local with_gpu
     for i = 1, #regular do
         local c = regular[i]
-        limits[i] = k8s.get_resource(c, "limits", GPU) or false
+        limits[i] = gpu_resource(c, "limits") or false
         if not limits[i] then
-            requests[i] = k8s.get_resource(c, "requests", GPU) or false
+            requests[i] = gpu_resource(c, "requests") or false
         end
         if limits[i] or requests[i] then
             if with_gpu then
@@ -327,16 +337,6 @@ local function annotation(pod, meta, annotations, key)
     if v ~= gg.null then
         return v
     end
-end
-
--- k8s.get_resource(c, section, "nvidia.com/gpu"), read without filling c when it is a string
--- or absent (anything else goes through get_resource, which converts it or says what is wrong).
-local function gpu_resource(c, section)
-    local v = gg.peek(c, "resources", section, GPU)
-    if v == nil or type(v) == "string" then
-        return v
-    end
-    return k8s.get_resource(c, section, GPU)
 end
 
 -- The intent entry of container c, added to out when new.
