@@ -534,13 +534,34 @@ local function resource_dialects(spec, out)
     end
 end
 
+-- Does the pod ask through gpuguard's own annotations (fraction or memory, of the pod or of one
+-- container)?
+local function asks_gpuguard(pod)
+    local meta = k8s.pod_meta(pod)
+    for key in pairs(meta and type(meta.annotations) == "table" and meta.annotations or NONE) do
+        if key == M.FRACTION or key == M.MEMORY or (type(key) == "string" and key:sub(1, #OWN) == OWN
+            and (key:sub(1, #FRACTION_DOT) == FRACTION_DOT or key:sub(1, #MEMORY_DOT) == MEMORY_DOT)) then
+            return true
+        end
+    end
+    return false
+end
+
 --- The dialects a pod is written in, as a set: "device-plugin", "mig", "shared", "dra", "kai",
---- "hami", "volcano", "gpuguard" (its own annotations).  Cheap: reads no DRA object.
-function M.dialects(pod)
+--- "hami", "volcano", "gpuguard" (its own annotations).  Cheap: reads no DRA object.  With
+--- own_first, a pod that asks through gpuguard's annotations gets { gpuguard = true } alone,
+--- without the walk of its containers: for a caller to whom that request outweighs the others.
+function M.dialects(pod, own_first)
     local out = {}
     local spec = k8s.pod_spec(pod)
     if not spec then
         return out
+    end
+    if asks_gpuguard(pod) then
+        out.gpuguard = true
+        if own_first then
+            return out
+        end
     end
     resource_dialects(spec, out)
     if out.hami then
@@ -553,14 +574,6 @@ function M.dialects(pod)
     if annotation_in(annotations, M.KAI_FRACTION) or annotation_in(annotations, M.KAI_MEMORY)
         or annotation_in(annotations, M.KAI_DEVICES) then
         out.kai = true
-    end
-    local meta = k8s.pod_meta(pod)
-    for key in pairs(meta and type(meta.annotations) == "table" and meta.annotations or NONE) do
-        if key == M.FRACTION or key == M.MEMORY or (type(key) == "string" and key:sub(1, #OWN) == OWN
-            and (key:sub(1, #FRACTION_DOT) == FRACTION_DOT or key:sub(1, #MEMORY_DOT) == MEMORY_DOT)) then
-            out.gpuguard = true
-            break
-        end
     end
     return out
 end

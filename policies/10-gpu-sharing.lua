@@ -252,7 +252,7 @@ local function decide(req, pod, cfg)
     if #fleet.pools(cfg) == 0 then
         return
     end
-    local dialects = intent.dialects(pod)
+    local dialects = intent.dialects(pod, true)
     if not dialects.gpuguard then -- gpuguard's own request wins over what a backend wrote for it
         local dialect, msg = intent.foreign(dialects)
         if msg then
