@@ -136,18 +136,16 @@ local function configured_ref(ctx, c, kind, index, e)
     return false
 end
 
--- Each read of the pod in validate is a C call: lists are walked by index (ipairs adds a call
--- per entry) and fields read once into locals.
+-- Each read of the pod in validate is a C call, and the first read of a table gives it a view
+-- and fills it: the names of a container's variables are read with gg.peek (the entries stay
+-- untouched) and an entry itself only for a GPU variable; lists are walked by index (ipairs adds
+-- a call per entry) and fields read once into locals.
 local function env_rules(ctx, c, kind, index)
     local env = c.env
-    env = type(env) == "table" and env or NONE
-    for i = 1, #env do
-        local e = env[i]
-        if e == nil then
-            break
-        end
-        local name = type(e) == "table" and e.name
-        if GPU_ENV[name] and not NO_GPU_VALUES[e.value] and not configured_ref(ctx, c, kind, index, e) then
+    for i = 1, type(env) == "table" and #gg.fields(env) or 0 do
+        local name = gg.peek(env, i, "name")
+        local e = GPU_ENV[name] and env[i]
+        if e and not NO_GPU_VALUES[e.value] and not configured_ref(ctx, c, kind, index, e) then
             if ctx.gpu then
                 deny_unless_exempt(ctx, string.format("container %s sets %s; remove it: the device plugin sets which GPUs and driver features a container gets",
                     c.name, name))
@@ -173,8 +171,10 @@ end
 -- shared() is asked only of pods that set what it could forbid.
 local function privilege_rules(ctx, c)
     local sc = c.securityContext
-    sc = type(sc) == "table" and sc or NONE
-    if sc.privileged == true then
+    if type(sc) ~= "table" then
+        return
+    end
+    if gg.peek(sc, "privileged") == true then
         if shared(ctx) then
             ctx.req:deny(string.format("container %s is privileged on a shared GPU and would see every GPU of the node; drop privileged or use exclusive GPUs",
                 c.name))
@@ -183,8 +183,7 @@ local function privilege_rules(ctx, c)
                 c.name))
         end
     end
-    local caps = sc.capabilities
-    caps = type(caps) == "table" and caps.add
+    local caps = gg.peek(sc, "capabilities", "add")
     for _, cap in ipairs(type(caps) == "table" and caps or NONE) do
         local name = type(cap) == "string" and cap:upper():gsub("^CAP_", "")
         if SHARED_GPU_CAPS[name] and shared(ctx) then
@@ -232,21 +231,15 @@ end
 
 local function host_path_rules(ctx)
     local volumes = ctx.spec.volumes
-    volumes = type(volumes) == "table" and volumes or NONE
-    for i = 1, #volumes do
-        local v = volumes[i]
-        if v == nil then
-            break
-        end
-        local host = type(v) == "table" and v.hostPath
-        local path = type(host) == "table" and host.path
+    for i = 1, type(volumes) == "table" and #gg.fields(volumes) or 0 do
+        local path = gg.peek(volumes, i, "hostPath", "path") -- peek: most volumes stay untouched
         if type(path) == "string" then
             local p = path_parts(path)
             for _, entry in ipairs(guardrails_of(ctx.cfg).host_paths or DEFAULT_HOST_PATHS) do
                 local how = path_hits(p, path_parts(entry))
                 if how then
                     deny_unless_exempt(ctx, string.format("volume %s mounts %s from the host, which %s the GPU device and driver path %s; remove it and ask for a GPU through the device plugin",
-                        tostring(v.name), path, how, entry))
+                        tostring(volumes[i].name), path, how, entry))
                     break
                 end
             end
