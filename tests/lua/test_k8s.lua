@@ -609,6 +609,8 @@ T["label and annotation read objects and metadata"] = function()
     eq(k8s.label(deployment(), "tier"), "serving", "a deployment's own label")
     eq(k8s.label(deployment(), "app"), nil, "not the template's label")
     eq(k8s.label(json { kind = "Pod", metadata = { labels = gg.null } }, "app"), nil, "null labels")
+    eq(k8s.label(json { kind = "Pod", metadata = { labels = { app = gg.null } } }, "app"), nil, "null label")
+    eq(k8s.label(json { kind = "Pod", metadata = { labels = "x" } }, "app"), nil, "labels not a map")
     eq(k8s.label(json { kind = "Pod", spec = gg.object() }, "app"), nil, "no metadata")
     eq(k8s.label(nil, "app"), nil, "nil")
 end
