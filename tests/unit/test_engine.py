@@ -219,6 +219,27 @@ def test_mutation_is_idempotent(engine):
     assert again["patch"] == []
 
 
+@pytest.mark.parametrize("edit,where", [
+    (r'obj.metadata.labels = {x = "\255"}', "a string is not valid UTF-8 at /metadata/labels/x"),
+    (r'obj.metadata.labels = {["\255"] = "v"}', "an object key is not valid UTF-8 at /metadata/labels"),
+    (r'obj.metadata["a\0b"] = "v"', "diff: an object key contains a NUL byte"),
+    (r'obj.spec.containers[1]["\192\128"] = 1',
+     r"an object key is not valid UTF-8 at /spec/containers/0/\xc0\x80"),
+    (r'obj.metadata.labels = {["\226\130\172\n"] = "\255"}',
+     "a string is not valid UTF-8 at /metadata/labels/\u20ac\\x0a"),
+    (r'obj.metadata.labels = {[string.rep("\226\130\172", 60)] = "\255"}',
+     "a string is not valid UTF-8 at /metadata/labels/" + "\u20ac" * 47),
+])
+def test_an_edit_that_is_not_json_is_refused_with_a_message_that_is(engine, edit, where):
+    """Keys and strings must be UTF-8; the denial names where, with the bad bytes escaped
+    and a long path cut between characters, so the message itself is valid JSON text."""
+    engine.policy("10-edit.lua", f"return {{ name = 'edit', mutate = function(req, obj) {edit} end }}")
+    v = engine.run(review(pod()), phases="mutate")
+    assert not v["allowed"]
+    assert v["message"] == "the edited object cannot be JSON: " + where
+    assert v["patch"] == []
+
+
 def test_later_policies_see_earlier_edits(engine):
     engine.policy("10-add-label.lua", ADD_LABEL)
     engine.policy("20-check.lua", """

@@ -1378,6 +1378,48 @@ static void test_depth_bound(void **state)
     }
 }
 
+/* jansson's own verdict: json_stringn checks UTF-8 and nothing else. */
+static bool jansson_utf8(const unsigned char *s, size_t len)
+{
+    json_t *v = json_stringn((const char *)s, len);
+    json_decref(v);
+    return v != NULL;
+}
+
+/*
+ * jf_utf8_valid agrees with jansson on every one- and two-byte string,
+ * every three-byte one from a lead byte 0xc0 up, a stride of the others, and on each of those
+ * placed after and inside an ASCII run long enough for the 8-byte step.
+ */
+static void test_utf8_valid_matches_jansson(void **state)
+{
+    (void)state;
+    unsigned char buf[32];
+    memset(buf, 'a', sizeof(buf));
+    assert_true(jf_utf8_valid("", 0));
+    for (uint32_t x = 0; x < (1u << 24); x++) {
+        unsigned char b[4] = {(unsigned char)(x >> 16), (unsigned char)(x >> 8), (unsigned char)x,
+                              (unsigned char)(x * 7 + 0x80)};
+        for (size_t len = 1; len <= 4; len++) {
+            if ((len == 1 && x > 0xff) || (len == 2 && x > 0xffff) || (len == 4 && x % 61) ||
+                (len == 3 && b[0] < 0xc0 && x % 61)) /* ASCII or stray lead: a sample */
+                continue;
+            const unsigned char *s = len == 1 ? b + 2 : len == 2 ? b + 1 : b;
+            bool want = jansson_utf8(s, len);
+            if (jf_utf8_valid((const char *)s, len) != want)
+                fail_msg("%zu bytes %02x %02x %02x %02x: jansson says %d", len, s[0],
+                         len > 1 ? s[1] : 0, len > 2 ? s[2] : 0, len > 3 ? s[3] : 0, want);
+            if (x % 257 == 0) {
+                memcpy(buf + 9, s, len); /* after an 8-byte ASCII step, before another */
+                assert_int_equal(jf_utf8_valid((const char *)buf, 9 + len + 9), want);
+                memset(buf + 9, 'a', len);
+            }
+        }
+    }
+    assert_true(jf_utf8_valid("a\0b", 3)); /* NUL is ASCII for jansson too */
+    assert_true(jansson_utf8((const unsigned char *)"a\0b", 3));
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -1392,6 +1434,7 @@ int main(void)
         cmocka_unit_test(test_reals_match_strtod),
         cmocka_unit_test(test_depth),
         cmocka_unit_test(test_depth_bound),
+        cmocka_unit_test(test_utf8_valid_matches_jansson),
         cmocka_unit_test(test_out_of_memory),
         cmocka_unit_test(test_differential_data_files),
         cmocka_unit_test(test_differential_random),

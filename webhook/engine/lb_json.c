@@ -8,9 +8,11 @@
  * strings.  Conversions refuse nesting deeper than LB_MAX_DEPTH.
  */
 #include "engine/lb_internal.h"
+#include "util/jsonfast.h"
 
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
 void lb_mark(lua_State *L, const void *mt_key)
 {
@@ -121,14 +123,48 @@ bool lb_too_deep(const json_t *v, int depth)
     return false;
 }
 
+/*
+ * Append key to out: as it is when it is UTF-8, control characters and the
+ * bytes of a key that is not UTF-8 as \xNN, cut only between characters,
+ * so the message that names the path is valid UTF-8 whatever the key.
+ */
+static size_t put_key(char *out, size_t size, size_t used, const char *key)
+{
+    size_t len = strlen(key), n;
+    bool utf8 = jf_utf8_valid(key, len);
+    for (size_t i = 0; i < len; i += n) {
+        unsigned char c = (unsigned char)key[i];
+        char piece[5];
+        if (c < 0x20 || c == 0x7f || (c >= 0x80 && !utf8)) {
+            n = 1;
+            snprintf(piece, sizeof(piece), "\\x%02x", c);
+        } else {
+            n = c < 0x80 ? 1 : c < 0xe0 ? 2 : c < 0xf0 ? 3 : 4;
+            memcpy(piece, key + i, n);
+            piece[n] = '\0';
+        }
+        size_t w = strlen(piece);
+        if (used + w >= size)
+            break;
+        memcpy(out + used, piece, w + 1);
+        used += w;
+    }
+    return used;
+}
+
 static void path_format(const struct lb_path *p, char *out, size_t size)
 {
     size_t used = 0;
     out[0] = '\0';
-    for (int i = 0; i < p->depth && used < size; i++) {
-        int n = p->seg[i].key ? snprintf(out + used, size - used, "/%s", p->seg[i].key)
-                              : snprintf(out + used, size - used, "/%zu", p->seg[i].index);
-        used += n > 0 ? (size_t)n : 0;
+    for (int i = 0; i < p->depth && used + 1 < size; i++) {
+        out[used++] = '/';
+        out[used] = '\0';
+        if (p->seg[i].key) {
+            used = put_key(out, size, used, p->seg[i].key);
+        } else {
+            int n = snprintf(out + used, size - used, "%zu", p->seg[i].index);
+            used = n > 0 && (size_t)n < size - used ? used + (size_t)n : size - 1;
+        }
     }
     if (!out[0])
         snprintf(out, size, "/");
@@ -211,6 +247,19 @@ bool lb_next_member(lua_State *L, int idx, struct lb_path *p, const char **key, 
     return true;
 }
 
+/* Set obj[key] = item (taken, dropped on failure), a key from Lua that must be UTF-8. */
+static enum gg_status set_member(json_t *obj, const char *key, size_t len, json_t *item,
+                                 const struct lb_path *p, struct gg_err *err)
+{
+    if (!jf_utf8_valid(key, len)) {
+        json_decref(item);
+        return lb_path_fail(p, err, "an object key is not valid UTF-8");
+    }
+    if (json_object_setn_new_nocheck(obj, key, len, item) != 0)
+        return lb_path_fail(p, err, "out of memory");
+    return GG_OK;
+}
+
 static enum gg_status object_to_json(lua_State *L, int idx, struct lb_path *p, json_t **out,
                                      struct gg_err *err)
 {
@@ -223,8 +272,8 @@ static enum gg_status object_to_json(lua_State *L, int idx, struct lb_path *p, j
         json_t *item = NULL;
         st = lb_to_json(L, -1, p, &item, err);
         p->depth--;
-        if (st == GG_OK && json_object_setn_new(obj, key, klen, item) != 0)
-            st = lb_path_fail(p, err, "an object key is not valid UTF-8");
+        if (st == GG_OK)
+            st = set_member(obj, key, klen, item, p, err);
         lua_pop(L, 1);
         if (st != GG_OK)
             lua_pop(L, 1);
@@ -277,8 +326,10 @@ enum gg_status lb_to_json(lua_State *L, int idx, struct lb_path *p, json_t **out
         return table_to_json(L, idx, p, out, err);
     case LUA_TSTRING:
         s = lua_tolstring(L, idx, &len);
-        *out = json_stringn(s, len);
-        return *out ? GG_OK : lb_path_fail(p, err, "a string is not valid UTF-8");
+        if (!jf_utf8_valid(s, len))
+            return lb_path_fail(p, err, "a string is not valid UTF-8");
+        *out = json_stringn_nocheck(s, len);
+        return made(*out, p, err);
     case LUA_TNUMBER:
         if (lua_isinteger(L, idx)) {
             *out = json_integer((json_int_t)lua_tointeger(L, idx));

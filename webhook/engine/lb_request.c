@@ -3,6 +3,7 @@
  * their mutate and validate, what they report, and the clean-up after.
  */
 #include "engine/lb_internal.h"
+#include "util/jsonfast.h"
 
 #include <stddef.h>
 #include <string.h>
@@ -123,9 +124,11 @@ static json_t *checked_string(lua_State *L, int idx, const char *what)
 {
     size_t len;
     const char *s = luaL_checklstring(L, idx, &len);
-    json_t *v = json_stringn(s, len);
-    if (!v)
+    if (!jf_utf8_valid(s, len))
         luaL_error(L, "%s is not valid UTF-8", what);
+    json_t *v = json_stringn_nocheck(s, len);
+    if (!v)
+        luaL_error(L, "out of memory");
     return v;
 }
 

@@ -41,13 +41,28 @@ const char *gg_strerror(enum gg_status status)
     return "unknown error";
 }
 
+/* Drop a UTF-8 sequence that truncation cut short at the end of s (n bytes). */
+static void trim_cut_sequence(char *s, size_t n)
+{
+    size_t i = n;
+    while (i > 0 && n - i < 3 && ((unsigned char)s[i - 1] & 0xc0) == 0x80)
+        i--;
+    unsigned char lead = i > 0 ? (unsigned char)s[i - 1] : 0;
+    size_t need = lead >= 0xf0 ? 4 : lead >= 0xe0 ? 3 : 2;
+    if (lead >= 0xc0 && n - (i - 1) < need)
+        s[i - 1] = '\0';
+}
+
+/* Messages end up in JSON answers: a cut one stays valid UTF-8 (if its parts were). */
 enum gg_status gg_fail(struct gg_err *err, enum gg_status status, const char *fmt, ...)
 {
     if (err) {
         va_list ap;
         va_start(ap, fmt);
-        vsnprintf(err->msg, sizeof(err->msg), fmt, ap);
+        int n = vsnprintf(err->msg, sizeof(err->msg), fmt, ap);
         va_end(ap);
+        if (n >= (int)sizeof(err->msg))
+            trim_cut_sequence(err->msg, sizeof(err->msg) - 1);
     }
     return status;
 }

@@ -259,6 +259,27 @@ static inline size_t utf8_seq(const unsigned char *q, const unsigned char *end)
                : 0;
 }
 
+bool jf_utf8_valid(const char *s, size_t len)
+{
+    const unsigned char *q = (const unsigned char *)s, *end = q + len;
+    while (q < end) {
+        uint64_t word;
+        if (end - q >= 8 && (memcpy(&word, q, 8), (word & 0x8080808080808080u) == 0)) {
+            q += 8;
+            continue;
+        }
+        if (*q < 0x80) {
+            q++;
+            continue;
+        }
+        size_t n = utf8_seq(q, end);
+        if (n == 0)
+            return false;
+        q += n;
+    }
+    return true;
+}
+
 static inline int hexval(unsigned c)
 {
     if (c - '0' < 10)

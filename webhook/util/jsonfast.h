@@ -26,6 +26,7 @@
 #define GG_JSONFAST_H
 
 #include <jansson.h>
+#include <stdbool.h>
 #include <stddef.h>
 
 /* jansson's own nesting limit (JSON_PARSER_MAX_DEPTH). */
@@ -74,5 +75,13 @@ json_t *jf_loadb_depth(const char *text, size_t len, size_t max_depth, size_t *d
  * or end if none: the string scan of the parser, for jsonwrite's escaping.
  */
 const char *jf_scan_plain(const char *p, const char *end);
+
+/*
+ * Whether s[0..len) is valid UTF-8 as jansson judges it (NUL and other
+ * ASCII bytes allowed; no overlong forms, surrogates or code points above
+ * U+10FFFF), at a fraction of json_stringn's per-byte cost: callers check
+ * with it and then use jansson's _nocheck constructors.
+ */
+bool jf_utf8_valid(const char *s, size_t len);
 
 #endif
