@@ -219,6 +219,136 @@ def test_mutation_is_idempotent(engine):
     assert again["patch"] == []
 
 
+# ---- the patch of random edits is jp_diff's --------------------------------
+
+def lua_string(s):
+    """A Lua literal for s, bytes other than letters and digits as decimal escapes."""
+    return '"' + "".join(chr(b) if chr(b).isalnum() else "\\%03d" % b
+                         for b in s.encode()) + '"'
+
+
+def lua_value(v):
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return lua_string(v)
+    if isinstance(v, list):
+        return "{" + ", ".join(map(lua_value, v)) + "}" if v else "gg.array()"
+    return ("{" + ", ".join(f"[{lua_string(k)}] = {lua_value(x)}" for k, x in v.items()) + "}"
+            if v else "gg.object()")
+
+
+def containers_in(v, path=()):
+    if isinstance(v, (dict, list)):
+        yield path, v
+        for k, x in (v.items() if isinstance(v, dict) else enumerate(v)):
+            yield from containers_in(x, path + (k,))
+
+
+def random_edits(rng, doc, count):
+    """Edits made to doc (in place) and the Lua that makes them, one at a time, so each
+    edit sees the document as the previous ones left it.  Only the last may alias."""
+    fresh = [7, 2.5, True, False, "x", "", "a/b~c", {"k": "v", "n": [1, {"z": 0}]},
+             [1, "two"], {"t": {}}]
+    lua = []
+    for n in range(count):
+        path, t = rng.choice(list(containers_in(doc)))
+        at = "obj" + "".join(f"[{k + 1}]" if isinstance(k, int) else f"[{lua_string(k)}]"
+                             for k in path)
+        value = copy.deepcopy(rng.choice(fresh))
+        if isinstance(t, dict):
+            keys = list(t)
+            key = rng.choice(keys) if keys and rng.random() < 0.7 else f"new/{n}~"
+            action = rng.choice(["set", "delete", "touch", "same", "move"] if key in t
+                                else ["set"])
+            if action == "move" and n == count - 1 and len(keys) > 1:
+                src = rng.choice([k for k in keys if k != key])
+                t[key] = copy.deepcopy(t[src])
+                lua.append(f"{at}[{lua_string(key)}] = {at}[{lua_string(src)}]")
+            elif action == "delete":
+                del t[key]
+                lua.append(f"{at}[{lua_string(key)}] = nil")
+            elif action == "touch":
+                lua.append(f"do local _ = {at}[{lua_string(key)}] end")
+            elif action == "same":  # a new table, or a scalar, equal to what is there
+                lua.append(f"{at}[{lua_string(key)}] = {lua_value(t[key])}")
+            else:
+                t[key] = value
+                lua.append(f"{at}[{lua_string(key)}] = {lua_value(value)}")
+        else:
+            action = rng.choice(["append", "pop", "set", "touch"] if t else ["append"])
+            if action == "append":
+                t.append(value)
+                lua.append(f"{at}[#{at} + 1] = {lua_value(value)}")
+            elif action == "pop":
+                t.pop()
+                lua.append(f"{at}[#{at}] = nil")
+            else:
+                i = rng.randrange(len(t))
+                if action == "set":
+                    t[i] = value
+                    lua.append(f"{at}[{i + 1}] = {lua_value(value)}")
+                else:
+                    lua.append(f"do local _ = {at}[{i + 1}] end")
+    return lua
+
+
+def assert_patch_is_jp_diff(engine, tmp_path, original, edited, lua):
+    """The policy's edits (Lua lines) give jp_diff's patch from original to edited."""
+    engine.policy("10-edit.lua", 'local gg = require "gpuguard"\n'
+                  'return { name = "edit", mutate = function(req, obj)\n  '
+                  + "\n  ".join(lua) + "\nend }\n")
+    v = engine.run(review(original), phases="mutate")
+    assert v["allowed"], (lua, v)
+    (tmp_path / "a.json").write_text(json.dumps(original))
+    (tmp_path / "b.json").write_text(json.dumps(edited))
+    jp = str(Path(tool()).parent / "jp_tool")
+    out = subprocess.run([jp, "diff", str(tmp_path / "a.json"), str(tmp_path / "b.json")],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0, out.stderr
+    assert v["patch"] == json.loads(out.stdout), lua
+    assert apply(original, v["patch"]) == edited, lua
+    return v["patch"]
+
+
+def test_the_patch_of_random_edits_is_jp_diff_of_the_documents(engine, tmp_path):
+    """The engine compares the Lua object with the original where it stands and converts
+    only what differs; its patch must be the one jp_diff writes for the whole documents,
+    op for op, and turn the original into the edited document."""
+    import random
+    rng = random.Random(20261127)
+    docs = [TRICKY, pod(labels={"app": "x"}, containers=[
+        {"name": "c", "image": "i", "env": [{"name": "A", "value": "1"}],
+         "resources": {"limits": {"nvidia.com/gpu": "1"}}}])]
+    for case in range(60):
+        original = copy.deepcopy(docs[case % len(docs)])
+        edited = copy.deepcopy(original)
+        lua = random_edits(rng, edited, 1 + case % 6)
+        assert_patch_is_jp_diff(engine, tmp_path, original, edited, lua)
+
+
+def test_the_patch_of_many_edits_in_one_object_is_jp_diff(engine, tmp_path):
+    """More differing members in one object than the walk keeps on its stack (16)."""
+    labels = {f"l{i:02d}": str(i) for i in range(30)}
+    original = pod(labels=labels)
+    edited = copy.deepcopy(original)
+    new = edited["metadata"]["labels"]
+    lua = []
+    for i in range(0, 30, 3):
+        del new[f"l{i:02d}"]
+        lua.append(f'obj.metadata.labels["l{i:02d}"] = nil')
+    for i in range(1, 30, 3):
+        new[f"l{i:02d}"] = "changed"
+        lua.append(f'obj.metadata.labels["l{i:02d}"] = "changed"')
+    for i in range(30, 50):
+        new[f"l{i:02d}"] = "added"
+        lua.append(f'obj.metadata.labels["l{i:02d}"] = "added"')
+    patch = assert_patch_is_jp_diff(engine, tmp_path, original, edited, lua)
+    assert len(patch) == 40
+
+
 @pytest.mark.parametrize("edit,where", [
     (r'obj.metadata.labels = {x = "\255"}', "a string is not valid UTF-8 at /metadata/labels/x"),
     (r'obj.metadata.labels = {["\255"] = "v"}', "an object key is not valid UTF-8 at /metadata/labels"),

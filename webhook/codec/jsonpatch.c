@@ -377,14 +377,7 @@ enum gg_status jp_pointer_get(const json_t *doc, const char *pointer, json_t **v
 
 /* ---- diff ------------------------------------------------------------------ */
 
-/* The pointer of the value being compared, grown and cut back as diff recurses. */
-struct pathbuf {
-    char *data;
-    size_t len;
-    size_t cap;
-};
-
-static int pb_reserve(struct pathbuf *pb, size_t extra)
+static int pb_reserve(struct jp_path *pb, size_t extra)
 {
     size_t need = pb->len + extra + 1, cap = pb->cap ? pb->cap : 64;
     char *p;
@@ -404,7 +397,7 @@ static int pb_reserve(struct pathbuf *pb, size_t extra)
     return 0;
 }
 
-static int pb_push_key(struct pathbuf *pb, const char *key, size_t key_len)
+static int pb_push_key(struct jp_path *pb, const char *key, size_t key_len)
 {
     size_t n = jp_escape(key, key_len, NULL, 0);
 
@@ -416,7 +409,7 @@ static int pb_push_key(struct pathbuf *pb, const char *key, size_t key_len)
     return 0;
 }
 
-static int pb_push_index(struct pathbuf *pb, size_t i)
+static int pb_push_index(struct jp_path *pb, size_t i)
 {
     char tok[24];
     int n = snprintf(tok, sizeof(tok), "%zu", i);
@@ -424,14 +417,39 @@ static int pb_push_index(struct pathbuf *pb, size_t i)
     return pb_push_key(pb, tok, (size_t)n);
 }
 
-struct differ {
-    json_t *patch;
-    struct pathbuf path;
-    struct gg_err *err;
-};
+enum gg_status jp_differ_begin(struct jp_differ *d, struct gg_err *err)
+{
+    memset(d, 0, sizeof(*d));
+    d->err = err;
+    d->patch = json_array();
+    return d->patch ? GG_OK : nomem(err);
+}
 
-/* Append {"op", "path": current path, "value": copy of value (if any)}. */
-static enum gg_status emit(struct differ *d, const char *op, const json_t *value)
+json_t *jp_differ_end(struct jp_differ *d, bool keep)
+{
+    json_t *patch = d->patch;
+
+    jp_free(d->path.data);
+    if (!keep)
+        json_decref(patch);
+    memset(d, 0, sizeof(*d));
+    return keep ? patch : NULL;
+}
+
+enum gg_status jp_differ_key(struct jp_differ *d, const char *key, size_t key_len)
+{
+    if (memchr(key, '\0', key_len))
+        return gg_fail(d->err, GG_ERR_INVALID, "diff: an object key contains a NUL byte");
+    return pb_push_key(&d->path, key, key_len) ? nomem(d->err) : GG_OK;
+}
+
+enum gg_status jp_differ_index(struct jp_differ *d, size_t i)
+{
+    return pb_push_index(&d->path, i) ? nomem(d->err) : GG_OK;
+}
+
+/* Append {"op", "path": current path, "value": value (if any)}. */
+enum gg_status jp_differ_emit(struct jp_differ *d, const char *op, const json_t *value)
 {
     json_t *o;
     int bad;
@@ -440,26 +458,22 @@ static enum gg_status emit(struct differ *d, const char *op, const json_t *value
         return gg_fail(d->err, GG_ERR_TOOBIG, "diff: the patch would exceed %d operations",
                        JP_MAX_OPS);
     o = json_object();
-    bad = !o || json_object_set_new(o, "op", json_string(op)) ||
-          json_object_set_new(o, "path", json_stringn(d->path.data, d->path.len)) ||
-          (value && json_object_set_new(o, "value", json_incref((json_t *)value)));
+    /* The path is made of the documents' keys, which jansson holds only as UTF-8. */
+    bad = !o || json_object_set_new_nocheck(o, "op", json_string_nocheck(op)) ||
+          json_object_set_new_nocheck(o, "path", json_stringn_nocheck(d->path.data, d->path.len)) ||
+          (value && json_object_set_new_nocheck(o, "value", json_incref((json_t *)value)));
     if (bad) {
         json_decref(o);
-        return gg_fail(d->err, GG_ERR_NOMEM, "diff: out of memory (or a key is not UTF-8)");
+        return gg_fail(d->err, GG_ERR_NOMEM, "diff: out of memory");
     }
     if (json_array_append_new(d->patch, o))
         return nomem(d->err);
     return GG_OK;
 }
 
-struct key {
-    const char *s;
-    size_t len;
-};
-
-static int key_cmp(const void *pa, const void *pb)
+int jp_key_cmp(const void *pa, const void *pb)
 {
-    const struct key *a = pa, *b = pb;
+    const struct jp_key *a = pa, *b = pb;
     size_t n = a->len < b->len ? a->len : b->len;
     int c = memcmp(a->s, b->s, n);
 
@@ -469,11 +483,11 @@ static int key_cmp(const void *pa, const void *pb)
 }
 
 /* The keys of obj in byte order, so the patch does not depend on insertion order. */
-static enum gg_status sorted_keys(const json_t *obj, struct key **out, size_t *count,
+static enum gg_status sorted_keys(const json_t *obj, struct jp_key **out, size_t *count,
                                   struct gg_err *err)
 {
     size_t n = json_object_size(obj), i = 0;
-    struct key *keys = NULL;
+    struct jp_key *keys = NULL;
     const char *key;
     size_t key_len;
     json_t *v;
@@ -495,31 +509,33 @@ static enum gg_status sorted_keys(const json_t *obj, struct key **out, size_t *c
         i++;
     }
     if (n > 1)
-        qsort(keys, n, sizeof(*keys), key_cmp);
+        qsort(keys, n, sizeof(*keys), jp_key_cmp);
     *out = keys;
     *count = n;
     return GG_OK;
 }
 
-static enum gg_status diff_value(struct differ *d, const json_t *a, const json_t *b, size_t depth);
+static enum gg_status diff_value(struct jp_differ *d, const json_t *a, const json_t *b,
+                                 size_t depth);
 
 /* One member present in a, b or both; the path already names it. */
-static enum gg_status diff_member(struct differ *d, const json_t *a, const json_t *b,
-                                  const struct key *k, size_t depth)
+static enum gg_status diff_member(struct jp_differ *d, const json_t *a, const json_t *b,
+                                  const struct jp_key *k, size_t depth)
 {
     const json_t *va = json_object_getn(a, k->s, k->len);
     const json_t *vb = json_object_getn(b, k->s, k->len);
 
     if (!vb)
-        return emit(d, "remove", NULL);
+        return jp_differ_emit(d, "remove", NULL);
     if (!va)
-        return emit(d, "add", vb); /* a missing parent is added whole */
+        return jp_differ_emit(d, "add", vb); /* a missing parent is added whole */
     return diff_value(d, va, vb, depth);
 }
 
-static enum gg_status diff_object(struct differ *d, const json_t *a, const json_t *b, size_t depth)
+static enum gg_status diff_object(struct jp_differ *d, const json_t *a, const json_t *b,
+                                  size_t depth)
 {
-    struct key *ka = NULL, *kb = NULL;
+    struct jp_key *ka = NULL, *kb = NULL;
     size_t na = 0, nb = 0, i = 0, j = 0;
     enum gg_status st = sorted_keys(a, &ka, &na, d->err);
 
@@ -527,8 +543,8 @@ static enum gg_status diff_object(struct differ *d, const json_t *a, const json_
         st = sorted_keys(b, &kb, &nb, d->err);
     /* Merge the two sorted key lists; each key is visited once. */
     while (st == GG_OK && (i < na || j < nb)) {
-        int c = i == na ? 1 : j == nb ? -1 : key_cmp(&ka[i], &kb[j]);
-        const struct key *k = c <= 0 ? &ka[i] : &kb[j];
+        int c = i == na ? 1 : j == nb ? -1 : jp_key_cmp(&ka[i], &kb[j]);
+        const struct jp_key *k = c <= 0 ? &ka[i] : &kb[j];
         size_t mark = d->path.len;
 
         if (pb_push_key(&d->path, k->s, k->len))
@@ -554,7 +570,7 @@ static int same_prefix(const json_t *a, const json_t *b, size_t n)
     return 1;
 }
 
-static enum gg_status diff_elements(struct differ *d, const json_t *a, const json_t *b,
+static enum gg_status diff_elements(struct jp_differ *d, const json_t *a, const json_t *b,
                                     size_t depth)
 {
     size_t i, n = json_array_size(a), mark = d->path.len;
@@ -569,7 +585,7 @@ static enum gg_status diff_elements(struct differ *d, const json_t *a, const jso
     return st;
 }
 
-static enum gg_status append_tail(struct differ *d, const json_t *b, size_t from)
+static enum gg_status append_tail(struct jp_differ *d, const json_t *b, size_t from)
 {
     size_t i, n = json_array_size(b), mark = d->path.len;
     enum gg_status st = GG_OK;
@@ -577,13 +593,13 @@ static enum gg_status append_tail(struct differ *d, const json_t *b, size_t from
     if (pb_push_key(&d->path, "-", 1))
         return nomem(d->err);
     for (i = from; i < n && st == GG_OK; i++)
-        st = emit(d, "add", json_array_get(b, i));
+        st = jp_differ_emit(d, "add", json_array_get(b, i));
     d->path.len = mark;
     return st;
 }
 
 /* Highest index first, so every remove names an element that still exists. */
-static enum gg_status remove_tail(struct differ *d, size_t size, size_t keep)
+static enum gg_status remove_tail(struct jp_differ *d, size_t size, size_t keep)
 {
     size_t i = size, mark = d->path.len;
     enum gg_status st = GG_OK;
@@ -591,13 +607,14 @@ static enum gg_status remove_tail(struct differ *d, size_t size, size_t keep)
     while (i-- > keep && st == GG_OK) {
         if (pb_push_index(&d->path, i))
             return nomem(d->err);
-        st = emit(d, "remove", NULL);
+        st = jp_differ_emit(d, "remove", NULL);
         d->path.len = mark;
     }
     return st;
 }
 
-static enum gg_status diff_array(struct differ *d, const json_t *a, const json_t *b, size_t depth)
+static enum gg_status diff_array(struct jp_differ *d, const json_t *a, const json_t *b,
+                                 size_t depth)
 {
     size_t na = json_array_size(a), nb = json_array_size(b);
 
@@ -607,7 +624,7 @@ static enum gg_status diff_array(struct differ *d, const json_t *a, const json_t
         return append_tail(d, b, na);
     if (nb < na && same_prefix(a, b, nb))
         return remove_tail(d, na, nb);
-    return emit(d, "replace", b);
+    return jp_differ_emit(d, "replace", b);
 }
 
 /*
@@ -615,7 +632,8 @@ static enum gg_status diff_array(struct differ *d, const json_t *a, const json_t
  * differing subtree is replaced, so no emitted path is deeper than jp_apply
  * (or anything else with a similar bound) accepts.
  */
-static enum gg_status diff_value(struct differ *d, const json_t *a, const json_t *b, size_t depth)
+static enum gg_status diff_value(struct jp_differ *d, const json_t *a, const json_t *b,
+                                 size_t depth)
 {
     if (a == b)
         return GG_OK; /* a shared subtree */
@@ -627,14 +645,19 @@ static enum gg_status diff_value(struct differ *d, const json_t *a, const json_t
     }
     if (values_equal(a, b, 1))
         return GG_OK;
-    return emit(d, "replace", b);
+    return jp_differ_emit(d, "replace", b);
+}
+
+enum gg_status jp_differ_value(struct jp_differ *d, const json_t *a, const json_t *b, size_t depth)
+{
+    return diff_value(d, a, b, depth);
 }
 
 enum gg_status jp_diff(const json_t *original, const json_t *edited, json_t **patch,
                        struct gg_err *err)
 {
-    struct differ d = {NULL, {NULL, 0, 0}, err};
-    enum gg_status st = GG_OK;
+    struct jp_differ d;
+    enum gg_status st;
 
     if (!original || !edited || !patch)
         return gg_fail(err, GG_ERR_INVALID, "diff: NULL argument");
@@ -648,17 +671,13 @@ enum gg_status jp_diff(const json_t *original, const json_t *edited, json_t **pa
                        "a patch may not replace the root",
                        type_name(original), type_name(edited));
     }
-    d.patch = json_array();
-    if (!d.patch)
-        return nomem(err);
-    st = diff_object(&d, original, edited, 0);
-    jp_free(d.path.data);
-    if (st != GG_OK) {
-        json_decref(d.patch);
-        return st;
-    }
-    *patch = d.patch;
-    return GG_OK;
+    st = jp_differ_begin(&d, err);
+    if (st == GG_OK)
+        st = diff_object(&d, original, edited, 0);
+    json_t *done = jp_differ_end(&d, st == GG_OK);
+    if (st == GG_OK)
+        *patch = done;
+    return st;
 }
 
 /* ---- apply ----------------------------------------------------------------- */

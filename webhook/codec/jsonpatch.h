@@ -34,6 +34,7 @@
 #define GG_JSONPATCH_H
 
 #include <jansson.h>
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "util/gpuguard.h"
@@ -84,6 +85,47 @@ enum gg_status jp_pointer_get(const json_t *doc, const char *pointer, json_t **v
  */
 enum gg_status jp_diff(const json_t *original, const json_t *edited, json_t **patch,
                        struct gg_err *err);
+
+/*
+ * A diff built step by step, for a caller that walks the edited document in
+ * a representation of its own (the Lua bridge) and hands over only what
+ * differs, as jansson values, at the path it has reached.  The ops come out
+ * as jp_diff's would when the caller visits object members in jp_key_cmp
+ * order and array elements in index order, and emits for a member only in
+ * edited "add" (whole), only in the original "remove", a differing pair
+ * through jp_differ_value.  The fields are the module's.
+ */
+struct jp_path {
+    char *data; /* the pointer reached, not NUL-terminated */
+    size_t len;
+    size_t cap;
+};
+
+struct jp_differ {
+    json_t *patch;
+    struct jp_path path;
+    struct gg_err *err;
+};
+
+/* An object key, for jp_key_cmp: byte order, a prefix first. */
+struct jp_key {
+    const char *s;
+    size_t len;
+};
+int jp_key_cmp(const void *a, const void *b);
+
+enum gg_status jp_differ_begin(struct jp_differ *d, struct gg_err *err);
+/* The patch (with keep) or NULL; frees everything else. */
+json_t *jp_differ_end(struct jp_differ *d, bool keep);
+/* Enter a member or an element: the path grows; set d->path.len back to leave it.
+ * A key containing a NUL byte is GG_ERR_INVALID, as in jp_diff. */
+enum gg_status jp_differ_key(struct jp_differ *d, const char *key, size_t key_len);
+enum gg_status jp_differ_index(struct jp_differ *d, size_t i);
+/* One op at the current path; value (borrowed, may be NULL) is referenced, not copied. */
+enum gg_status jp_differ_emit(struct jp_differ *d, const char *op, const json_t *value);
+/* jp_diff's ops for original value a and edited value b at the current path, which
+ * holds depth reference tokens. */
+enum gg_status jp_differ_value(struct jp_differ *d, const json_t *a, const json_t *b, size_t depth);
 
 /*
  * Apply patch to doc in place, all or nothing: the ops run on a deep copy

@@ -4,8 +4,10 @@
  */
 #include "engine/lb_internal.h"
 #include "codec/jsonpatch.h"
+#include "util/jsonfast.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* Exact equality of the Lua value at idx and v, as JSON (1 and 1.0 differ). */
@@ -73,154 +75,193 @@ static bool equals_json(lua_State *L, int idx, const json_t *v, int depth)
 }
 
 /*
- * Reduce original and the edited Lua object at idx to the parts that
- * differ: *orig_out borrows the original's differing members, *edit_out
- * holds the Lua side converted to JSON; both are NULL when nothing differs.
- * Diffing the two gives the same patch as diffing the whole objects,
- * without converting what is equal.  Each table is walked once: equality
- * is what is left when pruning finds no difference.
+ * The patch comes straight from the walk: the Lua side is compared with the
+ * original where it stands, and only what differs is converted to JSON and
+ * handed to the differ at its path (jp_differ_value gives the ops jp_diff
+ * would give for that pair).  Object members are visited in jp_key_cmp
+ * order, as jp_diff visits them, so the patch is the one jp_diff would
+ * write for the whole objects, without converting what is equal.
  */
-static enum gg_status prune_value(lua_State *L, int idx, json_t *ov, struct lb_path *p, json_t **so,
-                                  json_t **se, struct gg_err *err);
+static enum gg_status diff_value(lua_State *L, int idx, const json_t *ov, struct lb_path *p,
+                                 struct jp_differ *d);
 
-/* The two halves of a pruned container, made at its first difference. */
-struct pruned {
-    json_t *o, *e;
-    bool failed; /* an allocation failed: the halves are incomplete */
+/* A member that may differ: only in Lua (ov NULL), only in the original (removed), or both. */
+struct member {
+    struct jp_key key; /* a string held by the Lua table or the original */
+    const json_t *ov;
+    bool removed;
 };
 
-static void pruned_drop(struct pruned *r)
-{
-    json_decref(r->o);
-    json_decref(r->e);
-    r->o = r->e = NULL;
-}
-
 /*
- * Arrays of the same length keep their positions: equal elements become a
- * null on both sides (the diff sees nothing there), the others are pruned.
+ * The members of the Lua object at idx worth a look, in jp_key_cmp order.
+ * More than fit here come from jansson's allocator: in the webhook that is
+ * the request's arena, so a Lua error that unwinds past them loses nothing.
  */
-static enum gg_status prune_array(lua_State *L, int idx, const json_t *original, struct lb_path *p,
-                                  json_t **orig_out, json_t **edit_out, struct gg_err *err)
+struct members {
+    struct member *at;
+    size_t n, cap;
+    struct member local[16];
+};
+
+static void members_free(struct members *m)
 {
-    struct pruned r = {NULL, NULL, false};
-    enum gg_status st = GG_OK;
-    idx = lua_absindex(L, idx);
-    size_t n = json_array_size(original);
-    for (size_t i = 0; st == GG_OK && i < n; i++) {
-        lua_rawgeti(L, idx, (lua_Integer)i + 1);
-        p->seg[p->depth].key = NULL;
-        p->seg[p->depth].index = i;
-        p->depth++;
-        json_t *so = NULL, *se = NULL;
-        st = prune_value(L, -1, json_array_get(original, i), p, &so, &se, err);
-        p->depth--;
-        lua_pop(L, 1);
-        if (st == GG_OK && (so || se) && !r.o) {
-            r.o = json_array();
-            r.e = json_array();
-            for (size_t k = 0; k < i; k++)
-                r.failed |= json_array_append_new(r.o, json_null()) ||
-                            json_array_append_new(r.e, json_null());
-        }
-        if (r.o || r.e) {
-            r.failed |= json_array_append_new(r.o, so ? so : json_null()) != 0;
-            r.failed |= json_array_append_new(r.e, se ? se : json_null()) != 0;
-        }
-    }
-    if (st == GG_OK && r.failed)
-        st = lb_path_fail(p, err, "out of memory");
-    if (st != GG_OK)
-        pruned_drop(&r);
-    *orig_out = r.o;
-    *edit_out = r.e;
-    return st;
+    json_malloc_t alloc;
+    json_free_t release;
+    json_get_alloc_funcs(&alloc, &release);
+    if (m->at != m->local)
+        release(m->at);
 }
 
-static void pruned_start(struct pruned *r)
+static bool members_add(struct members *m, const char *key, size_t len, const json_t *ov,
+                        bool removed)
 {
-    if (!r->o && !r->e) {
-        r->o = json_object();
-        r->e = json_object();
+    if (m->n == m->cap) {
+        json_malloc_t alloc;
+        json_free_t release;
+        json_get_alloc_funcs(&alloc, &release);
+        struct member *at = alloc(2 * m->cap * sizeof(*at));
+        if (!at)
+            return false;
+        memcpy(at, m->at, m->n * sizeof(*at));
+        members_free(m);
+        m->at = at;
+        m->cap *= 2;
     }
-    r->failed |= !r->o || !r->e;
+    m->at[m->n++] = (struct member){{key, len}, ov, removed};
+    return true;
 }
 
-/* Members of original whose key the Lua table at idx no longer has. */
-static void prune_removed(lua_State *L, int idx, const json_t *original, struct pruned *r)
+/* A filled table may differ anywhere inside; anything else is compared now. */
+static bool may_differ(lua_State *L, int idx, const json_t *ov)
 {
-    const char *key;
-    size_t key_len;
-    json_t *ov;
-    json_object_keylen_foreach((json_t *)original, key, key_len, ov)
-    {
-        lua_pushlstring(L, key, key_len);
-        if (lua_rawget(L, idx) == LUA_TNIL) {
-            pruned_start(r);
-            r->failed |= json_object_setn(r->o, key, key_len, ov) != 0;
-        }
-        lua_pop(L, 1);
+    if (lua_type(L, idx) == LUA_TTABLE) {
+        enum shape shape = lb_shape_of(L, idx);
+        if (shape == SHAPE_OBJECT || shape == SHAPE_ARRAY)
+            return true;
     }
+    return !equals_json(L, idx, ov, 0);
 }
 
-static enum gg_status prune_object(lua_State *L, int idx, const json_t *original, struct lb_path *p,
-                                   json_t **orig_out, json_t **edit_out, struct gg_err *err)
+/* Pass one: which members differ or may; pass two, in key order, their ops. */
+static enum gg_status collect_members(lua_State *L, int idx, const json_t *original,
+                                      struct lb_path *p, struct members *m, struct gg_err *err)
 {
-    struct pruned r = {NULL, NULL, false};
     enum gg_status st = GG_OK;
     size_t matched = 0; /* Lua keys the original has: fewer than its size means removals */
-    idx = lua_absindex(L, idx);
-    luaL_checkstack(L, 4, "object too deep");
     const char *key;
     size_t key_len;
     lua_pushnil(L);
     while (lb_next_member(L, idx, p, &key, &key_len, &st, err)) {
-        json_t *ov = json_object_getn(original, key, key_len), *so = NULL, *se = NULL;
-        if (ov) {
-            matched++;
-            st = prune_value(L, -1, ov, p, &so, &se, err);
-        } else {
-            st = lb_to_json(L, -1, p, &se, err);
-        }
-        if (st == GG_OK && (so || se)) {
-            pruned_start(&r);
-            if (so)
-                r.failed |= json_object_setn_new(r.o, key, key_len, so) != 0;
-            if (se && json_object_setn_new(r.e, key, key_len, se) != 0)
-                st = lb_path_fail(p, err, "an object key is not valid UTF-8");
-        }
+        const json_t *ov = json_object_getn(original, key, key_len);
+        matched += ov != NULL;
+        if (!ov && !jf_utf8_valid(key, key_len)) /* the original's keys are */
+            st = lb_path_fail(p, err, "an object key is not valid UTF-8");
+        else if ((!ov || may_differ(L, -1, ov)) && !members_add(m, key, key_len, ov, false))
+            st = lb_path_fail(p, err, "out of memory");
         p->depth--;
-        lua_pop(L, 1);
-        if (st != GG_OK)
-            lua_pop(L, 1);
+        lua_pop(L, st == GG_OK ? 1 : 2);
     }
-    if (st == GG_OK && matched < json_object_size(original))
-        prune_removed(L, idx, original, &r);
-    if (st == GG_OK && r.failed)
-        st = lb_path_fail(p, err, "out of memory");
-    if (st != GG_OK)
-        pruned_drop(&r);
-    *orig_out = r.o;
-    *edit_out = r.e;
+    if (st != GG_OK || matched == json_object_size(original))
+        return st;
+    json_t *ov;
+    json_object_keylen_foreach((json_t *)original, key, key_len, ov)
+    {
+        lua_pushlstring(L, key, key_len);
+        bool gone = lua_rawget(L, idx) == LUA_TNIL;
+        lua_pop(L, 1);
+        if (gone && !members_add(m, key, key_len, ov, true))
+            return lb_path_fail(p, err, "out of memory");
+    }
+    return GG_OK;
+}
+
+static enum gg_status diff_member(lua_State *L, int idx, const struct member *mb, struct lb_path *p,
+                                  struct jp_differ *d, struct gg_err *err)
+{
+    if (mb->removed)
+        return jp_differ_emit(d, "remove", NULL);
+    lua_pushlstring(L, mb->key.s, mb->key.len);
+    lua_rawget(L, idx);
+    enum gg_status st;
+    if (mb->ov) {
+        st = diff_value(L, -1, mb->ov, p, d);
+    } else {
+        json_t *added = NULL;
+        st = lb_to_json(L, -1, p, &added, err);
+        if (st == GG_OK)
+            st = jp_differ_emit(d, "add", added);
+        json_decref(added);
+    }
+    lua_pop(L, 1);
     return st;
 }
 
-/* The differing parts of one value: both NULL when equal. */
-static enum gg_status prune_value(lua_State *L, int idx, json_t *ov, struct lb_path *p, json_t **so,
-                                  json_t **se, struct gg_err *err)
+static enum gg_status diff_object(lua_State *L, int idx, const json_t *original, struct lb_path *p,
+                                  struct jp_differ *d)
 {
-    *so = *se = NULL;
+    struct members m = {.n = 0, .cap = sizeof(m.local) / sizeof(m.local[0])};
+    m.at = m.local;
+    idx = lua_absindex(L, idx);
+    luaL_checkstack(L, 4, "object too deep");
+    enum gg_status st = collect_members(L, idx, original, p, &m, d->err);
+    if (st == GG_OK && m.n > 1)
+        qsort(m.at, m.n, sizeof(*m.at), jp_key_cmp); /* the key comes first in a member */
+    size_t mark = d->path.len;
+    for (size_t i = 0; st == GG_OK && i < m.n; i++) {
+        p->seg[p->depth].key = m.at[i].key.s;
+        p->depth++;
+        st = jp_differ_key(d, m.at[i].key.s, m.at[i].key.len);
+        if (st == GG_OK)
+            st = diff_member(L, idx, &m.at[i], p, d, d->err);
+        p->depth--;
+        d->path.len = mark;
+    }
+    members_free(&m);
+    return st;
+}
+
+/* Arrays of the same length keep their positions: elements are compared in place. */
+static enum gg_status diff_array(lua_State *L, int idx, const json_t *original, struct lb_path *p,
+                                 struct jp_differ *d)
+{
+    idx = lua_absindex(L, idx);
+    size_t n = json_array_size(original), mark = d->path.len;
+    enum gg_status st = GG_OK;
+    for (size_t i = 0; st == GG_OK && i < n; i++) {
+        lua_rawgeti(L, idx, (lua_Integer)i + 1);
+        const json_t *ov = json_array_get(original, i);
+        if (may_differ(L, -1, ov)) {
+            p->seg[p->depth].key = NULL;
+            p->seg[p->depth].index = i;
+            p->depth++;
+            st = jp_differ_index(d, i);
+            if (st == GG_OK)
+                st = diff_value(L, -1, ov, p, d);
+            p->depth--;
+            d->path.len = mark;
+        }
+        lua_pop(L, 1);
+    }
+    return st;
+}
+
+/* The ops for one value that exists on both sides (p->depth tokens deep). */
+static enum gg_status diff_value(lua_State *L, int idx, const json_t *ov, struct lb_path *p,
+                                 struct jp_differ *d)
+{
     enum shape shape = lb_shape_of(L, idx);
     if (p->depth < LB_MAX_DEPTH && shape == SHAPE_OBJECT && json_is_object(ov))
-        return prune_object(L, idx, ov, p, so, se, err);
+        return diff_object(L, idx, ov, p, d);
     if (p->depth < LB_MAX_DEPTH && shape == SHAPE_ARRAY && json_is_array(ov) &&
         lua_rawlen(L, idx) == json_array_size(ov))
-        return prune_array(L, idx, ov, p, so, se, err);
+        return diff_array(L, idx, ov, p, d);
     if (equals_json(L, idx, ov, 0))
         return GG_OK;
-    enum gg_status st = lb_to_json(L, idx, p, se, err);
+    json_t *edited = NULL;
+    enum gg_status st = lb_to_json(L, idx, p, &edited, d->err);
     if (st == GG_OK)
-        *so = json_incref(ov);
+        st = jp_differ_value(d, ov, edited, (size_t)p->depth);
+    json_decref(edited);
     return st;
 }
 
@@ -272,25 +313,15 @@ static enum gg_status request_patch(lua_State *L, const json_t *original, json_t
     lua_rawgeti(L, LUA_REGISTRYINDEX, lb_vm_of(L)->obj_ref);
     struct lb_path p = {0};
     struct gg_err sub = {{0}};
-    json_t *o = NULL, *e = NULL;
-    enum gg_status st;
+    struct jp_differ d;
     enum shape shape = lb_shape_of(L, -1);
-    if (shape == SHAPE_LAZY_OBJECT) { /* no policy looked at it */
-        lua_pop(L, 1);
-        *patch = json_array();
-        return *patch ? GG_OK : gg_fail(err, GG_ERR_NOMEM, "out of memory");
-    }
-    if (shape != SHAPE_OBJECT)
+    enum gg_status st = jp_differ_begin(&d, &sub);
+    if (st == GG_OK && shape == SHAPE_OBJECT)
+        st = diff_object(L, -1, original, &p, &d);
+    else if (st == GG_OK && shape != SHAPE_LAZY_OBJECT) /* a stub: no policy looked at it */
         st = gg_fail(&sub, GG_ERR_INVALID, "the object was replaced by something else");
-    else
-        st = prune_object(L, -1, original, &p, &o, &e, &sub);
     lua_pop(L, 1);
-    if (st == GG_OK && !o && !(*patch = json_array())) /* nothing differs */
-        st = gg_fail(&sub, GG_ERR_NOMEM, "out of memory");
-    else if (st == GG_OK && o)
-        st = jp_diff(o, e, patch, &sub);
-    json_decref(o);
-    json_decref(e);
+    *patch = jp_differ_end(&d, st == GG_OK);
     if (st != GG_OK)
         return gg_fail(err, st, "the edited object cannot be JSON: %s", sub.msg);
     return GG_OK;

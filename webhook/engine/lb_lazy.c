@@ -16,6 +16,8 @@
  */
 #include "engine/lb_internal.h"
 
+#include <limits.h>
+
 /* The two lazy metatables, pushed by integer registry refs (array lookups). */
 static void push_lazy_mts(lua_State *L)
 {
@@ -312,7 +314,9 @@ int lb_fields(lua_State *L)
     int n = lua_gettop(L);
     bool absent;
     const json_t *v = walk(L, n, &absent);
-    lua_newtable(L);
+    /* Sized at once: a list grown key by key is rehashed at every power of two. */
+    size_t size = json_is_object(v) ? json_object_size(v) : json_array_size(v);
+    lua_createtable(L, size < INT_MAX ? (int)size : 0, 0);
     int out = lua_gettop(L);
     lua_Integer count = 0;
     const char *key;
