@@ -245,20 +245,70 @@ static enum gg_status diff_array(lua_State *L, int idx, const json_t *original, 
     return st;
 }
 
+/*
+ * The edited side of an array that grew or shrank as JSON, sharing the
+ * original's elements where the Lua array still holds equal ones: *edited
+ * stays NULL when one of those differs (then the whole array is converted).
+ * jp_differ_value finds the shared prefix by identity and appends or
+ * removes the rest, as it would after converting everything.
+ */
+static enum gg_status resized_array(lua_State *L, int idx, const json_t *original,
+                                    struct lb_path *p, json_t **edited, struct gg_err *err)
+{
+    size_t n = lua_rawlen(L, idx),
+           keep = n < json_array_size(original) ? n : json_array_size(original);
+    *edited = NULL;
+    for (size_t i = 0; i < keep; i++) {
+        lua_rawgeti(L, idx, (lua_Integer)i + 1);
+        bool same = equals_json(L, -1, json_array_get(original, i), 0);
+        lua_pop(L, 1);
+        if (!same)
+            return GG_OK;
+    }
+    json_t *arr = json_array();
+    enum gg_status st = arr ? GG_OK : lb_path_fail(p, err, "out of memory");
+    for (size_t i = 0; st == GG_OK && i < n; i++) {
+        json_t *item = NULL;
+        if (i < keep) {
+            item = json_incref(json_array_get(original, i));
+        } else {
+            lua_rawgeti(L, idx, (lua_Integer)i + 1);
+            p->seg[p->depth].key = NULL;
+            p->seg[p->depth].index = i;
+            p->depth++;
+            st = lb_to_json(L, -1, p, &item, err);
+            p->depth--;
+            lua_pop(L, 1);
+        }
+        if (st == GG_OK && json_array_append_new(arr, item) != 0)
+            st = lb_path_fail(p, err, "out of memory");
+    }
+    if (st != GG_OK)
+        json_decref(arr);
+    else
+        *edited = arr;
+    return st;
+}
+
 /* The ops for one value that exists on both sides (p->depth tokens deep). */
 static enum gg_status diff_value(lua_State *L, int idx, const json_t *ov, struct lb_path *p,
                                  struct jp_differ *d)
 {
     enum shape shape = lb_shape_of(L, idx);
-    if (p->depth < LB_MAX_DEPTH && shape == SHAPE_OBJECT && json_is_object(ov))
+    bool walk = p->depth < LB_MAX_DEPTH;
+    if (walk && shape == SHAPE_OBJECT && json_is_object(ov))
         return diff_object(L, idx, ov, p, d);
-    if (p->depth < LB_MAX_DEPTH && shape == SHAPE_ARRAY && json_is_array(ov) &&
+    if (walk && shape == SHAPE_ARRAY && json_is_array(ov) &&
         lua_rawlen(L, idx) == json_array_size(ov))
         return diff_array(L, idx, ov, p, d);
-    if (equals_json(L, idx, ov, 0))
-        return GG_OK;
     json_t *edited = NULL;
-    enum gg_status st = lb_to_json(L, idx, p, &edited, d->err);
+    enum gg_status st = GG_OK;
+    if (walk && shape == SHAPE_ARRAY && json_is_array(ov))
+        st = resized_array(L, idx, ov, p, &edited, d->err);
+    else if (equals_json(L, idx, ov, 0))
+        return GG_OK;
+    if (st == GG_OK && !edited)
+        st = lb_to_json(L, idx, p, &edited, d->err);
     if (st == GG_OK)
         st = jp_differ_value(d, ov, edited, (size_t)p->depth);
     json_decref(edited);

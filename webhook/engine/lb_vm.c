@@ -25,7 +25,8 @@ const char lb_key_object_mt, lb_key_array_mt, lb_key_null_marker, lb_key_module,
  */
 enum shape lb_shape_of(lua_State *L, int idx)
 {
-    if (!lua_istable(L, idx) || !lua_getmetatable(L, idx))
+    /* No lua_istable first: no other value's metatable (a string's) is one of the marks. */
+    if (!lua_getmetatable(L, idx))
         return SHAPE_NONE;
     const void *mt = lua_topointer(L, -1);
     lua_pop(L, 1);
