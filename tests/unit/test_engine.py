@@ -228,8 +228,12 @@ def lua_string(s):
 
 
 def lua_value(v):
+    if v is None:
+        return "gg.null"
     if isinstance(v, bool):
         return "true" if v else "false"
+    if isinstance(v, int) and v == -2**63:
+        return "math.mininteger"  # the literal would read as a float
     if isinstance(v, (int, float)):
         return repr(v)
     if isinstance(v, str):
@@ -250,8 +254,8 @@ def containers_in(v, path=()):
 def random_edits(rng, doc, count):
     """Edits made to doc (in place) and the Lua that makes them, one at a time, so each
     edit sees the document as the previous ones left it.  Only the last may alias."""
-    fresh = [7, 2.5, True, False, "x", "", "a/b~c", {"k": "v", "n": [1, {"z": 0}]},
-             [1, "two"], {"t": {}}]
+    fresh = [7, 2.5, 1.0, -0.0, 0, True, False, "x", "", "a/b~c", None,
+             {"k": "v", "n": [1, {"z": 0}]}, [1, "two"], {"t": {}}]
     lua = []
     for n in range(count):
         path, t = rng.choice(list(containers_in(doc)))
@@ -308,7 +312,9 @@ def assert_patch_is_jp_diff(engine, tmp_path, original, edited, lua):
     out = subprocess.run([jp, "diff", str(tmp_path / "a.json"), str(tmp_path / "b.json")],
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 0, out.stderr
-    assert v["patch"] == json.loads(out.stdout), lua
+    # As text: 1 and 1.0, 0.0 and -0.0 are different values here, equal to Python.
+    assert json.dumps(v["patch"], sort_keys=True) == \
+        json.dumps(json.loads(out.stdout), sort_keys=True), lua
     assert apply(original, v["patch"]) == edited, lua
     return v["patch"]
 
@@ -327,6 +333,52 @@ def test_the_patch_of_random_edits_is_jp_diff_of_the_documents(engine, tmp_path)
         edited = copy.deepcopy(original)
         lua = random_edits(rng, edited, 1 + case % 6)
         assert_patch_is_jp_diff(engine, tmp_path, original, edited, lua)
+
+
+def test_the_patch_of_an_edit_deep_in_nested_arrays_is_jp_diff(engine, tmp_path):
+    """Ninety arrays in one another, each as long as before: the walk goes down all of
+    them (one Lua stack slot a level) to the one element that changed."""
+    nested = 1
+    for _ in range(90):
+        nested = [nested]
+    original = pod()
+    original["metadata"]["x"] = nested
+    edited = copy.deepcopy(original)
+    inner = edited["metadata"]["x"]
+    for _ in range(89):
+        inner = inner[0]
+    inner[0] = 2
+    patch = assert_patch_is_jp_diff(engine, tmp_path, original, edited,
+                                    ["obj.metadata.x" + "[1]" * 90 + " = 2"])
+    assert patch == [{"op": "replace", "path": "/metadata/x" + "/0" * 90, "value": 2}]
+
+
+def test_a_moved_table_that_differs_only_in_the_sign_of_zero_is_patched(engine, tmp_path):
+    """0.0 and -0.0 are different JSON: a table moved over another is compared as jp_diff
+    compares, not as jansson's json_equal does."""
+    original = pod()
+    original["metadata"]["a"] = {"x": 0.0}
+    original["metadata"]["b"] = {"x": -0.0}
+    edited = copy.deepcopy(original)
+    edited["metadata"]["a"] = {"x": -0.0}
+    patch = assert_patch_is_jp_diff(engine, tmp_path, original, edited,
+                                    ["obj.metadata.a = obj.metadata.b"])
+    assert json.dumps(patch) == '[{"op": "replace", "path": "/metadata/a/x", "value": -0.0}]'
+
+
+def test_a_key_with_a_nul_byte_is_not_taken_for_the_key_before_it(engine):
+    """An element of a list that grew is compared with the original by key and length:
+    {"k\\0x": 1} is not {"k": 1}, and a NUL byte in a key is refused, as jp_diff refuses it."""
+    obj = pod()
+    obj["metadata"]["list"] = [{"k": 1}, 2]
+    engine.policy("10-edit.lua", "return { name = 'edit', mutate = function(req, obj)\n"
+                  "  local e = obj.metadata.list[1]; e.k = nil; e['k\\0x'] = 1\n"
+                  "  obj.metadata.list[3] = 5\nend }")
+    v = engine.run(review(obj), phases="mutate")
+    assert not v["allowed"]
+    assert v["message"] == ("the edited object cannot be JSON: an object key contains a NUL byte"
+                            " at /metadata/list/0/k")
+    assert v["patch"] == []
 
 
 def test_the_patch_of_many_edits_in_one_object_is_jp_diff(engine, tmp_path):
@@ -351,7 +403,8 @@ def test_the_patch_of_many_edits_in_one_object_is_jp_diff(engine, tmp_path):
 
 @pytest.mark.parametrize("edit,where", [
     (r'obj.metadata.labels = {x = "\255"}', "a string is not valid UTF-8 at /metadata/labels/x"),
-    (r'obj.metadata.labels = {["\255"] = "v"}', "an object key is not valid UTF-8 at /metadata/labels"),
+    (r'obj.metadata.labels = {["\255"] = "v"}',
+     r"an object key is not valid UTF-8 at /metadata/labels/\xff"),
     (r'obj.metadata["a\0b"] = "v"', "diff: an object key contains a NUL byte"),
     (r'obj.spec.containers[1]["\192\128"] = 1',
      r"an object key is not valid UTF-8 at /spec/containers/0/\xc0\x80"),

@@ -157,6 +157,13 @@ int jp_equal(const json_t *a, const json_t *b)
     return values_equal(a, b, 0);
 }
 
+int jp_same(const json_t *a, const json_t *b)
+{
+    if (!a || !b)
+        return a == b;
+    return values_equal(a, b, 1);
+}
+
 /* ---- pointers ------------------------------------------------------------- */
 
 size_t jp_escape(const char *key, size_t key_len, char *out, size_t size)
@@ -458,7 +465,8 @@ enum gg_status jp_differ_emit(struct jp_differ *d, const char *op, const json_t 
         return gg_fail(d->err, GG_ERR_TOOBIG, "diff: the patch would exceed %d operations",
                        JP_MAX_OPS);
     o = json_object();
-    /* The path is made of the documents' keys, which jansson holds only as UTF-8. */
+    /* The path holds only keys entered by callers, which are UTF-8 (the original's, or
+     * checked): no check here. */
     bad = !o || json_object_set_new_nocheck(o, "op", json_string_nocheck(op)) ||
           json_object_set_new_nocheck(o, "path", json_stringn_nocheck(d->path.data, d->path.len)) ||
           (value && json_object_set_new_nocheck(o, "value", json_incref((json_t *)value)));

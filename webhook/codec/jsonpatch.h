@@ -91,9 +91,15 @@ enum gg_status jp_diff(const json_t *original, const json_t *edited, json_t **pa
  * a representation of its own (the Lua bridge) and hands over only what
  * differs, as jansson values, at the path it has reached.  The ops come out
  * as jp_diff's would when the caller visits object members in jp_key_cmp
- * order and array elements in index order, and emits for a member only in
- * edited "add" (whole), only in the original "remove", a differing pair
- * through jp_differ_value.  The fields are the module's.
+ * order and emits for a member only in edited "add" (whole), for one only in
+ * the original "remove", and for a pair that may differ either recurses
+ * (objects, and arrays of the same length, elements in index order) or hands
+ * the pair to jp_differ_value (anything else, arrays whose length changed
+ * included).  jp_diff refuses a NUL byte in any key of the objects it walks;
+ * the differ refuses it in the keys entered, which is the same for an
+ * original whose keys have none (jsonfast refuses \u0000).  Callers read and
+ * reset path.len (to leave what they entered); the other fields are the
+ * module's.
  */
 struct jp_path {
     char *data; /* the pointer reached, not NUL-terminated */
@@ -146,6 +152,13 @@ enum gg_status jp_apply(json_t *doc, const json_t *patch, struct gg_err *err);
  */
 enum gg_status jp_apply_copy(const json_t *doc, const json_t *patch, json_t **out,
                              struct gg_err *err);
+
+/*
+ * The diff's equality: jp_diff emits nothing for a and b exactly when this
+ * is 1 (an integer and a real differ, so do 0.0 and -0.0; identical
+ * pointers are equal at once).
+ */
+int jp_same(const json_t *a, const json_t *b);
 
 /*
  * RFC 6902 `test` equality: numbers by value (an integer equals a real with

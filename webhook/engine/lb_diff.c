@@ -42,7 +42,7 @@ static bool equals_json(lua_State *L, int idx, const json_t *v, int depth)
     if (lb_is_lazy(shape)) {
         /* Never touched: equal when it still stands where it came from. */
         const json_t *src = lb_stub_source(L, idx, false);
-        return src && (src == v || json_equal(src, v));
+        return src && jp_same(src, v);
     }
     if (shape == SHAPE_ARRAY) {
         size_t n = lua_rawlen(L, idx);
@@ -59,11 +59,12 @@ static bool equals_json(lua_State *L, int idx, const json_t *v, int depth)
     }
     if (!json_is_object(v))
         return false;
-    size_t count = 0;
+    size_t count = 0, klen;
     lua_pushnil(L);
     while (lua_next(L, idx)) {
-        json_t *item =
-            lua_type(L, -2) == LUA_TSTRING ? json_object_get(v, lua_tostring(L, -2)) : NULL;
+        /* By length: a key with a NUL byte must not match the key before it. */
+        const char *key = lua_type(L, -2) == LUA_TSTRING ? lua_tolstring(L, -2, &klen) : NULL;
+        json_t *item = key ? json_object_getn(v, key, klen) : NULL;
         count++;
         if (!item || !equals_json(L, -1, item, depth + 1)) {
             lua_pop(L, 2);
@@ -82,8 +83,6 @@ static bool equals_json(lua_State *L, int idx, const json_t *v, int depth)
  * order, as jp_diff visits them, so the patch is the one jp_diff would
  * write for the whole objects, without converting what is equal.
  */
-static enum gg_status diff_value(lua_State *L, int idx, const json_t *ov, struct lb_path *p,
-                                 struct jp_differ *d);
 
 /* A member that may differ: only in Lua (ov NULL), only in the original (removed), or both. */
 struct member {
@@ -93,41 +92,31 @@ struct member {
 };
 
 /*
- * The members of the Lua object at idx worth a look, in jp_key_cmp order.
- * More than fit here come from jansson's allocator: in the webhook that is
- * the request's arena, so a Lua error that unwinds past them loses nothing.
+ * One diff.  The members of every object being walked share one list, the
+ * innermost last; it and the differ live outside the protected call, so a
+ * Lua error that unwinds the walk (out of memory) leaves nothing behind.
  */
-struct members {
-    struct member *at;
-    size_t n, cap;
-    struct member local[16];
+struct walk {
+    struct jp_differ d;
+    struct lb_path p;
+    struct member *members;
+    size_t n_members, cap;
+    struct gg_err sub;
 };
 
-static void members_free(struct members *m)
-{
-    json_malloc_t alloc;
-    json_free_t release;
-    json_get_alloc_funcs(&alloc, &release);
-    if (m->at != m->local)
-        release(m->at);
-}
+static enum gg_status diff_value(lua_State *L, int idx, const json_t *ov, struct walk *w);
 
-static bool members_add(struct members *m, const char *key, size_t len, const json_t *ov,
-                        bool removed)
+static bool members_add(struct walk *w, const char *key, size_t len, const json_t *ov, bool removed)
 {
-    if (m->n == m->cap) {
-        json_malloc_t alloc;
-        json_free_t release;
-        json_get_alloc_funcs(&alloc, &release);
-        struct member *at = alloc(2 * m->cap * sizeof(*at));
+    if (w->n_members == w->cap) {
+        size_t cap = w->cap ? 2 * w->cap : 64;
+        struct member *at = realloc(w->members, cap * sizeof(*at));
         if (!at)
             return false;
-        memcpy(at, m->at, m->n * sizeof(*at));
-        members_free(m);
-        m->at = at;
-        m->cap *= 2;
+        w->members = at;
+        w->cap = cap;
     }
-    m->at[m->n++] = (struct member){{key, len}, ov, removed};
+    w->members[w->n_members++] = (struct member){{key, len}, ov, removed};
     return true;
 }
 
@@ -143,22 +132,21 @@ static bool may_differ(lua_State *L, int idx, const json_t *ov)
 }
 
 /* Pass one: which members differ or may; pass two, in key order, their ops. */
-static enum gg_status collect_members(lua_State *L, int idx, const json_t *original,
-                                      struct lb_path *p, struct members *m, struct gg_err *err)
+static enum gg_status collect_members(lua_State *L, int idx, const json_t *original, struct walk *w)
 {
     enum gg_status st = GG_OK;
     size_t matched = 0; /* Lua keys the original has: fewer than its size means removals */
     const char *key;
     size_t key_len;
     lua_pushnil(L);
-    while (lb_next_member(L, idx, p, &key, &key_len, &st, err)) {
+    while (lb_next_member(L, idx, &w->p, &key, &key_len, &st, &w->sub)) {
         const json_t *ov = json_object_getn(original, key, key_len);
         matched += ov != NULL;
         if (!ov && !jf_utf8_valid(key, key_len)) /* the original's keys are */
-            st = lb_path_fail(p, err, "an object key is not valid UTF-8");
-        else if ((!ov || may_differ(L, -1, ov)) && !members_add(m, key, key_len, ov, false))
-            st = lb_path_fail(p, err, "out of memory");
-        p->depth--;
+            st = lb_path_fail(&w->p, &w->sub, "an object key is not valid UTF-8");
+        else if ((!ov || may_differ(L, -1, ov)) && !members_add(w, key, key_len, ov, false))
+            st = lb_path_fail(&w->p, &w->sub, "out of memory");
+        w->p.depth--;
         lua_pop(L, st == GG_OK ? 1 : 2);
     }
     if (st != GG_OK || matched == json_object_size(original))
@@ -169,76 +157,74 @@ static enum gg_status collect_members(lua_State *L, int idx, const json_t *origi
         lua_pushlstring(L, key, key_len);
         bool gone = lua_rawget(L, idx) == LUA_TNIL;
         lua_pop(L, 1);
-        if (gone && !members_add(m, key, key_len, ov, true))
-            return lb_path_fail(p, err, "out of memory");
+        if (gone && !members_add(w, key, key_len, ov, true))
+            return lb_path_fail(&w->p, &w->sub, "out of memory");
     }
     return GG_OK;
 }
 
-static enum gg_status diff_member(lua_State *L, int idx, const struct member *mb, struct lb_path *p,
-                                  struct jp_differ *d, struct gg_err *err)
+static enum gg_status diff_member(lua_State *L, int idx, const struct member *mb, struct walk *w)
 {
     if (mb->removed)
-        return jp_differ_emit(d, "remove", NULL);
+        return jp_differ_emit(&w->d, "remove", NULL);
     lua_pushlstring(L, mb->key.s, mb->key.len);
     lua_rawget(L, idx);
     enum gg_status st;
     if (mb->ov) {
-        st = diff_value(L, -1, mb->ov, p, d);
+        st = diff_value(L, -1, mb->ov, w);
     } else {
         json_t *added = NULL;
-        st = lb_to_json(L, -1, p, &added, err);
+        st = lb_to_json(L, -1, &w->p, &added, &w->sub);
         if (st == GG_OK)
-            st = jp_differ_emit(d, "add", added);
+            st = jp_differ_emit(&w->d, "add", added);
         json_decref(added);
     }
     lua_pop(L, 1);
     return st;
 }
 
-static enum gg_status diff_object(lua_State *L, int idx, const json_t *original, struct lb_path *p,
-                                  struct jp_differ *d)
+static enum gg_status diff_object(lua_State *L, int idx, const json_t *original, struct walk *w)
 {
-    struct members m = {.n = 0, .cap = sizeof(m.local) / sizeof(m.local[0])};
-    m.at = m.local;
     idx = lua_absindex(L, idx);
     luaL_checkstack(L, 4, "object too deep");
-    enum gg_status st = collect_members(L, idx, original, p, &m, d->err);
-    if (st == GG_OK && m.n > 1)
-        qsort(m.at, m.n, sizeof(*m.at), jp_key_cmp); /* the key comes first in a member */
-    size_t mark = d->path.len;
-    for (size_t i = 0; st == GG_OK && i < m.n; i++) {
-        p->seg[p->depth].key = m.at[i].key.s;
-        p->depth++;
-        st = jp_differ_key(d, m.at[i].key.s, m.at[i].key.len);
+    size_t base = w->n_members, mark = w->d.path.len;
+    enum gg_status st = collect_members(L, idx, original, w);
+    size_t n = w->n_members - base;
+    if (st == GG_OK && n > 1) /* the key comes first in a member */
+        qsort(w->members + base, n, sizeof(*w->members), jp_key_cmp);
+    for (size_t i = 0; st == GG_OK && i < n; i++) {
+        struct member mb = w->members[base + i]; /* a copy: deeper objects may move the list */
+        w->p.seg[w->p.depth].key = mb.key.s;
+        w->p.depth++;
+        st = jp_differ_key(&w->d, mb.key.s, mb.key.len);
         if (st == GG_OK)
-            st = diff_member(L, idx, &m.at[i], p, d, d->err);
-        p->depth--;
-        d->path.len = mark;
+            st = diff_member(L, idx, &mb, w);
+        w->p.depth--;
+        w->d.path.len = mark;
     }
-    members_free(&m);
+    w->n_members = base;
     return st;
 }
 
 /* Arrays of the same length keep their positions: elements are compared in place. */
-static enum gg_status diff_array(lua_State *L, int idx, const json_t *original, struct lb_path *p,
-                                 struct jp_differ *d)
+static enum gg_status diff_array(lua_State *L, int idx, const json_t *original, struct walk *w)
 {
     idx = lua_absindex(L, idx);
-    size_t n = json_array_size(original), mark = d->path.len;
+    luaL_checkstack(L, 4, "object too deep");
+    size_t n = json_array_size(original), mark = w->d.path.len;
     enum gg_status st = GG_OK;
     for (size_t i = 0; st == GG_OK && i < n; i++) {
         lua_rawgeti(L, idx, (lua_Integer)i + 1);
         const json_t *ov = json_array_get(original, i);
         if (may_differ(L, -1, ov)) {
-            p->seg[p->depth].key = NULL;
-            p->seg[p->depth].index = i;
-            p->depth++;
-            st = jp_differ_index(d, i);
+            w->p.seg[w->p.depth].key = NULL;
+            w->p.seg[w->p.depth].index = i;
+            w->p.depth++;
+            st = jp_differ_index(&w->d, i);
             if (st == GG_OK)
-                st = diff_value(L, -1, ov, p, d);
-            p->depth--;
-            d->path.len = mark;
+                st = diff_value(L, -1, ov, w);
+            w->p.depth--;
+            w->d.path.len = mark;
         }
         lua_pop(L, 1);
     }
@@ -252,9 +238,11 @@ static enum gg_status diff_array(lua_State *L, int idx, const json_t *original, 
  * jp_differ_value finds the shared prefix by identity and appends or
  * removes the rest, as it would after converting everything.
  */
-static enum gg_status resized_array(lua_State *L, int idx, const json_t *original,
-                                    struct lb_path *p, json_t **edited, struct gg_err *err)
+static enum gg_status resized_array(lua_State *L, int idx, const json_t *original, json_t **edited,
+                                    struct walk *w)
 {
+    idx = lua_absindex(L, idx);
+    luaL_checkstack(L, 4, "object too deep");
     size_t n = lua_rawlen(L, idx),
            keep = n < json_array_size(original) ? n : json_array_size(original);
     *edited = NULL;
@@ -266,22 +254,22 @@ static enum gg_status resized_array(lua_State *L, int idx, const json_t *origina
             return GG_OK;
     }
     json_t *arr = json_array();
-    enum gg_status st = arr ? GG_OK : lb_path_fail(p, err, "out of memory");
+    enum gg_status st = arr ? GG_OK : lb_path_fail(&w->p, &w->sub, "out of memory");
     for (size_t i = 0; st == GG_OK && i < n; i++) {
         json_t *item = NULL;
         if (i < keep) {
             item = json_incref(json_array_get(original, i));
         } else {
             lua_rawgeti(L, idx, (lua_Integer)i + 1);
-            p->seg[p->depth].key = NULL;
-            p->seg[p->depth].index = i;
-            p->depth++;
-            st = lb_to_json(L, -1, p, &item, err);
-            p->depth--;
+            w->p.seg[w->p.depth].key = NULL;
+            w->p.seg[w->p.depth].index = i;
+            w->p.depth++;
+            st = lb_to_json(L, -1, &w->p, &item, &w->sub);
+            w->p.depth--;
             lua_pop(L, 1);
         }
         if (st == GG_OK && json_array_append_new(arr, item) != 0)
-            st = lb_path_fail(p, err, "out of memory");
+            st = lb_path_fail(&w->p, &w->sub, "out of memory");
     }
     if (st != GG_OK)
         json_decref(arr);
@@ -290,47 +278,49 @@ static enum gg_status resized_array(lua_State *L, int idx, const json_t *origina
     return st;
 }
 
-/* The ops for one value that exists on both sides (p->depth tokens deep). */
-static enum gg_status diff_value(lua_State *L, int idx, const json_t *ov, struct lb_path *p,
-                                 struct jp_differ *d)
+/* The ops for one value that exists on both sides (w->p.depth tokens deep). */
+static enum gg_status diff_value(lua_State *L, int idx, const json_t *ov, struct walk *w)
 {
     enum shape shape = lb_shape_of(L, idx);
-    bool walk = p->depth < LB_MAX_DEPTH;
-    if (walk && shape == SHAPE_OBJECT && json_is_object(ov))
-        return diff_object(L, idx, ov, p, d);
-    if (walk && shape == SHAPE_ARRAY && json_is_array(ov) &&
+    bool deeper = w->p.depth < LB_MAX_DEPTH;
+    if (deeper && shape == SHAPE_OBJECT && json_is_object(ov))
+        return diff_object(L, idx, ov, w);
+    if (deeper && shape == SHAPE_ARRAY && json_is_array(ov) &&
         lua_rawlen(L, idx) == json_array_size(ov))
-        return diff_array(L, idx, ov, p, d);
+        return diff_array(L, idx, ov, w);
     json_t *edited = NULL;
     enum gg_status st = GG_OK;
-    if (walk && shape == SHAPE_ARRAY && json_is_array(ov))
-        st = resized_array(L, idx, ov, p, &edited, d->err);
+    if (deeper && shape == SHAPE_ARRAY && json_is_array(ov))
+        st = resized_array(L, idx, ov, &edited, w);
     else if (equals_json(L, idx, ov, 0))
         return GG_OK;
     if (st == GG_OK && !edited)
-        st = lb_to_json(L, idx, p, &edited, d->err);
+        st = lb_to_json(L, idx, &w->p, &edited, &w->sub);
     if (st == GG_OK)
-        st = jp_differ_value(d, ov, edited, (size_t)p->depth);
+        st = jp_differ_value(&w->d, ov, edited, (size_t)w->p.depth);
     json_decref(edited);
     return st;
 }
 
-/* lb_request_patch's work and its result, run in protected mode. */
+/* lb_request_patch's work, run in protected mode. */
 struct patch_call {
     const json_t *original;
-    json_t *patch;
-    struct gg_err *err;
+    struct walk *w;
     enum gg_status st;
 };
-
-static enum gg_status request_patch(lua_State *L, const json_t *original, json_t **patch,
-                                    struct gg_err *err);
 
 static int patch_protected(lua_State *L)
 {
     struct patch_call *c = lua_touserdata(L, 1);
     lua_settop(L, 0);
-    c->st = request_patch(L, c->original, &c->patch, c->err);
+    lua_rawgeti(L, LUA_REGISTRYINDEX, lb_vm_of(L)->obj_ref);
+    enum shape shape = lb_shape_of(L, -1);
+    if (shape == SHAPE_OBJECT)
+        c->st = diff_object(L, -1, c->original, c->w);
+    else if (shape != SHAPE_LAZY_OBJECT) /* a stub: no policy looked at it */
+        c->st = gg_fail(&c->w->sub, GG_ERR_INVALID, "the object was replaced by something else");
+    else
+        c->st = GG_OK;
     return 0;
 }
 
@@ -341,38 +331,22 @@ static int patch_protected(lua_State *L)
 enum gg_status lb_request_patch(struct lb_vm *vm, const json_t *original, json_t **patch,
                                 struct gg_err *err)
 {
-    struct patch_call c = {original, NULL, err, GG_ERR_NOMEM};
+    struct walk w = {.members = NULL};
+    struct patch_call c = {original, &w, GG_ERR_NOMEM};
     lua_State *L = vm->L;
+    if (jp_differ_begin(&w.d, &w.sub) != GG_OK)
+        return gg_fail(err, GG_ERR_NOMEM, "the edited object cannot be JSON: out of memory");
     lua_pushcfunction(L, patch_protected);
     lua_pushlightuserdata(L, &c);
     if (lua_pcall(L, 1, 0, 0) != LUA_OK) {
-        c.st = gg_fail(err, GG_ERR_NOMEM, "the edited object cannot be JSON: %s",
+        c.st = gg_fail(&w.sub, GG_ERR_NOMEM, "%s",
                        lua_tostring(L, -1) ? lua_tostring(L, -1) : "out of memory");
         lua_pop(L, 1);
-        json_decref(c.patch);
-        return c.st;
     }
-    if (c.st == GG_OK)
-        *patch = c.patch;
-    return c.st;
-}
-
-static enum gg_status request_patch(lua_State *L, const json_t *original, json_t **patch,
-                                    struct gg_err *err)
-{
-    lua_rawgeti(L, LUA_REGISTRYINDEX, lb_vm_of(L)->obj_ref);
-    struct lb_path p = {0};
-    struct gg_err sub = {{0}};
-    struct jp_differ d;
-    enum shape shape = lb_shape_of(L, -1);
-    enum gg_status st = jp_differ_begin(&d, &sub);
-    if (st == GG_OK && shape == SHAPE_OBJECT)
-        st = diff_object(L, -1, original, &p, &d);
-    else if (st == GG_OK && shape != SHAPE_LAZY_OBJECT) /* a stub: no policy looked at it */
-        st = gg_fail(&sub, GG_ERR_INVALID, "the object was replaced by something else");
-    lua_pop(L, 1);
-    *patch = jp_differ_end(&d, st == GG_OK);
-    if (st != GG_OK)
-        return gg_fail(err, st, "the edited object cannot be JSON: %s", sub.msg);
+    free(w.members);
+    json_t *done = jp_differ_end(&w.d, c.st == GG_OK);
+    if (c.st != GG_OK)
+        return gg_fail(err, c.st, "the edited object cannot be JSON: %s", w.sub.msg);
+    *patch = done;
     return GG_OK;
 }

@@ -247,13 +247,20 @@ bool lb_next_member(lua_State *L, int idx, struct lb_path *p, const char **key, 
     return true;
 }
 
-/* Set obj[key] = item (taken, dropped on failure), a key from Lua that must be UTF-8. */
+/*
+ * Set obj[key] = item (taken, dropped on failure), for a key from Lua: it
+ * must be UTF-8, and a NUL byte in it is refused as jp_diff refuses one.
+ * p names the key.
+ */
 static enum gg_status set_member(json_t *obj, const char *key, size_t len, json_t *item,
                                  const struct lb_path *p, struct gg_err *err)
 {
-    if (!jf_utf8_valid(key, len)) {
+    const char *bad = !jf_utf8_valid(key, len)         ? "an object key is not valid UTF-8"
+                      : memchr(key, '\0', len) != NULL ? "an object key contains a NUL byte"
+                                                       : NULL;
+    if (bad) {
         json_decref(item);
-        return lb_path_fail(p, err, "an object key is not valid UTF-8");
+        return lb_path_fail(p, err, bad);
     }
     if (json_object_setn_new_nocheck(obj, key, len, item) != 0)
         return lb_path_fail(p, err, "out of memory");
@@ -265,15 +272,17 @@ static enum gg_status object_to_json(lua_State *L, int idx, struct lb_path *p, j
 {
     json_t *obj = json_object();
     enum gg_status st = made(obj, p, err);
+    if (st != GG_OK)
+        return st;
     const char *key;
     size_t klen;
     lua_pushnil(L);
     while (lb_next_member(L, idx, p, &key, &klen, &st, err)) {
         json_t *item = NULL;
         st = lb_to_json(L, -1, p, &item, err);
-        p->depth--;
         if (st == GG_OK)
             st = set_member(obj, key, klen, item, p, err);
+        p->depth--;
         lua_pop(L, 1);
         if (st != GG_OK)
             lua_pop(L, 1);
