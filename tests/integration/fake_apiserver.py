@@ -228,8 +228,16 @@ class _Handler(BaseHTTPRequestHandler):
         dra = url.path.startswith("/apis/resource.k8s.io/") and len(parts) >= 5
         if dra and len(parts) == 8 and parts[4] == "namespaces":
             kind = "get"
+        # A watch takes its script and the watches' generation as it is counted, under the
+        # lock: a test that has seen it counted and then adds a script or ends the open
+        # watches means the next watch, never this one (a race under load otherwise).
+        script, generation = {}, None
         with fake.lock:
             fake.requests.append((kind, query, auth, url.path))
+            if kind == "watch":
+                generation = fake.generation
+                if url.path == "/api/v1/pods" and fake.watch_scripts:
+                    script = fake.watch_scripts.pop(0)
         if dra and parts[3] not in fake.served_versions:
             return self._status(404)
         if fake.token is not None and auth != f"Bearer {fake.token}":
@@ -244,7 +252,7 @@ class _Handler(BaseHTTPRequestHandler):
             return self._status(404)
         if kind == "list":
             return self._list(fake, query, resource)
-        return self._watch(fake, query, resource)
+        return self._watch(fake, query, resource, script, generation)
 
     def _get(self, fake, resource, ns, name):
         until = time.monotonic() + fake.get_hold
@@ -307,9 +315,9 @@ class _Handler(BaseHTTPRequestHandler):
         except OSError:
             pass
 
-    def _watch(self, fake, query, resource):
+    def _watch(self, fake, query, resource, script, generation):
         """One watch connection.  A script (fake.watch_scripts, one per
-        connection, consumed in order) may say:
+        connection, consumed in order as the watches arrive) may say:
           hold:       seconds to wait before answering at all
           status:     answer with this HTTP error status
           lines:      raw lines sent first (malformed events)
@@ -317,8 +325,6 @@ class _Handler(BaseHTTPRequestHandler):
           drop:       cut the connection in the middle of the next event
           error:      send an ERROR event with this code and end
           slow:       send each event in 3 pieces with this pause between"""
-        with fake.lock:  # scripts are for the pods' watches
-            script = fake.watch_scripts.pop(0) if fake.watch_scripts and resource == "pods" else {}
         if script.get("hold"):
             time.sleep(script["hold"])
         with fake.lock:
@@ -345,16 +351,14 @@ class _Handler(BaseHTTPRequestHandler):
                                                              "scripted error")}
                 self._chunk(json.dumps(ev) + "\n")
                 return self._chunk(b"")
-            self._stream(fake, query, since, script, resource)
+            self._stream(fake, query, since, script, resource, generation)
         except (BrokenPipeError, ConnectionResetError, ssl.SSLError, OSError):
             self.close_connection = True
 
-    def _stream(self, fake, query, since, script, resource):
+    def _stream(self, fake, query, since, script, resource, generation):
         deadline = time.monotonic() + int(query.get("timeoutSeconds") or 60)
         bookmarks = query.get("allowWatchBookmarks") in ("true", "1")
         sent = 0
-        with fake.lock:
-            generation = fake.generation
         while True:
             with fake.lock:
                 pending = [e for e in fake.events if e[0] > since and e[3] == resource]
