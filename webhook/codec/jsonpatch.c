@@ -523,9 +523,6 @@ static enum gg_status sorted_keys(const json_t *obj, struct jp_key **out, size_t
     return GG_OK;
 }
 
-static enum gg_status diff_value(struct jp_differ *d, const json_t *a, const json_t *b,
-                                 size_t depth);
-
 /* One member present in a, b or both; the path already names it. */
 static enum gg_status diff_member(struct jp_differ *d, const json_t *a, const json_t *b,
                                   const struct jp_key *k, size_t depth)
@@ -537,7 +534,7 @@ static enum gg_status diff_member(struct jp_differ *d, const json_t *a, const js
         return jp_differ_emit(d, "remove", NULL);
     if (!va)
         return jp_differ_emit(d, "add", vb); /* a missing parent is added whole */
-    return diff_value(d, va, vb, depth);
+    return jp_differ_value(d, va, vb, depth);
 }
 
 static enum gg_status diff_object(struct jp_differ *d, const json_t *a, const json_t *b,
@@ -587,7 +584,7 @@ static enum gg_status diff_elements(struct jp_differ *d, const json_t *a, const 
     for (i = 0; i < n && st == GG_OK; i++) {
         if (pb_push_index(&d->path, i))
             return nomem(d->err);
-        st = diff_value(d, json_array_get(a, i), json_array_get(b, i), depth + 1);
+        st = jp_differ_value(d, json_array_get(a, i), json_array_get(b, i), depth + 1);
         d->path.len = mark;
     }
     return st;
@@ -640,8 +637,7 @@ static enum gg_status diff_array(struct jp_differ *d, const json_t *a, const jso
  * differing subtree is replaced, so no emitted path is deeper than jp_apply
  * (or anything else with a similar bound) accepts.
  */
-static enum gg_status diff_value(struct jp_differ *d, const json_t *a, const json_t *b,
-                                 size_t depth)
+enum gg_status jp_differ_value(struct jp_differ *d, const json_t *a, const json_t *b, size_t depth)
 {
     if (a == b)
         return GG_OK; /* a shared subtree */
@@ -654,11 +650,6 @@ static enum gg_status diff_value(struct jp_differ *d, const json_t *a, const jso
     if (values_equal(a, b, 1))
         return GG_OK;
     return jp_differ_emit(d, "replace", b);
-}
-
-enum gg_status jp_differ_value(struct jp_differ *d, const json_t *a, const json_t *b, size_t depth)
-{
-    return diff_value(d, a, b, depth);
 }
 
 enum gg_status jp_diff(const json_t *original, const json_t *edited, json_t **patch,

@@ -139,7 +139,7 @@ static size_t put_key(char *out, size_t size, size_t used, const char *key)
             n = 1;
             snprintf(piece, sizeof(piece), "\\x%02x", c);
         } else {
-            n = c < 0x80 ? 1 : c < 0xe0 ? 2 : c < 0xf0 ? 3 : 4;
+            n = gg_utf8_len(c);
             memcpy(piece, key + i, n);
             piece[n] = '\0';
         }

@@ -3,17 +3,12 @@
  * keeps them and audit annotation keys it accepts.
  */
 #include "engine/sanitize.h"
+#include "util/gpuguard.h"
 
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* Length of the UTF-8 sequence starting with byte c (1 for stray bytes). */
-static size_t utf8_len(unsigned char c)
-{
-    return c < 0xC0 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
-}
 
 /* One warning: control characters become spaces, at most max characters. */
 static char *clean_warning(const char *in, size_t max)
@@ -24,7 +19,7 @@ static char *clean_warning(const char *in, size_t max)
         return NULL;
     for (size_t i = 0; i < n;) {
         unsigned char c = (unsigned char)in[i];
-        size_t len = utf8_len(c);
+        size_t len = gg_utf8_len(c);
         if (chars == max - 1 && i + len < n) {
             memcpy(out + used, "\xe2\x80\xa6", 3); /* an ellipsis */
             used += 3;

@@ -47,9 +47,7 @@ static void trim_cut_sequence(char *s, size_t n)
     size_t i = n;
     while (i > 0 && n - i < 3 && ((unsigned char)s[i - 1] & 0xc0) == 0x80)
         i--;
-    unsigned char lead = i > 0 ? (unsigned char)s[i - 1] : 0;
-    size_t need = lead >= 0xf0 ? 4 : lead >= 0xe0 ? 3 : 2;
-    if (lead >= 0xc0 && n - (i - 1) < need)
+    if (i > 0 && n - (i - 1) < gg_utf8_len((unsigned char)s[i - 1]))
         s[i - 1] = '\0';
 }
 

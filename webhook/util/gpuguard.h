@@ -65,6 +65,15 @@ enum gg_status gg_read_file(const char *path, size_t max, char **data, size_t *l
 bool gg_dns_label(const char *s);
 
 /*
+ * Length of the UTF-8 sequence a lead byte starts (1 for ASCII and for a
+ * byte that starts none); no validation (jf_utf8_valid does that).
+ */
+static inline size_t gg_utf8_len(unsigned char lead)
+{
+    return lead < 0xC0 ? 1 : lead < 0xE0 ? 2 : lead < 0xF0 ? 3 : 4;
+}
+
+/*
  * JSON text of v (jansson dump flags) in a NUL-terminated buffer from plain
  * malloc, whatever allocator jansson uses: free it with free().
  */
