@@ -281,40 +281,38 @@ local function resource_of(c, maps, section, name)
     return k8s.get_resource(c, section, name)
 end
 
--- True when keys (a section's, gg.fields) name an NVIDIA resource, or are none: a section that
--- is absent, empty or not a table is read as before (and raises the same error).
-local function nvidia_in(keys)
+-- The NVIDIA resource names among keys (a section's, gg.fields), added to names (a set, made
+-- when the first is found).
+local function nvidia_names(keys, names)
     for j = 1, #keys do
         local name = keys[j]
         if not PLAIN[name] and name:sub(1, 11) == "nvidia.com/" then
-            return true
+            names = names or {}
+            names[name] = true
         end
     end
-    return #keys == 0
+    return names
 end
 
--- False when gg.fields shows c's sections without an NVIDIA resource: such a container needs no
--- view of its resources (most containers of a big pod: 7 % of a review of one with 30).
-local function may_ask_nvidia(c)
-    return nvidia_in(gg.fields(c, "resources", SECTIONS[1])) or nvidia_in(gg.fields(c, "resources", SECTIONS[2]))
-end
-
+-- The names come from gg.fields: a container whose sections show no NVIDIA resource needs no
+-- view of its resources (most containers of a big pod: 7 % of a review of one with 30).  A
+-- section that is absent, empty or not a map shows no fields: the sections are read then, and
+-- one that is not a map is an error, as it always was.
 local function equal_requests_rules(req, containers)
     local maps = {}
     for _, c in ipairs(containers) do
-        if may_ask_nvidia(c) then
-            local names -- made only for a container with NVIDIA resources, as most have none
+        local requested, limited = gg.fields(c, "resources", SECTIONS[1]), gg.fields(c, "resources", SECTIONS[2])
+        local names = nvidia_names(limited, nvidia_names(requested))
+        if names or #requested == 0 or #limited == 0 then
             local resources = c.resources or NONE
             for i = 1, #SECTIONS do
                 local section = SECTIONS[i]
                 local map = resources[section] or NONE
-                maps[section] = map
-                for name in pairs(map) do
-                    if not PLAIN[name] and name:sub(1, 11) == "nvidia.com/" then
-                        names = names or {}
-                        names[name] = true
-                    end
+                if type(map) ~= "table" then
+                    error(string.format("container %q: resources.%s is a %s, want an object", tostring(c.name),
+                        section, type(map)), 0)
                 end
+                maps[section] = map
             end
             for name in pairs(names or NONE) do
                 local r, l = resource_of(c, maps, "requests", name), resource_of(c, maps, "limits", name)
