@@ -18,7 +18,12 @@ PKGS    := libmicrohttpd jansson lua5.4 openssl yaml-0.1 libcurl gnutls
 CFLAGS  ?= -O2 -g
 override CFLAGS += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -Wstrict-prototypes \
            -Iwebhook $(shell pkg-config --cflags $(PKGS) 2>/dev/null) $(SAN)
-LDLIBS  := $(shell pkg-config --libs $(PKGS) 2>/dev/null) -lpthread -lm
+# Lua and jansson come from Debian's static archives (liblua5.4-dev, libjansson-dev): every
+# review makes thousands of calls into them, and from the shared libraries (PIC code, calls
+# through the PLT) the engine ran some 15 % slower (README "Performance").
+STATIC_PKGS := lua5.4 jansson
+LDLIBS  := -Wl,-Bstatic $(shell pkg-config --libs $(STATIC_PKGS) 2>/dev/null) -Wl,-Bdynamic \
+           $(shell pkg-config --libs $(filter-out $(STATIC_PKGS),$(PKGS)) 2>/dev/null) -lpthread -lm
 override LDFLAGS += $(SAN)
 
 # Debian packages for building, testing and linting; `make deps` installs the

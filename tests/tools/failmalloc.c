@@ -9,8 +9,8 @@
  *
  * SIGUSR2 arms the shim, SIGUSR1 disarms it: the server starts with every
  * allocation served, and the test decides which requests run under failures.
- * Only allocations called from gpuguard itself, jansson, Lua, libyaml and
- * libc (strdup, asprintf ...) fail: the HTTP and TLS stack is left alone
+ * Only allocations called from the program itself (gpuguard, with jansson
+ * and Lua linked in), libyaml and libc (strdup, asprintf ...) fail: the HTTP and TLS stack is left alone
  * (GMP aborts on a failed allocation by design, libtasn1 crashes), as the
  * sweep is about what gpuguard does with a request it has received.  Built
  * as a shared object: see the Makefile.
@@ -47,7 +47,7 @@ static int find_targets(struct dl_phdr_info *info, size_t size, void *arg)
 {
     (void)size;
     (void)arg;
-    static const char *const names[] = {"libjansson", "liblua", "libyaml", "libc.so"};
+    static const char *const names[] = {"libyaml", "libc.so"};
     bool target = !info->dlpi_name[0]; /* the program itself */
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
         target = target || strstr(info->dlpi_name, names[i]);
