@@ -67,7 +67,7 @@ REPLAY_BIN   := $(FUZZ_TARGETS:%=$(BUILD)/fuzz/replay_%)
 DEV_CERTS := certs/dev
 PYTHON    := /usr/bin/python3
 
-.PHONY: all deps run test unit integration asan lint bench fuzz fuzz-replay install clean
+.PHONY: all deps run test unit integration asan lint bench fuzz fuzz-replay install clean FORCE
 
 all: $(BIN)
 
@@ -96,18 +96,25 @@ $(BUILD)/obj/%.o: webhook/%.c
 -include $(wildcard $(BUILD)/obj/*/*.d $(BUILD)/tests/*.d $(BUILD)/tests/tools/*.d \
                     $(BUILD)/fuzz/*.d $(BUILD)/bench/*.d)
 
+# The link flags, in a file rewritten only when they change: every program depends on it, so a
+# build tree made before a change of libraries (one linked statically, say) relinks.
+LINK_STAMP := $(BUILD)/link-flags
+$(LINK_STAMP): FORCE
+	@mkdir -p $(@D)
+	@echo '$(LDFLAGS) $(LDLIBS)' | cmp -s - $@ || echo '$(LDFLAGS) $(LDLIBS)' > $@
+
 $(CORE_LIB): $(CORE_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
-$(BIN): $(FRONT_OBJ) $(CORE_LIB)
+$(BIN): $(FRONT_OBJ) $(CORE_LIB) $(LINK_STAMP)
 	$(CC) $(LDFLAGS) -o $@ $(FRONT_OBJ) $(CORE_LIB) $(LDLIBS)
 
-$(BUILD)/tests/test_%: tests/unit/test_%.c $(CORE_LIB)
+$(BUILD)/tests/test_%: tests/unit/test_%.c $(CORE_LIB) $(LINK_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(DEPFLAGS) $(LDFLAGS) -o $@ $< $(CORE_LIB) $(LDLIBS) -lcmocka
 
-$(BUILD)/tests/tools/%: tests/tools/%.c $(CORE_LIB)
+$(BUILD)/tests/tools/%: tests/tools/%.c $(CORE_LIB) $(LINK_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(DEPFLAGS) $(LDFLAGS) -o $@ $< $(CORE_LIB) $(LDLIBS)
 
@@ -116,16 +123,16 @@ $(BUILD)/tests/tools/failmalloc.so: tests/tools/failmalloc.c
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(DEPFLAGS) -fPIC -shared -o $@ $<
 
-$(BUILD)/fuzz/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c $(CORE_LIB)
+$(BUILD)/fuzz/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c $(CORE_LIB) $(LINK_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(DEPFLAGS) $(LDFLAGS) -o $@ $< tests/fuzz/replay.c $(CORE_LIB) $(LDLIBS)
 
 # libFuzzer binaries; only built by `make fuzz`, in a sub-make with CC=clang.
-$(FUZZ_DIR)/fuzz_%: tests/fuzz/fuzz_%.c $(CORE_LIB)
+$(FUZZ_DIR)/fuzz_%: tests/fuzz/fuzz_%.c $(CORE_LIB) $(LINK_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(LDFLAGS) -fsanitize=fuzzer,address,undefined -o $@ $< $(CORE_LIB) $(LDLIBS)
 
-$(BUILD)/bench/%: tests/bench/%.c $(CORE_LIB)
+$(BUILD)/bench/%: tests/bench/%.c $(CORE_LIB) $(LINK_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(DEPFLAGS) $(LDFLAGS) -o $@ $< $(CORE_LIB) $(LDLIBS)
 
