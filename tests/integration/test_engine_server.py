@@ -189,3 +189,55 @@ def test_one_lua_vm_per_worker_thread(binary, certs, tmp_path):
         assert 1 <= len(built) <= 2  # --threads 2
     finally:
         assert srv.stop() == 0
+
+
+# Keeps some 3 MB of tables, so that a review's garbage is a small part of the heap, and
+# throws away two strings of over 100 bytes for each of the number in the label "strings".
+GARBAGE_POLICY = """
+local kept = {}
+for i = 1, 40000 do kept[i] = { i } end
+return {
+  name = "garbage",
+  validate = function(req, pod)
+    local n, bytes = tonumber(pod.metadata.labels.strings), 0
+    for i = 1, n do bytes = bytes + #(string.rep("x", 100) .. i) end
+    if bytes <= 100 * n or #kept ~= 40000 then req:deny("lost memory") end
+  end,
+}
+"""
+
+
+def test_lua_garbage_is_collected_between_reviews(binary, certs, tmp_path):
+    """A worker collects its VM's garbage once an answer is sent, when the collector's
+    schedule calls for it, so that reviews rarely pause for it; a review that throws away
+    more than the memory limit is still collected as it runs."""
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    (policies / "10-garbage.lua").write_text(GARBAGE_POLICY)
+    config = tmp_path / "gpuguard.yaml"
+    config.write_text("engine:\n  memory: 8Mi\n  instructions: 100000000\n")
+    srv = start_server(binary, certs, tmp_path, "--policies", str(policies), "--lua",
+                       str(tmp_path), "--config", str(config), "--log-level", "debug")
+    try:
+        conn = srv.connect()
+
+        def validate(strings):
+            obj = {"apiVersion": "v1", "kind": "Pod",
+                   "metadata": {"name": "p", "namespace": "default",
+                                "labels": {"strings": str(strings)}},
+                   "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
+            status, _, got = conn.review(review(object=obj), path="/validate")
+            assert status == 200
+            return got["response"]
+
+        for _ in range(30):  # some 250 KB of garbage each: a fifth of the heap in three
+            assert validate(1000)["allowed"] is True
+        collected = [re.fullmatch(r"collected Lua garbage between reviews: (\d+) bytes before, "
+                                  r"(\d+) after", r.get("msg", "")) for r in srv.log_lines()]
+        collected = [(int(m[1]), int(m[2])) for m in collected if m]
+        assert all(3_000_000 < after < before for before, after in collected), collected
+        assert len([1 for before, after in collected if before - after > 500_000]) >= 5, collected
+        # Some 70 MB of strings against the 8 MiB limit.
+        assert validate(300000)["allowed"] is True
+    finally:
+        assert srv.stop() == 0

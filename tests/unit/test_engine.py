@@ -967,6 +967,33 @@ return { name = "boom", failure = "allow", mutate = function(req, pod)
     assert v["warnings"] == ["boom: policy error: kaboom (ignored: failure allow)"]
 
 
+# ---- garbage ---------------------------------------------------------------
+
+# Makes the number of small tables in the label "tables" and throws them away.
+GARBAGE = """
+return {
+  name = "garbage",
+  validate = function(req, pod)
+    local n, sum = tonumber(pod.metadata.labels.tables), 0
+    for i = 1, n do
+      local t = { i, i + 1, tostring(i) }
+      sum = sum + #t
+    end
+    if sum ~= 3 * n then req:deny("lost tables") end
+  end,
+}
+"""
+
+
+def test_garbage_past_the_memory_limit_is_collected_within_the_review(engine):
+    """The memory limit bounds what a policy keeps, not what it throws away: 300,000
+    tables (some 30 MB, nearly four times the limit) are collected as the review runs."""
+    engine.configure("engine:\n  memory: 8Mi\n  instructions: 100000000\n")
+    engine.policy("10-garbage.lua", GARBAGE)
+    v = engine.run(review(pod(labels={"tables": "300000"})), phases="validate", repeat=3)
+    assert v["allowed"] is True, v
+
+
 # ---- the sandbox -----------------------------------------------------------
 
 SANDBOX_ESCAPES = {

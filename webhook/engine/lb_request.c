@@ -301,3 +301,22 @@ void lb_request_end(struct lb_vm *vm)
         vm->mem_settled = vm->mem;
     }
 }
+
+bool lb_vm_collect(struct lb_vm *vm)
+{
+    /* The generational collector's schedule at Lua's default multipliers: a
+     * major collection once the heap has doubled since the last one, a
+     * minor one once it has grown by a fifth since the last collection.  On
+     * its own the collector waits for twice that growth (lb_vm_new), so a
+     * request that stays under a fifth of the heap is rarely paused. */
+    if (vm->mem > 2 * vm->mem_settled) {
+        lua_gc(vm->L, LUA_GCCOLLECT);
+        vm->mem_settled = vm->mem;
+    } else if (vm->mem > vm->mem_collected + vm->mem_collected / 5) {
+        lua_gc(vm->L, LUA_GCSTEP, 0);
+    } else {
+        return false;
+    }
+    vm->mem_collected = vm->mem;
+    return true;
+}

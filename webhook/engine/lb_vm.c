@@ -15,6 +15,8 @@
 
 /* Address space for a VM's small blocks (see blockpool.h). */
 #define LB_POOL_RESERVE (8u << 20)
+/* The collector's own minor step, in % of heap growth (Lua's default: 20); see lb_vm_new. */
+#define LB_GC_MINOR_MUL 40
 
 const char lb_key_object_mt, lb_key_array_mt, lb_key_null_marker, lb_key_module, lb_key_policies;
 
@@ -129,8 +131,11 @@ enum gg_status lb_vm_new(const struct lb_limits *limits, const struct lb_source 
                        limits->memory);
     }
     *(struct lb_vm **)lua_getextraspace(vm->L) = vm;
-    /* A request's tables die young: the generational collector suits that. */
-    lua_gc(vm->L, LUA_GCGEN, 0, 0);
+    /* A request's tables die young: the generational collector suits that.
+     * Its minor collections come after the heap grew by LB_GC_MINOR_MUL %,
+     * twice Lua's default: lb_vm_collect runs them at the default between
+     * requests where the caller has time for it (the webhook). */
+    lua_gc(vm->L, LUA_GCGEN, LB_GC_MINOR_MUL, 0);
     lua_pushcfunction(vm->L, open_sandbox);
     lua_pushlightuserdata(vm->L, vm);
     lua_pushlightuserdata(vm->L, (void *)config);
@@ -165,4 +170,9 @@ bool lb_vm_broken(const struct lb_vm *vm)
 size_t lb_vm_memory_peak(const struct lb_vm *vm)
 {
     return vm->mem_peak;
+}
+
+size_t lb_vm_memory(const struct lb_vm *vm)
+{
+    return vm->mem;
 }

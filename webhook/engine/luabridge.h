@@ -91,6 +91,7 @@ enum gg_status lb_vm_new(const struct lb_limits *limits, const struct lb_source 
 void lb_vm_free(struct lb_vm *vm);
 bool lb_vm_broken(const struct lb_vm *vm);
 size_t lb_vm_memory_peak(const struct lb_vm *vm);
+size_t lb_vm_memory(const struct lb_vm *vm);
 
 /*
  * Run a policy file and keep the table it returns as the next policy
@@ -125,6 +126,15 @@ enum lb_outcome lb_policy_call(struct lb_vm *vm, int index, enum lb_phase phase,
 enum gg_status lb_request_patch(struct lb_vm *vm, const json_t *original, json_t **patch,
                                 struct gg_err *err);
 void lb_request_end(struct lb_vm *vm);
+
+/*
+ * Collect garbage now if the collector's schedule says so (true when it
+ * did): a caller with idle time after a request (the webhook, once its
+ * answer is sent) runs the collections there, and requests, which the
+ * collector by itself interrupts only after twice that growth, rarely pause
+ * in their middle.  Without calls it collects on its own schedule alone.
+ */
+bool lb_vm_collect(struct lb_vm *vm);
 
 void lb_report_clear(struct lb_report *report);
 

@@ -374,6 +374,17 @@ void engine_set_inventory(struct engine *e, struct inventory *inventory)
     e->inventory = inventory;
 }
 
+void engine_collect(struct engine *e)
+{
+    struct thread_vm *tv = pthread_getspecific(e->vm_key);
+    if (!tv || !tv->vm)
+        return;
+    size_t before = lb_vm_memory(tv->vm);
+    if (lb_vm_collect(tv->vm))
+        log_msg(LOG_DEBUG, "collected Lua garbage between reviews: %zu bytes before, %zu after",
+                before, lb_vm_memory(tv->vm));
+}
+
 const struct policy_paths *engine_paths(const struct engine *e)
 {
     return &e->paths;

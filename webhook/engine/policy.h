@@ -73,6 +73,14 @@ const struct policy_paths *engine_paths(const struct engine *e);
 struct inventory;
 void engine_set_inventory(struct engine *e, struct inventory *inventory);
 
+/*
+ * Collect the Lua garbage of this thread's evaluations if the collector's
+ * schedule says so (lb_vm_collect): the webhook calls it once an answer is
+ * sent, so that the collector's pauses fall between reviews instead of in
+ * the middle of one.
+ */
+void engine_collect(struct engine *e);
+
 /* The configured GPU quotas (quotas.namespaces, quotas.default) as Prometheus gauges. */
 struct buf;
 enum gg_status engine_render_quotas(struct engine *e, struct buf *out);

@@ -355,7 +355,7 @@ static enum MHD_Result on_webhook(void *cls, struct MHD_Connection *c, const cha
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode toe)
 {
-    (void)cls;
+    struct srv *s = cls;
     (void)c;
     (void)toe;
     struct request *rq = *con_cls;
@@ -365,6 +365,9 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     free(rq);
     *con_cls = NULL;
     metrics_inflight_add(-1);
+    /* The answer has been sent: the review's Lua garbage is collected now,
+     * on the worker that made it, outside its latency. */
+    engine_collect(s->engine);
 }
 
 static enum MHD_Result on_ops(void *cls, struct MHD_Connection *c, const char *url,
