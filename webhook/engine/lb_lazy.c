@@ -207,21 +207,22 @@ const luaL_Reg lb_raw_access[] = {
  * them all.  Under a stub, the request's JSON is what filling would give.
  */
 
-/* The JSON source of the table at idx if it is an unfilled stub of this request (or a
- * read-only view of one), else NULL. */
-static const json_t *untouched_source(lua_State *L, int idx)
+/*
+ * The JSON source of the table on the top if it is an unfilled stub of this
+ * request (or a read-only view of one), else NULL.  A view on the top is
+ * replaced by the table it shows: the walk reads on through plain tables,
+ * as the view would, without making a view of each table it passes;
+ * nothing it reads that way is handed to the policy.
+ */
+static const json_t *source_or_shown(lua_State *L)
 {
-    idx = lua_absindex(L, idx);
-    enum shape s = lb_shape_of(L, idx);
-    if (lb_is_lazy(s))
-        return lb_stub_source(L, idx, false);
-    if (s != SHAPE_FROZEN)
-        return NULL;
-    lb_push_shown(L, idx);
-    s = lb_shape_of(L, -1);
-    const json_t *v = lb_is_lazy(s) ? lb_stub_source(L, lua_gettop(L), false) : NULL;
-    lua_pop(L, 1);
-    return v;
+    enum shape s = lb_shape_of(L, -1);
+    if (s == SHAPE_FROZEN) {
+        lb_push_shown(L, -1);
+        lua_remove(L, -2);
+        s = lb_shape_of(L, -1);
+    }
+    return lb_is_lazy(s) ? lb_stub_source(L, lua_gettop(L), false) : NULL;
 }
 
 /* v[key at stack index k], as a filled table would have it (integer keys 1-based), or NULL. */
@@ -252,9 +253,10 @@ static void read_keys(lua_State *L, int from, int to)
 
 /*
  * Walk t (argument 1) by the keys in arguments 2..n.  Leaves on the top the
- * value reached and returns NULL, or, from an unfilled stub on, walks the
- * JSON instead and returns the JSON value reached (pushing nothing);
- * *absent is set when a step finds no member or no table.
+ * value reached (a table as the table a view shows) and returns NULL, or,
+ * from an unfilled stub on, walks the JSON instead and returns the JSON
+ * value reached (pushing nothing); *absent is set when a step finds no
+ * member or no table.
  */
 static const json_t *walk(lua_State *L, int n, bool *absent)
 {
@@ -267,7 +269,7 @@ static const json_t *walk(lua_State *L, int n, bool *absent)
             lua_pop(L, 1);
             return NULL;
         }
-        const json_t *v = untouched_source(L, -1);
+        const json_t *v = source_or_shown(L);
         if (v) {
             lua_pop(L, 1);
             for (; i <= n && v; i++)
@@ -277,7 +279,7 @@ static const json_t *walk(lua_State *L, int n, bool *absent)
         }
         read_keys(L, i, i);
     }
-    const json_t *v = lua_istable(L, -1) ? untouched_source(L, -1) : NULL;
+    const json_t *v = lua_istable(L, -1) ? source_or_shown(L) : NULL;
     if (v)
         lua_pop(L, 1);
     return v;
@@ -297,7 +299,10 @@ int lb_peek(lua_State *L)
         lua_pushnil(L);
     } else if (v && !json_is_object(v) && !json_is_array(v)) {
         lb_push_scalar(L, v);
-    } else if (v) { /* a table under a stub: the usual reads make it */
+    } else if (v || lua_istable(L, -1)) {
+        /* A table: the usual reads make it (filled, and a view in validate). */
+        if (!v)
+            lua_pop(L, 1);
         lua_pushvalue(L, 1);
         read_keys(L, 2, n);
     }
@@ -342,7 +347,7 @@ int lb_fields(lua_State *L)
     }
     if (!lua_istable(L, out - 1))
         return 1;
-    lb_push_shown(L, out - 1);     /* a read through a view left a view: list its table's keys */
+    lb_push_shown(L, out - 1);     /* a shared view (configuration, library): its shadow */
     lb_materialize_if_lazy(L, -1); /* a stub of an earlier request: it fills as empty */
     int t = lua_gettop(L);
     lua_pushnil(L);
