@@ -137,14 +137,13 @@ local function configured_ref(ctx, c, kind, index, e)
 end
 
 -- Each read of the pod in validate is a C call, and the first read of a table gives it a view
--- and fills it: the names of a container's variables are read with gg.peek (the entries stay
--- untouched) and an entry itself only for a GPU variable; lists are walked by index (ipairs adds
--- a call per entry) and fields read once into locals.
+-- and fills it: what the rules ask of a container (its variables' names, envFrom, the
+-- securityContext fields) is read with gg.peek and gg.fields from the container itself, which
+-- stays untouched with all it holds, and an entry itself only for a GPU variable.
 local function env_rules(ctx, c, kind, index)
-    local env = c.env
-    for i = 1, type(env) == "table" and #gg.fields(env) or 0 do
-        local name = gg.peek(env, i, "name")
-        local e = GPU_ENV[name] and env[i]
+    for i = 1, #gg.fields(c, "env") do
+        local name = gg.peek(c, "env", i, "name")
+        local e = GPU_ENV[name] and c.env[i]
         if e and not NO_GPU_VALUES[e.value] and not configured_ref(ctx, c, kind, index, e) then
             if ctx.gpu then
                 deny_unless_exempt(ctx, string.format("container %s sets %s; remove it: the device plugin sets which GPUs and driver features a container gets",
@@ -157,7 +156,7 @@ local function env_rules(ctx, c, kind, index)
     end
     -- A prefix that a ConfigMap's keys complete to NVIDIA_VISIBLE_DEVICES: "NVIDIA_..." or a
     -- start of "NVIDIA_" ("NV" and a key "IDIA_VISIBLE_DEVICES").
-    local from = c.envFrom
+    local from = gg.peek(c, "envFrom")
     for _, f in ipairs(type(from) == "table" and from or NONE) do
         local p = type(f) == "table" and f.prefix
         if type(p) == "string" and p ~= "" and
@@ -170,11 +169,7 @@ end
 
 -- shared() is asked only of pods that set what it could forbid.
 local function privilege_rules(ctx, c)
-    local sc = c.securityContext
-    if type(sc) ~= "table" then
-        return
-    end
-    if gg.peek(sc, "privileged") == true then
+    if gg.peek(c, "securityContext", "privileged") == true then
         if shared(ctx) then
             ctx.req:deny(string.format("container %s is privileged on a shared GPU and would see every GPU of the node; drop privileged or use exclusive GPUs",
                 c.name))
@@ -183,7 +178,7 @@ local function privilege_rules(ctx, c)
                 c.name))
         end
     end
-    local caps = gg.peek(sc, "capabilities", "add")
+    local caps = gg.peek(c, "securityContext", "capabilities", "add")
     for _, cap in ipairs(type(caps) == "table" and caps or NONE) do
         local name = type(cap) == "string" and cap:upper():gsub("^CAP_", "")
         if SHARED_GPU_CAPS[name] and shared(ctx) then
