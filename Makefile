@@ -21,8 +21,11 @@ override CFLAGS += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -Wstric
 # Lua and jansson come from Debian's static archives (liblua5.4-dev, libjansson-dev): every
 # review makes thousands of calls into them, and from the shared libraries (PIC code, calls
 # through the PLT) the engine ran some 15 % slower (README "Performance").
+# What the archives need in turn (-lm, -ldl) is linked as usual.
 STATIC_PKGS := lua5.4 jansson
-LDLIBS  := -Wl,-Bstatic $(shell pkg-config --libs $(STATIC_PKGS) 2>/dev/null) -Wl,-Bdynamic \
+STATIC_LIBS := $(shell pkg-config --libs $(STATIC_PKGS) 2>/dev/null)
+STATIC_DEPS := $(filter-out $(STATIC_LIBS),$(shell pkg-config --static --libs $(STATIC_PKGS) 2>/dev/null))
+LDLIBS  := -Wl,-Bstatic $(STATIC_LIBS) -Wl,-Bdynamic $(STATIC_DEPS) \
            $(shell pkg-config --libs $(filter-out $(STATIC_PKGS),$(PKGS)) 2>/dev/null) -lpthread -lm
 override LDFLAGS += $(SAN)
 

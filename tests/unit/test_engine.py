@@ -874,6 +874,32 @@ def test_peek_and_fields_read_as_reads_do_without_filling(engine):
         "peek: 1: " + FROZEN_EDIT, "peek: 2: " + FROZEN_EDIT]
 
 
+def test_peek_in_validate_runs_no_metamethod_a_mutate_left_in_the_object(engine):
+    """Views read the tables they show with rawget, and so do peek and fields past a view:
+    an __index a mutate call set on a table of the object never gets that (writable) table
+    in validate."""
+    engine.policy("10-meta.lua", """
+local gg = require "gpuguard"
+return { name = "meta",
+  mutate = function(req, pod)
+    pod.metadata.annotations = setmetatable({ a = "b" }, { __index = function(t, k)
+      if k == "poke" then t.written = "yes" end
+      return k == "hidden" and "seen" or nil
+    end })
+  end,
+  validate = function(req, pod)
+    local peeked = gg.peek(pod, "metadata", "annotations", "poke")
+    local hidden = gg.peek(pod, "metadata", "annotations", "hidden")
+    local keys = gg.fields(pod, "metadata", "annotations")
+    req:warn(string.format("%s %s %s %s %d", tostring(peeked), tostring(hidden),
+      tostring(pod.metadata.annotations.hidden), tostring(pod.metadata.annotations.written), #keys))
+  end }
+""")
+    v = engine.run(review(pod()), phases="both")
+    assert v["allowed"] is True, v
+    assert v["warnings"] == ["meta: nil nil nil nil 1"]
+
+
 def test_frozen_is_the_view_validate_gets_all_request_long(engine):
     engine.policy("10-remember.lua", """
 local gg = require "gpuguard"

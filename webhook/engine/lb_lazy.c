@@ -210,17 +210,19 @@ const luaL_Reg lb_raw_access[] = {
 /*
  * The JSON source of the table on the top if it is an unfilled stub of this
  * request (or a read-only view of one), else NULL.  A view on the top is
- * replaced by the table it shows: the walk reads on through plain tables,
- * as the view would, without making a view of each table it passes;
- * nothing it reads that way is handed to the policy.
+ * replaced by the table it shows and *viewed set: the walk reads on through
+ * plain tables, as the view would (see read_step), without making a view
+ * of each table it passes; nothing it reads that way is handed to the
+ * policy.
  */
-static const json_t *source_or_shown(lua_State *L)
+static const json_t *source_or_shown(lua_State *L, bool *viewed)
 {
     enum shape s = lb_shape_of(L, -1);
     if (s == SHAPE_FROZEN) {
         lb_push_shown(L, -1);
         lua_remove(L, -2);
         s = lb_shape_of(L, -1);
+        *viewed = true;
     }
     return lb_is_lazy(s) ? lb_stub_source(L, lua_gettop(L), false) : NULL;
 }
@@ -252,6 +254,22 @@ static void read_keys(lua_State *L, int from, int to)
 }
 
 /*
+ * Replace the table on the top with its member at key k.  Past a view, read
+ * as views read the tables they show, with rawget: a metatable a mutate
+ * call gave a table of the object runs no __index in validate (it would get
+ * the writable table).  A stub is not read here: the walk reads its JSON.
+ */
+static void read_step(lua_State *L, int k, bool viewed)
+{
+    lua_pushvalue(L, k);
+    if (viewed)
+        lua_rawget(L, -2);
+    else
+        lua_gettable(L, -2);
+    lua_remove(L, -2);
+}
+
+/*
  * Walk t (argument 1) by the keys in arguments 2..n.  Leaves on the top the
  * value reached (a table as the table a view shows) and returns NULL, or,
  * from an unfilled stub on, walks the JSON instead and returns the JSON
@@ -261,6 +279,7 @@ static void read_keys(lua_State *L, int from, int to)
 static const json_t *walk(lua_State *L, int n, bool *absent)
 {
     *absent = false;
+    bool viewed = false;
     luaL_checkstack(L, 4, "object too deep");
     lua_pushvalue(L, 1);
     for (int i = 2; i <= n; i++) {
@@ -269,7 +288,7 @@ static const json_t *walk(lua_State *L, int n, bool *absent)
             lua_pop(L, 1);
             return NULL;
         }
-        const json_t *v = source_or_shown(L);
+        const json_t *v = source_or_shown(L, &viewed);
         if (v) {
             lua_pop(L, 1);
             for (; i <= n && v; i++)
@@ -277,9 +296,9 @@ static const json_t *walk(lua_State *L, int n, bool *absent)
             *absent = v == NULL;
             return v;
         }
-        read_keys(L, i, i);
+        read_step(L, i, viewed);
     }
-    const json_t *v = lua_istable(L, -1) ? source_or_shown(L) : NULL;
+    const json_t *v = lua_istable(L, -1) ? source_or_shown(L, &viewed) : NULL;
     if (v)
         lua_pop(L, 1);
     return v;
