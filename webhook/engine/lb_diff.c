@@ -217,9 +217,7 @@ static enum gg_status diff_array(lua_State *L, int idx, const json_t *original, 
         lua_rawgeti(L, idx, (lua_Integer)i + 1);
         const json_t *ov = json_array_get(original, i);
         if (may_differ(L, -1, ov)) {
-            w->p.seg[w->p.depth].key = NULL;
-            w->p.seg[w->p.depth].index = i;
-            w->p.depth++;
+            lb_path_index(&w->p, i);
             st = jp_differ_index(&w->d, i);
             if (st == GG_OK)
                 st = diff_value(L, -1, ov, w);
@@ -261,9 +259,7 @@ static enum gg_status resized_array(lua_State *L, int idx, const json_t *origina
             item = json_incref(json_array_get(original, i));
         } else {
             lua_rawgeti(L, idx, (lua_Integer)i + 1);
-            w->p.seg[w->p.depth].key = NULL;
-            w->p.seg[w->p.depth].index = i;
-            w->p.depth++;
+            lb_path_index(&w->p, i);
             st = lb_to_json(L, -1, &w->p, &item, &w->sub);
             w->p.depth--;
             lua_pop(L, 1);

@@ -146,6 +146,13 @@ int lb_push_json(lua_State *L, const json_t *v, int depth, int mts);
 void lb_push_json_or_raise(lua_State *L, const json_t *v, const char *what);
 bool lb_too_deep(const json_t *v, int depth);
 int lb_infer_shape(lua_State *L, int idx);
+/* Enter array index i (0-based) in p; the caller leaves it (p->depth--). */
+static inline void lb_path_index(struct lb_path *p, size_t i)
+{
+    p->seg[p->depth].key = NULL;
+    p->seg[p->depth].index = i;
+    p->depth++;
+}
 enum gg_status lb_path_fail(const struct lb_path *p, struct gg_err *err, const char *what);
 enum gg_status lb_to_json(lua_State *L, int idx, struct lb_path *p, json_t **out,
                           struct gg_err *err);

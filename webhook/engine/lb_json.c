@@ -211,9 +211,7 @@ static enum gg_status array_to_json(lua_State *L, int idx, struct lb_path *p, js
         return made(arr, p, err);
     for (size_t i = 1; i <= n; i++) {
         json_t *item;
-        p->seg[p->depth].key = NULL;
-        p->seg[p->depth].index = i - 1;
-        p->depth++;
+        lb_path_index(p, i - 1);
         lua_rawgeti(L, idx, (lua_Integer)i);
         enum gg_status st = lb_to_json(L, -1, p, &item, err);
         lua_pop(L, 1);

@@ -278,6 +278,13 @@ enum lb_outcome lb_policy_call(struct lb_vm *vm, int index, enum lb_phase phase,
 /* Growth past twice the settled size plus this triggers a full collection. */
 #define GC_SLACK (4u << 20)
 
+/* A full collection: what is left is the settled size, and the base of the next minor step. */
+static void collect_all(struct lb_vm *vm)
+{
+    lua_gc(vm->L, LUA_GCCOLLECT);
+    vm->mem_settled = vm->mem_collected = vm->mem;
+}
+
 void lb_request_end(struct lb_vm *vm)
 {
     lb_budget_close(vm);
@@ -296,10 +303,8 @@ void lb_request_end(struct lb_vm *vm)
      * generational collector has aged the copy only a major collection frees
      * it, which may not come for thousands of requests: each worker's VM
      * would keep its largest request's garbage.  Collect it now instead. */
-    if (vm->mem > 2 * vm->mem_settled + GC_SLACK) {
-        lua_gc(vm->L, LUA_GCCOLLECT);
-        vm->mem_settled = vm->mem;
-    }
+    if (vm->mem > 2 * vm->mem_settled + GC_SLACK)
+        collect_all(vm);
 }
 
 bool lb_vm_collect(struct lb_vm *vm)
@@ -310,13 +315,12 @@ bool lb_vm_collect(struct lb_vm *vm)
      * its own the collector waits for twice that growth (lb_vm_new), so a
      * request that stays under a fifth of the heap is rarely paused. */
     if (vm->mem > 2 * vm->mem_settled) {
-        lua_gc(vm->L, LUA_GCCOLLECT);
-        vm->mem_settled = vm->mem;
+        collect_all(vm);
     } else if (vm->mem > vm->mem_collected + vm->mem_collected / 5) {
         lua_gc(vm->L, LUA_GCSTEP, 0);
+        vm->mem_collected = vm->mem;
     } else {
         return false;
     }
-    vm->mem_collected = vm->mem;
     return true;
 }
