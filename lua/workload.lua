@@ -379,7 +379,7 @@ local function intent_of(pod)
     if type(annotations) ~= "table" then
         annotations = NONE
     end
-    local stray, per_container = nil, false
+    local stray, asked = nil, nil -- asked: the containers a per-container annotation names
     for key in pairs(annotations) do
         -- The prefix test first: most pods carry many annotations and none of ours; then one
         -- pattern from after the prefix for "fraction.<container>" and "memory.<container>".
@@ -388,7 +388,8 @@ local function intent_of(pod)
             word, target = key:match("^(%a+)%.(.+)$", 17)
         end
         if word == "fraction" or word == "memory" then
-            per_container = true
+            asked = asked or {}
+            asked[target] = true
             if not is_regular[target] then
                 stray = stray or {}
                 stray[#stray + 1] = key
@@ -429,10 +430,13 @@ local function intent_of(pod)
             end
         end
     end
+    -- A controller's values come from its own annotations (see annotation): every container
+    -- is looked up there; a Pod's only for the names its annotations hold.
+    local every = asked and meta ~= pod.metadata
     for i = 1, #regular do
         local c = regular[i]
         local fkey, mkey, f, m
-        if per_container then
+        if asked and (every or type(names[i]) ~= "string" or asked[names[i]]) then
             fkey, mkey = M.FRACTION .. "." .. names[i], M.MEMORY .. "." .. names[i]
             f, m = annotation(pod, meta, annotations, fkey), annotation(pod, meta, annotations, mkey)
         end

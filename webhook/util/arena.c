@@ -56,22 +56,31 @@ static struct chunk *new_chunk(size_t size)
     return c;
 }
 
+/* A new chunk at the head, for a request that does not fit in the current one
+ * (out of line: the bump below is jansson's every allocation, and stays short). */
+static __attribute__((noinline)) void *arena_grow(size_t size)
+{
+    struct chunk *c = arena.head;
+    size_t want = c ? c->size * 2 : FIRST_CHUNK;
+    while (want < size)
+        want *= 2;
+    struct chunk *fresh = new_chunk(want);
+    if (!fresh)
+        return NULL;
+    fresh->next = c;
+    arena.head = fresh;
+    fresh->used = size;
+    return fresh->data;
+}
+
 static void *arena_malloc(size_t size)
 {
     if (!arena.active)
         return malloc(size);
     size = (size + ALIGN - 1) & ~(size_t)(ALIGN - 1);
     struct chunk *c = arena.head;
-    if (!c || c->size - c->used < size) {
-        size_t want = c ? c->size * 2 : FIRST_CHUNK;
-        while (want < size)
-            want *= 2;
-        struct chunk *fresh = new_chunk(want);
-        if (!fresh)
-            return NULL;
-        fresh->next = c;
-        arena.head = c = fresh;
-    }
+    if (!c || c->size - c->used < size)
+        return arena_grow(size);
     void *p = c->data + c->used;
     c->used += size;
     return p;
