@@ -6,6 +6,7 @@
 #   make fuzz    each libFuzzer target for FUZZ_SECONDS (clang); see docs/testing.md
 #   make lint    clang-format check, cppcheck, luac -p on every Lua file, the layers' include rule
 #   make bench   benchmarks (figures, not pass/fail)
+#   make lua-profile  Lua VM instructions per policy function and line (PROFILE_REVIEW, PROFILE_FLAGS)
 #   make deps-image  install buildah, mmdebstrap and docker-registry (as root)
 #   make image       build the container image IMAGE (gpuguard:<version>) with buildah
 #   make image-push  push IMAGE to its registry (IMAGE_PUSH_FLAGS, e.g. --tls-verify=false)
@@ -70,7 +71,7 @@ REPLAY_BIN   := $(FUZZ_TARGETS:%=$(BUILD)/fuzz/replay_%)
 DEV_CERTS := certs/dev
 PYTHON    := /usr/bin/python3
 
-.PHONY: all deps run test unit integration asan lint bench fuzz fuzz-replay install clean FORCE
+.PHONY: all deps run test unit integration asan lint bench lua-profile fuzz fuzz-replay install clean FORCE
 
 all: $(BIN)
 
@@ -139,6 +140,13 @@ $(BUILD)/bench/%: tests/bench/%.c $(CORE_LIB) $(LINK_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(DEPFLAGS) $(LDFLAGS) -o $@ $< $(CORE_LIB) $(LDLIBS)
 
+# bench_engine with the Lua profiler: its hook wraps the engine's (lua_profile.c).
+PROFILE_WRAP := -Wl,--wrap=lua_sethook,--wrap=lua_gethook,--wrap=lua_newstate
+$(BUILD)/bench/bench_engine_profile: tests/bench/bench_engine.c tests/bench/profile/lua_profile.c                                      $(CORE_LIB) $(LINK_STAMP)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(DEPFLAGS) -DGG_LUA_PROFILE -Itests/bench $(LDFLAGS) -o $@ $< \
+	    tests/bench/profile/lua_profile.c $(CORE_LIB) $(PROFILE_WRAP) $(LDLIBS)
+
 $(DEV_CERTS)/tls.crt: | $(BIN)
 	$(BIN) certs --service gpuguard --namespace gpuguard-system --out $(DEV_CERTS) --dev
 
@@ -164,7 +172,7 @@ fuzz-replay: $(REPLAY_BIN)
 	done; echo "fuzz-replay: $$pass passed, $$fail failed"; [ $$fail -eq 0 ]
 
 # Python tests (pytest) under tests/: integration, policies, patch checks.
-integration: $(BIN) $(TOOL_BIN) $(BUILD)/bench/bench_engine
+integration: $(BIN) $(TOOL_BIN) $(BUILD)/bench/bench_engine $(BUILD)/bench/bench_engine_profile
 	GPUGUARD_BIN=$(abspath $(BIN)) GPUGUARD_TOOLS=$(abspath $(BUILD)/tests/tools) \
 	    $(PYTHON) -m pytest -q -p no:cacheprovider tests
 
@@ -203,6 +211,12 @@ bench: deps
 	@echo "== gpuguard serve under wrk against nginx (BENCH_SECONDS per run, default 20)"
 	$(PYTHON) tests/bench/bench_server.py --bin $(BIN) --bench-engine $(BUILD)/bench/bench_engine \
 	    --policies policies --lua lua --config deploy/gpuguard.yaml --report $(BUILD)/bench/report.md
+
+# Where the policies' Lua work goes for one review, in VM instructions per function and line.
+PROFILE_REVIEW ?= tests/data/reviews/bench-pod.json
+PROFILE_FLAGS ?= --policies policies --lua lua --config deploy/gpuguard.yaml --phases both -n 200
+lua-profile: deps $(BUILD)/bench/bench_engine_profile
+	$(BUILD)/bench/bench_engine_profile $(PROFILE_FLAGS) $(PROFILE_REVIEW)
 
 lint:
 	clang-format --dry-run --Werror webhook/*/*.c webhook/*/*.h tests/unit/*.c tests/fuzz/*.c

@@ -14,6 +14,11 @@
  * --grace-us sets the run time before the instruction-count hook is set
  * (the server's by default).  Under callgrind a review runs ~50x slower:
  * raise it there, or the count includes a hook that native runs never set.
+ *
+ * Built with GG_LUA_PROFILE and profile/lua_profile.c (bench_engine_profile,
+ * `make lua-profile`), it also counts the Lua VM instructions of the timed
+ * reviews per policy function and line, and prints them after the times
+ * (which the profiler's hook makes meaningless).
  */
 #include "cli/engine_opts.h"
 #include "codec/admission.h"
@@ -21,6 +26,9 @@
 #include "util/arena.h"
 #include "engine/luabridge.h"
 #include "engine/policy.h"
+#ifdef GG_LUA_PROFILE
+#include "profile/lua_profile.h"
+#endif
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -137,6 +145,9 @@ int main(int argc, char **argv)
     for (int i = 0; i < 200; i++)
         if (run_once(e, text, len, warm))
             return 1;
+#ifdef GG_LUA_PROFILE
+    lua_profile_start();
+#endif
     int64_t start = gg_now_ns();
     for (long i = 0; i < n; i++)
         if (run_once(e, text, len, sum))
@@ -152,6 +163,9 @@ int main(int argc, char **argv)
         printf("  %-10s %8.2f us\n", stage_names[s], us);
     }
     printf("  %-10s %8.2f us (wall clock per review %.2f us)\n", "total", total, wall_us);
+#ifdef GG_LUA_PROFILE
+    lua_profile_report(stdout, n);
+#endif
     free(text);
     engine_free(e);
     return 0;
