@@ -431,12 +431,13 @@ local function intent_of(pod)
         end
     end
     -- A controller's values come from its own annotations (see annotation): every container
-    -- is looked up there; a Pod's only for the names its annotations hold.
+    -- is looked up there; a Pod's only for the names its annotations hold (the pattern above
+    -- takes no empty name, nor does it see a name that is not a string: those are looked up).
     local every = asked and meta ~= pod.metadata
     for i = 1, #regular do
         local c = regular[i]
         local fkey, mkey, f, m
-        if asked and (every or type(names[i]) ~= "string" or asked[names[i]]) then
+        if asked and (every or asked[names[i]] or names[i] == "" or type(names[i]) ~= "string") then
             fkey, mkey = M.FRACTION .. "." .. names[i], M.MEMORY .. "." .. names[i]
             f, m = annotation(pod, meta, annotations, fkey), annotation(pod, meta, annotations, mkey)
         end
