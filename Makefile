@@ -98,7 +98,7 @@ $(BUILD)/obj/%.o: webhook/%.c
 	$(CC) $(CFLAGS) $(DEPFLAGS) -c -o $@ $<
 
 -include $(wildcard $(BUILD)/obj/*/*.d $(BUILD)/tests/*.d $(BUILD)/tests/tools/*.d \
-                    $(BUILD)/fuzz/*.d $(BUILD)/bench/*.d)
+                    $(BUILD)/fuzz/*.d $(BUILD)/bench/*.d $(BUILD)/bench/profile/*.d)
 
 # The link flags, in a file rewritten only when they change: every program depends on it, so a
 # build tree made before a change of libraries (one linked statically, say) relinks.
@@ -140,12 +140,20 @@ $(BUILD)/bench/%: tests/bench/%.c $(CORE_LIB) $(LINK_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(DEPFLAGS) $(LDFLAGS) -o $@ $< $(CORE_LIB) $(LDLIBS)
 
-# bench_engine with the Lua profiler: its hook wraps the engine's (lua_profile.c).
+# bench_engine with the Lua profiler: its hook wraps the engine's (lua_profile.c).  Two
+# objects, so that each keeps its own dependency file.
 PROFILE_WRAP := -Wl,--wrap=lua_sethook,--wrap=lua_gethook,--wrap=lua_newstate
-$(BUILD)/bench/bench_engine_profile: tests/bench/bench_engine.c tests/bench/profile/lua_profile.c                                      $(CORE_LIB) $(LINK_STAMP)
+$(BUILD)/bench/profile/bench_engine.o: tests/bench/bench_engine.c
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) $(DEPFLAGS) -DGG_LUA_PROFILE -Itests/bench $(LDFLAGS) -o $@ $< \
-	    tests/bench/profile/lua_profile.c $(CORE_LIB) $(PROFILE_WRAP) $(LDLIBS)
+	$(CC) $(CFLAGS) $(DEPFLAGS) -DGG_LUA_PROFILE -Itests/bench -c -o $@ $<
+
+$(BUILD)/bench/profile/lua_profile.o: tests/bench/profile/lua_profile.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(DEPFLAGS) -c -o $@ $<
+
+$(BUILD)/bench/bench_engine_profile: $(BUILD)/bench/profile/bench_engine.o \
+    $(BUILD)/bench/profile/lua_profile.o $(CORE_LIB) $(LINK_STAMP)
+	$(CC) $(LDFLAGS) -o $@ $(filter %.o,$^) $(CORE_LIB) $(PROFILE_WRAP) $(LDLIBS)
 
 $(DEV_CERTS)/tls.crt: | $(BIN)
 	$(BIN) certs --service gpuguard --namespace gpuguard-system --out $(DEV_CERTS) --dev

@@ -13,7 +13,9 @@
  *
  * The engine's own hook (the instruction budget) still runs: the wrappers
  * keep it aside and the profiling hook calls it every `count` instructions,
- * as Lua would, so a runaway policy is stopped here as in the server.
+ * as Lua would, so a runaway policy is stopped here as in the server.  Only
+ * count hooks are passed on (the engine sets no other), and the state is
+ * global: for bench_engine's one thread, not for the server's workers.
  */
 #include "lua_profile.h"
 
@@ -34,7 +36,7 @@ struct entry {
 };
 
 static struct entry funcs[SLOTS], lines[SLOTS], calls[SLOTS];
-static bool counting, full;
+static bool counting, full, deep;
 static long instructions;
 
 /* The engine's hook, kept aside: set by the wrapped lua_sethook (possibly
@@ -51,10 +53,10 @@ static struct entry *slot(struct entry *table, const char *key)
     for (const char *p = key; *p; p++)
         h = (h ^ (unsigned char)*p) * 16777619u;
     for (uint32_t i = h & (SLOTS - 1), n = 0; n < SLOTS / 2; i = (i + 1) & (SLOTS - 1), n++) {
-        if (!table[i].key)
-            table[i].key = strdup(key);
-        if (!table[i].key || strcmp(table[i].key, key) == 0)
-            return table[i].key ? &table[i] : NULL;
+        if (!table[i].key && !(table[i].key = strdup(key)))
+            break;
+        if (strcmp(table[i].key, key) == 0)
+            return &table[i];
     }
     full = true; /* reported: the figures are then incomplete */
     return NULL;
@@ -72,6 +74,8 @@ static void count_instruction(lua_State *L, lua_Debug *ar)
     struct entry *e = slot(lines, key);
     if (e)
         e->self++;
+    if (lua_getstack(L, DEPTH, &frame))
+        deep = true;
     for (int level = 0; level < DEPTH && lua_getstack(L, level, &frame); level++) {
         lua_getinfo(L, "S", &frame);
         if (*frame.what == 'C')
@@ -130,8 +134,8 @@ static void hook(lua_State *L, lua_Debug *ar)
 void __wrap_lua_sethook(lua_State *L, lua_Hook f, int mask, int count)
 {
     (void)L;
-    engine_count = engine_left = (mask & LUA_MASKCOUNT) && count > 0 ? count : 1;
-    engine_hook = f;
+    engine_count = engine_left = count > 0 ? count : 1;
+    engine_hook = mask & LUA_MASKCOUNT ? f : NULL; /* no mask or no f: none, as in Lua */
 }
 
 lua_Hook __wrap_lua_gethook(lua_State *L)
@@ -183,8 +187,10 @@ void lua_profile_report(FILE *out, long reviews)
 {
     counting = false;
     double per = reviews > 0 ? (double)reviews : 1;
-    fprintf(out, "\nLua VM instructions per review: %.1f (%ld reviews profiled)%s\n",
-            instructions / per, reviews, full ? "; a table filled up, figures incomplete" : "");
+    fprintf(out, "\nLua VM instructions per review: %.1f (%ld reviews profiled)%s%s\n",
+            instructions / per, reviews, full ? "; a table filled up, figures incomplete" : "",
+            deep ? "; stacks deeper than 64 levels: outer functions' inclusive counts are short"
+                 : "");
     section(out, "per function (inclusive, self; source:line where it is defined)", funcs,
             by_inclusive, true, per);
     section(out, "per line (self)", lines, by_self, false, per);
