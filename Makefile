@@ -127,9 +127,14 @@ $(BUILD)/tests/tools/failmalloc.so: tests/tools/failmalloc.c
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(DEPFLAGS) -fPIC -shared -o $@ $<
 
-$(BUILD)/fuzz/replay_%: tests/fuzz/fuzz_%.c tests/fuzz/replay.c $(CORE_LIB) $(LINK_STAMP)
+# replay.c compiled on its own, so that each compile keeps its own dependency file.
+$(BUILD)/fuzz/replay.o: tests/fuzz/replay.c
 	@mkdir -p $(@D)
-	$(CC) $(CFLAGS) $(DEPFLAGS) $(LDFLAGS) -o $@ $< tests/fuzz/replay.c $(CORE_LIB) $(LDLIBS)
+	$(CC) $(CFLAGS) $(DEPFLAGS) -c -o $@ $<
+
+$(BUILD)/fuzz/replay_%: tests/fuzz/fuzz_%.c $(BUILD)/fuzz/replay.o $(CORE_LIB) $(LINK_STAMP)
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(DEPFLAGS) $(LDFLAGS) -o $@ $< $(BUILD)/fuzz/replay.o $(CORE_LIB) $(LDLIBS)
 
 # libFuzzer binaries; only built by `make fuzz`, in a sub-make with CC=clang.
 $(FUZZ_DIR)/fuzz_%: tests/fuzz/fuzz_%.c $(CORE_LIB) $(LINK_STAMP)
