@@ -874,6 +874,29 @@ def test_peek_and_fields_read_as_reads_do_without_filling(engine):
         "peek: 1: " + FROZEN_EDIT, "peek: 2: " + FROZEN_EDIT]
 
 
+def test_peek_reads_each_step_once(engine):
+    """A table peek reaches through the usual reads is the one those reads gave: its path is
+    not read again, so an __index on the way runs once (and a table it makes is the one
+    returned)."""
+    engine.policy("10-once.lua", """
+local gg = require "gpuguard"
+return { name = "once",
+  mutate = function(req, pod)
+    local calls, made = 0, nil
+    local t = setmetatable({}, { __index = function(_, k)
+      calls = calls + 1
+      made = { k = k }
+      return made
+    end })
+    local got = gg.peek(t, "sub")
+    req:warn(string.format("%d %s", calls, tostring(got == made)))
+  end }
+""")
+    v = engine.run(review(pod()), phases="mutate")
+    assert v["allowed"] is True, v
+    assert v["warnings"] == ["once: 1 true"]
+
+
 def test_peek_in_validate_runs_no_metamethod_a_mutate_left_in_the_object(engine):
     """Views read the tables they show with rawget, and so do peek and fields past a view:
     an __index a mutate call set on a table of the object never gets that (writable) table

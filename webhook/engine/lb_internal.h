@@ -55,7 +55,7 @@ struct lb_vm {
     struct watchdog *watchdog;   /* NULL: the hook is set from the start */
     struct blockpool *pool;      /* NULL: every block from malloc */
     size_t mem, mem_peak;
-    size_t mem_settled;   /* after the last full collection at a request's end */
+    size_t mem_settled;   /* after the last full collection (collect_all) */
     size_t mem_collected; /* after the last collection lb_vm_collect ran */
     int64_t used;         /* instructions counted in the current budget window */
     int64_t deadline_us;  /* 0: none */

@@ -274,12 +274,11 @@ static void read_step(lua_State *L, int k, bool viewed)
  * value reached (a table as the table a view shows) and returns NULL, or,
  * from an unfilled stub on, walks the JSON instead and returns the JSON
  * value reached (pushing nothing); *absent is set when a step finds no
- * member or no table.
+ * member or no table, *viewed when the walk went past a read-only view.
  */
-static const json_t *walk(lua_State *L, int n, bool *absent)
+static const json_t *walk(lua_State *L, int n, bool *absent, bool *viewed)
 {
-    *absent = false;
-    bool viewed = false;
+    *absent = *viewed = false;
     luaL_checkstack(L, 4, "object too deep");
     lua_pushvalue(L, 1);
     for (int i = 2; i <= n; i++) {
@@ -288,7 +287,7 @@ static const json_t *walk(lua_State *L, int n, bool *absent)
             lua_pop(L, 1);
             return NULL;
         }
-        const json_t *v = source_or_shown(L, &viewed);
+        const json_t *v = source_or_shown(L, viewed);
         if (v) {
             lua_pop(L, 1);
             for (; i <= n && v; i++)
@@ -296,9 +295,9 @@ static const json_t *walk(lua_State *L, int n, bool *absent)
             *absent = v == NULL;
             return v;
         }
-        read_step(L, i, viewed);
+        read_step(L, i, *viewed);
     }
-    const json_t *v = lua_istable(L, -1) ? source_or_shown(L, &viewed) : NULL;
+    const json_t *v = lua_istable(L, -1) ? source_or_shown(L, viewed) : NULL;
     if (v)
         lua_pop(L, 1);
     return v;
@@ -312,14 +311,16 @@ static const json_t *walk(lua_State *L, int n, bool *absent)
 int lb_peek(lua_State *L)
 {
     int n = lua_gettop(L);
-    bool absent;
-    const json_t *v = walk(L, n, &absent);
+    bool absent, viewed;
+    const json_t *v = walk(L, n, &absent, &viewed);
     if (absent) {
         lua_pushnil(L);
     } else if (v && !json_is_object(v) && !json_is_array(v)) {
         lb_push_scalar(L, v);
-    } else if (v || lua_istable(L, -1)) {
-        /* A table: the usual reads make it (filled, and a view in validate). */
+    } else if (v || (viewed && lua_istable(L, -1))) {
+        /* A table under a stub, or one the walk reached past a view (it holds
+         * the writable table): the usual reads make it, filled, and a view
+         * in validate.  A table reached by the usual reads is on the top. */
         if (!v)
             lua_pop(L, 1);
         lua_pushvalue(L, 1);
@@ -336,8 +337,8 @@ int lb_peek(lua_State *L)
 int lb_fields(lua_State *L)
 {
     int n = lua_gettop(L);
-    bool absent;
-    const json_t *v = walk(L, n, &absent);
+    bool absent, viewed;
+    const json_t *v = walk(L, n, &absent, &viewed);
     /* Sized at once: a list grown key by key is rehashed at every power of two. */
     size_t size = json_is_object(v) ? json_object_size(v) : json_array_size(v);
     lua_createtable(L, size < INT_MAX ? (int)size : 0, 0);
