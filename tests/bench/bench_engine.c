@@ -58,6 +58,7 @@ static int run_once(struct engine *e, const char *text, size_t len, int64_t sum[
     struct policy_verdict v;
     if (engine_evaluate(e, &req, phases, gg_now_ns() / 1000 + 10000000, &v, &err) != GG_OK) {
         fprintf(stderr, "%s\n", err.msg);
+        adm_request_clear(&req);
         arena_end();
         return -1;
     }
@@ -79,7 +80,8 @@ static int run_once(struct engine *e, const char *text, size_t len, int64_t sum[
     sum[ENCODE] += t3 - t2;
     free(out);
     policy_verdict_clear(&v);
-    arena_end(); /* drops the review's JSON, as http/review.c does: no adm_request_clear walk */
+    adm_request_clear(&req); /* as http/review.c does */
+    arena_end();
     return 0;
 }
 

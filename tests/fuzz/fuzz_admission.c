@@ -72,7 +72,7 @@ static void run(const uint8_t *data, size_t size)
     struct adm_request req;
     if (adm_decode((const char *)data, size, &req, NULL) != GG_OK)
         return;
-    check(req.root && req.uid && *req.uid && req.api_version, "decoded request lacks fields");
+    check(req.doc.root && req.uid && *req.uid && req.api_version, "decoded request lacks fields");
     check(req.kind && req.group && req.namespace && req.name && req.sub_resource,
           "decoded request has a NULL string");
     check(strcmp(adm_operation_name(req.operation), "") != 0, "operation has no name");
@@ -83,8 +83,8 @@ static void run(const uint8_t *data, size_t size)
     json_t *warnings = json_pack("[s,s]", req.namespace, req.name);
     json_t *audit = json_pack("{s:s}", "gpuguard.io/kind", req.kind);
     if (req.object)
-        json_array_append_new(patch, json_pack("{s:s,s:s,s:O}", "op", "replace", "path", "/spec",
-                                               "value", req.object));
+        json_array_append_new(patch, json_pack("{s:s,s:s,s:o}", "op", "replace", "path", "/spec",
+                                               "value", jf_to_json(req.object)));
     const struct adm_verdict verdicts[] = {
         {.allowed = true},
         {.allowed = true, .patch = patch, .warnings = warnings, .audit = audit},

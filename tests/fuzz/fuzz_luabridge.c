@@ -68,12 +68,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    json_error_t jerr;
-    json_t *object = json_loadb((const char *)data, size, 0, &jerr);
-    if (!json_is_object(object)) {
-        json_decref(object);
+    struct jf_doc doc;
+    size_t deepest;
+    if (jf_parse((const char *)data, size, 0, &doc, &deepest, NULL) != 0 ||
+        doc.root->type != JF_OBJECT) {
+        jf_doc_free(&doc);
         return 0;
     }
+    const struct jf_node *object = doc.root;
     struct lb_vm *vm = vm_get();
     struct adm_request req = {.api_version = "admission.k8s.io/v1",
                               .uid = "fuzz",
@@ -107,6 +109,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         }
         lb_request_end(vm);
     }
-    json_decref(object);
+    jf_doc_free(&doc);
     return 0;
 }

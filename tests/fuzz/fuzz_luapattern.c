@@ -149,6 +149,8 @@ static json_t *hex(const uint8_t *p, size_t n)
 static json_t *run_sandbox(json_t *object)
 {
     struct lb_vm *vm = sandbox();
+    struct jf_doc doc;
+    check(jf_from_json(object, &doc) == 0, "out of memory", NULL);
     struct adm_request req = {.api_version = "admission.k8s.io/v1",
                               .uid = "fuzz",
                               .operation = ADM_CREATE,
@@ -157,9 +159,9 @@ static json_t *run_sandbox(json_t *object)
                               .namespace = "fuzz",
                               .name = "",
                               .sub_resource = "",
-                              .object = object};
+                              .object = doc.root};
     struct gg_err err = {{0}};
-    check(lb_request_begin(vm, &req, object, gg_now_us() + 5000000, &err) == GG_OK,
+    check(lb_request_begin(vm, &req, doc.root, gg_now_us() + 5000000, &err) == GG_OK,
           "lb_request_begin failed", &err);
     struct lb_report report;
     enum lb_outcome outcome = lb_policy_call(vm, 0, LB_VALIDATE, &report, &err, NULL);
@@ -170,6 +172,7 @@ static json_t *run_sandbox(json_t *object)
         check(outcome != LB_RAISED, "the sandbox raised", &err);
     lb_report_clear(&report);
     lb_request_end(vm);
+    jf_doc_free(&doc);
     return said;
 }
 

@@ -314,7 +314,7 @@ int main(int argc, char **argv)
     }
     free(text);
     if (dryrun) {
-        dry_pod = json_deep_copy(req.object);
+        dry_pod = jf_to_json(req.object);
         json_object_del(json_object_get(dry_pod, "metadata"), "namespace");
         dry_namespace = req.namespace;
     }

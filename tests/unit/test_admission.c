@@ -66,8 +66,8 @@ static void test_decode_pod_create(void **state)
     assert_non_null(req.options);
     assert_non_null(req.user_info);
     /* Go's \u003c escapes decode to the characters. */
-    json_t *labels = json_object_get(json_object_get(req.object, "metadata"), "labels");
-    assert_string_equal(json_string_value(json_object_get(labels, "a")), "<b>");
+    const struct jf_node *labels = jf_get_str(jf_get_str(req.object, "metadata"), "labels");
+    assert_string_equal(jf_string(jf_get_str(labels, "a")), "<b>");
     adm_request_clear(&req);
 }
 
@@ -173,7 +173,9 @@ static void test_decode_rejects(void **state)
         if (st != cases[i].st || !strstr(err.msg, cases[i].msg))
             fail_msg("case %zu: status %d, message \"%s\", want %d with \"%s\"", i, st, err.msg,
                      cases[i].st, cases[i].msg);
-        assert_null(req.root);
+        assert_null(req.doc.root);
+        assert_null(req.doc.chunks);
+        assert_null(req.doc.text);
     }
 }
 

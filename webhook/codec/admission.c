@@ -28,45 +28,48 @@ void adm_request_clear(struct adm_request *req)
 {
     if (!req)
         return;
-    json_decref(req->root);
+    jf_doc_free(&req->doc);
+    json_decref(req->source);
     memset(req, 0, sizeof(*req));
 }
 
 /* An optional string member: "" when absent or null, error when another type. */
-static enum gg_status opt_string(json_t *obj, const char *key, const char *where, const char **out,
-                                 struct gg_err *err)
+static enum gg_status opt_string(const struct jf_node *obj, const char *key, const char *where,
+                                 const char **out, struct gg_err *err)
 {
-    json_t *v = json_object_get(obj, key);
-    if (!v || json_is_null(v)) {
+    const struct jf_node *v = jf_get_str(obj, key);
+    if (!v || v->type == JF_NULL) {
         *out = "";
         return GG_OK;
     }
-    if (!json_is_string(v))
+    if (v->type != JF_STRING)
         return gg_fail(err, GG_ERR_INVALID, "%s.%s must be a string", where, key);
-    *out = json_string_value(v);
+    *out = v->u.s;
     return GG_OK;
 }
 
 /* An embedded object that the API server may send as null. */
-static enum gg_status opt_object(json_t *obj, const char *key, json_t **out, struct gg_err *err)
+static enum gg_status opt_object(const struct jf_node *obj, const char *key,
+                                 const struct jf_node **out, struct gg_err *err)
 {
-    json_t *v = json_object_get(obj, key);
-    if (!v || json_is_null(v)) {
+    const struct jf_node *v = jf_get_str(obj, key);
+    if (!v || v->type == JF_NULL) {
         *out = NULL;
         return GG_OK;
     }
-    if (!json_is_object(v))
+    if (v->type != JF_OBJECT)
         return gg_fail(err, GG_ERR_INVALID, "request.%s must be an object or null", key);
     *out = v;
     return GG_OK;
 }
 
-static enum gg_status decode_envelope(json_t *root, struct adm_request *req, struct gg_err *err)
+static enum gg_status decode_envelope(const struct jf_node *root, struct adm_request *req,
+                                      struct gg_err *err)
 {
-    if (!json_is_object(root))
+    if (root->type != JF_OBJECT)
         return gg_fail(err, GG_ERR_INVALID,
                        "not an AdmissionReview: the body is not a JSON object");
-    const char *api_version = json_string_value(json_object_get(root, "apiVersion"));
+    const char *api_version = jf_string(jf_get_str(root, "apiVersion"));
     if (!api_version)
         return gg_fail(err, GG_ERR_INVALID, "not an AdmissionReview: apiVersion is missing");
     if (strcmp(api_version, "admission.k8s.io/v1") == 0)
@@ -79,16 +82,17 @@ static enum gg_status decode_envelope(json_t *root, struct adm_request *req, str
                        "admission.k8s.io/v1beta1",
                        api_version);
     req->api_version = api_version;
-    const char *kind = json_string_value(json_object_get(root, "kind"));
+    const char *kind = jf_string(jf_get_str(root, "kind"));
     if (!kind || strcmp(kind, "AdmissionReview") != 0)
         return gg_fail(err, GG_ERR_INVALID, "not an AdmissionReview: kind is \"%.64s\"",
                        kind ? kind : "");
     return GG_OK;
 }
 
-static enum gg_status decode_operation(json_t *request, struct adm_request *req, struct gg_err *err)
+static enum gg_status decode_operation(const struct jf_node *request, struct adm_request *req,
+                                       struct gg_err *err)
 {
-    const char *op = json_string_value(json_object_get(request, "operation"));
+    const char *op = jf_string(jf_get_str(request, "operation"));
     for (int i = 0; op && i < 4; i++) {
         if (strcmp(op, operation_names[i]) == 0) {
             req->operation = (enum adm_operation)i;
@@ -100,16 +104,17 @@ static enum gg_status decode_operation(json_t *request, struct adm_request *req,
                    op ? op : "");
 }
 
-static enum gg_status decode_request(json_t *request, struct adm_request *req, struct gg_err *err)
+static enum gg_status decode_request(const struct jf_node *request, struct adm_request *req,
+                                     struct gg_err *err)
 {
     enum gg_status st;
-    req->uid = json_string_value(json_object_get(request, "uid"));
+    req->uid = jf_string(jf_get_str(request, "uid"));
     if (!req->uid || !*req->uid)
         return gg_fail(err, GG_ERR_INVALID, "request.uid must be a non-empty string");
     if ((st = decode_operation(request, req, err)) != GG_OK)
         return st;
-    json_t *gvk = json_object_get(request, "kind");
-    if (gvk && !json_is_object(gvk))
+    const struct jf_node *gvk = jf_get_str(request, "kind");
+    if (gvk && gvk->type != JF_OBJECT)
         return gg_fail(err, GG_ERR_INVALID, "request.kind must be an object");
     if ((st = opt_string(gvk, "kind", "request.kind", &req->kind, err)) != GG_OK ||
         (st = opt_string(gvk, "group", "request.kind", &req->group, err)) != GG_OK ||
@@ -117,17 +122,36 @@ static enum gg_status decode_request(json_t *request, struct adm_request *req, s
         (st = opt_string(request, "name", "request", &req->name, err)) != GG_OK ||
         (st = opt_string(request, "subResource", "request", &req->sub_resource, err)) != GG_OK)
         return st;
-    json_t *dry_run = json_object_get(request, "dryRun");
-    if (dry_run && !json_is_boolean(dry_run) && !json_is_null(dry_run))
+    const struct jf_node *dry_run = jf_get_str(request, "dryRun");
+    if (dry_run && dry_run->type != JF_TRUE && dry_run->type != JF_FALSE &&
+        dry_run->type != JF_NULL)
         return gg_fail(err, GG_ERR_INVALID, "request.dryRun must be a boolean");
-    req->dry_run = json_is_true(dry_run);
+    req->dry_run = dry_run && dry_run->type == JF_TRUE;
     if ((st = opt_object(request, "object", &req->object, err)) != GG_OK ||
         (st = opt_object(request, "oldObject", &req->old_object, err)) != GG_OK ||
         (st = opt_object(request, "options", &req->options, err)) != GG_OK)
         return st;
-    json_t *user = json_object_get(request, "userInfo");
-    req->user_info = json_is_object(user) ? user : NULL;
+    const struct jf_node *user = jf_get_str(request, "userInfo");
+    req->user_info = user && user->type == JF_OBJECT ? user : NULL;
     return GG_OK;
+}
+
+/* Check the review in req->doc and fill req from it; req is cleared on failure. */
+static enum gg_status decode_doc(struct adm_request *req, struct gg_err *err)
+{
+    const struct jf_node *root = req->doc.root;
+    enum gg_status st = decode_envelope(root, req, err);
+    if (st == GG_OK) {
+        const struct jf_node *request = jf_get_str(root, "request");
+        if (!request || request->type != JF_OBJECT)
+            st = gg_fail(err, GG_ERR_INVALID, "not an AdmissionReview request: request is %s",
+                         request ? "not an object" : "missing");
+        else
+            st = decode_request(request, req, err);
+    }
+    if (st != GG_OK)
+        adm_request_clear(req);
+    return st;
 }
 
 enum gg_status adm_decode(const char *body, size_t len, struct adm_request *req, struct gg_err *err)
@@ -135,34 +159,24 @@ enum gg_status adm_decode(const char *body, size_t len, struct adm_request *req,
     memset(req, 0, sizeof(*req));
     struct jf_error jerr;
     size_t depth = 0;
-    json_t *root = jf_loadb_depth(body, len, JF_DEFAULT_MAX_DEPTH, &depth, &jerr);
-    if (!root)
+    if (jf_parse(body, len, JF_DEFAULT_MAX_DEPTH, &req->doc, &depth, &jerr) != 0)
         return gg_fail(err, GG_ERR_PARSE, "malformed JSON at line %d column %d: %s", jerr.line,
                        jerr.column, jerr.text);
-    enum gg_status st = adm_decode_value(root, req, err);
-    req->depth = depth;
+    enum gg_status st = decode_doc(req, err);
+    if (st == GG_OK)
+        req->depth = depth;
     return st;
 }
 
 enum gg_status adm_decode_value(json_t *root, struct adm_request *req, struct gg_err *err)
 {
     memset(req, 0, sizeof(*req));
-    enum gg_status st = decode_envelope(root, req, err);
-    if (st == GG_OK) {
-        json_t *request = json_object_get(root, "request");
-        if (!json_is_object(request))
-            st = gg_fail(err, GG_ERR_INVALID, "not an AdmissionReview request: request is %s",
-                         request ? "not an object" : "missing");
-        else
-            st = decode_request(request, req, err);
-    }
-    if (st != GG_OK) {
+    if (jf_from_json(root, &req->doc) != 0) {
         json_decref(root);
-        memset(req, 0, sizeof(*req));
-        return st;
+        return gg_fail(err, GG_ERR_NOMEM, "out of memory reading the review");
     }
-    req->root = root;
-    return GG_OK;
+    req->source = root;
+    return decode_doc(req, err);
 }
 
 enum gg_status adm_base64(struct buf *b, size_t from)

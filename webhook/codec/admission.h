@@ -11,6 +11,7 @@
 #define GG_ADMISSION_H
 
 #include "util/gpuguard.h"
+#include "util/jsonfast.h"
 
 #include <jansson.h>
 #include <stdbool.h>
@@ -24,7 +25,8 @@ enum adm_operation { ADM_CREATE, ADM_UPDATE, ADM_DELETE, ADM_CONNECT };
 enum adm_endpoint { ADM_MUTATING, ADM_VALIDATING };
 
 struct adm_request {
-    json_t *root; /* the whole review; owned, the pointers below borrow it */
+    struct jf_doc doc; /* the whole review; owned, the pointers below borrow it */
+    json_t *source;    /* adm_decode_value's review, which doc points into; owned */
     enum adm_version version;
     const char *api_version;
     const char *uid;
@@ -35,11 +37,11 @@ struct adm_request {
     const char *name;      /* "" on CREATE with generateName */
     const char *sub_resource;
     bool dry_run;
-    json_t *object;     /* NULL when null or absent */
-    json_t *old_object; /* NULL when null or absent */
-    json_t *options;    /* NULL when null or absent */
-    json_t *user_info;  /* NULL when absent */
-    size_t depth;       /* a bound on the review's nesting (it is depth 1); 0: unknown */
+    const struct jf_node *object;     /* NULL when null or absent */
+    const struct jf_node *old_object; /* NULL when null or absent */
+    const struct jf_node *options;    /* NULL when null or absent */
+    const struct jf_node *user_info;  /* NULL when absent */
+    size_t depth; /* a bound on the review's nesting (it is depth 1); 0: unknown */
     /* Not from the review: set by gpuguard when the object is the Pod it built from a
      * workload's pod template, that template's path ("spec.template"); NULL otherwise. */
     const char *template_path;
@@ -57,8 +59,9 @@ struct adm_verdict {
 };
 
 /*
- * Parse and check a review.  Nesting is bounded by jansson's parser (2048
- * levels).  GG_ERR_PARSE for malformed JSON, GG_ERR_INVALID
+ * Parse and check a review into nodes (util/jsonfast.h): the engine reads
+ * the object from them, no jansson values are made.  Nesting is bounded as
+ * jansson bounds it (2048 levels).  GG_ERR_PARSE for malformed JSON, GG_ERR_INVALID
  * for JSON that is not an AdmissionReview request; err says what and where.
  * On success req owns the document; release it with adm_request_clear.
  */
@@ -68,8 +71,8 @@ void adm_request_clear(struct adm_request *req);
 
 /*
  * adm_decode for a review that is already JSON (the CLI builds its own):
- * the same checks; root is stolen, kept in req on success and released on
- * failure.
+ * the same checks, on nodes that point into root; root is stolen, kept in
+ * req on success and released on failure.
  */
 enum gg_status adm_decode_value(json_t *root, struct adm_request *req, struct gg_err *err);
 

@@ -124,6 +124,9 @@ int64_t charger_charge(void *charger, const json_t *obj)
     struct charger *c = charger;
     struct gg_err err = {{0}};
     const char *kind = json_string_value(json_object_get(obj, "kind"));
+    struct jf_doc doc;
+    if (jf_from_json(obj, &doc) != 0)
+        gg_fail(&err, GG_ERR_NOMEM, "out of memory reading the object");
     struct adm_request req = {.api_version = "",
                               .uid = "",
                               .operation = ADM_CREATE,
@@ -132,13 +135,12 @@ int64_t charger_charge(void *charger, const json_t *obj)
                               .namespace = "",
                               .name = "",
                               .sub_resource = "",
-                              .object = (json_t *)obj};
+                              .object = doc.root};
     struct lb_report report = {0};
     int64_t charge = -1;
     pthread_mutex_lock(&c->lock);
-    if (refresh(c, &err) == GG_OK &&
-        lb_request_begin(c->vm, &req, (json_t *)obj, gg_now_us() + CHARGE_DEADLINE_US, &err) ==
-            GG_OK) {
+    if (doc.root && refresh(c, &err) == GG_OK &&
+        lb_request_begin(c->vm, &req, doc.root, gg_now_us() + CHARGE_DEADLINE_US, &err) == GG_OK) {
         if (lb_policy_call(c->vm, 0, LB_MUTATE, &report, &err, NULL) == LB_DONE) {
             const char *text = json_string_value(json_object_get(report.audit, "charge"));
             char *end = NULL;
@@ -148,6 +150,7 @@ int64_t charger_charge(void *charger, const json_t *obj)
         lb_request_end(c->vm);
     }
     pthread_mutex_unlock(&c->lock);
+    jf_doc_free(&doc);
     lb_report_clear(&report);
     if (charge >= 0)
         return charge;

@@ -1,6 +1,6 @@
 /*
- * lb_diff.c - the JSON patch from the original object to the object as the
- * policies left it, converting only the parts that differ.
+ * lb_diff.c - the JSON patch from the original object (nodes) to the object
+ * as the policies left it, converting only the parts that differ.
  */
 #include "engine/lb_internal.h"
 #include "codec/jsonpatch.h"
@@ -11,24 +11,24 @@
 #include <string.h>
 
 /* Exact equality of the Lua value at idx and v, as JSON (1 and 1.0 differ). */
-static bool equals_json(lua_State *L, int idx, const json_t *v, int depth)
+static bool equals_json(lua_State *L, int idx, const struct jf_node *v, int depth)
 {
     size_t len;
     const char *s;
     switch (lua_type(L, idx)) {
     case LUA_TSTRING:
         s = lua_tolstring(L, idx, &len);
-        return json_is_string(v) && json_string_length(v) == len &&
-               memcmp(json_string_value(v), s, len) == 0;
+        return v->type == JF_STRING && v->n == len && memcmp(v->u.s, s, len) == 0;
     case LUA_TNUMBER:
         if (lua_isinteger(L, idx))
-            return json_is_integer(v) && json_integer_value(v) == lua_tointeger(L, idx);
-        return json_is_real(v) && json_real_value(v) == lua_tonumber(L, idx) &&
-               signbit(json_real_value(v)) == signbit(lua_tonumber(L, idx));
+            return v->type == JF_INTEGER && v->u.i == lua_tointeger(L, idx);
+        return v->type == JF_REAL && v->u.d == lua_tonumber(L, idx) &&
+               signbit(v->u.d) == signbit(lua_tonumber(L, idx));
     case LUA_TBOOLEAN:
-        return json_is_boolean(v) && json_is_true(v) == lua_toboolean(L, idx);
+        return (v->type == JF_TRUE || v->type == JF_FALSE) &&
+               (v->type == JF_TRUE) == lua_toboolean(L, idx);
     case LUA_TLIGHTUSERDATA:
-        return json_is_null(v) && lb_is_null(L, idx);
+        return v->type == JF_NULL && lb_is_null(L, idx);
     case LUA_TTABLE:
         break;
     default:
@@ -41,30 +41,30 @@ static bool equals_json(lua_State *L, int idx, const json_t *v, int depth)
     idx = lua_absindex(L, idx);
     if (lb_is_lazy(shape)) {
         /* Never touched: equal when it still stands where it came from. */
-        const json_t *src = lb_stub_source(L, idx, false);
-        return src && jp_same(src, v);
+        const struct jf_node *src = lb_stub_source(L, idx, false);
+        return src && jf_same(src, v);
     }
     if (shape == SHAPE_ARRAY) {
         size_t n = lua_rawlen(L, idx);
-        if (!json_is_array(v) || json_array_size(v) != n)
+        if (v->type != JF_ARRAY || v->n != n)
             return false;
         for (size_t i = 0; i < n; i++) {
             lua_rawgeti(L, idx, (lua_Integer)i + 1);
-            bool eq = equals_json(L, -1, json_array_get(v, i), depth + 1);
+            bool eq = equals_json(L, -1, &v->u.items[i], depth + 1);
             lua_pop(L, 1);
             if (!eq)
                 return false;
         }
         return true;
     }
-    if (!json_is_object(v))
+    if (v->type != JF_OBJECT)
         return false;
     size_t count = 0, klen;
     lua_pushnil(L);
     while (lua_next(L, idx)) {
         /* By length: a key with a NUL byte must not match the key before it. */
         const char *key = lua_type(L, -2) == LUA_TSTRING ? lua_tolstring(L, -2, &klen) : NULL;
-        json_t *item = key ? json_object_getn(v, key, klen) : NULL;
+        const struct jf_node *item = key ? jf_get(v, key, klen) : NULL;
         count++;
         if (!item || !equals_json(L, -1, item, depth + 1)) {
             lua_pop(L, 2);
@@ -72,7 +72,7 @@ static bool equals_json(lua_State *L, int idx, const json_t *v, int depth)
         }
         lua_pop(L, 1);
     }
-    return count == json_object_size(v);
+    return count == v->n;
 }
 
 /*
@@ -87,7 +87,7 @@ static bool equals_json(lua_State *L, int idx, const json_t *v, int depth)
 /* A member that may differ: only in Lua (ov NULL), only in the original (removed), or both. */
 struct member {
     struct jp_key key; /* a string held by the Lua table or the original */
-    const json_t *ov;
+    const struct jf_node *ov;
     bool removed;
 };
 
@@ -104,9 +104,10 @@ struct walk {
     struct gg_err sub;
 };
 
-static enum gg_status diff_value(lua_State *L, int idx, const json_t *ov, struct walk *w);
+static enum gg_status diff_value(lua_State *L, int idx, const struct jf_node *ov, struct walk *w);
 
-static bool members_add(struct walk *w, const char *key, size_t len, const json_t *ov, bool removed)
+static bool members_add(struct walk *w, const char *key, size_t len, const struct jf_node *ov,
+                        bool removed)
 {
     if (w->n_members == w->cap) {
         size_t cap = w->cap ? 2 * w->cap : 64;
@@ -121,7 +122,7 @@ static bool members_add(struct walk *w, const char *key, size_t len, const json_
 }
 
 /* A filled table may differ anywhere inside; anything else is compared now. */
-static bool may_differ(lua_State *L, int idx, const json_t *ov)
+static bool may_differ(lua_State *L, int idx, const struct jf_node *ov)
 {
     if (lua_type(L, idx) == LUA_TTABLE) {
         enum shape shape = lb_shape_of(L, idx);
@@ -132,7 +133,8 @@ static bool may_differ(lua_State *L, int idx, const json_t *ov)
 }
 
 /* Pass one: which members differ or may; pass two, in key order, their ops. */
-static enum gg_status collect_members(lua_State *L, int idx, const json_t *original, struct walk *w)
+static enum gg_status collect_members(lua_State *L, int idx, const struct jf_node *original,
+                                      struct walk *w)
 {
     enum gg_status st = GG_OK;
     size_t matched = 0; /* Lua keys the original has: fewer than its size means removals */
@@ -140,7 +142,7 @@ static enum gg_status collect_members(lua_State *L, int idx, const json_t *origi
     size_t key_len;
     lua_pushnil(L);
     while (lb_next_member(L, idx, &w->p, &key, &key_len, &st, &w->sub)) {
-        const json_t *ov = json_object_getn(original, key, key_len);
+        const struct jf_node *ov = jf_get(original, key, key_len);
         matched += ov != NULL;
         if (!ov && !jf_utf8_valid(key, key_len)) /* the original's keys are */
             st = lb_path_fail(&w->p, &w->sub, "an object key is not valid UTF-8");
@@ -149,15 +151,14 @@ static enum gg_status collect_members(lua_State *L, int idx, const json_t *origi
         w->p.depth--;
         lua_pop(L, st == GG_OK ? 1 : 2);
     }
-    if (st != GG_OK || matched == json_object_size(original))
+    if (st != GG_OK || matched == original->n)
         return st;
-    json_t *ov;
-    json_object_keylen_foreach((json_t *)original, key, key_len, ov)
-    {
-        lua_pushlstring(L, key, key_len);
+    for (uint32_t i = 0; i < original->n; i++) {
+        const struct jf_node *ov = &original->u.items[i];
+        lua_pushlstring(L, ov->key, ov->key_len);
         bool gone = lua_rawget(L, idx) == LUA_TNIL;
         lua_pop(L, 1);
-        if (gone && !members_add(w, key, key_len, ov, true))
+        if (gone && !members_add(w, ov->key, ov->key_len, ov, true))
             return lb_path_fail(&w->p, &w->sub, "out of memory");
     }
     return GG_OK;
@@ -183,7 +184,8 @@ static enum gg_status diff_member(lua_State *L, int idx, const struct member *mb
     return st;
 }
 
-static enum gg_status diff_object(lua_State *L, int idx, const json_t *original, struct walk *w)
+static enum gg_status diff_object(lua_State *L, int idx, const struct jf_node *original,
+                                  struct walk *w)
 {
     idx = lua_absindex(L, idx);
     luaL_checkstack(L, 4, "object too deep");
@@ -207,15 +209,16 @@ static enum gg_status diff_object(lua_State *L, int idx, const json_t *original,
 }
 
 /* Arrays of the same length keep their positions: elements are compared in place. */
-static enum gg_status diff_array(lua_State *L, int idx, const json_t *original, struct walk *w)
+static enum gg_status diff_array(lua_State *L, int idx, const struct jf_node *original,
+                                 struct walk *w)
 {
     idx = lua_absindex(L, idx);
     luaL_checkstack(L, 4, "object too deep");
-    size_t n = json_array_size(original), mark = w->d.path.len;
+    size_t n = original->n, mark = w->d.path.len;
     enum gg_status st = GG_OK;
     for (size_t i = 0; st == GG_OK && i < n; i++) {
         lua_rawgeti(L, idx, (lua_Integer)i + 1);
-        const json_t *ov = json_array_get(original, i);
+        const struct jf_node *ov = &original->u.items[i];
         if (may_differ(L, -1, ov)) {
             lb_path_index(&w->p, i);
             st = jp_differ_index(&w->d, i);
@@ -231,22 +234,22 @@ static enum gg_status diff_array(lua_State *L, int idx, const json_t *original, 
 
 /*
  * The edited side of an array that grew or shrank as JSON, sharing the
- * original's elements where the Lua array still holds equal ones: *edited
- * stays NULL when one of those differs (then the whole array is converted).
- * jp_differ_value finds the shared prefix by identity and appends or
- * removes the rest, as it would after converting everything.
+ * original's elements (original_json, its conversion) where the Lua array
+ * still holds equal ones: *edited stays NULL when one of those differs
+ * (then the whole array is converted).  jp_differ_value finds the shared
+ * prefix by identity and appends or removes the rest, as it would after
+ * converting everything.
  */
-static enum gg_status resized_array(lua_State *L, int idx, const json_t *original, json_t **edited,
-                                    struct walk *w)
+static enum gg_status resized_array(lua_State *L, int idx, const struct jf_node *original,
+                                    const json_t *original_json, json_t **edited, struct walk *w)
 {
     idx = lua_absindex(L, idx);
     luaL_checkstack(L, 4, "object too deep");
-    size_t n = lua_rawlen(L, idx),
-           keep = n < json_array_size(original) ? n : json_array_size(original);
+    size_t n = lua_rawlen(L, idx), keep = n < original->n ? n : original->n;
     *edited = NULL;
     for (size_t i = 0; i < keep; i++) {
         lua_rawgeti(L, idx, (lua_Integer)i + 1);
-        bool same = equals_json(L, -1, json_array_get(original, i), 0);
+        bool same = equals_json(L, -1, &original->u.items[i], 0);
         lua_pop(L, 1);
         if (!same)
             return GG_OK;
@@ -256,7 +259,7 @@ static enum gg_status resized_array(lua_State *L, int idx, const json_t *origina
     for (size_t i = 0; st == GG_OK && i < n; i++) {
         json_t *item = NULL;
         if (i < keep) {
-            item = json_incref(json_array_get(original, i));
+            item = json_incref(json_array_get(original_json, i));
         } else {
             lua_rawgeti(L, idx, (lua_Integer)i + 1);
             lb_path_index(&w->p, i);
@@ -274,33 +277,38 @@ static enum gg_status resized_array(lua_State *L, int idx, const json_t *origina
     return st;
 }
 
-/* The ops for one value that exists on both sides (w->p.depth tokens deep). */
-static enum gg_status diff_value(lua_State *L, int idx, const json_t *ov, struct walk *w)
+/*
+ * The ops for one value that exists on both sides (w->p.depth tokens deep).
+ * Where the two differ other than member by member, the original's part is
+ * converted to JSON for the differ: only what a policy changed.
+ */
+static enum gg_status diff_value(lua_State *L, int idx, const struct jf_node *ov, struct walk *w)
 {
     enum shape shape = lb_shape_of(L, idx);
     bool deeper = w->p.depth < LB_MAX_DEPTH;
-    if (deeper && shape == SHAPE_OBJECT && json_is_object(ov))
+    if (deeper && shape == SHAPE_OBJECT && ov->type == JF_OBJECT)
         return diff_object(L, idx, ov, w);
-    if (deeper && shape == SHAPE_ARRAY && json_is_array(ov) &&
-        lua_rawlen(L, idx) == json_array_size(ov))
+    if (deeper && shape == SHAPE_ARRAY && ov->type == JF_ARRAY && lua_rawlen(L, idx) == ov->n)
         return diff_array(L, idx, ov, w);
-    json_t *edited = NULL;
-    enum gg_status st = GG_OK;
-    if (deeper && shape == SHAPE_ARRAY && json_is_array(ov))
-        st = resized_array(L, idx, ov, &edited, w);
-    else if (equals_json(L, idx, ov, 0))
+    bool resized = deeper && shape == SHAPE_ARRAY && ov->type == JF_ARRAY;
+    if (!resized && equals_json(L, idx, ov, 0))
         return GG_OK;
+    json_t *edited = NULL, *original = jf_to_json(ov);
+    enum gg_status st = original ? GG_OK : lb_path_fail(&w->p, &w->sub, "out of memory");
+    if (st == GG_OK && resized)
+        st = resized_array(L, idx, ov, original, &edited, w);
     if (st == GG_OK && !edited)
         st = lb_to_json(L, idx, &w->p, &edited, &w->sub);
     if (st == GG_OK)
-        st = jp_differ_value(&w->d, ov, edited, (size_t)w->p.depth);
+        st = jp_differ_value(&w->d, original, edited, (size_t)w->p.depth);
     json_decref(edited);
+    json_decref(original);
     return st;
 }
 
 /* lb_request_patch's work, run in protected mode. */
 struct patch_call {
-    const json_t *original;
+    const struct jf_node *original;
     struct walk *w;
     enum gg_status st;
 };
@@ -324,7 +332,7 @@ static int patch_protected(lua_State *L)
  * The diff pushes strings and grows the stack, which raise on a failed
  * allocation: it runs under lua_pcall, and such a failure refuses the edit.
  */
-enum gg_status lb_request_patch(struct lb_vm *vm, const json_t *original, json_t **patch,
+enum gg_status lb_request_patch(struct lb_vm *vm, const struct jf_node *original, json_t **patch,
                                 struct gg_err *err)
 {
     struct walk w = {.members = NULL};

@@ -141,10 +141,12 @@ struct lb_path { /* the path of the value being converted, for error messages */
 };
 void lb_mark(lua_State *L, const void *mt_key);
 bool lb_is_null(lua_State *L, int idx);
-void lb_push_scalar(lua_State *L, const json_t *v);
-int lb_push_json(lua_State *L, const json_t *v, int depth, int mts);
-void lb_push_json_or_raise(lua_State *L, const json_t *v, const char *what);
-bool lb_too_deep(const json_t *v, int depth);
+void lb_push_scalar(lua_State *L, const struct jf_node *v);
+/* Push v, or raise a Lua error that says what is too deep. */
+void lb_push_node_or_raise(lua_State *L, const struct jf_node *v, const char *what);
+/* lb_push_node_or_raise of v, which is stolen (released also when it raises). */
+void lb_push_json_or_raise(lua_State *L, json_t *v, const char *what);
+bool lb_too_deep(const struct jf_node *v, int depth);
 int lb_infer_shape(lua_State *L, int idx);
 /* Enter array index i (0-based) in p; the caller leaves it (p->depth--). */
 static inline void lb_path_index(struct lb_path *p, size_t i)
@@ -167,8 +169,8 @@ bool lb_next_member(lua_State *L, int idx, struct lb_path *p, const char **key, 
 extern const luaL_Reg lb_lazy_methods[];
 extern const luaL_Reg lb_raw_access[];
 int lb_rawlen(lua_State *L);
-void lb_push_lazy(lua_State *L, const json_t *v);
-const json_t *lb_stub_source(lua_State *L, int idx, bool take);
+void lb_push_lazy(lua_State *L, const struct jf_node *v);
+const struct jf_node *lb_stub_source(lua_State *L, int idx, bool take);
 int lb_peek(lua_State *L);
 int lb_fields(lua_State *L);
 void lb_materialize(lua_State *L, int idx, enum shape shape);

@@ -1,6 +1,7 @@
 /*
  * lb_json.c - JSON -> Lua and Lua -> JSON, whole values at a time (the
- * request's object goes to Lua lazily instead: lb_lazy.c).
+ * request's object goes to Lua lazily instead: lb_lazy.c).  JSON comes in
+ * as nodes (util/jsonfast.h); jansson values are read through nodes too.
  *
  * Objects and arrays are tables with the object or array mark, null is the
  * light userdata gpuguard.null, integers stay integers; a table a policy
@@ -25,21 +26,21 @@ bool lb_is_null(lua_State *L, int idx)
     return lua_touserdata(L, idx) == (void *)&lb_key_null_marker;
 }
 
-void lb_push_scalar(lua_State *L, const json_t *v)
+void lb_push_scalar(lua_State *L, const struct jf_node *v)
 {
-    switch (json_typeof(v)) {
-    case JSON_STRING:
-        lua_pushlstring(L, json_string_value(v), json_string_length(v));
+    switch (v->type) {
+    case JF_STRING:
+        lua_pushlstring(L, v->u.s, v->n);
         break;
-    case JSON_INTEGER:
-        lua_pushinteger(L, (lua_Integer)json_integer_value(v));
+    case JF_INTEGER:
+        lua_pushinteger(L, (lua_Integer)v->u.i);
         break;
-    case JSON_REAL:
-        lua_pushnumber(L, json_real_value(v));
+    case JF_REAL:
+        lua_pushnumber(L, v->u.d);
         break;
-    case JSON_TRUE:
-    case JSON_FALSE:
-        lua_pushboolean(L, json_is_true(v));
+    case JF_TRUE:
+    case JF_FALSE:
+        lua_pushboolean(L, v->type == JF_TRUE);
         break;
     default:
         lua_pushlightuserdata(L, (void *)&lb_key_null_marker);
@@ -52,51 +53,39 @@ void lb_push_scalar(lua_State *L, const json_t *v)
  * (mts, mts + 1: object, array) rather than fetching them from the registry
  * for every table, and hands keys over with their length.
  */
-int lb_push_json(lua_State *L, const json_t *v, int depth, int mts)
+static int push_node(lua_State *L, const struct jf_node *v, int depth, int mts)
 {
     if (depth > LB_MAX_DEPTH)
         return -1;
     luaL_checkstack(L, 4, "JSON too deep");
-    size_t i, n, key_len;
-    const char *key;
-    json_t *item;
-    switch (json_typeof(v)) {
-    case JSON_OBJECT:
-        lua_createtable(L, 0, (int)json_object_size(v));
-        lua_pushvalue(L, mts);
-        lua_setmetatable(L, -2);
-        json_object_keylen_foreach((json_t *)v, key, key_len, item)
-        {
-            lua_pushlstring(L, key, key_len);
-            if (lb_push_json(L, item, depth + 1, mts))
-                return -1;
-            lua_rawset(L, -3);
-        }
-        return 0;
-    case JSON_ARRAY:
-        n = json_array_size(v);
-        lua_createtable(L, (int)n, 0);
-        lua_pushvalue(L, mts + 1);
-        lua_setmetatable(L, -2);
-        for (i = 0; i < n; i++) {
-            if (lb_push_json(L, json_array_get(v, i), depth + 1, mts))
-                return -1;
-            lua_rawseti(L, -2, (lua_Integer)i + 1);
-        }
-        return 0;
-    default:
+    if (!jf_is_container(v)) {
         lb_push_scalar(L, v);
         return 0;
     }
+    bool array = v->type == JF_ARRAY;
+    lua_createtable(L, array ? (int)v->n : 0, array ? 0 : (int)v->n);
+    lua_pushvalue(L, mts + array);
+    lua_setmetatable(L, -2);
+    for (uint32_t i = 0; i < v->n; i++) {
+        const struct jf_node *item = &v->u.items[i];
+        if (!array)
+            lua_pushlstring(L, item->key, item->key_len);
+        if (push_node(L, item, depth + 1, mts))
+            return -1;
+        if (array)
+            lua_rawseti(L, -2, (lua_Integer)i + 1);
+        else
+            lua_rawset(L, -3);
+    }
+    return 0;
 }
 
-/* Push v or raise a Lua error that says it is too deep. */
-void lb_push_json_or_raise(lua_State *L, const json_t *v, const char *what)
+void lb_push_node_or_raise(lua_State *L, const struct jf_node *v, const char *what)
 {
     int top = lua_gettop(L);
     lb_push_registry(L, &lb_key_object_mt);
     lb_push_registry(L, &lb_key_array_mt);
-    if (lb_push_json(L, v, 0, top + 1)) {
+    if (push_node(L, v, 0, top + 1)) {
         lua_settop(L, top);
         luaL_error(L, "%s nests deeper than %d levels", what, LB_MAX_DEPTH);
     }
@@ -104,22 +93,49 @@ void lb_push_json_or_raise(lua_State *L, const json_t *v, const char *what)
     lua_remove(L, top + 1);
 }
 
-/* True when a value inside v sits deeper than LB_MAX_DEPTH (v is at depth). */
-bool lb_too_deep(const json_t *v, int depth)
+/* A JSON value and its document of nodes, held by a userdata while they are pushed. */
+struct held_json {
+    json_t *value;
+    struct jf_doc doc;
+};
+
+static int release_held(lua_State *L)
 {
-    size_t i;
-    const char *key;
-    json_t *item;
-    if (json_is_array(v)) {
-        json_array_foreach(v, i, item) if (depth >= LB_MAX_DEPTH ||
-                                           lb_too_deep(item, depth + 1)) return true;
-    } else if (json_is_object(v)) {
-        json_object_foreach((json_t *)v, key, item)
-        {
-            if (depth >= LB_MAX_DEPTH || lb_too_deep(item, depth + 1))
-                return true;
-        }
+    struct held_json *h = lua_touserdata(L, 1);
+    jf_doc_free(&h->doc);
+    json_decref(h->value);
+    h->value = NULL;
+    return 0;
+}
+
+/* Through a userdata that holds v and its nodes: a raise on the way releases them. */
+void lb_push_json_or_raise(lua_State *L, json_t *v, const char *what)
+{
+    struct held_json *h = lua_newuserdatauv(L, sizeof(*h), 0);
+    memset(h, 0, sizeof(*h));
+    h->value = v;
+    if (luaL_newmetatable(L, "gpuguard.heldjson")) {
+        lua_pushcfunction(L, release_held);
+        lua_setfield(L, -2, "__gc");
     }
+    lua_setmetatable(L, -2);
+    if (jf_from_json(v, &h->doc) != 0)
+        luaL_error(L, "out of memory converting %s", what);
+    lb_push_node_or_raise(L, h->doc.root, what);
+    lua_pushcfunction(L, release_held);
+    lua_pushvalue(L, -3);
+    lua_call(L, 1, 0);
+    lua_remove(L, -2);
+}
+
+/* True when a value inside v sits deeper than LB_MAX_DEPTH (v is at depth). */
+bool lb_too_deep(const struct jf_node *v, int depth)
+{
+    if (!jf_is_container(v))
+        return false;
+    for (uint32_t i = 0; i < v->n; i++)
+        if (depth >= LB_MAX_DEPTH || lb_too_deep(&v->u.items[i], depth + 1))
+            return true;
     return false;
 }
 

@@ -28,15 +28,15 @@ static void push_lazy_mts(lua_State *L)
 }
 
 /* Push v, a container as a stub; mts is where push_lazy_mts put the object one. */
-static void push_lazy_at(lua_State *L, const json_t *v, int mts)
+static void push_lazy_at(lua_State *L, const struct jf_node *v, int mts)
 {
-    if (!json_is_object(v) && !json_is_array(v)) {
+    if (!jf_is_container(v)) {
         lb_push_scalar(L, v);
         return;
     }
-    bool array = json_is_array(v);
+    bool array = v->type == JF_ARRAY;
     /* Sized now: filling an empty table later would grow it step by step. */
-    int n = (int)(array ? json_array_size(v) : json_object_size(v));
+    int n = (int)v->n;
     lua_createtable(L, array ? n : 0, array ? 1 : n + 1);
     lua_pushvalue(L, mts + array);
     lua_setmetatable(L, -2);
@@ -49,12 +49,12 @@ static void push_lazy_at(lua_State *L, const json_t *v, int mts)
  * The JSON source of the stub at idx, NULL when its request is over.  With
  * take, the hidden entry is removed.
  */
-const json_t *lb_stub_source(lua_State *L, int idx, bool take)
+const struct jf_node *lb_stub_source(lua_State *L, int idx, bool take)
 {
     lua_pushnil(L);
     if (!lua_next(L, idx))
         return NULL;
-    const json_t *v = lua_touserdata(L, -2);
+    const struct jf_node *v = lua_touserdata(L, -2);
     if (lua_tointeger(L, -1) != lb_vm_of(L)->epoch)
         v = NULL;
     lua_pop(L, 1);
@@ -72,23 +72,20 @@ void lb_materialize(lua_State *L, int idx, enum shape shape)
 {
     idx = lua_absindex(L, idx);
     int top = lua_gettop(L);
-    const json_t *v = lb_stub_source(L, idx, true), *item;
+    const struct jf_node *v = lb_stub_source(L, idx, true);
     lb_push_registry(L, shape == SHAPE_LAZY_ARRAY ? &lb_key_array_mt : &lb_key_object_mt);
     lua_setmetatable(L, idx);
     push_lazy_mts(L);
-    const char *key;
-    size_t key_len, i;
-    if (json_is_object(v)) {
-        json_object_keylen_foreach((json_t *)v, key, key_len, item)
-        {
-            lua_pushlstring(L, key, key_len);
+    if (v && v->type == JF_OBJECT) {
+        for (uint32_t i = 0; i < v->n; i++) {
+            const struct jf_node *item = &v->u.items[i];
+            lua_pushlstring(L, item->key, item->key_len);
             push_lazy_at(L, item, top + 1);
             lua_rawset(L, idx);
         }
-    } else if (json_is_array(v)) {
-        json_array_foreach(v, i, item)
-        {
-            push_lazy_at(L, item, top + 1);
+    } else if (v && v->type == JF_ARRAY) {
+        for (uint32_t i = 0; i < v->n; i++) {
+            push_lazy_at(L, &v->u.items[i], top + 1);
             lua_rawseti(L, idx, (lua_Integer)i + 1);
         }
     }
@@ -103,7 +100,7 @@ void lb_materialize_if_lazy(lua_State *L, int idx)
 }
 
 /* Push the request's object, lazily. */
-void lb_push_lazy(lua_State *L, const json_t *v)
+void lb_push_lazy(lua_State *L, const struct jf_node *v)
 {
     int top = lua_gettop(L);
     push_lazy_mts(L);
@@ -215,7 +212,7 @@ const luaL_Reg lb_raw_access[] = {
  * of each table it passes; nothing it reads that way is handed to the
  * policy.
  */
-static const json_t *source_or_shown(lua_State *L, bool *viewed)
+static const struct jf_node *source_or_shown(lua_State *L, bool *viewed)
 {
     enum shape s = lb_shape_of(L, -1);
     if (s == SHAPE_FROZEN) {
@@ -228,17 +225,17 @@ static const json_t *source_or_shown(lua_State *L, bool *viewed)
 }
 
 /* v[key at stack index k], as a filled table would have it (integer keys 1-based), or NULL. */
-static const json_t *json_member(lua_State *L, const json_t *v, int k)
+static const struct jf_node *node_member(lua_State *L, const struct jf_node *v, int k)
 {
     int is_int = 0;
-    if (json_is_object(v) && lua_type(L, k) == LUA_TSTRING) {
+    if (v->type == JF_OBJECT && lua_type(L, k) == LUA_TSTRING) {
         size_t len;
         const char *key = lua_tolstring(L, k, &len);
-        return json_object_getn(v, key, len);
+        return jf_get(v, key, len);
     }
     lua_Integer i = lua_type(L, k) == LUA_TNUMBER ? lua_tointegerx(L, k, &is_int) : 0;
-    if (json_is_array(v) && is_int && i >= 1 && (lua_Unsigned)i <= json_array_size(v))
-        return json_array_get(v, (size_t)i - 1);
+    if (v->type == JF_ARRAY && is_int && i >= 1 && (lua_Unsigned)i <= v->n)
+        return &v->u.items[i - 1];
     return NULL;
 }
 
@@ -276,7 +273,7 @@ static void read_step(lua_State *L, int k, bool viewed)
  * value reached (pushing nothing); *absent is set when a step finds no
  * member or no table, *viewed when the walk went past a read-only view.
  */
-static const json_t *walk(lua_State *L, int n, bool *absent, bool *viewed)
+static const struct jf_node *walk(lua_State *L, int n, bool *absent, bool *viewed)
 {
     *absent = *viewed = false;
     luaL_checkstack(L, 4, "object too deep");
@@ -287,17 +284,17 @@ static const json_t *walk(lua_State *L, int n, bool *absent, bool *viewed)
             lua_pop(L, 1);
             return NULL;
         }
-        const json_t *v = source_or_shown(L, viewed);
+        const struct jf_node *v = source_or_shown(L, viewed);
         if (v) {
             lua_pop(L, 1);
             for (; i <= n && v; i++)
-                v = json_is_object(v) || json_is_array(v) ? json_member(L, v, i) : NULL;
+                v = jf_is_container(v) ? node_member(L, v, i) : NULL;
             *absent = v == NULL;
             return v;
         }
         read_step(L, i, *viewed);
     }
-    const json_t *v = lua_istable(L, -1) ? source_or_shown(L, viewed) : NULL;
+    const struct jf_node *v = lua_istable(L, -1) ? source_or_shown(L, viewed) : NULL;
     if (v)
         lua_pop(L, 1);
     return v;
@@ -312,10 +309,10 @@ int lb_peek(lua_State *L)
 {
     int n = lua_gettop(L);
     bool absent, viewed;
-    const json_t *v = walk(L, n, &absent, &viewed);
+    const struct jf_node *v = walk(L, n, &absent, &viewed);
     if (absent) {
         lua_pushnil(L);
-    } else if (v && !json_is_object(v) && !json_is_array(v)) {
+    } else if (v && !jf_is_container(v)) {
         lb_push_scalar(L, v);
     } else if (v || (viewed && lua_istable(L, -1))) {
         /* A table under a stub, or one the walk reached past a view (it holds
@@ -338,30 +335,21 @@ int lb_fields(lua_State *L)
 {
     int n = lua_gettop(L);
     bool absent, viewed;
-    const json_t *v = walk(L, n, &absent, &viewed);
+    const struct jf_node *v = walk(L, n, &absent, &viewed);
     /* Sized at once: a list grown key by key is rehashed at every power of two. */
-    size_t size = json_is_object(v) ? json_object_size(v) : json_array_size(v);
+    uint32_t size = jf_size(v);
     lua_createtable(L, size < INT_MAX ? (int)size : 0, 0);
     int out = lua_gettop(L);
     lua_Integer count = 0;
-    const char *key;
-    size_t key_len, i;
-    const json_t *item;
     if (absent)
         return 1;
     if (v) {
-        if (json_is_object(v)) {
-            json_object_keylen_foreach((json_t *)v, key, key_len, item)
-            {
-                lua_pushlstring(L, key, key_len);
-                lua_rawseti(L, out, ++count);
-            }
-        } else if (json_is_array(v)) {
-            json_array_foreach(v, i, item)
-            {
+        for (uint32_t i = 0; i < size; i++) {
+            if (v->type == JF_OBJECT)
+                lua_pushlstring(L, v->u.items[i].key, v->u.items[i].key_len);
+            else
                 lua_pushinteger(L, (lua_Integer)i + 1);
-                lua_rawseti(L, out, ++count);
-            }
+            lua_rawseti(L, out, ++count);
         }
         return 1;
     }

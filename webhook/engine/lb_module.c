@@ -214,17 +214,9 @@ static int l_dra(lua_State *L)
         lua_pushstring(L, err.msg);
         return 2;
     }
-    int top = lua_gettop(L);
-    lb_push_registry(L, &lb_key_object_mt);
-    lb_push_registry(L, &lb_key_array_mt);
-    int bad = lb_push_json(L, obj, 0, top + 1);
-    json_decref(obj); /* before a raise, which would not return here */
-    if (bad) {
-        lua_settop(L, top);
-        return luaL_error(L, "%s %s/%s nests deeper than %d levels", kind, ns, name, LB_MAX_DEPTH);
-    }
-    lua_remove(L, top + 1); /* the two metatables under the value */
-    lua_remove(L, top + 1);
+    char what[256];
+    snprintf(what, sizeof(what), "%s %s/%s", kind, ns, name);
+    lb_push_json_or_raise(L, obj, what);
     return 1;
 }
 

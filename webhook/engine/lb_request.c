@@ -31,9 +31,9 @@ static const struct {
     {"options", "the options", offsetof(struct adm_request, options)},
 };
 
-static const json_t *req_json(const struct adm_request *req, size_t i)
+static const struct jf_node *req_json(const struct adm_request *req, size_t i)
 {
-    return *(json_t *const *)((const char *)req + lazy_req_fields[i].offset);
+    return *(const struct jf_node *const *)((const char *)req + lazy_req_fields[i].offset);
 }
 
 /* The shadow's __index (shadow, key): convert a lazy field once. */
@@ -48,7 +48,7 @@ static int req_field(lua_State *L)
             continue;
         if (!req_json(req, i))
             return 0;
-        lb_push_json_or_raise(L, req_json(req, i), lazy_req_fields[i].what);
+        lb_push_node_or_raise(L, req_json(req, i), lazy_req_fields[i].what);
         lb_push_readonly(L, -1);
         lua_pushvalue(L, 2);
         lua_pushvalue(L, -2);
@@ -168,7 +168,7 @@ static void set_string(lua_State *L, const char *key, const char *value)
 static int build_request(lua_State *L)
 {
     const struct adm_request *req = lua_touserdata(L, 1);
-    json_t *object = lua_touserdata(L, 2);
+    const struct jf_node *object = lua_touserdata(L, 2);
     lua_settop(L, 0);
     /* The object and the lazy fields sit at depth 3 of a review: no walk
      * when the decoder saw nothing deeper than the limit below them. */
@@ -222,15 +222,16 @@ static int build_request(lua_State *L)
     return 0;
 }
 
-enum gg_status lb_request_begin(struct lb_vm *vm, const struct adm_request *req, json_t *object,
-                                int64_t deadline_us, struct gg_err *err)
+enum gg_status lb_request_begin(struct lb_vm *vm, const struct adm_request *req,
+                                const struct jf_node *object, int64_t deadline_us,
+                                struct gg_err *err)
 {
     lua_State *L = vm->L;
     lb_request_end(vm);
     vm->req = req;
     lua_pushcfunction(L, build_request);
     lua_pushlightuserdata(L, (void *)req);
-    lua_pushlightuserdata(L, object);
+    lua_pushlightuserdata(L, (void *)object);
     if (lua_pcall(L, 2, 0, 0) != LUA_OK) {
         enum gg_status st = gg_fail(err, GG_ERR_INVALID, "%s", lua_tostring(L, -1));
         lua_pop(L, 1);

@@ -98,7 +98,7 @@ static int open_sandbox(lua_State *L)
     lua_rawsetp(L, LUA_REGISTRYINDEX, &lb_key_policies);
     /* The configuration, converted once per VM and shared read-only. */
     if (config)
-        lb_push_json_or_raise(L, config, "the configuration");
+        lb_push_json_or_raise(L, json_incref((json_t *)config), "the configuration");
     else {
         lua_newtable(L);
         lb_mark(L, &lb_key_object_mt);

@@ -107,8 +107,9 @@ void lb_policy_info_clear(struct lb_policy_info *info);
  * table.  deadline_us (CLOCK_MONOTONIC) bounds every call until
  * lb_request_end.
  */
-enum gg_status lb_request_begin(struct lb_vm *vm, const struct adm_request *req, json_t *object,
-                                int64_t deadline_us, struct gg_err *err);
+enum gg_status lb_request_begin(struct lb_vm *vm, const struct adm_request *req,
+                                const struct jf_node *object, int64_t deadline_us,
+                                struct gg_err *err);
 
 /*
  * Call policy `index`'s mutate or validate (which gets the object read-only,
@@ -123,7 +124,7 @@ enum lb_outcome lb_policy_call(struct lb_vm *vm, int index, enum lb_phase phase,
  * The JSON patch from original to the object as the policies left it.
  * Only the parts that differ are converted back to JSON.
  */
-enum gg_status lb_request_patch(struct lb_vm *vm, const json_t *original, json_t **patch,
+enum gg_status lb_request_patch(struct lb_vm *vm, const struct jf_node *original, json_t **patch,
                                 struct gg_err *err);
 void lb_request_end(struct lb_vm *vm);
 

@@ -550,12 +550,12 @@ static bool in_list(const json_t *list, const char *s)
     return false;
 }
 
-static bool expression_matches(const json_t *expr, const json_t *labels)
+static bool expression_matches(const json_t *expr, const struct jf_node *labels)
 {
     const char *key = json_string_value(json_object_get(expr, "key"));
     const char *op = json_string_value(json_object_get(expr, "operator"));
     json_t *values = json_object_get(expr, "values");
-    const char *value = json_string_value(json_object_get(labels, key ? key : ""));
+    const char *value = jf_string(jf_get_str(labels, key ? key : ""));
     if (!key || !op)
         return false;
     if (strcmp(op, "Exists") == 0)
@@ -571,14 +571,14 @@ static bool expression_matches(const json_t *expr, const json_t *labels)
 }
 
 /* A label selector {matchLabels, matchExpressions} against the object's labels. */
-static bool labels_match(const json_t *selector, const json_t *object)
+static bool labels_match(const json_t *selector, const struct jf_node *object)
 {
-    json_t *labels = json_object_get(json_object_get(object, "metadata"), "labels");
+    const struct jf_node *labels = jf_get_str(jf_get_str(object, "metadata"), "labels");
     const char *key;
     json_t *want;
     json_object_foreach(json_object_get(selector, "matchLabels"), key, want)
     {
-        const char *have = json_string_value(json_object_get(labels, key));
+        const char *have = jf_string(jf_get_str(labels, key));
         if (!have || !json_is_string(want) || strcmp(have, json_string_value(want)) != 0)
             return false;
     }
@@ -842,10 +842,14 @@ static enum gg_status finish_mutation(struct lb_vm *vm, const struct adm_request
         out->patch = json_array();
         return GG_OK;
     }
-    if ((phases & PHASE_KEEP_MUTATED) &&
-        jp_apply_copy(req->object, out->patch, &out->mutated, err) != GG_OK)
-        return GG_ERR_INVALID; /* a patch that does not apply to its own source: a bug */
-    return GG_OK;
+    if (!(phases & PHASE_KEEP_MUTATED))
+        return GG_OK;
+    json_t *original = jf_to_json(req->object);
+    enum gg_status st = original ? jp_apply_copy(original, out->patch, &out->mutated, err)
+                                 : gg_fail(err, GG_ERR_NOMEM, "out of memory applying the patch");
+    json_decref(original);
+    /* A patch that does not apply to its own source is a bug: GG_ERR_INVALID. */
+    return st == GG_OK || st == GG_ERR_NOMEM ? st : GG_ERR_INVALID;
 }
 
 /*
@@ -900,11 +904,13 @@ static void begin_validate(struct lb_vm *vm, const struct adm_request *req, int6
 static void reserve(struct engine *e, const struct adm_request *req, unsigned phases,
                     const struct policy_verdict *v)
 {
-    const json_t *pod = v->mutated ? v->mutated : req->object;
-    if (!e->inventory || !v->allowed || !(phases & PHASE_VALIDATE) || !pod ||
-        req->operation != ADM_CREATE || req->dry_run ||
+    if (!e->inventory || !v->allowed || !(phases & PHASE_VALIDATE) ||
+        (!v->mutated && !req->object) || req->operation != ADM_CREATE || req->dry_run ||
         (strcmp(req->kind, "Pod") != 0 && strcmp(req->kind, "ResourceClaim") != 0))
         return;
+    json_t *pod = v->mutated ? json_incref(v->mutated) : jf_to_json(req->object);
+    if (!pod)
+        return; /* out of memory: the reservation is a head start, the informer counts it */
     int64_t charge = inv_charge(e->inventory, pod);
     json_t *meta = json_object_get(pod, "metadata");
     const char *name =
@@ -913,6 +919,7 @@ static void reserve(struct engine *e, const struct adm_request *req, unsigned ph
         json_string_value(json_object_get(json_object_get(meta, "labels"), GG_KEY_WORKLOAD_CLASS));
     if (charge > 0 && name)
         inv_reserve(e->inventory, req->namespace, name, cls, charge, INV_RESERVATION_TTL_MS);
+    json_decref(pod);
 }
 
 static enum gg_status evaluate(struct engine *e, const struct adm_request *req, unsigned phases,

@@ -60,8 +60,36 @@ static bool maybe_workload(const struct adm_request *req)
            (req->operation == ADM_CREATE || req->operation == ADM_UPDATE);
 }
 
+/*
+ * The request's parts that manifests and the dry run read, as jansson
+ * values (the review itself is nodes: codec/admission.h); owned.
+ */
+struct json_req {
+    json_t *object, *old_object, *user_info;
+};
+
+static void json_req_clear(struct json_req *j)
+{
+    json_decref(j->object);
+    json_decref(j->old_object);
+    json_decref(j->user_info);
+}
+
+static enum gg_status json_req_make(const struct adm_request *req, struct json_req *j,
+                                    struct gg_err *err)
+{
+    memset(j, 0, sizeof(*j));
+    if (!(j->object = jf_to_json(req->object)) ||
+        (req->old_object && !(j->old_object = jf_to_json(req->old_object))) ||
+        (req->user_info && !(j->user_info = jf_to_json(req->user_info)))) {
+        json_req_clear(j);
+        return gg_fail(err, GG_ERR_NOMEM, "out of memory reading the %s", req->kind);
+    }
+    return GG_OK;
+}
+
 /* Does the UPDATE leave every template as it was? */
-static bool templates_unchanged(const struct adm_request *req, const struct mf_set *now)
+static bool templates_unchanged(const struct json_req *req, const struct mf_set *now)
 {
     struct mf_set before = {0};
     struct gg_err err = {{0}};
@@ -207,7 +235,7 @@ static void add_template(struct gather *g, const struct mf_entry *e, const struc
 }
 
 /* The request's user as dr_options wants it. */
-static void request_user(const struct adm_request *req, struct dr_options *o)
+static void request_user(const struct json_req *req, struct dr_options *o)
 {
     const char *user = json_string_value(json_object_get(req->user_info, "username"));
     json_t *groups = json_object_get(req->user_info, "groups");
@@ -221,7 +249,7 @@ struct settings {
     bool controller; /* the user is one of queues.controller_accounts */
 };
 
-static enum gg_status read_settings(struct engine *engine, const struct adm_request *req,
+static enum gg_status read_settings(struct engine *engine, const struct json_req *req,
                                     struct settings *out, struct gg_err *err)
 {
     struct policy_set *set = engine_live_set(engine);
@@ -247,14 +275,15 @@ enum gg_status wl_object(struct engine *engine, const json_t *obj, const struct 
 
 /* The object itself through the policies that match its kind (queue routing). */
 static enum gg_status review_object(struct engine *engine, const struct adm_request *req,
-                                    const struct dr_options *o, enum changes changes,
-                                    struct gather *g, json_t **patched, struct gg_err *err)
+                                    const struct json_req *j, const struct dr_options *o,
+                                    enum changes changes, struct gather *g, json_t **patched,
+                                    struct gg_err *err)
 {
     struct dr_result r;
     struct dr_options own = *o;
     own.operation = adm_operation_name(req->operation);
-    own.old_object = req->old_object;
-    enum gg_status st = wl_object(engine, req->object, &own, &r, err);
+    own.old_object = j->old_object;
+    enum gg_status st = wl_object(engine, j->object, &own, &r, err);
     if (st != GG_OK)
         return st;
     if (!r.allowed)
@@ -277,12 +306,17 @@ enum gg_status wl_review(struct engine *engine, const struct adm_request *req,
                          struct policy_verdict *out, struct gg_err *err)
 {
     struct mf_set set = {0};
+    struct json_req j;
     *handled = false;
     if (!maybe_workload(req))
         return GG_OK;
-    enum gg_status st = mf_collect_object(req->object, "object", &set, err);
+    enum gg_status st = json_req_make(req, &j, err);
+    if (st != GG_OK)
+        return st;
+    st = mf_collect_object(j.object, "object", &set, err);
     if (st != GG_OK || set.templates == 0) {
         mf_set_clear(&set);
+        json_req_clear(&j);
         return st;
     }
     *handled = true;
@@ -294,7 +328,7 @@ enum gg_status wl_review(struct engine *engine, const struct adm_request *req,
         st = gg_fail(err, GG_ERR_NOMEM, "out of memory");
         goto out;
     }
-    if ((st = read_settings(engine, req, &cfg, err)) != GG_OK)
+    if ((st = read_settings(engine, &j, &cfg, err)) != GG_OK)
         goto out;
     if (req->operation == ADM_UPDATE && cfg.controller) {
         /* A queue controller's own edits (Kueue's flavor selectors and tolerations on a
@@ -304,13 +338,13 @@ enum gg_status wl_review(struct engine *engine, const struct adm_request *req,
         snprintf(text, sizeof(text), "gpuguard: the %.64s has %zu pod templates, more than %d",
                  req->kind, set.templates, WL_MAX_TEMPLATES);
         g.denials = strdup(text);
-    } else if (req->operation == ADM_CREATE || !templates_unchanged(req, &set)) {
+    } else if (req->operation == ADM_CREATE || !templates_unchanged(&j, &set)) {
         struct dr_options o = {.namespace = req->namespace, .deadline_us = deadline_us};
-        request_user(req, &o);
+        request_user(&j, &o);
         enum changes changes = endpoint != ADM_MUTATING           ? CHANGES_NONE
                                : cfg.mode == CFG_WORKLOADS_MUTATE ? CHANGES_PATCH
                                                                   : CHANGES_WARN;
-        st = review_object(engine, req, &o, changes, &g, &patched, err);
+        st = review_object(engine, req, &j, &o, changes, &g, &patched, err);
         if (st == GG_OK && patched) {
             /* The templates as they are after the object's own changes. */
             mf_set_clear(&set);
@@ -321,11 +355,10 @@ enum gg_status wl_review(struct engine *engine, const struct adm_request *req,
             const struct mf_entry *e = &set.entries[i];
             if (e->type != MF_TEMPLATE)
                 continue;
-            if ((st = wl_template(engine, e, patched ? patched : req->object, &o, &r, err)) !=
-                GG_OK)
+            if ((st = wl_template(engine, e, patched ? patched : j.object, &o, &r, err)) != GG_OK)
                 break;
             add_template(&g, e, &r, changes);
-            add_charge(&g, e, patched ? patched : req->object, &r);
+            add_charge(&g, e, patched ? patched : j.object, &r);
             wl_result_clear(&r);
         }
     }
@@ -355,6 +388,7 @@ out:
     json_decref(g.fired);
     free(g.denials);
     mf_set_clear(&set);
+    json_req_clear(&j);
     if (st != GG_OK && *handled)
         policy_verdict_clear(out);
     return st;

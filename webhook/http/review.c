@@ -29,8 +29,7 @@ static const char *object_name(const struct adm_request *req)
 {
     if (*req->name)
         return req->name;
-    json_t *meta = json_object_get(req->object, "metadata");
-    const char *gen = json_string_value(json_object_get(meta, "generateName"));
+    const char *gen = jf_string(jf_get_str(jf_get_str(req->object, "metadata"), "generateName"));
     return gen ? gen : "";
 }
 
@@ -57,8 +56,10 @@ static void log_decision(const struct adm_request *req, enum adm_endpoint endpoi
     const json_t *charge = json_object_get(v->audit, WL_CHARGE_AUDIT_KEY);
     if (charge)
         log_json(&l, "charge", charge);
-    if (log_get_level() == LOG_DEBUG && req->object)
-        log_json(&l, "object", req->object);
+    json_t *object = log_get_level() == LOG_DEBUG && req->object ? jf_to_json(req->object) : NULL;
+    if (object)
+        log_json(&l, "object", object);
+    json_decref(object);
     log_end(&l);
 }
 
@@ -109,6 +110,7 @@ enum gg_status review_handle(struct engine *engine, const char *body, size_t len
         log_decision(&req, endpoint, &v, out->verdict, start_us);
         policy_verdict_clear(&v);
     }
-    arena_end(); /* frees the review's JSON: no adm_request_clear walk needed */
+    adm_request_clear(&req); /* the review's nodes */
+    arena_end();             /* the answer's and the verdict's JSON */
     return st;
 }

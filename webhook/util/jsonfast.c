@@ -1,16 +1,20 @@
 /*
- * jsonfast.c - a single-pass JSON parser that builds jansson values.
+ * jsonfast.c - a single-pass JSON parser that builds a document of nodes.
  *
  * jansson's own reader pulls every byte through a function pointer and a
- * token buffer (about 170 instructions per byte).  This one walks the text
- * with a pointer, an explicit stack of open containers and gotos: no
- * recursion, no per-byte calls.  Strings are found with a 16-byte SSE2
+ * token buffer (about 170 instructions per byte), and every value it makes
+ * is a separate allocation, every object a hash table.  This parser walks
+ * the text with a pointer, an explicit stack of open containers and gotos:
+ * no recursion, no per-byte calls.  Strings are found with a 16-byte SSE2
  * scan (an 8-byte SWAR one elsewhere) for the bytes that need a look
- * ('"', '\\', control characters, non-ASCII), and strings without escapes
- * go straight from the text to json_stringn_nocheck; escaped ones are
- * decoded into a scratch buffer.  Containers are linked to their parent
- * when they open, so a pending key never outlives its value and the whole
- * partial tree dies with one json_decref on error.
+ * ('"', '\\', control characters, non-ASCII) and stay where they are, in a
+ * copy of the text: the closing quote becomes the NUL, escaped ones are
+ * decoded in that copy (never longer than their escaped form).  The text
+ * itself is only read, so error positions count its lines and columns.
+ *
+ * Values wait on a scratch stack while their container is open; when it
+ * closes, its members move in one piece to the document's chunks
+ * (jsondoc.c), where they stay: each node is copied once.
  *
  * It must stay pure: no I/O, no state between calls (the "C" locale used
  * by strtod_l is created once and never changes).
@@ -39,31 +43,28 @@
 #endif
 
 #define JF_INLINE_FRAMES 64
-#define JF_KBUF_INLINE 256
-#define JF_VBUF_INLINE 1024
+#define JF_INLINE_SCRATCH 128
 #define JF_NEAR_MAX 20
 
 #define JF_LIKELY(x) __builtin_expect(!!(x), 1)
 #define JF_UNLIKELY(x) __builtin_expect(!!(x), 0)
 
 struct jf_frame {
-    json_t *node;
+    size_t start; /* scratch index of the first member; the container's node is just before */
     int is_object;
 };
 
 struct jf_parser {
     const unsigned char *text;
     const unsigned char *end;
+    char *copy; /* the document's copy of text: strings live there */
     struct jf_error *err;
     struct jf_frame *stack; /* stack_inline or a malloc'd copy */
     size_t cap;
-    char *kbuf; /* decoded escaped keys */
-    size_t kcap;
-    char *vbuf; /* decoded escaped string values */
-    size_t vcap;
+    struct jf_node *scratch; /* values of open containers; scratch_inline or malloc'd */
+    size_t used, room;
     struct jf_frame stack_inline[JF_INLINE_FRAMES];
-    char kbuf_inline[JF_KBUF_INLINE];
-    char vbuf_inline[JF_VBUF_INLINE];
+    struct jf_node scratch_inline[JF_INLINE_SCRATCH];
 };
 
 /*** errors (cold path) ***/
@@ -140,35 +141,41 @@ __attribute__((cold)) static void set_error_near(struct jf_parser *P, const unsi
 
 /*** scratch space ***/
 
-/* Room for need bytes in *buf; old contents are not kept. */
-static int reserve(char **buf, size_t *cap, char *inline_buf, size_t need)
+/*
+ * cur, an array of used elements of size bytes that starts in inline_buf,
+ * with room for want: a malloc'd copy the first time, realloc after.
+ * NULL when out of memory (cur is left as it was).
+ */
+static void *grow_array(void *cur, const void *inline_buf, size_t used, size_t want, size_t size)
 {
-    if (need <= *cap)
-        return 0;
-    size_t want = *cap * 2 > need ? *cap * 2 : need;
-    char *fresh = malloc(want);
-    if (!fresh)
-        return -1;
-    if (*buf != inline_buf)
-        free(*buf);
-    *buf = fresh;
-    *cap = want;
-    return 0;
+    if (want > SIZE_MAX / size)
+        return NULL;
+    if (cur != inline_buf)
+        return realloc(cur, want * size);
+    void *fresh = malloc(want * size);
+    if (fresh)
+        memcpy(fresh, cur, used * size);
+    return fresh;
+}
+
+/* A new node on the scratch stack, NULL when out of memory. */
+static struct jf_node *push_node(struct jf_parser *P)
+{
+    if (JF_UNLIKELY(P->used == P->room)) {
+        struct jf_node *fresh =
+            grow_array(P->scratch, P->scratch_inline, P->used, P->room * 2, sizeof(*fresh));
+        if (!fresh)
+            return NULL;
+        P->scratch = fresh;
+        P->room *= 2;
+    }
+    return &P->scratch[P->used++];
 }
 
 static int grow_stack(struct jf_parser *P, size_t max_depth)
 {
     size_t want = P->cap * 2 < max_depth ? P->cap * 2 : max_depth;
-    if (want > SIZE_MAX / sizeof(struct jf_frame))
-        return -1;
-    struct jf_frame *fresh;
-    if (P->stack == P->stack_inline) {
-        fresh = malloc(want * sizeof(*fresh));
-        if (fresh)
-            memcpy(fresh, P->stack, P->cap * sizeof(*fresh));
-    } else {
-        fresh = realloc(P->stack, want * sizeof(*fresh));
-    }
+    struct jf_frame *fresh = grow_array(P->stack, P->stack_inline, P->cap, want, sizeof(*fresh));
     if (!fresh)
         return -1;
     P->stack = fresh;
@@ -481,10 +488,10 @@ static inline int is_digit(unsigned c)
 }
 
 /*
- * A number starting at *pp ('-' or a digit).  Returns the new value and
- * advances *pp, or NULL with the error set (*pp unchanged).
+ * A number starting at *pp ('-' or a digit) into v.  Returns 0 and
+ * advances *pp, or -1 with the error set (*pp unchanged).
  */
-static json_t *parse_number(struct jf_parser *P, const unsigned char **pp)
+static int parse_number(struct jf_parser *P, const unsigned char **pp, struct jf_node *v)
 {
     static const double pow10[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,
                                    1e8,  1e9,  1e10, 1e11, 1e12, 1e13, 1e14, 1e15,
@@ -501,17 +508,17 @@ static json_t *parse_number(struct jf_parser *P, const unsigned char **pp)
     size_t nint = (size_t)(p - ds);
     if (JF_UNLIKELY(nint == 0 || (nint > 1 && *ds == '0'))) {
         set_error_near(P, s, "invalid number", NEAR_NUMBER);
-        return NULL;
+        return -1;
     }
-    json_t *v;
     if (JF_LIKELY(p == end || (*p != '.' && (*p | 0x20) != 'e'))) {
         if (JF_UNLIKELY(nint > 19 || m > (uint64_t)INT64_MAX + neg)) {
             set_error(P, s, neg ? "too big negative integer" : "too big integer");
-            return NULL;
+            return -1;
         }
-        json_int_t i = neg ? (m > (uint64_t)INT64_MAX ? INT64_MIN : -(json_int_t)m) : (json_int_t)m;
-        v = json_integer(i);
-        goto out;
+        v->type = JF_INTEGER;
+        v->u.i = neg ? (m > (uint64_t)INT64_MAX ? INT64_MIN : -(int64_t)m) : (int64_t)m;
+        *pp = p;
+        return 0;
     }
 
     const unsigned char *fs = p, *fe = p;
@@ -522,7 +529,7 @@ static json_t *parse_number(struct jf_parser *P, const unsigned char **pp)
         fe = p;
         if (fe == fs) {
             set_error_near(P, s, "invalid number", NEAR_NUMBER);
-            return NULL;
+            return -1;
         }
     }
     long exp10 = 0;
@@ -539,7 +546,7 @@ static json_t *parse_number(struct jf_parser *P, const unsigned char **pp)
         }
         if (p == es) {
             set_error_near(P, s, "invalid number", NEAR_NUMBER);
-            return NULL;
+            return -1;
         }
         if (eneg)
             exp10 = -exp10;
@@ -576,17 +583,13 @@ static json_t *parse_number(struct jf_parser *P, const unsigned char **pp)
     {
         (void)pow10;
         if (slow_strtod(P, s, (size_t)(p - s), &d))
-            return NULL;
+            return -1;
         neg = 0; /* strtod saw the sign */
     }
-    v = json_real(neg ? -d : d);
-out:
-    if (JF_UNLIKELY(!v)) {
-        set_error(P, s, "out of memory");
-        return NULL;
-    }
+    v->type = JF_REAL;
+    v->u.d = neg ? -d : d;
     *pp = p;
-    return v;
+    return 0;
 }
 
 /*** the parser ***/
@@ -596,10 +599,152 @@ out:
            (*(p) == ' ' || *(p) == '\n' || *(p) == '\r' || *(p) == '\t'))                          \
     (p)++
 
+/* place_string's way for a string with escapes, or longer than 4 GiB. */
+static __attribute__((noinline)) const char *place_escaped(struct jf_parser *P,
+                                                           const unsigned char *open,
+                                                           const unsigned char *close, int escaped,
+                                                           uint32_t *len)
+{
+    char *at = P->copy + (open + 1 - P->text);
+    ptrdiff_t n = close - open - 1;
+    if (escaped && (n = decode_string(P, open + 1, close, at)) < 0)
+        return NULL;
+    if ((size_t)n > UINT32_MAX) {
+        set_error(P, open, "string longer than 4 GiB");
+        return NULL;
+    }
+    at[n] = '\0';
+    *len = (uint32_t)n;
+    return at;
+}
+
+/*
+ * The string whose opening quote is at open and closing quote at close, in
+ * the copy: decoded there when escaped, NUL-terminated.  Its start, with
+ * *len set, or NULL with the error set.
+ */
+static inline const char *place_string(struct jf_parser *P, const unsigned char *open,
+                                       const unsigned char *close, int escaped, uint32_t *len)
+{
+    size_t n = (size_t)(close - open - 1);
+    if (JF_UNLIKELY(escaped || n > UINT32_MAX))
+        return place_escaped(P, open, close, escaped, len);
+    char *at = P->copy + (open + 1 - P->text);
+    at[n] = '\0';
+    *len = (uint32_t)n;
+    return at;
+}
+
+static bool same_key(const struct jf_node *a, const struct jf_node *b)
+{
+    return a->key_len == b->key_len && memcmp(a->key, b->key, a->key_len) == 0;
+}
+
+/*
+ * Drop repeated keys from the n members at m, as jansson does: the last
+ * value at the first key's position.  Returns the members left.  Up to 16
+ * members, a 64-bit filter of (length, first and last byte) lets most keys
+ * skip the search among the earlier ones; above, an open-addressed table
+ * of indices.
+ */
+static uint32_t merge_duplicates(struct jf_node *m, uint32_t n, bool *nomem)
+{
+    uint32_t *slot = NULL, mask = 0, kept = 0;
+    uint64_t seen = 0;
+    if (n > 16) {
+        for (mask = 32; mask < 2 * n; mask *= 2)
+            ;
+        if (!(slot = malloc(mask * sizeof(*slot)))) {
+            *nomem = true;
+            return n;
+        }
+        memset(slot, 0xff, mask * sizeof(*slot));
+        mask--;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        uint32_t first = UINT32_MAX, len = m[i].key_len;
+        const unsigned char *key = (const unsigned char *)m[i].key;
+        if (slot) {
+            uint32_t h = 2166136261u;
+            for (uint32_t k = 0; k < len; k++)
+                h = (h ^ key[k]) * 16777619u;
+            for (h &= mask; slot[h] != UINT32_MAX; h = (h + 1) & mask)
+                if (same_key(&m[slot[h]], &m[i])) {
+                    first = slot[h];
+                    break;
+                }
+            if (first == UINT32_MAX)
+                slot[h] = kept;
+        } else {
+            uint64_t bit = 1ull << ((len * 7 + (len ? key[0] + 3u * key[len - 1] : 0)) & 63);
+            for (uint32_t j = 0; (seen & bit) && j < kept; j++)
+                if (same_key(&m[j], &m[i])) {
+                    first = j;
+                    break;
+                }
+            seen |= bit;
+        }
+        if (first == UINT32_MAX) {
+            if (kept != i)
+                m[kept] = m[i];
+            kept++;
+        } else {
+            const char *k = m[first].key;
+            m[first] = m[i];
+            m[first].key = k;
+        }
+    }
+    free(slot);
+    return kept;
+}
+
+/*
+ * The container open at the top of the stack ends: its members move from
+ * the scratch stack to the document.  Returns 0, or -1 when out of memory.
+ */
+static int close_container(struct jf_parser *P, struct jf_doc *doc, const struct jf_frame *f)
+{
+    struct jf_node *node = &P->scratch[f->start - 1];
+    size_t n = P->used - f->start;
+    if (JF_UNLIKELY(n > UINT32_MAX))
+        return -1;
+    node->n = (uint32_t)n;
+    node->u.items = NULL;
+    if (n == 0)
+        return 0;
+    struct jf_node *items = jf_doc_nodes(doc, n);
+    if (!items)
+        return -1;
+    memcpy(items, &P->scratch[f->start], n * sizeof(*items));
+    P->used = f->start;
+    if (f->is_object && n > 1) {
+        bool nomem = false;
+        node->n = merge_duplicates(items, (uint32_t)n, &nomem);
+        if (nomem)
+            return -1;
+    }
+    node->u.items = items;
+    return 0;
+}
+
 json_t *jf_loadb(const char *text, size_t len, size_t max_depth, struct jf_error *err)
 {
     size_t deepest;
     return jf_loadb_depth(text, len, max_depth, &deepest, err);
+}
+
+json_t *jf_loadb_depth(const char *text, size_t len, size_t max_depth, size_t *deepest,
+                       struct jf_error *err)
+{
+    struct jf_doc doc;
+    json_t *v = NULL;
+    if (jf_parse(text, len, max_depth, &doc, deepest, err) == 0 && !(v = jf_to_json(doc.root)) &&
+        err) {
+        memset(err, 0, sizeof(*err));
+        snprintf(err->text, sizeof(err->text), "out of memory");
+    }
+    jf_doc_free(&doc);
+    return v;
 }
 
 /*
@@ -608,79 +753,75 @@ json_t *jf_loadb(const char *text, size_t len, size_t max_depth, struct jf_error
  * no recursion and every state reads the same locals (position, stack,
  * pending key); split into functions, each would pass all of them around.
  */
-json_t *jf_loadb_depth(const char *text, size_t len, size_t max_depth, size_t *deepest,
-                       struct jf_error *err)
+int jf_parse(const char *text, size_t len, size_t max_depth, struct jf_doc *doc, size_t *deepest,
+             struct jf_error *err)
 {
     struct jf_parser P;
     P.text = (const unsigned char *)(text ? text : "");
     P.end = P.text + (text ? len : 0);
+    P.copy = NULL;
     P.err = err;
     P.stack = P.stack_inline;
     P.cap = JF_INLINE_FRAMES;
-    P.kbuf = P.kbuf_inline;
-    P.kcap = sizeof(P.kbuf_inline);
-    P.vbuf = P.vbuf_inline;
-    P.vcap = sizeof(P.vbuf_inline);
+    P.scratch = P.scratch_inline;
+    P.used = 0;
+    P.room = JF_INLINE_SCRATCH;
     if (max_depth == 0)
         max_depth = JF_DEFAULT_MAX_DEPTH;
+    memset(doc, 0, sizeof(*doc));
 
     const unsigned char *p = P.text, *end = P.end, *q;
-    json_t *root = NULL, *v;
     struct jf_frame *top = NULL;
+    struct jf_node *v;
     size_t depth = 0, most = 0; /* open containers, and their most at once */
     const char *key = NULL;
-    size_t klen = 0;
-    int esc;
-    ptrdiff_t n;
+    uint32_t klen = 0;
+    int esc, rc = -1;
 
     if (!text) {
         set_error(&P, p, "wrong arguments");
-        goto fail;
+        goto out;
     }
+    /* Room for the copy, and a first chunk of nodes sized for typical text. */
+    if (!(doc->text = P.copy = malloc(len + 1)) || !jf_doc_reserve(doc, len / 16))
+        goto nomem;
+    memcpy(P.copy, text, len);
 
 value:
     SKIP_WS(p, end);
     if (JF_UNLIKELY(p == end)) {
         set_error(&P, p, "premature end of input");
-        goto fail;
+        goto out;
     }
     if (JF_UNLIKELY(depth >= max_depth)) {
         set_error(&P, p, "maximum nesting depth %zu exceeded", max_depth);
-        goto fail;
+        goto out;
+    }
+    if (JF_UNLIKELY(!(v = push_node(&P))))
+        goto nomem;
+    if (depth && top->is_object) {
+        v->key = key;
+        v->key_len = klen;
+    } else {
+        v->key = NULL;
+        v->key_len = 0;
     }
     switch (*p) {
     case '"':
-        if (!(q = scan_string(&P, p, &esc)))
-            goto fail;
-        if (JF_LIKELY(!esc)) {
-            v = json_stringn_nocheck((const char *)p + 1, (size_t)(q - p - 1));
-        } else {
-            if (reserve(&P.vbuf, &P.vcap, P.vbuf_inline, (size_t)(q - p)))
-                goto nomem;
-            if ((n = decode_string(&P, p + 1, q, P.vbuf)) < 0)
-                goto fail;
-            v = json_stringn_nocheck(P.vbuf, (size_t)n);
-        }
-        if (JF_UNLIKELY(!v))
-            goto nomem;
+        if (!(q = scan_string(&P, p, &esc)) || !(v->u.s = place_string(&P, p, q, esc, &v->n)))
+            goto out;
+        v->type = JF_STRING;
         p = q + 1;
         break;
     case '{':
     case '[':
-        v = *p == '{' ? json_object() : json_array();
-        if (JF_UNLIKELY(!v))
-            goto nomem;
-        if (depth == 0)
-            root = v;
-        else if (top->is_object ? json_object_setn_new_nocheck(top->node, key, klen, v)
-                                : json_array_append_new(top->node, v))
-            goto nomem;
+        v->type = *p == '{' ? JF_OBJECT : JF_ARRAY;
         if (JF_UNLIKELY(depth == P.cap) && grow_stack(&P, max_depth))
             goto nomem;
         top = &P.stack[depth++];
         if (depth > most)
             most = depth;
-        top->node = v;
+        top->start = P.used;
         top->is_object = *p++ == '{';
         SKIP_WS(p, end);
         if (p < end && *p == (top->is_object ? '}' : ']')) {
@@ -692,23 +833,23 @@ value:
         if (JF_LIKELY(p < end && *p == '"'))
             goto key;
         set_error_near(&P, p, "string or '}' expected", NEAR_CHAR);
-        goto fail;
+        goto out;
     case 't':
         if (JF_UNLIKELY(end - p < 4 || memcmp(p, "true", 4) != 0))
             goto bad_literal;
-        v = json_true();
+        v->type = JF_TRUE;
         p += 4;
         break;
     case 'f':
         if (JF_UNLIKELY(end - p < 5 || memcmp(p, "false", 5) != 0))
             goto bad_literal;
-        v = json_false();
+        v->type = JF_FALSE;
         p += 5;
         break;
     case 'n':
         if (JF_UNLIKELY(end - p < 4 || memcmp(p, "null", 4) != 0))
             goto bad_literal;
-        v = json_null();
+        v->type = JF_NULL;
         p += 4;
         break;
     case '-':
@@ -722,23 +863,17 @@ value:
     case '7':
     case '8':
     case '9':
-        if (!(v = parse_number(&P, &p)))
-            goto fail;
+        if (parse_number(&P, &p, v))
+            goto out;
         break;
     default:
         if ((*p | 0x20) >= 'a' && (*p | 0x20) <= 'z')
             goto bad_literal;
         set_error_near(&P, p, "unexpected character", NEAR_CHAR);
-        goto fail;
+        goto out;
     }
-    /* a scalar: hand it to its container */
-    if (depth == 0) {
-        root = v;
+    if (depth == 0) /* a scalar at the top */
         goto done;
-    }
-    if (JF_UNLIKELY(top->is_object ? json_object_setn_new_nocheck(top->node, key, klen, v)
-                                   : json_array_append_new(top->node, v)))
-        goto nomem;
 
 next: /* after a value inside top */
     SKIP_WS(p, end);
@@ -750,7 +885,7 @@ next: /* after a value inside top */
         if (JF_LIKELY(p < end && *p == '"'))
             goto key;
         set_error_near(&P, p, "string expected", NEAR_CHAR);
-        goto fail;
+        goto out;
     }
     if (JF_LIKELY(p < end && *p == (top->is_object ? '}' : ']'))) {
         p++;
@@ -758,28 +893,19 @@ next: /* after a value inside top */
     }
     set_error_near(&P, p, top->is_object ? "',' or '}' expected" : "',' or ']' expected",
                    NEAR_CHAR);
-    goto fail;
+    goto out;
 
 close: /* top has just been closed */
+    if (JF_UNLIKELY(close_container(&P, doc, top)))
+        goto nomem;
     if (--depth == 0)
         goto done;
     top = &P.stack[depth - 1];
     goto next;
 
 key: /* p is at the opening quote of a key */
-    if (!(q = scan_string(&P, p, &esc)))
-        goto fail;
-    if (JF_LIKELY(!esc)) {
-        key = (const char *)p + 1;
-        klen = (size_t)(q - p - 1);
-    } else {
-        if (reserve(&P.kbuf, &P.kcap, P.kbuf_inline, (size_t)(q - p)))
-            goto nomem;
-        if ((n = decode_string(&P, p + 1, q, P.kbuf)) < 0)
-            goto fail;
-        key = P.kbuf;
-        klen = (size_t)n;
-    }
+    if (!(q = scan_string(&P, p, &esc)) || !(key = place_string(&P, p, q, esc, &klen)))
+        goto out;
     p = q + 1;
     SKIP_WS(p, end);
     if (JF_LIKELY(p < end && *p == ':')) {
@@ -787,32 +913,35 @@ key: /* p is at the opening quote of a key */
         goto value;
     }
     set_error_near(&P, p, "':' expected", NEAR_CHAR);
-    goto fail;
+    goto out;
 
 bad_literal:
     set_error_near(&P, p, "invalid literal", NEAR_WORD);
-    goto fail;
+    goto out;
 
 nomem:
     set_error(&P, p, "out of memory");
-fail:
-    json_decref(root);
-    root = NULL;
     goto out;
 
 done:
     SKIP_WS(p, end);
     if (JF_UNLIKELY(p != end)) {
         set_error(&P, p, "end of file expected after the value");
-        goto fail;
+        goto out;
     }
+    struct jf_node *root = jf_doc_nodes(doc, 1);
+    if (!root)
+        goto nomem;
+    *root = P.scratch[0];
+    doc->root = root;
     *deepest = most + 1;
+    rc = 0;
 out:
+    if (rc)
+        jf_doc_free(doc);
     if (P.stack != P.stack_inline)
         free(P.stack);
-    if (P.kbuf != P.kbuf_inline)
-        free(P.kbuf);
-    if (P.vbuf != P.vbuf_inline)
-        free(P.vbuf);
-    return root;
+    if (P.scratch != P.scratch_inline)
+        free(P.scratch);
+    return rc;
 }

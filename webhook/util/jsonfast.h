@@ -1,7 +1,15 @@
 /*
- * jsonfast.h - a fast, strict JSON parser that builds jansson values.
+ * jsonfast.h - a fast, strict JSON parser: into a read-only document of
+ * nodes (jf_parse), or into jansson values (jf_loadb).
  *
- * jf_loadb() accepts exactly what RFC 8259 accepts, minus what jansson's
+ * jf_parse() builds a struct jf_doc: each value one 32-byte node, an
+ * object's or array's members one contiguous run of nodes (an object's
+ * member carries its key), strings NUL-terminated in a copy of the text.
+ * No hashing and no allocation per value: the engine reads the review from
+ * it (lookups by key are linear, objects in a review are small).
+ * jf_loadb() is jf_parse() followed by jf_to_json().
+ *
+ * Both accept exactly what RFC 8259 accepts, minus what jansson's
  * json_loadb() refuses (integers outside int64, reals that overflow to
  * infinity, \u0000 in strings), and builds the same values jansson would:
  * integers without fraction or exponent become json_integer, every other
@@ -28,6 +36,7 @@
 #include <jansson.h>
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 /* jansson's own nesting limit (JSON_PARSER_MAX_DEPTH). */
 #define JF_DEFAULT_MAX_DEPTH 2048
@@ -69,6 +78,86 @@ json_t *jf_loadb(const char *text, size_t len, size_t max_depth, struct jf_error
  */
 json_t *jf_loadb_depth(const char *text, size_t len, size_t max_depth, size_t *deepest,
                        struct jf_error *err);
+
+enum jf_type { JF_NULL, JF_FALSE, JF_TRUE, JF_INTEGER, JF_REAL, JF_STRING, JF_ARRAY, JF_OBJECT };
+
+/* One value.  Strings and keys are NUL-terminated (from jf_parse, they contain no NUL). */
+struct jf_node {
+    const char *key;  /* a member of an object: its key; NULL otherwise */
+    uint32_t key_len; /* bytes of key */
+    uint32_t n;       /* JF_STRING: bytes; JF_ARRAY, JF_OBJECT: members */
+    uint8_t type;     /* enum jf_type */
+    union {
+        int64_t i;                   /* JF_INTEGER */
+        double d;                    /* JF_REAL */
+        const char *s;               /* JF_STRING */
+        const struct jf_node *items; /* JF_ARRAY, JF_OBJECT: n nodes */
+    } u;
+};
+
+struct jf_chunk;
+
+/* A parsed document: the nodes and the text they point into, owned. */
+struct jf_doc {
+    const struct jf_node *root;
+    char *text; /* jf_parse's copy of the text; NULL for jf_from_json */
+    struct jf_chunk *chunks;
+};
+
+/*
+ * Parse text[0..len) into doc (the same grammar, limits and errors as
+ * jf_loadb; duplicate keys keep the last value at the first key's
+ * position).  *deepest is set as jf_loadb_depth sets it.  Returns 0, or -1
+ * with *err filled (when err is not NULL) and doc empty.  Release doc with
+ * jf_doc_free, also after a failure.
+ */
+int jf_parse(const char *text, size_t len, size_t max_depth, struct jf_doc *doc, size_t *deepest,
+             struct jf_error *err);
+
+/*
+ * A document of v's values, for readers of jf_node: strings and keys point
+ * into v, which must outlive doc.  Returns 0, or -1 when out of memory.
+ */
+int jf_from_json(const json_t *v, struct jf_doc *doc);
+
+void jf_doc_free(struct jf_doc *doc);
+
+/* For the builders: a chunk with room for n more nodes; n nodes that stay
+ * where they are until jf_doc_free.  false and NULL when out of memory. */
+bool jf_doc_reserve(struct jf_doc *doc, size_t n);
+struct jf_node *jf_doc_nodes(struct jf_doc *doc, size_t n);
+
+/* The jansson value of node (a new reference), NULL when out of memory. */
+json_t *jf_to_json(const struct jf_node *node);
+
+/* The member of object o with key key[0..len), NULL when o is no object or has none. */
+const struct jf_node *jf_get(const struct jf_node *o, const char *key, size_t len);
+
+/* o's member key (a C string), NULL as jf_get. */
+const struct jf_node *jf_get_str(const struct jf_node *o, const char *key);
+
+/*
+ * Exact equality, as the diff's jp_same judges jansson values: an integer
+ * and a real differ, so do 0.0 and -0.0; objects by their set of members.
+ */
+bool jf_same(const struct jf_node *a, const struct jf_node *b);
+
+/* The string of node, NULL when it is no string. */
+static inline const char *jf_string(const struct jf_node *node)
+{
+    return node && node->type == JF_STRING ? node->u.s : NULL;
+}
+
+static inline bool jf_is_container(const struct jf_node *node)
+{
+    return node && (node->type == JF_OBJECT || node->type == JF_ARRAY);
+}
+
+/* The members of an object or array; 0 for anything else, NULL included. */
+static inline uint32_t jf_size(const struct jf_node *node)
+{
+    return jf_is_container(node) ? node->n : 0;
+}
 
 /*
  * The first byte in [p, end) that is '"', '\\', below 0x20 or above 0x7f,
