@@ -227,7 +227,8 @@ static void test_same(void **state)
     }
 }
 
-/* A document bigger than the first chunk: the members stay where they were put. */
+/* A document bigger than the first chunk: the members stay where they were put, long runs
+ * where the parser left them. */
 static void test_many_chunks(void **state)
 {
     (void)state;
@@ -247,6 +248,24 @@ static void test_many_chunks(void **state)
         assert_int_equal(jf_get_str(o, "n")->u.i, i);
         assert_int_equal(jf_get_str(o, "l")->u.items[0].u.i, i);
     }
+    jf_doc_free(&d);
+
+    /* A long object inside an array, values after it: its run is handed over, not copied,
+     * and its repeated key still merged; what was open around it survives the move. */
+    used = (size_t)snprintf(text, cap, "[1,{");
+    for (int i = 0; i < 5000; i++)
+        used += (size_t)snprintf(text + used, cap - used, "\"k%d\":%d,", i, i);
+    snprintf(text + used, cap - used, "\"k7\":\"seven\"},\"after\",[2]]");
+    parse(text, &d);
+    assert_int_equal(d.root->n, 4);
+    assert_int_equal(d.root->u.items[0].u.i, 1);
+    const struct jf_node *o = &d.root->u.items[1];
+    assert_int_equal(o->n, 5000);
+    assert_string_equal(jf_string(jf_get_str(o, "k7")), "seven");
+    assert_ptr_equal(jf_get_str(o, "k7"), &o->u.items[7]);
+    assert_int_equal(jf_get_str(o, "k4999")->u.i, 4999);
+    assert_string_equal(jf_string(&d.root->u.items[2]), "after");
+    assert_int_equal(d.root->u.items[3].u.items[0].u.i, 2);
     jf_doc_free(&d);
     free(text);
 }

@@ -10,6 +10,7 @@
 #include "util/jsonfast.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -58,6 +59,56 @@ struct jf_node *jf_doc_nodes(struct jf_doc *doc, size_t n)
     struct jf_node *at = &c->nodes[c->used];
     c->used += n;
     return at;
+}
+
+static struct jf_chunk *chunk_of(struct jf_node *run)
+{
+    return (struct jf_chunk *)(void *)((char *)run - offsetof(struct jf_chunk, nodes));
+}
+
+struct jf_node *jf_run_alloc(size_t n)
+{
+    if (n > (SIZE_MAX - sizeof(struct jf_chunk)) / sizeof(struct jf_node))
+        return NULL;
+    struct jf_chunk *c = malloc(sizeof(*c) + n * sizeof(struct jf_node));
+    if (!c)
+        return NULL;
+    c->next = NULL;
+    c->used = c->cap = n;
+    /* The block is found again from its nodes (chunk_of): not lost. */
+    // cppcheck-suppress memleak
+    return c->nodes;
+}
+
+struct jf_node *jf_run_realloc(struct jf_node *run, size_t n)
+{
+    if (n > (SIZE_MAX - sizeof(struct jf_chunk)) / sizeof(struct jf_node))
+        return NULL;
+    struct jf_chunk *c = realloc(chunk_of(run), sizeof(*c) + n * sizeof(struct jf_node));
+    if (!c)
+        return NULL;
+    c->used = c->cap = n;
+    // cppcheck-suppress memleak
+    return c->nodes;
+}
+
+void jf_run_free(struct jf_node *run)
+{
+    if (run)
+        free(chunk_of(run));
+}
+
+/* Behind the chunk nodes are taken from, which stays first: the run is full. */
+void jf_doc_adopt(struct jf_doc *doc, struct jf_node *run)
+{
+    struct jf_chunk *c = chunk_of(run);
+    if (doc->chunks) {
+        c->next = doc->chunks->next;
+        doc->chunks->next = c;
+    } else {
+        c->next = NULL;
+        doc->chunks = c;
+    }
 }
 
 void jf_doc_free(struct jf_doc *doc)

@@ -44,6 +44,7 @@
 
 #define JF_INLINE_FRAMES 64
 #define JF_INLINE_SCRATCH 128
+#define JF_HANDOFF_MIN 4096 /* members: a run this long is not copied (close_container) */
 #define JF_NEAR_MAX 20
 
 #define JF_LIKELY(x) __builtin_expect(!!(x), 1)
@@ -141,29 +142,20 @@ __attribute__((cold)) static void set_error_near(struct jf_parser *P, const unsi
 
 /*** scratch space ***/
 
-/*
- * cur, an array of used elements of size bytes that starts in inline_buf,
- * with room for want: a malloc'd copy the first time, realloc after.
- * NULL when out of memory (cur is left as it was).
- */
-static void *grow_array(void *cur, const void *inline_buf, size_t used, size_t want, size_t size)
-{
-    if (want > SIZE_MAX / size)
-        return NULL;
-    if (cur != inline_buf)
-        return realloc(cur, want * size);
-    void *fresh = malloc(want * size);
-    if (fresh)
-        memcpy(fresh, cur, used * size);
-    return fresh;
-}
-
-/* A new node on the scratch stack, NULL when out of memory. */
+/* A new node on the scratch stack, NULL when out of memory.  Its heap block is a run the
+ * document can take over (close_container). */
 static struct jf_node *push_node(struct jf_parser *P)
 {
     if (JF_UNLIKELY(P->used == P->room)) {
-        struct jf_node *fresh =
-            grow_array(P->scratch, P->scratch_inline, P->used, P->room * 2, sizeof(*fresh));
+        struct jf_node *fresh;
+        if (P->room > SIZE_MAX / 2)
+            return NULL;
+        if (P->scratch == P->scratch_inline) {
+            if ((fresh = jf_run_alloc(P->room * 2)))
+                memcpy(fresh, P->scratch, P->used * sizeof(*fresh));
+        } else {
+            fresh = jf_run_realloc(P->scratch, P->room * 2);
+        }
         if (!fresh)
             return NULL;
         P->scratch = fresh;
@@ -175,7 +167,16 @@ static struct jf_node *push_node(struct jf_parser *P)
 static int grow_stack(struct jf_parser *P, size_t max_depth)
 {
     size_t want = P->cap * 2 < max_depth ? P->cap * 2 : max_depth;
-    struct jf_frame *fresh = grow_array(P->stack, P->stack_inline, P->cap, want, sizeof(*fresh));
+    if (want > SIZE_MAX / sizeof(struct jf_frame))
+        return -1;
+    struct jf_frame *fresh;
+    if (P->stack == P->stack_inline) {
+        fresh = malloc(want * sizeof(*fresh));
+        if (fresh)
+            memcpy(fresh, P->stack, P->cap * sizeof(*fresh));
+    } else {
+        fresh = realloc(P->stack, want * sizeof(*fresh));
+    }
     if (!fresh)
         return -1;
     P->stack = fresh;
@@ -700,30 +701,42 @@ static uint32_t merge_duplicates(struct jf_node *m, uint32_t n, bool *nomem)
 
 /*
  * The container open at the top of the stack ends: its members move from
- * the scratch stack to the document.  Returns 0, or -1 when out of memory.
+ * the scratch stack to the document.  A long run (an array of a million
+ * numbers) is not copied: the document takes the scratch block where it
+ * is and the values of the containers still open move to a new one, so
+ * the run is never in memory twice.  Returns 0, or -1 when out of memory.
  */
 static int close_container(struct jf_parser *P, struct jf_doc *doc, const struct jf_frame *f)
 {
-    struct jf_node *node = &P->scratch[f->start - 1];
     size_t n = P->used - f->start;
+    struct jf_node *items = NULL;
     if (JF_UNLIKELY(n > UINT32_MAX))
         return -1;
-    node->n = (uint32_t)n;
-    node->u.items = NULL;
-    if (n == 0)
-        return 0;
-    struct jf_node *items = jf_doc_nodes(doc, n);
-    if (!items)
-        return -1;
-    memcpy(items, &P->scratch[f->start], n * sizeof(*items));
+    if (n >= JF_HANDOFF_MIN && P->scratch != P->scratch_inline) {
+        size_t room = f->start * 2 > JF_INLINE_SCRATCH ? f->start * 2 : JF_INLINE_SCRATCH;
+        struct jf_node *fresh = jf_run_alloc(room);
+        if (!fresh)
+            return -1;
+        memcpy(fresh, P->scratch, f->start * sizeof(*fresh));
+        items = P->scratch + f->start;
+        jf_doc_adopt(doc, P->scratch);
+        P->scratch = fresh;
+        P->room = room;
+    } else if (n) {
+        if (!(items = jf_doc_nodes(doc, n)))
+            return -1;
+        memcpy(items, &P->scratch[f->start], n * sizeof(*items));
+    }
     P->used = f->start;
+    struct jf_node *node = &P->scratch[f->start - 1];
+    node->n = (uint32_t)n;
+    node->u.items = items;
     if (f->is_object && n > 1) {
         bool nomem = false;
         node->n = merge_duplicates(items, (uint32_t)n, &nomem);
         if (nomem)
             return -1;
     }
-    node->u.items = items;
     return 0;
 }
 
@@ -942,6 +955,6 @@ out:
     if (P.stack != P.stack_inline)
         free(P.stack);
     if (P.scratch != P.scratch_inline)
-        free(P.scratch);
+        jf_run_free(P.scratch);
     return rc;
 }

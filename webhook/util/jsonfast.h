@@ -126,6 +126,12 @@ void jf_doc_free(struct jf_doc *doc);
  * where they are until jf_doc_free.  false and NULL when out of memory. */
 bool jf_doc_reserve(struct jf_doc *doc, size_t n);
 struct jf_node *jf_doc_nodes(struct jf_doc *doc, size_t n);
+/* For the parser's scratch stack: a run of n nodes, grown, freed, or taken over by doc (which
+ * then frees it with itself and takes no more nodes from it). */
+struct jf_node *jf_run_alloc(size_t n);
+struct jf_node *jf_run_realloc(struct jf_node *run, size_t n);
+void jf_run_free(struct jf_node *run);
+void jf_doc_adopt(struct jf_doc *doc, struct jf_node *run);
 
 /* The jansson value of node (a new reference), NULL when out of memory. */
 json_t *jf_to_json(const struct jf_node *node);
