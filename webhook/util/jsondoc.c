@@ -125,9 +125,11 @@ const struct jf_node *jf_get(const struct jf_node *o, const char *key, size_t le
 {
     if (!o || o->type != JF_OBJECT)
         return NULL;
+    /* The first byte before memcmp: most keys of an object differ there or in length. */
     for (uint32_t i = 0; i < o->n; i++) {
         const struct jf_node *m = &o->u.items[i];
-        if (m->key_len == len && memcmp(m->key, key, len) == 0)
+        if (m->key_len == len &&
+            (len == 0 || (m->key[0] == key[0] && memcmp(m->key, key, len) == 0)))
             return m;
     }
     return NULL;

@@ -644,7 +644,7 @@ static bool same_key(const struct jf_node *a, const struct jf_node *b)
 /*
  * Drop repeated keys from the n members at m, as jansson does: the last
  * value at the first key's position.  Returns the members left.  Up to 16
- * members, a 64-bit filter of (length, first and last byte) lets most keys
+ * members, a 64-bit filter of (length, last byte) lets most keys
  * skip the search among the earlier ones; above, an open-addressed table
  * of indices.
  */
@@ -677,7 +677,7 @@ static uint32_t merge_duplicates(struct jf_node *m, uint32_t n, bool *nomem)
             if (first == UINT32_MAX)
                 slot[h] = kept;
         } else {
-            uint64_t bit = 1ull << ((len * 7 + (len ? key[0] + 3u * key[len - 1] : 0)) & 63);
+            uint64_t bit = 1ull << ((len + (len ? key[len - 1] : 0u)) & 63);
             for (uint32_t j = 0; (seen & bit) && j < kept; j++)
                 if (same_key(&m[j], &m[i])) {
                     first = j;
