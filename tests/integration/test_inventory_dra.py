@@ -272,3 +272,33 @@ def test_a_template_get_ends_within_the_reviews_deadline(dra):
     # The API server answers again: the template is fetched and the pod admitted.
     f.get_hold = 0.0
     assert wait_for(lambda: timed_review(server, dra_pod("c", ("template", "slow")), "10s")[0])
+
+
+def nested(depth):
+    value = 1
+    for _ in range(depth):
+        value = {"x": value}
+    return value
+
+
+def test_a_template_nested_too_deep_is_a_denial_and_the_server_lives_on(dra):
+    """gpuguard.dra's object comes from the review's arena: when converting it raises (nested
+    deeper than policies may see), it is released at once, not by a collection after the
+    arena is gone (that freed arena memory: "free(): invalid size", and the server aborted after
+    the first such review)."""
+    deep = template("deep")
+    deep["spec"]["spec"]["devices"]["config"] = [
+        {"opaque": {"driver": "gpu.nvidia.com", "parameters": nested(120)}}]
+
+    def setup(f):
+        f.add_object(deep)
+        f.add_object(template("plain"))
+    f, server = dra(setup)
+    assert ready_with(server, 0)
+    for i in range(3):
+        ok, msg, _, _ = admission(server, dra_pod(f"d{i}", ("template", "deep")))
+        assert not ok and "ResourceClaimTemplate team-q/deep nests deeper than 100 levels" in msg, msg
+    for i in range(40):  # reviews enough for the collector to run between them
+        ok, msg, _, _ = admission(server, dra_pod(f"p{i}", ("template", "plain")))
+        assert ok, msg
+    assert server.proc.poll() is None, "the server died"

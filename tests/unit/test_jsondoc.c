@@ -12,6 +12,7 @@
 
 #include "util/jsonfast.h"
 
+#include <malloc.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -270,6 +271,47 @@ static void test_many_chunks(void **state)
     free(text);
 }
 
+/* Heap in use, from malloc's own count (blocks from the heap and mmapped ones). */
+static size_t heap_in_use(void)
+{
+    struct mallinfo2 mi = mallinfo2();
+    return mi.uordblks + mi.hblkhd;
+}
+
+/*
+ * Many long runs closed while a long run of values is still open: handing each run's block
+ * to the document would take the open values (and the block's spare room) along every time;
+ * they are copied instead, and the document stays near the size of its nodes.
+ */
+static void test_long_runs_under_an_open_one(void **state)
+{
+    (void)state;
+    size_t cap = 4 << 20, used = 0;
+    char *text = malloc(cap);
+    assert_non_null(text);
+    used += (size_t)snprintf(text, cap, "[");
+    for (int i = 0; i < 200000; i++)
+        used += (size_t)snprintf(text + used, cap - used, "0,");
+    for (int a = 0; a < 40; a++) {
+        used += (size_t)snprintf(text + used, cap - used, "%s[", a ? "," : "");
+        for (int i = 0; i < 4096; i++)
+            used += (size_t)snprintf(text + used, cap - used, "%s%d", i ? "," : "", a);
+        used += (size_t)snprintf(text + used, cap - used, "]");
+    }
+    snprintf(text + used, cap - used, "]");
+    size_t before = heap_in_use(), nodes = 200000 + 40 * 4096 + 41;
+    struct jf_doc d;
+    parse(text, &d);
+    size_t doc = heap_in_use() - before;
+    assert_int_equal(d.root->n, 200040);
+    assert_int_equal(d.root->u.items[200039].u.items[4095].u.i, 39);
+    /* Nodes, the copy of the text, and room to spare: not forty times the open run. */
+    if (doc > 2 * nodes * sizeof(struct jf_node) + 2 * strlen(text))
+        fail_msg("the document holds %zu bytes for %zu nodes", doc, nodes);
+    jf_doc_free(&d);
+    free(text);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -280,6 +322,7 @@ int main(void)
         cmocka_unit_test(test_from_json),
         cmocka_unit_test(test_same),
         cmocka_unit_test(test_many_chunks),
+        cmocka_unit_test(test_long_runs_under_an_open_one),
     };
     return cmocka_run_group_tests_name("jsondoc", tests, NULL, NULL);
 }

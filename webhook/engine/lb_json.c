@@ -93,39 +93,38 @@ void lb_push_node_or_raise(lua_State *L, const struct jf_node *v, const char *wh
     lua_remove(L, top + 1);
 }
 
-/* A JSON value and its document of nodes, held by a userdata while they are pushed. */
-struct held_json {
-    json_t *value;
+/* lb_push_json_or_raise's conversion, run in protected mode. */
+struct json_push {
+    const json_t *value;
     struct jf_doc doc;
+    const char *what;
 };
 
-static int release_held(lua_State *L)
+static int push_json_protected(lua_State *L)
 {
-    struct held_json *h = lua_touserdata(L, 1);
-    jf_doc_free(&h->doc);
-    json_decref(h->value);
-    h->value = NULL;
-    return 0;
+    struct json_push *c = lua_touserdata(L, 1);
+    if (jf_from_json(c->value, &c->doc) != 0)
+        return luaL_error(L, "out of memory converting %s", c->what);
+    lb_push_node_or_raise(L, c->doc.root, c->what);
+    return 1;
 }
 
-/* Through a userdata that holds v and its nodes: a raise on the way releases them. */
+/*
+ * Protected, so that v and its nodes are released before any error goes
+ * on: v may live in the request's arena (a DRA object), which is gone by
+ * the time a collection would find anything that held it.  A budget's
+ * refusal still ends the policy's call as out of memory (the kill is armed).
+ */
 void lb_push_json_or_raise(lua_State *L, json_t *v, const char *what)
 {
-    struct held_json *h = lua_newuserdatauv(L, sizeof(*h), 0);
-    memset(h, 0, sizeof(*h));
-    h->value = v;
-    if (luaL_newmetatable(L, "gpuguard.heldjson")) {
-        lua_pushcfunction(L, release_held);
-        lua_setfield(L, -2, "__gc");
-    }
-    lua_setmetatable(L, -2);
-    if (jf_from_json(v, &h->doc) != 0)
-        luaL_error(L, "out of memory converting %s", what);
-    lb_push_node_or_raise(L, h->doc.root, what);
-    lua_pushcfunction(L, release_held);
-    lua_pushvalue(L, -3);
-    lua_call(L, 1, 0);
-    lua_remove(L, -2);
+    struct json_push c = {v, {NULL, NULL, NULL}, what};
+    lua_pushcfunction(L, push_json_protected);
+    lua_pushlightuserdata(L, &c);
+    int st = lua_pcall(L, 1, 1, 0);
+    jf_doc_free(&c.doc);
+    json_decref(v);
+    if (st != LUA_OK)
+        lua_error(L);
 }
 
 /* True when a value inside v sits deeper than LB_MAX_DEPTH (v is at depth). */

@@ -27,6 +27,7 @@
 
 #include <errno.h>
 #include <float.h>
+#include <inttypes.h>
 #include <limits.h>
 #include <locale.h>
 #include <math.h>
@@ -650,10 +651,11 @@ static bool same_key(const struct jf_node *a, const struct jf_node *b)
  */
 static uint32_t merge_duplicates(struct jf_node *m, uint32_t n, bool *nomem)
 {
-    uint32_t *slot = NULL, mask = 0, kept = 0;
+    uint32_t *slot = NULL, kept = 0;
+    size_t mask = 0;
     uint64_t seen = 0;
     if (n > 16) {
-        for (mask = 32; mask < 2 * n; mask *= 2)
+        for (mask = 32; mask < 2 * (size_t)n; mask *= 2)
             ;
         if (!(slot = malloc(mask * sizeof(*slot)))) {
             *nomem = true;
@@ -666,10 +668,11 @@ static uint32_t merge_duplicates(struct jf_node *m, uint32_t n, bool *nomem)
         uint32_t first = UINT32_MAX, len = m[i].key_len;
         const unsigned char *key = (const unsigned char *)m[i].key;
         if (slot) {
-            uint32_t h = 2166136261u;
+            uint32_t hash = 2166136261u;
             for (uint32_t k = 0; k < len; k++)
-                h = (h ^ key[k]) * 16777619u;
-            for (h &= mask; slot[h] != UINT32_MAX; h = (h + 1) & mask)
+                hash = (hash ^ key[k]) * 16777619u;
+            size_t h;
+            for (h = hash & mask; slot[h] != UINT32_MAX; h = (h + 1) & mask)
                 if (same_key(&m[slot[h]], &m[i])) {
                     first = slot[h];
                     break;
@@ -704,15 +707,19 @@ static uint32_t merge_duplicates(struct jf_node *m, uint32_t n, bool *nomem)
  * the scratch stack to the document.  A long run (an array of a million
  * numbers) is not copied: the document takes the scratch block where it
  * is and the values of the containers still open move to a new one, so
- * the run is never in memory twice.  Returns 0, or -1 when out of memory.
+ * the run is never in memory twice.  Returns 0, -1 when out of memory, -2
+ * for more members than a node counts.
  */
 static int close_container(struct jf_parser *P, struct jf_doc *doc, const struct jf_frame *f)
 {
     size_t n = P->used - f->start;
     struct jf_node *items = NULL;
     if (JF_UNLIKELY(n > UINT32_MAX))
-        return -1;
-    if (n >= JF_HANDOFF_MIN && P->scratch != P->scratch_inline) {
+        return -2;
+    /* Only where the run is most of the block: the open containers' values (start) are
+     * copied again and the block's spare room goes with it, both bounded by the run. */
+    if (n >= JF_HANDOFF_MIN && P->scratch != P->scratch_inline && f->start <= n / 4 &&
+        P->room <= 2 * (f->start + n)) {
         size_t room = f->start * 2 > JF_INLINE_SCRATCH ? f->start * 2 : JF_INLINE_SCRATCH;
         struct jf_node *fresh = jf_run_alloc(room);
         if (!fresh)
@@ -789,7 +796,7 @@ int jf_parse(const char *text, size_t len, size_t max_depth, struct jf_doc *doc,
     size_t depth = 0, most = 0; /* open containers, and their most at once */
     const char *key = NULL;
     uint32_t klen = 0;
-    int esc, rc = -1;
+    int esc, closed, rc = -1;
 
     if (!text) {
         set_error(&P, p, "wrong arguments");
@@ -909,8 +916,12 @@ next: /* after a value inside top */
     goto out;
 
 close: /* top has just been closed */
-    if (JF_UNLIKELY(close_container(&P, doc, top)))
-        goto nomem;
+    if (JF_UNLIKELY((closed = close_container(&P, doc, top)) != 0)) {
+        if (closed == -1)
+            goto nomem;
+        set_error(&P, p, "more than %" PRIu32 " members in a container", UINT32_MAX);
+        goto out;
+    }
     if (--depth == 0)
         goto done;
     top = &P.stack[depth - 1];

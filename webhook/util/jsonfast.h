@@ -20,11 +20,12 @@
  *
  * It is a pure function: no I/O, no globals but a lazily created "C"
  * locale for strtod_l, never reads text[len] or beyond (the text need not
- * be NUL-terminated).  Values are allocated with jansson's allocator (so
- * the request arena applies); the temporary buffers for escaped strings
- * longer than a few hundred bytes, numbers longer than 63 characters that
- * need strtod, and nesting deeper than 64 come from plain malloc and are
- * freed before returning.
+ * be NUL-terminated).  A document's copy of the text and its nodes come
+ * from plain malloc (jf_doc_free releases them); so do the temporary
+ * buffers for numbers longer than 63 characters that need strtod, nesting
+ * deeper than 64 and the values of open containers past the first 128,
+ * freed before returning.  jf_loadb's jansson values come from jansson's
+ * allocator (so the request arena applies to them).
  *
  * Stricter than jansson in one place: jansson's lexer silently drops a NUL
  * byte that directly follows a number or a literal ("[1\0]" loads as [1]);
