@@ -25,6 +25,17 @@ static inline void charging_start(struct charging *c, struct inventory *inv, con
         fail_msg("the charge model does not load: %s", err.msg);
 }
 
+/* inv_charge of a jansson value, through its nodes, as the inventory charges what it reads. */
+static inline int64_t charge_of(struct inventory *inv, const json_t *obj)
+{
+    struct jf_doc doc;
+    if (jf_from_json(obj, &doc) != 0)
+        fail_msg("out of memory");
+    int64_t charge = inv_charge(inv, doc.root);
+    jf_doc_free(&doc);
+    return charge;
+}
+
 static inline void charging_stop(struct charging *c)
 {
     charger_free(c->charger);

@@ -80,7 +80,7 @@ static void test_admission_and_inventory_charge_alike(void **state)
         free(text);
         if (!trimmed)
             fail_msg("%s: %s", name, err.msg);
-        int64_t usage = inv_charge(inv, trimmed);
+        int64_t usage = charge_of(inv, trimmed);
 
         char want_text[32];
         snprintf(want_text, sizeof(want_text), "%lld", (long long)want);
@@ -102,10 +102,61 @@ static void test_admission_and_inventory_charge_alike(void **state)
     rmdir(dir);
 }
 
+/*
+ * When the model cannot answer (here its library raises), the charge is the worst case: one
+ * GPU for each container naming a GPU-looking resource ("/" and "gpu"), at least one.
+ */
+static void test_a_failing_model_charges_the_worst_case(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/gg-charge-XXXXXX", lua[64], policies[64], file[96];
+    assert_non_null(mkdtemp(dir));
+    snprintf(lua, sizeof(lua), "%s/lua", dir);
+    snprintf(policies, sizeof(policies), "%s/policies", dir);
+    assert_int_equal(mkdir(lua, 0700), 0);
+    assert_int_equal(mkdir(policies, 0700), 0);
+    snprintf(file, sizeof(file), "%s/intent.lua", lua);
+    FILE *f = fopen(file, "w");
+    assert_non_null(f);
+    fputs("return { usage_charge = function() error('the model is broken') end }\n", f);
+    fclose(f);
+    struct policy_paths paths = {.policies = policies, .lua = lua, .config = NULL};
+    struct gg_err err = {{0}};
+    struct engine *engine = NULL;
+    struct charger *charger = NULL;
+    struct inventory *inv = inv_new();
+    if (engine_new(&paths, &engine, &err) != GG_OK ||
+        charger_new(engine, inv, &charger, &err) != GG_OK)
+        fail_msg("%s", err.msg);
+    json_t *pod = json_loads(
+        "{\"kind\":\"Pod\",\"metadata\":{\"name\":\"p\"},\"spec\":{\"containers\":["
+        "{\"name\":\"a\",\"resources\":{\"limits\":{\"nvidia.com/gpu\":\"2\"}}},"
+        "{\"name\":\"b\",\"resources\":{\"requests\":{\"example.com/gpu-memory\":\"1\"}}},"
+        "{\"name\":\"c\",\"resources\":{\"limits\":{\"cpu\":\"1\",\"gpu\":\"1\"}}},7],"
+        "\"initContainers\":[{\"name\":\"i\",\"resources\":{\"requests\":"
+        "{\"amd.com/gpu\":1}}}]}}",
+        0, NULL);
+    assert_non_null(pod);
+    assert_int_equal(charge_of(inv, pod), 3000);
+    json_t *plain =
+        json_loads("{\"kind\":\"Pod\",\"spec\":{\"containers\":[{\"name\":\"x\"}]}}", 0, NULL);
+    assert_int_equal(charge_of(inv, plain), 1000);
+    json_decref(pod);
+    json_decref(plain);
+    charger_free(charger);
+    engine_free(engine);
+    inv_free(inv);
+    remove(file);
+    rmdir(lua);
+    rmdir(policies);
+    rmdir(dir);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_admission_and_inventory_charge_alike),
+        cmocka_unit_test(test_a_failing_model_charges_the_worst_case),
     };
     return cmocka_run_group_tests_name("charge model", tests, NULL, NULL);
 }

@@ -141,7 +141,7 @@ static void test_read_pod_trims_to_what_the_charge_reads(void **state)
             char *a = json_dumps(read, JSON_SORT_KEYS), *b = json_dumps(item, JSON_SORT_KEYS);
             fail_msg("pod %zu:\n want %s\n read %s\n item %s", i, trimmed[i], a, b);
         }
-        assert_int_equal(inv_charge(inv, read), inv_charge(inv, full));
+        assert_int_equal(charge_of(inv, read), charge_of(inv, full));
         json_decref(full);
         json_decref(want);
         json_decref(read);
@@ -164,12 +164,12 @@ static void test_read_pod_keeps_only_what_accounting_needs(void **state)
     json_t *want = json_loads(trimmed[0], 0, NULL);
     assert_true(json_equal(p, want));
     /* A whole GPU is what the spec says, whatever the annotation claims. */
-    assert_int_equal(inv_charge(inv, p), 1000);
+    assert_int_equal(charge_of(inv, p), 1000);
     json_decref(p);
     json_decref(want);
     p = inf_read_pod(pods[1], strlen(pods[1]), NULL, NULL);
     /* Two GPUs requested; the init container's 3 MIG 3g slices (3 x 0.429) are fewer. */
-    assert_int_equal(inv_charge(inv, p), 2000);
+    assert_int_equal(charge_of(inv, p), 2000);
     json_decref(p);
     p = inf_read_pod(pods[4], strlen(pods[4]), NULL, NULL);
     want = json_loads(trimmed[4], 0, NULL);

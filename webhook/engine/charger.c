@@ -96,37 +96,34 @@ void charger_free(struct charger *c)
 }
 
 /* One GPU per container that names a GPU-looking resource ("/" and "gpu"), at least one. */
-static int64_t worst_case(const json_t *obj)
+static int64_t worst_case(const struct jf_node *obj)
 {
     int64_t n = 0;
     static const char *const lists[] = {"containers", "initContainers"};
+    static const char *const sections[] = {"limits", "requests"};
+    const struct jf_node *spec = jf_get_str(obj, "spec");
     for (size_t l = 0; l < 2; l++) {
-        size_t i;
-        const json_t *ctr;
-        json_array_foreach(json_object_get(json_object_get(obj, "spec"), lists[l]), i, ctr)
-        {
-            const json_t *res = json_object_get(ctr, "resources");
-            const char *name;
-            const json_t *v;
+        const struct jf_node *list = jf_get_str(spec, lists[l]);
+        for (uint32_t i = 0; list && list->type == JF_ARRAY && i < list->n; i++) {
+            const struct jf_node *res = jf_get_str(&list->u.items[i], "resources");
             bool gpu = false;
-            json_object_foreach((json_t *)json_object_get(res, "limits"), name, v) gpu =
-                gpu || (strchr(name, '/') && strstr(name, "gpu"));
-            json_object_foreach((json_t *)json_object_get(res, "requests"), name, v) gpu =
-                gpu || (strchr(name, '/') && strstr(name, "gpu"));
+            for (size_t s = 0; s < 2; s++) {
+                const struct jf_node *names = jf_get_str(res, sections[s]);
+                for (uint32_t k = 0; k < jf_size(names) && names->type == JF_OBJECT; k++)
+                    gpu = gpu || (strchr(names->u.items[k].key, '/') &&
+                                  strstr(names->u.items[k].key, "gpu"));
+            }
             n += gpu;
         }
     }
     return (n ? n : 1) * 1000;
 }
 
-int64_t charger_charge(void *charger, const json_t *obj)
+int64_t charger_charge(void *charger, const struct jf_node *obj)
 {
     struct charger *c = charger;
     struct gg_err err = {{0}};
-    const char *kind = json_string_value(json_object_get(obj, "kind"));
-    struct jf_doc doc;
-    if (jf_from_json(obj, &doc) != 0)
-        gg_fail(&err, GG_ERR_NOMEM, "out of memory reading the object");
+    const char *kind = jf_string(jf_get_str(obj, "kind"));
     struct adm_request req = {.api_version = "",
                               .uid = "",
                               .operation = ADM_CREATE,
@@ -135,12 +132,12 @@ int64_t charger_charge(void *charger, const json_t *obj)
                               .namespace = "",
                               .name = "",
                               .sub_resource = "",
-                              .object = doc.root};
+                              .object = obj};
     struct lb_report report = {0};
     int64_t charge = -1;
     pthread_mutex_lock(&c->lock);
-    if (doc.root && refresh(c, &err) == GG_OK &&
-        lb_request_begin(c->vm, &req, doc.root, gg_now_us() + CHARGE_DEADLINE_US, &err) == GG_OK) {
+    if (refresh(c, &err) == GG_OK &&
+        lb_request_begin(c->vm, &req, obj, gg_now_us() + CHARGE_DEADLINE_US, &err) == GG_OK) {
         if (lb_policy_call(c->vm, 0, LB_MUTATE, &report, &err, NULL) == LB_DONE) {
             const char *text = json_string_value(json_object_get(report.audit, "charge"));
             char *end = NULL;
@@ -150,11 +147,10 @@ int64_t charger_charge(void *charger, const json_t *obj)
         lb_request_end(c->vm);
     }
     pthread_mutex_unlock(&c->lock);
-    jf_doc_free(&doc);
     lb_report_clear(&report);
     if (charge >= 0)
         return charge;
-    const char *name = json_string_value(json_object_get(json_object_get(obj, "metadata"), "name"));
+    const char *name = jf_string(jf_get_str(jf_get_str(obj, "metadata"), "name"));
     log_fields(LOG_ERROR, "inventory: the charge model failed; counting whole GPUs",
                json_pack("{s:s,s:s}", "error", err.msg, "name", name ? name : ""));
     return worst_case(obj);

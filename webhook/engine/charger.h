@@ -12,6 +12,7 @@
 #define GG_CHARGER_H
 
 #include "util/gpuguard.h"
+#include "util/jsonfast.h"
 
 #include <jansson.h>
 #include <stdint.h>
@@ -36,6 +37,6 @@ void charger_free(struct charger *c);
  * as the pod's containers' whole GPUs would be: one GPU per container that
  * names a GPU resource, at least one (fail closed).
  */
-int64_t charger_charge(void *charger, const json_t *obj);
+int64_t charger_charge(void *charger, const struct jf_node *obj);
 
 #endif

@@ -908,18 +908,17 @@ static void reserve(struct engine *e, const struct adm_request *req, unsigned ph
         (!v->mutated && !req->object) || req->operation != ADM_CREATE || req->dry_run ||
         (strcmp(req->kind, "Pod") != 0 && strcmp(req->kind, "ResourceClaim") != 0))
         return;
-    json_t *pod = v->mutated ? json_incref(v->mutated) : jf_to_json(req->object);
-    if (!pod)
+    struct jf_doc mutated = {NULL, NULL, NULL};
+    if (v->mutated && jf_from_json(v->mutated, &mutated) != 0)
         return; /* out of memory: the reservation is a head start, the informer counts it */
+    const struct jf_node *pod = v->mutated ? mutated.root : req->object;
     int64_t charge = inv_charge(e->inventory, pod);
-    json_t *meta = json_object_get(pod, "metadata");
-    const char *name =
-        *req->name ? req->name : json_string_value(json_object_get(meta, "generateName"));
-    const char *cls =
-        json_string_value(json_object_get(json_object_get(meta, "labels"), GG_KEY_WORKLOAD_CLASS));
+    const struct jf_node *meta = jf_get_str(pod, "metadata");
+    const char *name = *req->name ? req->name : jf_string(jf_get_str(meta, "generateName"));
+    const char *cls = jf_string(jf_get_str(jf_get_str(meta, "labels"), GG_KEY_WORKLOAD_CLASS));
     if (charge > 0 && name)
         inv_reserve(e->inventory, req->namespace, name, cls, charge, INV_RESERVATION_TTL_MS);
-    json_decref(pod);
+    jf_doc_free(&mutated);
 }
 
 static enum gg_status evaluate(struct engine *e, const struct adm_request *req, unsigned phases,

@@ -239,7 +239,7 @@ void inv_set_charger(struct inventory *inv, inv_charge_fn fn, void *ctx)
     pthread_mutex_unlock(&inv->lock);
 }
 
-int64_t inv_charge(struct inventory *inv, const json_t *obj)
+int64_t inv_charge(struct inventory *inv, const struct jf_node *obj)
 {
     pthread_mutex_lock(&inv->lock);
     inv_charge_fn fn = inv->charge;
@@ -296,7 +296,17 @@ static int64_t holding(struct inventory *inv, const json_t *obj)
     enum obj_kind k = kind_of(obj);
     if ((k != K_POD && k != K_CLAIM) || !*meta_string(obj, "uid") || !counts(obj))
         return 0;
-    return inv_charge(inv, obj);
+    struct jf_doc doc;
+    if (jf_from_json(obj, &doc) != 0) {
+        /* Out of memory: counted as the charger counts when its model fails (one GPU per
+         * container asking for one), here every container, at least one. */
+        const json_t *spec = json_object_get(obj, "spec");
+        return 1000 * (int64_t)(1 + json_array_size(json_object_get(spec, "containers")) +
+                                json_array_size(json_object_get(spec, "initContainers")));
+    }
+    int64_t charge = inv_charge(inv, doc.root);
+    jf_doc_free(&doc);
+    return charge;
 }
 
 /* A pod the watch shows settles the reservation made when it was admitted. */

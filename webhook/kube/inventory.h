@@ -21,6 +21,7 @@
 #include "codec/keys.h"
 #include "codec/manifest.h"
 #include "util/gpuguard.h"
+#include "util/jsonfast.h"
 
 #include <jansson.h>
 #include <stdbool.h>
@@ -39,11 +40,12 @@ void inv_free(struct inventory *inv);
  * milli-GPU.  Called with no inventory lock held, from any thread: it must
  * be thread-safe.
  */
-typedef int64_t (*inv_charge_fn)(void *ctx, const json_t *obj);
+typedef int64_t (*inv_charge_fn)(void *ctx, const struct jf_node *obj);
 /* Set before the first object arrives; without one nothing is charged. */
 void inv_set_charger(struct inventory *inv, inv_charge_fn fn, void *ctx);
-/* The charger's answer for obj (0 without a charger). */
-int64_t inv_charge(struct inventory *inv, const json_t *obj);
+/* The charger's answer for obj (0 without a charger): the review's own nodes, or the nodes
+ * over an object the informer read (util/jsonfast.h). */
+int64_t inv_charge(struct inventory *inv, const struct jf_node *obj);
 
 /*
  * Add or update a pod, ResourceClaim or ResourceClaimTemplate (by "kind";
