@@ -1361,7 +1361,7 @@ static void test_differential_mutations(void **state)
     corpus_clear(&c);
 }
 
-/* jf_loadb_depth's bound: one more than the deepest container (jansson's counting). */
+/* jf_parse's depth bound: one more than the deepest container (jansson's counting). */
 static void test_depth_bound(void **state)
 {
     (void)state;
@@ -1371,10 +1371,10 @@ static void test_depth_bound(void **state)
     } cases[] = {{"1", 1}, {"[]", 2}, {"[[1]]", 3}, {"{\"a\":[{}]}", 4}, {"[1,[2],{}]", 3}};
     for (size_t i = 0; i < N_ELEMS(cases); i++) {
         size_t deepest = 0;
-        json_t *v = jf_loadb_depth(cases[i].doc, strlen(cases[i].doc), 0, &deepest, NULL);
-        assert_non_null(v);
+        struct jf_doc doc;
+        assert_int_equal(jf_parse(cases[i].doc, strlen(cases[i].doc), 0, &doc, &deepest, NULL), 0);
         assert_int_equal(deepest, cases[i].deepest);
-        json_decref(v);
+        jf_doc_free(&doc);
     }
 }
 

@@ -109,7 +109,7 @@ static int64_t worst_case(const struct jf_node *obj)
             bool gpu = false;
             for (size_t s = 0; s < 2; s++) {
                 const struct jf_node *names = jf_get_str(res, sections[s]);
-                for (uint32_t k = 0; k < jf_size(names) && names->type == JF_OBJECT; k++)
+                for (uint32_t k = 0; names && names->type == JF_OBJECT && k < names->n; k++)
                     gpu = gpu || (strchr(names->u.items[k].key, '/') &&
                                   strstr(names->u.items[k].key, "gpu"));
             }

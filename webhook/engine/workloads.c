@@ -75,16 +75,12 @@ static void json_req_clear(struct json_req *j)
     json_decref(j->user_info);
 }
 
-static enum gg_status json_req_make(const struct adm_request *req, struct json_req *j,
-                                    struct gg_err *err)
+/* *out = node as a jansson value (none for none). */
+static enum gg_status node_json(const struct jf_node *node, json_t **out, const char *what,
+                                struct gg_err *err)
 {
-    memset(j, 0, sizeof(*j));
-    if (!(j->object = jf_to_json(req->object)) ||
-        (req->old_object && !(j->old_object = jf_to_json(req->old_object))) ||
-        (req->user_info && !(j->user_info = jf_to_json(req->user_info)))) {
-        json_req_clear(j);
-        return gg_fail(err, GG_ERR_NOMEM, "out of memory reading the %s", req->kind);
-    }
+    if (node && !(*out = jf_to_json(node)))
+        return gg_fail(err, GG_ERR_NOMEM, "out of memory reading %s", what);
     return GG_OK;
 }
 
@@ -306,14 +302,14 @@ enum gg_status wl_review(struct engine *engine, const struct adm_request *req,
                          struct policy_verdict *out, struct gg_err *err)
 {
     struct mf_set set = {0};
-    struct json_req j;
+    struct json_req j = {NULL, NULL, NULL};
     *handled = false;
     if (!maybe_workload(req))
         return GG_OK;
-    enum gg_status st = json_req_make(req, &j, err);
-    if (st != GG_OK)
-        return st;
-    st = mf_collect_object(j.object, "object", &set, err);
+    /* The object first: oldObject and userInfo only for an object with pod templates. */
+    enum gg_status st = node_json(req->object, &j.object, "the object", err);
+    if (st == GG_OK)
+        st = mf_collect_object(j.object, "object", &set, err);
     if (st != GG_OK || set.templates == 0) {
         mf_set_clear(&set);
         json_req_clear(&j);
@@ -328,7 +324,9 @@ enum gg_status wl_review(struct engine *engine, const struct adm_request *req,
         st = gg_fail(err, GG_ERR_NOMEM, "out of memory");
         goto out;
     }
-    if ((st = read_settings(engine, &j, &cfg, err)) != GG_OK)
+    if ((st = node_json(req->old_object, &j.old_object, "the old object", err)) != GG_OK ||
+        (st = node_json(req->user_info, &j.user_info, "userInfo", err)) != GG_OK ||
+        (st = read_settings(engine, &j, &cfg, err)) != GG_OK)
         goto out;
     if (req->operation == ADM_UPDATE && cfg.controller) {
         /* A queue controller's own edits (Kueue's flavor selectors and tolerations on a

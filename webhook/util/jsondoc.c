@@ -23,17 +23,34 @@ struct jf_chunk {
     struct jf_node nodes[];
 };
 
+/* The bytes of a chunk of n nodes; 0 when that does not fit a size_t. */
+static size_t chunk_bytes(size_t n)
+{
+    if (n > (SIZE_MAX - sizeof(struct jf_chunk)) / sizeof(struct jf_node))
+        return 0;
+    return sizeof(struct jf_chunk) + n * sizeof(struct jf_node);
+}
+
+/* A chunk with room for cap nodes, used of them taken. */
+static struct jf_chunk *new_chunk(size_t cap, size_t used)
+{
+    size_t bytes = chunk_bytes(cap);
+    struct jf_chunk *c = bytes ? malloc(bytes) : NULL;
+    if (c) {
+        c->next = NULL;
+        c->used = used;
+        c->cap = cap;
+    }
+    return c;
+}
+
 static struct jf_chunk *add_chunk(struct jf_doc *doc, size_t cap)
 {
-    if (cap > (SIZE_MAX - sizeof(struct jf_chunk)) / sizeof(struct jf_node))
-        return NULL;
-    struct jf_chunk *c = malloc(sizeof(*c) + cap * sizeof(struct jf_node));
-    if (!c)
-        return NULL;
-    c->used = 0;
-    c->cap = cap;
-    c->next = doc->chunks;
-    doc->chunks = c;
+    struct jf_chunk *c = new_chunk(cap, 0);
+    if (c) {
+        c->next = doc->chunks;
+        doc->chunks = c;
+    }
     return c;
 }
 
@@ -68,23 +85,16 @@ static struct jf_chunk *chunk_of(struct jf_node *run)
 
 struct jf_node *jf_run_alloc(size_t n)
 {
-    if (n > (SIZE_MAX - sizeof(struct jf_chunk)) / sizeof(struct jf_node))
-        return NULL;
-    struct jf_chunk *c = malloc(sizeof(*c) + n * sizeof(struct jf_node));
-    if (!c)
-        return NULL;
-    c->next = NULL;
-    c->used = c->cap = n;
+    struct jf_chunk *c = new_chunk(n, n);
     /* The block is found again from its nodes (chunk_of): not lost. */
     // cppcheck-suppress memleak
-    return c->nodes;
+    return c ? c->nodes : NULL;
 }
 
 struct jf_node *jf_run_realloc(struct jf_node *run, size_t n)
 {
-    if (n > (SIZE_MAX - sizeof(struct jf_chunk)) / sizeof(struct jf_node))
-        return NULL;
-    struct jf_chunk *c = realloc(chunk_of(run), sizeof(*c) + n * sizeof(struct jf_node));
+    size_t bytes = chunk_bytes(n);
+    struct jf_chunk *c = bytes ? realloc(chunk_of(run), bytes) : NULL;
     if (!c)
         return NULL;
     c->used = c->cap = n;

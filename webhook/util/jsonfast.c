@@ -749,16 +749,10 @@ static int close_container(struct jf_parser *P, struct jf_doc *doc, const struct
 
 json_t *jf_loadb(const char *text, size_t len, size_t max_depth, struct jf_error *err)
 {
-    size_t deepest;
-    return jf_loadb_depth(text, len, max_depth, &deepest, err);
-}
-
-json_t *jf_loadb_depth(const char *text, size_t len, size_t max_depth, size_t *deepest,
-                       struct jf_error *err)
-{
     struct jf_doc doc;
+    size_t deepest;
     json_t *v = NULL;
-    if (jf_parse(text, len, max_depth, &doc, deepest, err) == 0 && !(v = jf_to_json(doc.root)) &&
+    if (jf_parse(text, len, max_depth, &doc, &deepest, err) == 0 && !(v = jf_to_json(doc.root)) &&
         err) {
         memset(err, 0, sizeof(*err));
         snprintf(err->text, sizeof(err->text), "out of memory");

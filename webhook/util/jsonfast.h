@@ -72,14 +72,6 @@ struct jf_error {
  */
 json_t *jf_loadb(const char *text, size_t len, size_t max_depth, struct jf_error *err);
 
-/*
- * jf_loadb that also sets *deepest (on success) to a bound on the depth of
- * the deepest value: one more than the deepest container's depth.  Callers
- * that must refuse deep documents skip their own walk when it is small.
- */
-json_t *jf_loadb_depth(const char *text, size_t len, size_t max_depth, size_t *deepest,
-                       struct jf_error *err);
-
 enum jf_type { JF_NULL, JF_FALSE, JF_TRUE, JF_INTEGER, JF_REAL, JF_STRING, JF_ARRAY, JF_OBJECT };
 
 /* One value.  Strings and keys are NUL-terminated (from jf_parse, they contain no NUL). */
@@ -108,7 +100,9 @@ struct jf_doc {
 /*
  * Parse text[0..len) into doc (the same grammar, limits and errors as
  * jf_loadb; duplicate keys keep the last value at the first key's
- * position).  *deepest is set as jf_loadb_depth sets it.  Returns 0, or -1
+ * position).  *deepest is set (on success) to a bound on the depth of the
+ * deepest value: one more than the deepest container's depth, so callers
+ * that must refuse deep documents skip their own walk when it is small.  Returns 0, or -1
  * with *err filled (when err is not NULL) and doc empty.  Release doc with
  * jf_doc_free, also after a failure.
  */
