@@ -10,10 +10,9 @@
  * SIGUSR2 arms the shim, SIGUSR1 disarms it: the server starts with every
  * allocation served, and the test decides which requests run under failures.
  * Only allocations called from the program itself (gpuguard, with jansson
- * and Lua linked in), libyaml and libc (strdup, asprintf ...) fail: the HTTP and TLS stack is left alone
- * (GMP aborts on a failed allocation by design, libtasn1 crashes), as the
- * sweep is about what gpuguard does with a request it has received.  Built
- * as a shared object: see the Makefile.
+ * and Lua linked in), libyaml and libc (strdup, asprintf ...) fail: the HTTP and TLS stack is left
+ * alone (GMP aborts on a failed allocation by design, libtasn1 crashes), as the sweep is about what
+ * gpuguard does with a request it has received.  Built as a shared object: see the Makefile.
  */
 #include <errno.h>
 #include <link.h>
@@ -23,6 +22,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -35,6 +35,7 @@ static atomic_bool armed;
 static atomic_long count, failed;
 static long every;
 static const char *report;
+static char report_tmp[4096]; /* report with ".tmp": written there first */
 
 /* Where the code of the targets lies, found once at start-up. */
 #define MAX_TARGETS 16
@@ -121,11 +122,13 @@ static void on_disarm(int sig)
         text[--n] = (char)('0' + v % 10);
         v /= 10;
     } while (v && n);
-    int fd = open(report, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    /* Written beside it and renamed: the test reads the report as soon as it exists. */
+    int fd = open(report_tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd >= 0) {
         ssize_t w = write(fd, text + n, sizeof(text) - n);
         (void)w;
         close(fd);
+        rename(report_tmp, report);
     }
 }
 
@@ -134,6 +137,10 @@ __attribute__((constructor)) static void failmalloc_init(void)
     const char *e = getenv("GG_FAILMALLOC_EVERY");
     every = e ? strtol(e, NULL, 10) : 0;
     report = getenv("GG_FAILMALLOC_REPORT");
+    if (report && strlen(report) + sizeof(".tmp") > sizeof(report_tmp))
+        report = NULL;
+    if (report)
+        strcat(strcpy(report_tmp, report), ".tmp");
     dl_iterate_phdr(find_targets, NULL);
     struct sigaction sa;
     memset(&sa, 0, sizeof(sa));
