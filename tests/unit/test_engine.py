@@ -507,6 +507,44 @@ end }
     assert v["patch"] == [{"op": "add", "path": "/metadata/annotations/kept", "value": "nil/0"}]
 
 
+def test_thousands_of_untouched_tables_fill_from_their_own_json(engine):
+    # 2,000 containers make some 10,000 stubs: the request's stub map grows many times over and
+    # is freed at the end (it is kept only up to 1,024 slots). Each container must fill from its
+    # own JSON, in both requests; a stub kept from the big request fills as empty in the next.
+    engine.policy("10-walk.lua", """
+local gg = require "gpuguard"
+local kept
+return { name = "walk", mutate = function(req, pod)
+  local sum, names = 0, {}
+  for i, c in ipairs(pod.spec.containers) do
+    sum = sum + c.resources.limits.cpu * i
+    if c.env[1].value ~= "v" .. i then error("container " .. i .. " reads " .. c.env[1].value) end
+    names[#names + 1] = c.name
+  end
+  pod.metadata.annotations.sum = tostring(sum)
+  pod.metadata.annotations.last = names[#names]
+  pod.metadata.annotations.kept = kept and (tostring(next(kept)) .. "/" .. #kept) or "none"
+  kept = pod.spec.containers[1].ports
+end }
+""")
+    n = 2000
+    containers = [{"name": f"c{i}", "image": "busybox", "ports": [{"containerPort": i}],
+                   "env": [{"name": "K", "value": f"v{i}"}],
+                   "resources": {"limits": {"cpu": i % 7}}} for i in range(1, n + 1)]
+    obj = pod(annotations={}, containers=containers)
+    want = sum((i % 7) * i for i in range(1, n + 1))
+    first = engine.run(review(obj), phases="mutate")
+    assert first["patch"] == [
+        {"op": "add", "path": "/metadata/annotations/kept", "value": "none"},
+        {"op": "add", "path": "/metadata/annotations/last", "value": f"c{n}"},
+        {"op": "add", "path": "/metadata/annotations/sum", "value": str(want)}]
+    again = engine.run(review(obj), phases="mutate", repeat=2)
+    assert again["patch"] == [
+        {"op": "add", "path": "/metadata/annotations/kept", "value": "nil/0"},
+        {"op": "add", "path": "/metadata/annotations/last", "value": f"c{n}"},
+        {"op": "add", "path": "/metadata/annotations/sum", "value": str(want)}]
+
+
 def test_new_tables_must_be_unambiguous(engine):
     engine.policy("10-bad.lua", """
 return { name = "bad", mutate = function(req, pod) pod.spec.tolerations = {} end }

@@ -41,7 +41,7 @@ static bool equals_json(lua_State *L, int idx, const struct jf_node *v, int dept
     idx = lua_absindex(L, idx);
     if (lb_is_lazy(shape)) {
         /* Never touched: equal when it still stands where it came from. */
-        const struct jf_node *src = lb_stub_source(L, idx, false);
+        const struct jf_node *src = lb_stub_source(L, idx);
         return src && jf_same(src, v);
     }
     if (shape == SHAPE_ARRAY) {

@@ -39,6 +39,12 @@ enum shape {
 struct watchdog;
 struct blockpool;
 
+/* A stub of the current request: its table (lua_topointer) and its JSON. */
+struct lb_stub {
+    const void *table;
+    const struct jf_node *node;
+};
+
 struct lb_vm {
     lua_State *L;
     const void *marks[N_SHAPES]; /* the marking metatables, by shape */
@@ -47,7 +53,8 @@ struct lb_vm {
     int frozen_filled_mt_ref;    /* and of their second: the table shown is filled */
     const void *frozen_filled;   /* that second metatable (also SHAPE_FROZEN) */
     int ro_target_ref;           /* registry ref of shared proxy -> shadow (weak keys) */
-    lua_Integer epoch;           /* the current request's number, for its stubs */
+    struct lb_stub *stubs;       /* the current request's stubs by table (see lb_lazy.c) */
+    size_t stubs_cap, stubs_n;   /* slots (a power of two, or 0) and those in use */
     struct lb_limits limits;
     const struct lb_source *modules; /* borrowed from the policy set */
     size_t n_modules;
@@ -170,7 +177,9 @@ extern const luaL_Reg lb_lazy_methods[];
 extern const luaL_Reg lb_raw_access[];
 int lb_rawlen(lua_State *L);
 void lb_push_lazy(lua_State *L, const struct jf_node *v);
-const struct jf_node *lb_stub_source(lua_State *L, int idx, bool take);
+const struct jf_node *lb_stub_source(lua_State *L, int idx);
+void lb_stubs_end(struct lb_vm *vm);
+void lb_stubs_free(struct lb_vm *vm);
 int lb_peek(lua_State *L);
 int lb_fields(lua_State *L);
 void lb_materialize(lua_State *L, int idx, enum shape shape);

@@ -2,21 +2,103 @@
  * lb_lazy.c - the request's object in Lua as stubs filled on first use.
  *
  * The request's object reaches Lua lazily: an object or array is first a
- * "stub", a table with a lazy metatable whose only entry is hidden: its
- * JSON source (a light userdata key) and the request it belongs to (an
- * integer value, vm->epoch).  The first read, write, length or pairs on a
- * stub drops that entry, fills the table one level deep (children are stubs
- * in turn) and gives it its plain mark, after which it is an ordinary
- * table.  Policies read a fraction of a pod, so most of it is never
- * converted, and the diff knows without looking that a stub still holding
- * its original source is unchanged.  next, rawget and rawlen are wrapped to
- * fill a stub first; nothing else in the sandbox reads a table raw.  A stub
- * kept past its request fills as empty: its epoch is over.  gpuguard.peek
- * and gpuguard.fields read through stubs without filling them.
+ * "stub", an empty table (sized for what it will hold) with a lazy
+ * metatable, whose JSON source the request's stub map gives by the table's
+ * address.  The first read, write, length or pairs on a stub fills the
+ * table one level deep (children are stubs in turn) and gives it its plain
+ * mark, after which it is an ordinary table.  Policies read a fraction of a
+ * pod, so most of it is never converted, and the diff knows without looking
+ * that a stub still holding its original source is unchanged.  next, rawget
+ * and rawlen are wrapped to fill a stub first; nothing else in the sandbox
+ * reads a table raw.  The map is emptied when the request ends, before its
+ * JSON is freed, so a stub kept past its request fills as empty.
+ * gpuguard.peek and gpuguard.fields read through stubs without filling them.
+ *
+ * The map is open addressing by table address, in memory from the VM's
+ * allocator (it counts against the policies' memory).  An entry may outlive
+ * its table when the collector takes the table; the address may then come
+ * back as another table, and only push_lazy_at makes a table a stub (the
+ * lazy metatables are hidden), which replaces the entry.  The source used
+ * to be the stub's one hidden entry (a light userdata key): setting it, and
+ * finding it again with lua_next (past an array's empty slots), cost more
+ * than the rest of the stub, and an array stub needed a hash part for it.
  */
 #include "engine/lb_internal.h"
 
 #include <limits.h>
+#include <stdint.h>
+#include <string.h>
+
+#define STUBS_MIN 64u    /* the map's first size */
+#define STUBS_KEEP 1024u /* a larger map is freed when its request ends */
+
+/* The slot of table, or the empty slot where it would go (the map has one). */
+static struct lb_stub *stub_slot(const struct lb_vm *vm, const void *table)
+{
+    size_t mask = vm->stubs_cap - 1;
+    /* Fibonacci hashing: the high bits of the product mix every bit of the address. */
+    uint64_t h = (uint64_t)(uintptr_t)table * UINT64_C(0x9E3779B97F4A7C15);
+    for (size_t i = (size_t)(h >> 32) & mask;; i = (i + 1) & mask) {
+        struct lb_stub *e = &vm->stubs[i];
+        if (e->table == table || !e->table)
+            return e;
+    }
+}
+
+/* The VM closes (or its request's map was large). */
+void lb_stubs_free(struct lb_vm *vm)
+{
+    if (vm->stubs)
+        lb_alloc(vm, vm->stubs, vm->stubs_cap * sizeof(*vm->stubs), 0);
+    vm->stubs = NULL;
+    vm->stubs_cap = vm->stubs_n = 0;
+}
+
+/* Double the map (raises when the allocator refuses). */
+static void stubs_grow(lua_State *L, struct lb_vm *vm)
+{
+    size_t cap = vm->stubs_cap ? 2 * vm->stubs_cap : STUBS_MIN;
+    struct lb_stub *at =
+        cap <= SIZE_MAX / 2 / sizeof(*at) ? lb_alloc(vm, NULL, 0, cap * sizeof(*at)) : NULL;
+    if (!at)
+        luaL_error(L, "not enough memory for the object's tables");
+    memset(at, 0, cap * sizeof(*at));
+    struct lb_stub *old = vm->stubs;
+    size_t old_cap = vm->stubs_cap, n = vm->stubs_n;
+    vm->stubs = at;
+    vm->stubs_cap = cap;
+    for (size_t i = 0; i < old_cap; i++)
+        if (old[i].table)
+            *stub_slot(vm, old[i].table) = old[i];
+    if (old)
+        lb_alloc(vm, old, old_cap * sizeof(*old), 0);
+    vm->stubs_n = n;
+}
+
+/* Enter the table on the top as a stub of v. */
+static void stub_add(lua_State *L, const struct jf_node *v)
+{
+    struct lb_vm *vm = lb_vm_of(L);
+    if (4 * (vm->stubs_n + 1) > 3 * vm->stubs_cap)
+        stubs_grow(L, vm);
+    const void *table = lua_topointer(L, -1);
+    struct lb_stub *e = stub_slot(vm, table);
+    vm->stubs_n += e->table == NULL;
+    *e = (struct lb_stub){table, v};
+}
+
+/* The request is over: no stub may reach its JSON any more. */
+void lb_stubs_end(struct lb_vm *vm)
+{
+    if (!vm->stubs_n)
+        return;
+    if (vm->stubs_cap > STUBS_KEEP) {
+        lb_stubs_free(vm);
+        return;
+    }
+    memset(vm->stubs, 0, vm->stubs_cap * sizeof(*vm->stubs));
+    vm->stubs_n = 0;
+}
 
 /* The two lazy metatables, pushed by integer registry refs (array lookups). */
 static void push_lazy_mts(lua_State *L)
@@ -37,34 +119,20 @@ static void push_lazy_at(lua_State *L, const struct jf_node *v, int mts)
     bool array = v->type == JF_ARRAY;
     /* Sized now: filling an empty table later would grow it step by step. */
     int n = (int)v->n;
-    lua_createtable(L, array ? n : 0, array ? 1 : n + 1);
+    lua_createtable(L, array ? n : 0, array ? 0 : n);
     lua_pushvalue(L, mts + array);
     lua_setmetatable(L, -2);
-    lua_pushlightuserdata(L, (void *)v);
-    lua_pushinteger(L, lb_vm_of(L)->epoch);
-    lua_rawset(L, -3);
+    stub_add(L, v);
 }
 
-/*
- * The JSON source of the stub at idx, NULL when its request is over.  With
- * take, the hidden entry is removed.
- */
-const struct jf_node *lb_stub_source(lua_State *L, int idx, bool take)
+/* The JSON source of the stub at idx, NULL when its request is over. */
+const struct jf_node *lb_stub_source(lua_State *L, int idx)
 {
-    lua_pushnil(L);
-    if (!lua_next(L, idx))
+    const struct lb_vm *vm = lb_vm_of(L);
+    if (!vm->stubs_n)
         return NULL;
-    const struct jf_node *v = lua_touserdata(L, -2);
-    if (lua_tointeger(L, -1) != lb_vm_of(L)->epoch)
-        v = NULL;
-    lua_pop(L, 1);
-    if (take) {
-        lua_pushnil(L);
-        lua_rawset(L, idx);
-    } else {
-        lua_pop(L, 1);
-    }
-    return v;
+    const struct lb_stub *e = stub_slot(vm, lua_topointer(L, idx));
+    return e->table ? e->node : NULL;
 }
 
 /* Fill the stub at idx one level deep and give it its plain mark. */
@@ -72,7 +140,7 @@ void lb_materialize(lua_State *L, int idx, enum shape shape)
 {
     idx = lua_absindex(L, idx);
     int top = lua_gettop(L);
-    const struct jf_node *v = lb_stub_source(L, idx, true);
+    const struct jf_node *v = lb_stub_source(L, idx);
     lb_push_registry(L, shape == SHAPE_LAZY_ARRAY ? &lb_key_array_mt : &lb_key_object_mt);
     lua_setmetatable(L, idx);
     push_lazy_mts(L);
@@ -221,7 +289,7 @@ static const struct jf_node *source_or_shown(lua_State *L, bool *viewed)
         s = lb_shape_of(L, -1);
         *viewed = true;
     }
-    return lb_is_lazy(s) ? lb_stub_source(L, lua_gettop(L), false) : NULL;
+    return lb_is_lazy(s) ? lb_stub_source(L, -1) : NULL;
 }
 
 /* v[key at stack index k], as a filled table would have it (integer keys 1-based), or NULL. */

@@ -35,7 +35,7 @@ static int l_mark(lua_State *L, const void *mt_key)
         lb_push_copy(L, 1);
         lua_replace(L, 1);
     } else if (lb_is_lazy(shape)) {
-        lb_materialize(L, 1, shape); /* its hidden entry must not become a member */
+        lb_materialize(L, 1, shape); /* marked plain unfilled, it would read as empty */
     } else if (shape == SHAPE_NONE && luaL_getmetafield(L, 1, "__metatable") != LUA_TNIL) {
         return luaL_error(L, "cannot mark a table whose metatable is protected");
     }

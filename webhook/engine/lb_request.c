@@ -235,6 +235,7 @@ enum gg_status lb_request_begin(struct lb_vm *vm, const struct adm_request *req,
     if (lua_pcall(L, 2, 0, 0) != LUA_OK) {
         enum gg_status st = gg_fail(err, GG_ERR_INVALID, "%s", lua_tostring(L, -1));
         lua_pop(L, 1);
+        lb_request_end(vm); /* the stubs made so far go with the request */
         return st;
     }
     lb_budget_open(vm, deadline_us);
@@ -290,7 +291,7 @@ void lb_request_end(struct lb_vm *vm)
 {
     lb_budget_close(vm);
     vm->req = NULL;
-    vm->epoch++; /* stubs kept past the request must not reach its JSON */
+    lb_stubs_end(vm); /* stubs kept past the request must not reach its JSON */
     luaL_unref(vm->L, LUA_REGISTRYINDEX, vm->obj_ref);
     luaL_unref(vm->L, LUA_REGISTRYINDEX, vm->req_ref);
     luaL_unref(vm->L, LUA_REGISTRYINDEX, vm->frozen_ref);

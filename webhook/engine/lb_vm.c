@@ -156,6 +156,7 @@ void lb_vm_free(struct lb_vm *vm)
     vm->running = false;
     lb_budget_close(vm);
     watchdog_free(vm->watchdog);
+    lb_stubs_free(vm);
     lua_close(vm->L);
     blockpool_free(vm->pool);
     lb_report_clear(&vm->report);
