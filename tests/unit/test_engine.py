@@ -1214,6 +1214,29 @@ end }
     assert v["message"] == "rep: [] [] 1"
 
 
+def test_type_names_every_kind_of_value(engine):
+    # The sandbox's type() answers with names made once; it must say what Lua's says.
+    engine.policy("10-types.lua", """
+local gg = require "gpuguard"
+return { name = "types", validate = function(req, pod)
+  local values = { nil, false, 0, 1.5, "s", {}, print, gg.null, pod, pod.metadata.name,
+                   pod.spec.containers }
+  local out = {}
+  for i = 1, 11 do out[i] = type(values[i]) end
+  local ok, err = pcall(function() return type() end)
+  type = function() return "mine" end -- a chunk's own global: no other chunk sees it
+  req:deny(table.concat(out, " ") .. " | " .. tostring(ok) .. " " .. err:gsub("^.-:%d+: ", ""))
+end }
+""")
+    engine.policy("20-after.lua", """
+return { name = "after", validate = function(req, pod) req:deny(type(pod)) end }
+""")
+    v = engine.run(review(pod()), phases="validate")
+    assert v["message"] == (
+        "types: nil boolean number number string table function userdata table string table | "
+        "false bad argument #1 to 'type' (value expected)\nafter: table")
+
+
 @pytest.mark.parametrize("name", sorted(SANDBOX_ESCAPES))
 def test_sandbox_escape_ends_in_a_clean_failure(engine, name):
     body, message = SANDBOX_ESCAPES[name]
