@@ -405,27 +405,33 @@ int lb_fields(lua_State *L)
     bool absent, viewed;
     const struct jf_node *v = walk(L, n, &absent, &viewed);
     /* Sized at once: a list grown key by key is rehashed at every power of two. */
-    uint32_t size = jf_size(v);
-    lua_createtable(L, size < INT_MAX ? (int)size : 0, 0);
-    int out = lua_gettop(L);
-    lua_Integer count = 0;
-    if (absent)
-        return 1;
-    if (v) {
+    if (absent || v) {
+        uint32_t size = absent ? 0 : jf_size(v);
+        lua_createtable(L, size < INT_MAX ? (int)size : 0, 0);
         for (uint32_t i = 0; i < size; i++) {
             if (v->type == JF_OBJECT)
                 lua_pushlstring(L, v->u.items[i].key, v->u.items[i].key_len);
             else
                 lua_pushinteger(L, (lua_Integer)i + 1);
-            lua_rawseti(L, out, ++count);
+            lua_rawseti(L, -2, (lua_Integer)i + 1);
         }
         return 1;
     }
-    if (!lua_istable(L, out - 1))
+    if (!lua_istable(L, -1)) {
+        lua_newtable(L);
         return 1;
-    lb_push_shown(L, out - 1);     /* a shared view (configuration, library): its shadow */
+    }
+    lb_push_shown(L, -1);          /* a shared view (configuration, library): its shadow */
     lb_materialize_if_lazy(L, -1); /* a stub of an earlier request: it fills as empty */
-    int t = lua_gettop(L);
+    int t = lua_gettop(L), size = 0;
+    lua_pushnil(L);
+    while (lua_next(L, t)) { /* counted first, for the size */
+        lua_pop(L, 1);
+        size++;
+    }
+    lua_createtable(L, size, 0);
+    int out = lua_gettop(L);
+    lua_Integer count = 0;
     lua_pushnil(L);
     while (lua_next(L, t)) {
         lua_pop(L, 1);
