@@ -7,6 +7,7 @@
 #   make lint    clang-format check, cppcheck, luac -p on every Lua file, the layers' include rule
 #   make bench   benchmarks (figures, not pass/fail)
 #   make lua-profile  Lua VM instructions per policy function and line (PROFILE_REVIEW, PROFILE_FLAGS)
+#   make policy-cost  a review's instructions: the engine's floor, the policies' logic, the bridge
 #   make deps-image  install buildah, mmdebstrap and docker-registry (as root)
 #   make image       build the container image IMAGE (gpuguard:<version>) with buildah
 #   make image-push  push IMAGE to its registry (IMAGE_PUSH_FLAGS, e.g. --tls-verify=false)
@@ -71,7 +72,7 @@ REPLAY_BIN   := $(FUZZ_TARGETS:%=$(BUILD)/fuzz/replay_%)
 DEV_CERTS := certs/dev
 PYTHON    := /usr/bin/python3
 
-.PHONY: all deps run test unit integration asan lint bench lua-profile fuzz fuzz-replay install clean FORCE
+.PHONY: all deps run test unit integration asan lint bench lua-profile policy-cost fuzz fuzz-replay install clean FORCE
 
 all: $(BIN)
 
@@ -230,6 +231,14 @@ PROFILE_REVIEW ?= tests/data/reviews/bench-pod.json
 PROFILE_FLAGS ?= --policies policies --lua lua --config deploy/gpuguard.yaml --phases both -n 200
 lua-profile: deps $(BUILD)/bench/bench_engine_profile
 	$(BUILD)/bench/bench_engine_profile $(PROFILE_FLAGS) $(PROFILE_REVIEW)
+
+# The instructions of a review split three ways (tests/bench/policy_cost.py): the engine's own
+# floor (no-op policies), the shipped policies' logic on plain tables, and the bridge between.
+COST_REVIEWS ?= tests/data/reviews/bench-pod.json
+COST_FLAGS ?= --phases both
+policy-cost: deps $(BUILD)/bench/bench_engine
+	$(PYTHON) tests/bench/policy_cost.py --bench-engine $(BUILD)/bench/bench_engine \
+	    --policies policies --lua lua --config deploy/gpuguard.yaml $(COST_FLAGS) $(COST_REVIEWS)
 
 lint:
 	clang-format --dry-run --Werror webhook/*/*.c webhook/*/*.h tests/unit/*.c tests/fuzz/*.c

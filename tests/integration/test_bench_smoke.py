@@ -2,6 +2,7 @@
 (BENCH_SECONDS=2, a few connections), to prove that it runs, reports and cleans up.
 It asserts nothing about the figures: benchmarks are figures, not tests."""
 
+import json
 import os
 import re
 import shutil
@@ -125,3 +126,41 @@ def test_bench_server_stops_everything_on_ctrl_c(binary, tools, tmp_path):
         time.sleep(0.1)
     assert processes_mentioning(tmp) == []
     assert not Path(tmp).exists()
+
+
+def test_policy_cost_splits_a_review(binary, tmp_path):
+    # tests/bench/policy_cost.py (`make policy-cost`) briefly: it measures, and its driver
+    # really runs the shipped policies on the plain copy (their decision lands in its audit).
+    if callgrind_n(binary) == "off":
+        pytest.skip("no valgrind, or a sanitized build: policy_cost.py cannot count")
+    tools = os.environ.get("GPUGUARD_TOOLS")
+    if not tools:
+        pytest.skip("GPUGUARD_TOOLS is not set: run through 'make test'")
+    engine = Path(binary).parent / "bench" / "bench_engine"
+    review = REPO / "tests" / "data" / "reviews" / "bench-pod.json"
+    work = tmp_path / "work"
+    out = subprocess.run(["/usr/bin/python3", str(REPO / "tests" / "bench" / "policy_cost.py"),
+                          "--bench-engine", str(engine), "--policies", str(REPO / "policies"),
+                          "--lua", str(REPO / "lua"), "--config",
+                          str(REPO / "deploy" / "gpuguard.yaml"), "--callgrind-n", "2,4",
+                          "--work-dir", str(work), str(review)],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    row = re.search(r"^\| bench-pod\.json \| ([\d,]+) \| ([\d,]+) \| (-?[\d,]+) \| (-?[\d,]+) \|$",
+                    out.stdout, re.M)
+    assert row, out.stdout
+    shipped, floor = (int(row.group(i).replace(",", "")) for i in (1, 2))
+    assert shipped > floor > 0, out.stdout
+
+    def audit(policies, phases):
+        got = subprocess.run([str(Path(tools) / "engine_tool"), "--policies", str(policies),
+                              "--lua", str(work / "lua"), "--config",
+                              str(REPO / "deploy" / "gpuguard.yaml"), "--phases", phases,
+                              str(review)], capture_output=True, text=True, timeout=60)
+        assert got.returncode == 0, got.stderr
+        return json.loads(got.stdout)["audit"]
+
+    decision = audit(work / "shipped", "both")["gpu-sharing.decision"]
+    assert decision.startswith("mig on pool a100-mig for class inference")
+    assert audit(work / "plain", "mutate")["driver.decision"] == decision
+    assert "driver.decision" not in audit(work / "copy", "mutate")

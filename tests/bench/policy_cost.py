@@ -1,0 +1,210 @@
+#!/usr/bin/python3
+"""policy_cost.py - where a review's instructions go: the engine's own floor, the
+policies' own logic, and the bridge between them (callgrind on bench_engine).
+
+    policy_cost.py --bench-engine build/bench/bench_engine [--policies policies]
+                   [--lua lua] [--config deploy/gpuguard.yaml] [--phases both]
+                   [--callgrind-n 100,300] [--work-dir DIR] REVIEW.json...
+
+For each review it counts instructions per review (the difference between two
+-n values under callgrind, divided by theirs, --grace-us 1000000000 as in
+`make bench`, address randomisation off when setarch is there) of four policy
+directories made from the shipped ones:
+
+  shipped   the policies as they are;
+  floor     each policy replaced by one with its name and match whose functions
+            return at once: decoding, the request's set-up, the calls, encoding;
+  plain     one driver policy that copies the object into plain Lua tables and
+            calls every shipped policy whose match takes the review (kinds and
+            operations), on the copy, mutate functions then validate ones (only
+            mutate ones with --phases mutate); the policies load as library modules;
+  copy      the same driver, copying only.
+
+The policies' own logic is plain - copy: their Lua with no lazy filling, no
+read-only views and no diff of their edits.  What is left of shipped - floor is
+the bridge: filling the object's tables on first use, the views, gpuguard.peek and
+gpuguard.fields through stubs, the diff of the policies' edits.  Figures, not
+pass/fail; tests/integration/test_bench_smoke.py runs it briefly.
+"""
+
+import argparse
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+GRACE_US = "1000000000"  # the count hook's grace: never reached, as in a native run
+
+# A shipped policy as a library module (pNN) stands in for itself in every variant.
+NOOP = """local p = require "{module}"
+local function plain(v) -- a module's tables are read-only views: the loader wants its own
+    if type(v) ~= "table" then
+        return v
+    end
+    local t = {{}}
+    for k, x in pairs(v) do
+        t[k] = plain(x)
+    end
+    return t
+end
+return {{ name = p.name, match = plain(p.match), mode = p.mode, failure = p.failure,
+         mutate = p.mutate and function() end, validate = p.validate and function() end }}
+"""
+
+DRIVER = """-- Runs the shipped policies (library modules) on a plain copy of the object.
+local gg = require "gpuguard"
+local RUN, PHASES = {run}, "{phases}"
+local P = {{ {modules} }}
+local function listed(list, v)
+    if list == nil then
+        return true
+    end
+    for i = 1, #list do
+        if list[i] == v then
+            return true
+        end
+    end
+    return false
+end
+-- Which policies take a kind and operation, worked out once: not the policies' own work.
+local matched = {{}}
+local function matching(kind, operation)
+    local key = kind .. " " .. operation
+    local ran = matched[key]
+    if not ran then
+        ran = {{}}
+        for i = 1, #P do
+            local m = P[i].match or {{}}
+            ran[i] = listed(m.kinds, kind) and listed(m.operations, operation)
+        end
+        matched[key] = ran
+    end
+    return ran
+end
+local function copy(v)
+    if type(v) ~= "table" then
+        return v
+    end
+    local out = gg.is_array(v) and gg.array() or gg.object()
+    for k, x in pairs(v) do
+        out[k] = copy(x)
+    end
+    return out
+end
+return {{
+    name = "driver",
+    mutate = function(req, obj, cfg)
+        local plain = copy(obj)
+        if not RUN then
+            return
+        end
+        local ran = matching(req.kind, req.operation)
+        for i = 1, #P do
+            if ran[i] and P[i].mutate then
+                P[i].mutate(req, plain, cfg)
+            end
+        end
+        for i = 1, #P do
+            if PHASES == "both" and ran[i] and P[i].validate then
+                P[i].validate(req, plain, cfg)
+            end
+        end
+    end,
+}}
+"""
+
+
+def variants(policies, lua, work, phases):
+    """The four policy directories and the library directory they share."""
+    lib = work / "lua"
+    shutil.copytree(lua, lib)
+    modules = []
+    for f in sorted(policies.glob("*.lua")):
+        module = "policy_" + re.sub(r"[^A-Za-z0-9_]", "_", f.stem)
+        shutil.copyfile(f, lib / f"{module}.lua")
+        modules.append(module)
+    dirs = {}
+    for name in ("shipped", "floor", "plain", "copy"):
+        d = work / name
+        d.mkdir()
+        dirs[name] = d
+    for f in sorted(policies.glob("*.lua")):
+        shutil.copyfile(f, dirs["shipped"] / f.name)
+    for f, module in zip(sorted(policies.glob("*.lua")), modules):
+        (dirs["floor"] / f.name).write_text(NOOP.format(module=module))
+    listed = ", ".join(f'require "{m}"' for m in modules)
+    for name, run in (("plain", "true"), ("copy", "false")):
+        (dirs[name] / "00-driver.lua").write_text(
+            DRIVER.format(run=run, phases=phases, modules=listed))
+    return lib, dirs
+
+
+def count(engine, lib, policies, config, phases, n, review, work):
+    cmd = []
+    if shutil.which("setarch"):
+        cmd = ["setarch", "x86_64", "-R"]
+    out_file = work / "callgrind.out"
+    cmd += ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out_file}", str(engine),
+            "--policies", str(policies), "--lua", str(lib), "--grace-us", GRACE_US,
+            "--phases", phases, "-n", str(n), str(review)]
+    if config:
+        cmd[-1:-1] = ["--config", str(config)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    m = re.search(r"Collected : ([\d,]+)", out.stderr)
+    if out.returncode != 0 or not m:
+        sys.exit(f"policy_cost: {' '.join(cmd)} failed:\n{out.stderr[-2000:]}")
+    out_file.unlink(missing_ok=True)
+    return int(m.group(1).replace(",", ""))
+
+
+def per_review(engine, lib, policies, config, phases, counts, review, work):
+    lo, hi = counts
+    a = count(engine, lib, policies, config, phases, lo, review, work)
+    b = count(engine, lib, policies, config, phases, hi, review, work)
+    return (b - a) // (hi - lo)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bench-engine", required=True, type=Path)
+    ap.add_argument("--policies", default="policies", type=Path)
+    ap.add_argument("--lua", default="lua", type=Path)
+    ap.add_argument("--config", type=Path)
+    ap.add_argument("--phases", choices=("both", "mutate"), default="both",
+                    help="both phases (the issue's figure) or mutate (the server's /mutate)")
+    ap.add_argument("--callgrind-n", default="100,300",
+                    help="the two review counts whose difference is measured [100,300]")
+    ap.add_argument("--work-dir", type=Path, help="keep the generated policies here")
+    ap.add_argument("reviews", nargs="+", type=Path)
+    args = ap.parse_args()
+    counts = tuple(int(x) for x in args.callgrind_n.split(","))
+    if len(counts) != 2 or not 0 < counts[0] < counts[1]:
+        ap.error("--callgrind-n: two counts, the first smaller, e.g. 100,300")
+    if not shutil.which("valgrind"):
+        sys.exit("policy_cost: valgrind is not installed (`make deps` installs it)")
+    with tempfile.TemporaryDirectory(prefix="policy-cost-") as tmp:
+        work = args.work_dir or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        lib, dirs = variants(args.policies, args.lua, work, args.phases)
+        print(f"instructions per review (callgrind, -n {counts[1]} minus -n {counts[0]}, "
+              f"phases {args.phases})")
+        print("| review | shipped | floor (no-op policies) | policies' logic (plain - copy) "
+              "| the bridge (the rest) |")
+        print("|---|---|---|---|---|")
+        for review in args.reviews:
+            got = {}
+            for name, d in dirs.items():
+                # The driver runs every phase's functions inside its mutate.
+                phases = "mutate" if name in ("plain", "copy") else args.phases
+                got[name] = per_review(args.bench_engine, lib, d, args.config, phases, counts,
+                                       review, work)
+            logic = got["plain"] - got["copy"]
+            bridge = got["shipped"] - got["floor"] - logic
+            print(f"| {review.name} | {got['shipped']:,} | {got['floor']:,} | {logic:,} "
+                  f"| {bridge:,} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
