@@ -142,11 +142,13 @@ def test_policy_cost_splits_a_review(binary, tmp_path):
     out = subprocess.run(["/usr/bin/python3", str(REPO / "tests" / "bench" / "policy_cost.py"),
                           "--bench-engine", str(engine), "--policies", str(REPO / "policies"),
                           "--lua", str(REPO / "lua"), "--config",
-                          str(REPO / "deploy" / "gpuguard.yaml"), "--callgrind-n", "2,4",
+                          str(REPO / "deploy" / "gpuguard.yaml"), "--callgrind-n", "20,40",
                           "--work-dir", str(work), str(review)],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    row = re.search(r"^\| bench-pod\.json \| ([\d,]+) \| ([\d,]+) \| (-?[\d,]+) \| (-?[\d,]+) \|$",
+    # Twenty reviews apart: with fewer, one collection more or less in a run can outweigh the
+    # policies (a negative floor was seen with 2 and 4).
+    row = re.search(r"^\| bench-pod\.json \| (-?[\d,]+) \| (-?[\d,]+) \| (-?[\d,]+) \| (-?[\d,]+) \|$",
                     out.stdout, re.M)
     assert row, out.stdout
     shipped, floor = (int(row.group(i).replace(",", "")) for i in (1, 2))
