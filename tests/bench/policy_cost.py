@@ -15,8 +15,8 @@ directories made from the shipped ones:
   floor     each policy replaced by one with its name and match whose functions
             return at once: decoding, the request's set-up, the calls, encoding;
   plain     one driver policy that copies the object into plain Lua tables and
-            calls every shipped policy whose match takes the review (kinds and
-            operations), on the copy, mutate functions then validate ones (only
+            calls every shipped policy whose match takes the review (kinds, operations
+            and namespaces; a match on labels is refused), on the copy, mutate functions then validate ones (only
             mutate ones with --phases mutate); the policies load as library modules;
   copy      the same driver, copying only.
 
@@ -68,16 +68,23 @@ local function listed(list, v)
     end
     return false
 end
--- Which policies take a kind and operation, worked out once: not the policies' own work.
+-- Which policies take a kind, operation and namespace, as the engine's match does (without
+-- kinds, Pods only), worked out once: not the policies' own work.
 local matched = {{}}
-local function matching(kind, operation)
-    local key = kind .. " " .. operation
+local function matching(kind, operation, namespace)
+    local key = kind .. " " .. operation .. " " .. namespace
     local ran = matched[key]
     if not ran then
         ran = {{}}
         for i = 1, #P do
             local m = P[i].match or {{}}
-            ran[i] = listed(m.kinds, kind) and listed(m.operations, operation)
+            if m.labels ~= nil then
+                error("policy " .. tostring(P[i].name) .. ": match.labels is beyond this driver", 0)
+            end
+            local ns = m.namespaces or {{}}
+            ran[i] = (m.kinds == nil and kind == "Pod" or m.kinds ~= nil and listed(m.kinds, kind))
+                and listed(m.operations, operation) and listed(ns.include, namespace)
+                and not (ns.exclude ~= nil and listed(ns.exclude, namespace))
         end
         matched[key] = ran
     end
@@ -100,7 +107,7 @@ return {{
         if not RUN then
             return
         end
-        local ran = matching(req.kind, req.operation)
+        local ran = matching(req.kind, req.operation, req.namespace or "")
         for i = 1, #P do
             if ran[i] and P[i].mutate then
                 P[i].mutate(req, plain, cfg)
@@ -119,6 +126,8 @@ return {{
 def variants(policies, lua, work, phases):
     """The four policy directories and the library directory they share."""
     lib = work / "lua"
+    for name in ("lua", "shipped", "floor", "plain", "copy"):  # a --work-dir used before
+        shutil.rmtree(work / name, ignore_errors=True)
     shutil.copytree(lua, lib)
     modules = []
     for f in sorted(policies.glob("*.lua")):

@@ -114,6 +114,7 @@ static void on_disarm(int sig)
     atomic_store(&armed, false);
     if (!report)
         return;
+    int saved = errno; /* a signal handler must leave errno as it found it */
     char text[24];
     size_t n = sizeof(text);
     long v = atomic_load(&failed);
@@ -130,6 +131,7 @@ static void on_disarm(int sig)
         close(fd);
         rename(report_tmp, report);
     }
+    errno = saved;
 }
 
 __attribute__((constructor)) static void failmalloc_init(void)

@@ -508,7 +508,7 @@ end }
 
 
 def test_thousands_of_untouched_tables_fill_from_their_own_json(engine):
-    # 2,000 containers make some 10,000 stubs: the request's stub map grows many times over and
+    # 2,000 containers make some 14,000 stubs: the request's stub map grows many times over and
     # is freed at the end (it is kept only up to 1,024 slots). Each container must fill from its
     # own JSON, in both requests; a stub kept from the big request fills as empty in the next.
     engine.policy("10-walk.lua", """
@@ -1092,6 +1092,13 @@ SANDBOX_ESCAPES = {
     "pcall swallowing the kill": (
         "for i = 1, 100 do pcall(function() while true do end end) end; req:deny('escaped')",
         "boom: policy stopped: instruction budget exhausted"),
+    # pcall as the last thing the policy does (a tail call): no instruction of the policy runs
+    # after it catches the kill, so no hook can raise it again; the call must fail all the same.
+    "pcall returned from the policy": ("return pcall(function() while true do end end)",
+                                       "boom: policy stopped: instruction budget exhausted"),
+    "pcall returned from the policy, memory": (
+        "return pcall(function() local t = {} for i = 1, 1e9 do t[i] = {i} end end)",
+        "boom: policy stopped: memory limit exceeded"),
     "string.rep bomb": ("local s = string.rep('x', 1 << 30)",
                         "boom: policy error: policies/10-boom.lua:1: string.rep: the result "
                         "would exceed the memory limit"),
@@ -1224,8 +1231,10 @@ return { name = "types", validate = function(req, pod)
   local out = {}
   for i = 1, 11 do out[i] = type(values[i]) end
   local ok, err = pcall(function() return type() end)
+  local _, direct = pcall(type) -- named from the loaded modules, as Lua names its own
   type = function() return "mine" end -- a chunk's own global: no other chunk sees it
-  req:deny(table.concat(out, " ") .. " | " .. tostring(ok) .. " " .. err:gsub("^.-:%d+: ", ""))
+  req:deny(table.concat(out, " ") .. " | " .. tostring(ok) .. " " .. err:gsub("^.-:%d+: ", "")
+           .. " | " .. direct)
 end }
 """)
     engine.policy("20-after.lua", """
@@ -1234,7 +1243,8 @@ return { name = "after", validate = function(req, pod) req:deny(type(pod)) end }
     v = engine.run(review(pod()), phases="validate")
     assert v["message"] == (
         "types: nil boolean number number string table function userdata table string table | "
-        "false bad argument #1 to 'type' (value expected)\nafter: table")
+        "false bad argument #1 to 'type' (value expected) | bad argument #1 to 'type' (value "
+        "expected)\nafter: table")
 
 
 @pytest.mark.parametrize("name", sorted(SANDBOX_ESCAPES))
@@ -1253,6 +1263,13 @@ return { name = "fine", validate = function(req) req:warn("still running") end }
         # A stopped VM fails the policies after it too, each with its own verdict.
         message += "\nfine: policy error: the Lua VM was stopped earlier in this request"
     assert v["message"] == message
+
+
+def test_a_load_that_returns_the_pcall_of_a_runaway_is_stopped(engine):
+    # The load budget's kill, caught by the file's own pcall in a tail call, still fails it.
+    engine.policy("10-spin.lua", "return pcall(function() while true do end end)")
+    assert engine.run(review(pod()), expect_rc=1).strip().endswith(
+        "10-spin.lua: instruction budget exhausted")
 
 
 def test_bytecode_chunks_are_refused(engine, tmp_path):

@@ -33,11 +33,14 @@ enum lb_outcome lb_protected_call(struct lb_vm *vm, int nargs, struct gg_err *er
     int st = lua_pcall(L, nargs, 0, base);
     vm->running = false;
     enum lb_outcome outcome = LB_DONE;
-    if (st != LUA_OK) {
+    /* A kill fails the call even when it returned: a policy ending in
+     * `return pcall(f)` catches the kill's error in its own pcall and runs no
+     * instruction after it for the hook to raise the error again. */
+    if (st != LUA_OK || vm->kill != LB_DONE) {
         outcome = vm->kill != LB_DONE ? vm->kill : st == LUA_ERRMEM ? LB_OUT_OF_MEMORY : LB_RAISED;
         if (outcome == LB_OUT_OF_MEMORY)
             vm->broken = true;
-        const char *text = lua_tostring(L, -1);
+        const char *text = st != LUA_OK ? lua_tostring(L, -1) : lb_kill_message(vm->kill);
         if (!text)
             text = "(no message)";
         if (traceback)
@@ -111,7 +114,7 @@ static enum gg_status run_file(struct lb_vm *vm, const char *chunkname, const st
     int st = lua_pcall(L, 0, 1, -2);
     vm->running = false;
     lb_budget_close(vm);
-    if (st != LUA_OK) {
+    if (st != LUA_OK || vm->kill != LB_DONE) { /* a kill fails it even if it returned */
         const char *text = vm->kill != LB_DONE ? lb_kill_message(vm->kill) : lua_tostring(L, -1);
         gg_fail(err, GG_ERR_POLICY, "%s: %.*s", src->name, (int)strcspn(text, "\n"), text);
         lua_settop(L, top);

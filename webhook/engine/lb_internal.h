@@ -54,7 +54,7 @@ struct lb_vm {
     const void *frozen_filled;   /* that second metatable (also SHAPE_FROZEN) */
     int ro_target_ref;           /* registry ref of shared proxy -> shadow (weak keys) */
     struct lb_stub *stubs;       /* the current request's stubs by table (see lb_lazy.c) */
-    size_t stubs_cap, stubs_n;   /* slots (a power of two, or 0) and those in use */
+    size_t stubs_cap, stubs_n;   /* slots (a power of two, or 0) and those taken */
     struct lb_limits limits;
     const struct lb_source *modules; /* borrowed from the policy set */
     size_t n_modules;

@@ -54,15 +54,23 @@ void lb_stubs_free(struct lb_vm *vm)
     vm->stubs_cap = vm->stubs_n = 0;
 }
 
-/* Double the map (raises when the allocator refuses). */
+/*
+ * Double the map (raises when the allocator refuses).  As Lua does for its own
+ * blocks, a refusal outside a policy call is retried once after a full
+ * collection; inside one the refusal has armed the kill already.
+ */
 static void stubs_grow(lua_State *L, struct lb_vm *vm)
 {
     size_t cap = vm->stubs_cap ? 2 * vm->stubs_cap : STUBS_MIN;
-    struct lb_stub *at =
-        cap <= SIZE_MAX / 2 / sizeof(*at) ? lb_alloc(vm, NULL, 0, cap * sizeof(*at)) : NULL;
+    size_t bytes = cap <= SIZE_MAX / 2 / sizeof(struct lb_stub) ? cap * sizeof(struct lb_stub) : 0;
+    struct lb_stub *at = bytes ? lb_alloc(vm, NULL, 0, bytes) : NULL;
+    if (!at && bytes && !vm->running) {
+        lua_gc(L, LUA_GCCOLLECT);
+        at = lb_alloc(vm, NULL, 0, bytes);
+    }
     if (!at)
         luaL_error(L, "not enough memory for the object's tables");
-    memset(at, 0, cap * sizeof(*at));
+    memset(at, 0, bytes);
     struct lb_stub *old = vm->stubs;
     size_t old_cap = vm->stubs_cap, n = vm->stubs_n;
     vm->stubs = at;

@@ -73,10 +73,15 @@ static int l_require(lua_State *L);
 void lb_sandbox_open(lua_State *L)
 {
     static const char *const base_names[] = {
-        "assert",   "error",  "ipairs",       "pairs",  "pcall", "rawequal", "select", "tonumber",
-        "tostring", "xpcall", "getmetatable", "string", "table", "math",     "utf8",   "_VERSION"};
+        "assert", "error",    "ipairs",   "pairs", "pcall",   "rawequal",
+        "select", "tonumber", "tostring", "type",  "xpcall",  "getmetatable",
+        "string", "table",    "math",     "utf8",  "_VERSION"};
     static const luaL_Reg wrapped[] = {
         {"setmetatable", l_setmetatable}, {"require", l_require}, {"print", l_print}, {NULL, NULL}};
+    /* In the real globals too: error messages and tracebacks name a C function
+     * by looking for it among the loaded modules (_G.type). */
+    push_type(L);
+    lua_setglobal(L, "type");
     lua_newtable(L);
     for (size_t i = 0; i < sizeof(base_names) / sizeof(base_names[0]); i++) {
         lua_getglobal(L, base_names[i]);
@@ -84,8 +89,6 @@ void lb_sandbox_open(lua_State *L)
     }
     luaL_setfuncs(L, wrapped, 0);
     luaL_setfuncs(L, lb_raw_access, 0);
-    push_type(L);
-    lua_setfield(L, -2, "type");
     lua_rawsetp(L, LUA_REGISTRYINDEX, &key_globals);
     lua_newtable(L);
     lua_rawsetp(L, LUA_REGISTRYINDEX, &key_loaded);
