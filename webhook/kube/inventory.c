@@ -298,8 +298,9 @@ static int64_t holding(struct inventory *inv, const json_t *obj)
         return 0;
     struct jf_doc doc;
     if (jf_from_json(obj, &doc) != 0) {
-        /* Out of memory: counted as the charger counts when its model fails (one GPU per
-         * container asking for one), here every container, at least one. */
+        /* Out of memory, so no nodes for the charger: more than the charger counts when its
+         * model fails (one GPU per container asking for one, at least one): one GPU per
+         * container, and one more. */
         const json_t *spec = json_object_get(obj, "spec");
         return 1000 * (int64_t)(1 + json_array_size(json_object_get(spec, "containers")) +
                                 json_array_size(json_object_get(spec, "initContainers")));

@@ -227,8 +227,10 @@ static int from_json(const json_t *v, struct jf_node *node, struct jf_doc *doc)
         n = json_object_size(v);
         break;
     }
+    if (n > UINT32_MAX)
+        return -1;
     struct jf_node *items = n ? jf_doc_nodes(doc, n) : NULL;
-    if ((n && !items) || n > UINT32_MAX)
+    if (n && !items)
         return -1;
     node->type = json_is_object(v) ? JF_OBJECT : JF_ARRAY;
     node->n = (uint32_t)n;
