@@ -1099,6 +1099,18 @@ SANDBOX_ESCAPES = {
     "pcall returned from the policy, memory": (
         "return pcall(function() local t = {} for i = 1, 1e9 do t[i] = {i} end end)",
         "boom: policy stopped: memory limit exceeded"),
+    # Lua calls xpcall's handler where the error is raised, and a kill is raised from the count
+    # hook, where hooks are off: a handler that loops there must not run (it would never stop).
+    "xpcall handler looping after the kill": (
+        "xpcall(function() while true do end end, function() while true do end end)",
+        "boom: policy stopped: instruction budget exhausted"),
+    "xpcall handler looping on an error": (
+        "xpcall(error, function() local n = 0 while true do n = n + 1 end end)",
+        "boom: policy stopped: instruction budget exhausted"),
+    "xpcall handler looping after a memory kill": (
+        "xpcall(function() local t = {} for i = 1, 1e9 do t[i] = {i} end end, "
+        "function() while true do end end)",
+        "boom: policy stopped: memory limit exceeded"),
     "string.rep bomb": ("local s = string.rep('x', 1 << 30)",
                         "boom: policy error: policies/10-boom.lua:1: string.rep: the result "
                         "would exceed the memory limit"),
@@ -1263,6 +1275,31 @@ return { name = "fine", validate = function(req) req:warn("still running") end }
         # A stopped VM fails the policies after it too, each with its own verdict.
         message += "\nfine: policy error: the Lua VM was stopped earlier in this request"
     assert v["message"] == message
+
+
+def test_xpcall_calls_its_handler_and_passes_the_arguments(engine):
+    # The sandbox's xpcall guards its handler against kills; otherwise it is Lua's.
+    engine.policy("10-x.lua", """
+return { name = "x", validate = function(req, pod)
+  local a = { xpcall(function(x, y) return x + y, "two" end, print, 1, 2) }
+  local b = { xpcall(function() error({ code = 7 }) end, function(e) return "handled " .. e.code end) }
+  local c = { pcall(xpcall, print) }
+  local d = { xpcall(function() error("deep") end, function(e) error("again") end) }
+  req:deny(string.format("%s %s %s | %s %s | %s %s | %s %s", tostring(a[1]), a[2], a[3],
+    tostring(b[1]), b[2], tostring(c[1]), (c[2]:gsub("^.-:%d+: ", "")), tostring(d[1]),
+    tostring(d[2])))
+end }
+""")
+    v = engine.run(review(pod()), phases="validate")
+    assert v["message"] == ("x: true 3 two | false handled 7 | false bad argument #2 to 'xpcall' "
+                            "(function expected, got no value) | false error in error handling")
+
+
+def test_a_load_that_loops_in_an_xpcall_handler_is_stopped(engine):
+    engine.policy("10-spin.lua",
+                  "xpcall(function() while true do end end, function() while true do end end)")
+    assert engine.run(review(pod()), expect_rc=1).strip().endswith(
+        "10-spin.lua: instruction budget exhausted")
 
 
 def test_a_load_that_returns_the_pcall_of_a_runaway_is_stopped(engine):

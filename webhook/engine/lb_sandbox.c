@@ -64,6 +64,48 @@ static void push_type(lua_State *L)
     lua_pushcclosure(L, l_type, LUA_NUMTYPES);
 }
 
+/*
+ * xpcall(f, msgh, ...), as Lua's, with the handler behind a guard.  Lua
+ * calls a message handler where the error was raised, and a budget kill is
+ * raised from the count hook, where hooks are off: a handler that looped
+ * there would run beyond every budget and deadline.  Once a kill is armed,
+ * the guard hands the error on as it came instead of calling the handler.
+ */
+static int xpcall_guard(lua_State *L)
+{
+    if (lb_vm_of(L)->kill != LB_DONE)
+        return 1;
+    lua_pushvalue(L, lua_upvalueindex(1));
+    lua_insert(L, 1);
+    lua_call(L, lua_gettop(L) - 1, 1);
+    return 1;
+}
+
+/* Below the call's results: true, the guard.  extra is their top. */
+static int xpcall_finish(lua_State *L, int status, lua_KContext extra)
+{
+    if (status != LUA_OK && status != LUA_YIELD) {
+        lua_pushboolean(L, 0);
+        lua_pushvalue(L, -2);
+        return 2;
+    }
+    return lua_gettop(L) - (int)extra;
+}
+
+static int l_xpcall(lua_State *L)
+{
+    int n = lua_gettop(L);
+    luaL_checktype(L, 2, LUA_TFUNCTION);
+    lua_pushvalue(L, 2);
+    lua_pushcclosure(L, xpcall_guard, 1);
+    lua_replace(L, 2); /* f, guard, args... */
+    lua_pushboolean(L, 1);
+    lua_pushvalue(L, 1);
+    lua_rotate(L, 3, 2); /* f, guard, true, f, args... */
+    int status = lua_pcallk(L, n - 2, LUA_MULTRET, 2, 2, xpcall_finish);
+    return xpcall_finish(L, status, 2);
+}
+
 static int l_require(lua_State *L);
 
 /*
@@ -73,15 +115,19 @@ static int l_require(lua_State *L);
 void lb_sandbox_open(lua_State *L)
 {
     static const char *const base_names[] = {
-        "assert", "error",    "ipairs",   "pairs", "pcall",   "rawequal",
-        "select", "tonumber", "tostring", "type",  "xpcall",  "getmetatable",
-        "string", "table",    "math",     "utf8",  "_VERSION"};
-    static const luaL_Reg wrapped[] = {
-        {"setmetatable", l_setmetatable}, {"require", l_require}, {"print", l_print}, {NULL, NULL}};
+        "assert",   "error", "ipairs",       "pairs",  "pcall", "rawequal", "select", "tonumber",
+        "tostring", "type",  "getmetatable", "string", "table", "math",     "utf8",   "_VERSION"};
+    static const luaL_Reg wrapped[] = {{"setmetatable", l_setmetatable},
+                                       {"require", l_require},
+                                       {"print", l_print},
+                                       {"xpcall", l_xpcall},
+                                       {NULL, NULL}};
     /* In the real globals too: error messages and tracebacks name a C function
      * by looking for it among the loaded modules (_G.type). */
     push_type(L);
     lua_setglobal(L, "type");
+    lua_pushcfunction(L, l_xpcall);
+    lua_setglobal(L, "xpcall");
     lua_newtable(L);
     for (size_t i = 0; i < sizeof(base_names) / sizeof(base_names[0]); i++) {
         lua_getglobal(L, base_names[i]);
