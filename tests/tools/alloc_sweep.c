@@ -5,7 +5,9 @@
  *   alloc_sweep --policies DIR --lua DIR [--config FILE] [--layer L] [--load] [--dryrun]
  *               [--stride S] REVIEW.json
  *
- * REVIEW.json must be denied.  For each allocator layer (L: libc, jansson,
+ * REVIEW.json must be denied; it is evaluated as the server's /validate
+ * does (a workload through its pod templates), with both phases for a pod.
+ * For each allocator layer (L: libc, jansson,
  * lua, or all) the sweep counts the allocations of one evaluation of the
  * review, then evaluates it again and again in this one process with the
  * K-th allocation of that layer failing, for every K up to the count (every
@@ -32,6 +34,7 @@
 #include "engine/dryrun.h"
 #include "engine/luabridge.h"
 #include "engine/policy.h"
+#include "engine/workloads.h"
 
 #include <errno.h>
 #include <malloc.h>
@@ -138,10 +141,16 @@ static int evaluate(struct engine *e, const struct adm_request *req)
         dr_result_clear(&r);
         return allowed;
     }
+    /* As the server answers /validate: a workload through its templates' dry runs, anything
+     * else through the policies (both phases, to sweep mutate's allocations too). */
     struct policy_verdict v;
     struct gg_err err = {{0}};
-    if (engine_evaluate(e, req, PHASE_MUTATE | PHASE_VALIDATE, gg_now_us() + 10000000, &v, &err) !=
-        GG_OK)
+    int64_t deadline = gg_now_us() + 10000000;
+    bool workload = false;
+    enum gg_status st = wl_review(e, req, ADM_VALIDATING, deadline, &workload, &v, &err);
+    if (st == GG_OK && !workload)
+        st = engine_evaluate(e, req, PHASE_MUTATE | PHASE_VALIDATE, deadline, &v, &err);
+    if (st != GG_OK)
         return -1;
     int allowed = v.allowed ? 1 : 0;
     policy_verdict_clear(&v);

@@ -13,18 +13,21 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent.parent
 DENY = REPO / "tests" / "data" / "reviews" / "pod-deny.json"
+# The same pod as a Deployment's template: denied through the workload path (templates found,
+# each dry-run, the denials joined), where a lost allocation must not read as "no template".
+DENY_WORKLOAD = REPO / "tests" / "data" / "reviews" / "deployment-deny.json"
 # Loading runs 10,000 allocations, each sweep run a whole load: every 13th
 # keeps it to seconds (--stride 1 is the full sweep).
 LOAD_STRIDE = 13
 
 
-def sweep(*args):
+def sweep(*args, review=DENY):
     tools = os.environ.get("GPUGUARD_TOOLS")
     if not tools:
         pytest.skip("GPUGUARD_TOOLS is not set: run through 'make test'")
     cmd = [str(Path(tools) / "alloc_sweep"), "--policies", str(REPO / "policies"),
            "--lua", str(REPO / "lua"), "--config", str(REPO / "deploy" / "gpuguard.yaml"),
-           *args, str(DENY)]
+           *args, str(review)]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     return out.stdout
@@ -61,6 +64,14 @@ def test_no_failed_allocation_in_a_review_allows_it(path):
         assert n > 50, (layer, n)           # the review really allocates in this layer
         assert runs == n                    # every K from 1 to n
         assert allowed == 0 and denied + errors == runs
+
+
+def test_no_failed_allocation_in_a_workload_review_allows_it():
+    rows = tallies(sweep(review=DENY_WORKLOAD))
+    assert sorted(layer for _, layer in rows) == sorted(layers())
+    for (what, layer), (n, runs, denied, errors, allowed) in rows.items():
+        assert n > 200, (layer, n)
+        assert allowed == 0 and denied + errors == runs == n
 
 
 def test_no_failed_allocation_in_a_load_or_reload_allows_or_loses_the_set():

@@ -497,8 +497,13 @@ static enum gg_status find_single(struct collector *c, struct object_ctx *o,
                                   const struct single_kind *k)
 {
     const json_t *tpl = o->obj;
-    if (*k->tpl_ptr && jp_pointer_get(o->obj, k->tpl_ptr, (json_t **)&tpl, NULL) != GG_OK)
-        tpl = NULL;
+    if (*k->tpl_ptr) {
+        enum gg_status got = jp_pointer_get(o->obj, k->tpl_ptr, (json_t **)&tpl, NULL);
+        if (got == GG_ERR_NOMEM) /* not "no template": that would let the object pass */
+            return nomem(c);
+        if (got != GG_OK)
+            tpl = NULL;
+    }
     struct owner w;
     char name[512];
     const char *api = k->owner_api;
@@ -1201,9 +1206,15 @@ enum gg_status mf_map_patch(const struct mf_entry *e, const json_t *doc, const j
             st = gg_fail(err, GG_ERR_NOMEM, "out of memory");
             goto out;
         }
-        if (jp_pointer_get(doc, ptr, &map, NULL) != GG_OK || !json_is_object(map))
-            json_array_insert_new(ops, 0,
-                                  json_pack("{s:s,s:s,s:{}}", "op", "add", "path", ptr, "value"));
+        enum gg_status got = jp_pointer_get(doc, ptr, &map, NULL);
+        if (got == GG_ERR_NOMEM ||
+            ((got != GG_OK || !json_is_object(map)) &&
+             json_array_insert_new(
+                 ops, 0, json_pack("{s:s,s:s,s:{}}", "op", "add", "path", ptr, "value")) != 0)) {
+            free(ptr);
+            st = gg_fail(err, GG_ERR_NOMEM, "out of memory");
+            goto out;
+        }
         free(ptr);
     }
 out:

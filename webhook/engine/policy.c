@@ -652,7 +652,6 @@ struct gather {
 };
 
 /* Shown when a denial could not be recorded (no allocation needed). */
-#define LOST_DENIAL "gpuguard: out of memory while recording a denial; denied to be safe"
 
 /* Record an enforced denial; a failure to record it is itself a denial. */
 static void deny(struct gather *g, const char *text)
@@ -990,11 +989,11 @@ static enum gg_status evaluate(struct engine *e, const struct adm_request *req, 
     if (st == GG_OK && (phases & PHASE_MUTATE) && !out->patch)
         g.lost = true; /* the mutations are lost: never admit without them */
     if (st == GG_OK && g.lost)
-        deny(&g, LOST_DENIAL);
+        deny(&g, POLICY_LOST_DENIAL);
     if (st == GG_OK) {
         out->allowed = !g.lost && json_array_size(g.denials) == 0;
         if (!out->allowed) {
-            out->message = json_array_size(g.denials) ? join_lines(g.denials) : strdup(LOST_DENIAL);
+            out->message = json_array_size(g.denials) ? join_lines(g.denials) : strdup(POLICY_LOST_DENIAL);
             if (!out->message)
                 st = gg_fail(err, GG_ERR_NOMEM, "out of memory writing a denial");
         }

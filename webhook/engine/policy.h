@@ -100,6 +100,9 @@ struct policy_timing {
     int64_t validate; /* validate functions */
 };
 
+/* The verdict's message when a denial could not be recorded for want of memory. */
+#define POLICY_LOST_DENIAL "gpuguard: out of memory while recording a denial; denied to be safe"
+
 struct policy_verdict {
     bool allowed;
     char *message;    /* denial message, malloc'ed; NULL when allowed */

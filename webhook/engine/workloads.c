@@ -136,6 +136,7 @@ static void warn_changes(json_t *warnings, const char *path, const char *what, c
 struct gather {
     json_t *patch, *warnings, *audit, *fired;
     char *denials;
+    bool lost;        /* a denial could not be recorded: the verdict is a denial all the same */
     long long charge; /* milli-GPU-equivalents of all the pods, GG_KEY_CHARGE x count */
     char charges[WL_CHARGE_TEXT];
 };
@@ -149,8 +150,10 @@ static void add_denial(struct gather *g, const char *path, const char *message)
 {
     char *joined = NULL;
     if (asprintf(&joined, "%s%s%s%s%s", g->denials ? g->denials : "", g->denials ? "; " : "",
-                 path ? path : "", path ? ": " : "", message) < 0)
+                 path ? path : "", path ? ": " : "", message) < 0) {
+        g->lost = true;
         return;
+    }
     free(g->denials);
     g->denials = joined;
 }
@@ -176,7 +179,10 @@ long long wl_pod_count(const json_t *obj, const char *template_ptr)
         json_t *parent = NULL;
         memcpy(prefix, template_ptr, at);
         prefix[at] = '\0';
-        if (jp_pointer_get(obj, prefix, &parent, NULL) != GG_OK || !json_is_object(parent))
+        enum gg_status got = jp_pointer_get(obj, prefix, &parent, NULL);
+        if (got == GG_ERR_NOMEM) /* the most, not fewer: the count is charged */
+            return WL_MAX_PODS;
+        if (got != GG_OK || !json_is_object(parent))
             continue;
         n *= count_member(parent, "replicas") * count_member(parent, "parallelism");
         if (strcmp(template_ptr + at, "/workerTemplate") == 0) /* a LeaderWorkerSet group */
@@ -317,7 +323,7 @@ enum gg_status wl_review(struct engine *engine, const struct adm_request *req,
     }
     *handled = true;
     memset(out, 0, sizeof(*out));
-    struct gather g = {json_array(), json_array(), json_object(), json_array(), NULL, 0, ""};
+    struct gather g = {json_array(), json_array(), json_object(), json_array(), NULL, false, 0, ""};
     struct settings cfg;
     json_t *patched = NULL;
     if (!g.patch || !g.warnings || !g.audit || !g.fired) {
@@ -335,7 +341,7 @@ enum gg_status wl_review(struct engine *engine, const struct adm_request *req,
         char text[200];
         snprintf(text, sizeof(text), "gpuguard: the %.64s has %zu pod templates, more than %d",
                  req->kind, set.templates, WL_MAX_TEMPLATES);
-        g.denials = strdup(text);
+        add_denial(&g, NULL, text);
     } else if (req->operation == ADM_CREATE || !templates_unchanged(&j, &set)) {
         struct dr_options o = {.namespace = req->namespace, .deadline_us = deadline_us};
         request_user(&j, &o);
@@ -368,9 +374,15 @@ enum gg_status wl_review(struct engine *engine, const struct adm_request *req,
                  g.charge % 1000, g.charges);
         json_object_set_new(g.audit, WL_CHARGE_AUDIT_KEY, json_string(text));
     }
-    out->allowed = g.denials == NULL;
+    if (g.lost)
+        add_denial(&g, NULL, POLICY_LOST_DENIAL);
+    out->allowed = g.denials == NULL && !g.lost;
     out->message = g.denials;
     g.denials = NULL;
+    if (!out->allowed && !out->message) {
+        st = gg_fail(err, GG_ERR_NOMEM, "out of memory writing a denial");
+        goto out;
+    }
     out->patch = g.patch;
     out->warnings = sanitize_warnings(g.warnings);
     out->audit = g.audit;
