@@ -224,14 +224,68 @@ end
 
 -- DRA ----------------------------------------------------------------------------------------
 
--- The MIG profile a request's CEL selectors pin ("... .profile == '1g.10gb'"), or nil.
+-- One top-level term of a CEL expression that pins the MIG profile, as NVIDIA's DRA driver
+-- documents it; the quotes may be single or double.
+local PROFILE_TERM = "^device%.attributes%[([\"'])gpu%.nvidia%.com%1%]%.profile%s*==%s*([\"'])"
+    .. "([%w%.%+%-]+)%2$"
+
+-- The top-level '&&' terms of a CEL expression, or nil when it is anything but a conjunction at
+-- the top level ('||' or '?' outside brackets and literals, unbalanced brackets, a literal this
+-- reading could get wrong: raw or triple-quoted strings, escapes).  A device that satisfies the
+-- expression satisfies each term.
+local function conjuncts(expr)
+    if expr:find("\\", 1, true) or expr:find("'''", 1, true) or expr:find('"""', 1, true) then
+        return nil
+    end
+    local terms, depth, start, i, n = {}, 0, 1, 1, #expr
+    while i <= n do
+        local c = expr:byte(i)
+        if c == 39 or c == 34 then -- a literal: on to its closing quote
+            if i > 1 and expr:sub(i - 1, i - 1):match("^[rRbB]$") then
+                return nil
+            end
+            i = expr:find(c == 39 and "'" or '"', i + 1, true)
+            if not i then
+                return nil
+            end
+        elseif c == 40 or c == 91 or c == 123 then -- ( [ {
+            depth = depth + 1
+        elseif c == 41 or c == 93 or c == 125 then
+            depth = depth - 1
+            if depth < 0 then
+                return nil
+            end
+        elseif depth == 0 then
+            local two = expr:sub(i, i + 1)
+            if two == "||" or c == 63 then -- '?'
+                return nil
+            elseif two == "&&" then
+                terms[#terms + 1] = expr:sub(start, i - 1)
+                start = i + 2
+                i = i + 1
+            end
+        end
+        i = i + 1
+    end
+    if depth ~= 0 then
+        return nil
+    end
+    terms[#terms + 1] = expr:sub(start)
+    return terms
+end
+
+-- The MIG profile a request's CEL selectors pin: a selector that is, or has as a top-level '&&'
+-- term, "device.attributes['gpu.nvidia.com'].profile == '1g.10gb'"; nil otherwise (a profile
+-- named anywhere else, under '!' or beside '||', pins nothing).
 local function selected_profile(sub)
     for _, s in ipairs(list(sub.selectors)) do
         local expr = type(s) == "table" and type(s.cel) == "table" and s.cel.expression
-        local p = type(expr) == "string" and #expr <= 10240
-            and expr:match("%.profile%s*==%s*[\"']([%w%.%+%-]+)[\"']")
-        if p then
-            return p
+        local terms = type(expr) == "string" and #expr <= 10240 and conjuncts(expr)
+        for _, term in ipairs(terms or NONE) do
+            local _, _, p = term:match("^%s*(.-)%s*$"):match(PROFILE_TERM)
+            if p then
+                return p
+            end
         end
     end
     return nil

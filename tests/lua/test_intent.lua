@@ -1,0 +1,69 @@
+--[[
+test_intent.lua - tests of lua/intent.lua, run inside the policy sandbox.
+]]
+
+local intent = require "intent"
+local testlib = require "testlib"
+
+local eq = testlib.eq
+
+local T = {}
+
+local MIG = "mig.nvidia.com"
+local PROFILE = "device.attributes['gpu.nvidia.com'].profile"
+
+-- The milli-GPU of one device of a mig.nvidia.com request with these CEL selectors (no pool:
+-- the largest share among the built-in models that have the profile).
+local function unit(...)
+    local selectors = {}
+    for i, expr in ipairs({ ... }) do
+        selectors[i] = { cel = { expression = expr } }
+    end
+    return intent.class_unit({}, MIG, { deviceClassName = MIG, selectors = selectors })
+end
+
+T["class_unit: a MIG request is charged the profile its selector pins"] = function()
+    local small, big = unit(PROFILE .. " == '1g.5gb'"), unit(PROFILE .. " == '7g.40gb'")
+    eq(small < 1000, true, "1g.5gb is a slice")
+    eq(big, 1000, "7g.40gb is the whole GPU")
+    eq(unit(), 1000, "no selector: any MIG device, a whole GPU at most")
+    -- the same pin, written otherwise, or beside other terms every device must also satisfy
+    for _, expr in ipairs({
+        'device.attributes["gpu.nvidia.com"].profile=="1g.5gb"',
+        "  " .. PROFILE .. " == '1g.5gb'  ",
+        PROFILE .. " == '1g.5gb' && device.attributes['gpu.nvidia.com'].productName == 'NVIDIA A100-SXM4-40GB'",
+        "device.attributes['gpu.nvidia.com'].productName == 'A || B' && " .. PROFILE .. " == '1g.5gb'",
+        "(device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('4Gi')) >= 0) && "
+            .. PROFILE .. " == '1g.5gb'",
+    }) do
+        eq(unit(expr), small, expr)
+    end
+    eq(unit("device.driver == 'gpu.nvidia.com'", PROFILE .. " == '1g.5gb'"), small,
+       "a second selector pins it: every selector must hold")
+end
+
+T["class_unit: a profile the expression does not pin charges a whole GPU"] = function()
+    for _, expr in ipairs({
+        -- every MIG device but a 1g.5gb (the 7g.40gb too), named first
+        "!(" .. PROFILE .. " == '1g.5gb') && device.attributes['gpu.nvidia.com'].uuid != ''",
+        PROFILE .. " == '1g.5gb' || true",
+        "true || " .. PROFILE .. " == '1g.5gb'",
+        "(" .. PROFILE .. " == '1g.5gb' && false) || true",
+        "(" .. PROFILE .. " == '1g.5gb')",
+        "true ? " .. PROFILE .. " == '1g.5gb' : true",
+        PROFILE .. " != '1g.5gb'",
+        PROFILE .. " == '1g.5gb' == false",
+        "device.attributes['other.example.com'].profile == '1g.5gb'",
+        "device.attributes['gpu.nvidia.com'].profile2 == '1g.5gb'",
+        -- literals this reading could get wrong are refused, never read past
+        "r'\\' == '\\' || true && " .. PROFILE .. " == '1g.5gb'",
+        "'''a' || true && ''' == '' && " .. PROFILE .. " == '1g.5gb'",
+        "'unterminated && " .. PROFILE .. " == '1g.5gb'",
+        "f(a && " .. PROFILE .. " == '1g.5gb' && b)",
+        "a) && (" .. PROFILE .. " == '1g.5gb'",
+    }) do
+        eq(unit(expr), 1000, expr)
+    end
+end
+
+return T
