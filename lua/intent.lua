@@ -655,6 +655,19 @@ end
 -- Charges ------------------------------------------------------------------------------------
 
 -- quota.pod_charge's context for a pod on pool (nil: unknown), replicas charged at R.
+--- What nvidia.com/gpu stands for on pool (nil: no pool): "mig", a MIG device (single
+--- strategy), "replica", a shared replica (time-slicing or MPS keeping the resource's name), or
+--- "whole".
+function M.gpu_means(pool)
+    if pool and pool.sharing == "mig" and pool.mig_strategy == "single" then
+        return "mig"
+    elseif pool and (pool.sharing == "time-slicing" or pool.sharing == "mps")
+        and (pool.shared_resource or "nvidia.com/gpu") == "nvidia.com/gpu" then
+        return "replica"
+    end
+    return "whole"
+end
+
 local function context(cfg, pool, memory_mib, replicas)
     local mig = pool and pool.sharing == "mig" and pool or fleet.pool_for_mode(cfg, "mig")
     local model = mig and mig.model
@@ -666,10 +679,10 @@ local function context(cfg, pool, memory_mib, replicas)
     -- requested: the containers' GPU resources, read once for the up to three pod_charge calls.
     local ctx = { model = model, catalog = fleet.catalog(cfg), memory_mib = memory_mib,
                   replicas = replicas, requested = {} }
-    if pool and pool.sharing == "mig" and pool.mig_strategy == "single" then
+    local means = M.gpu_means(pool)
+    if means == "mig" then
         ctx.gpu_means, ctx.profile = "mig", pool.mig_profile
-    elseif pool and (pool.sharing == "time-slicing" or pool.sharing == "mps")
-        and (pool.shared_resource or "nvidia.com/gpu") == "nvidia.com/gpu" then
+    elseif means == "replica" then
         ctx.gpu_means = "replica"
     end
     return ctx

@@ -26,6 +26,7 @@ Must not: change the pod.
 ]]
 
 local k8s = require "k8s"
+local gpu = require "gpu"
 local quota = require "quota"
 local intent = require "intent"
 local gg = require "gpuguard"
@@ -36,6 +37,7 @@ local M = {}
 local REGULAR = { regular = true }
 local NONE = {}
 local GPU = "nvidia.com/gpu"
+local INIT_AND_REGULAR = { init = true, regular = true } -- k8s.containers' opts, only read
 
 -- The memoised answers of each pod table (see the header), by its read-only view: the same
 -- key for the pod mutate edits and the pod validate reads.
@@ -494,6 +496,34 @@ function M.intent(pod)
         end
     end
     return out, msg
+end
+
+--[[
+A container outside asks (M.intent's entries) that holds shared GPU replicas of its own, as a
+message that says what to change; nil when none does.  The charge 10-gpu-sharing records covers
+the containers it decides; a replica it did not decide would be held against that charge, whose
+floor is one milli-GPU a replica (a fraction's).  Replicas are nvidia.com/gpu.shared and
+nvidia.com/mig-<profile>.shared, and nvidia.com/gpu where pool shares GPUs under that name.
+]]
+function M.stray_replicas(pod, asks, pool)
+    local spec = k8s.pod_spec(pod)
+    local decided = {}
+    for _, e in ipairs(asks) do
+        decided[e.container] = true
+    end
+    local gpu_is_replica = intent.gpu_means(pool) == "replica"
+    for c in k8s.containers(spec, INIT_AND_REGULAR) do
+        if not decided[c] then
+            for _, it in ipairs(gpu.requested(c)) do
+                if it.kind == "shared" or (gpu_is_replica and it.resource == GPU) then
+                    local name = tostring(c.name)
+                    return string.format("container %s asks for %s itself, beside the GPU share gpuguard decides for this pod; ask for its GPU through gpuguard as well (%s.%s), or for every GPU of the pod as resources without gpuguard's annotations",
+                        name, it.resource, M.FRACTION, name)
+                end
+            end
+        end
+    end
+    return nil
 end
 
 --- True when the pod asks for a GPU in any way gpuguard or a device plugin understands, in any

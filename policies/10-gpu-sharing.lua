@@ -287,6 +287,11 @@ local function decide(req, pod, cfg)
         req:deny(mode)
         return
     end
+    local stray = workload.stray_replicas(pod, asks, pool)
+    if stray then
+        req:deny(stray)
+        return
+    end
     if not asked and not fractional and mode ~= "exclusive" then
         -- Whole GPUs on a class that shares: one GPU is a full share; more needs exclusive GPUs.
         for _, e in ipairs(asks) do
