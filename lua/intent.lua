@@ -424,6 +424,19 @@ local function host_lookup(kind, namespace, name)
 end
 
 -- The DRA part of a pod: its charge, items for the breakdown, GPU classes; or nil and a message.
+--- True when a claim (a ResourceClaim object) is charged to the pod that made it, or to the
+--- scheduler's extended-resource pod, not on its own.
+function M.claim_charged_elsewhere(claim)
+    local a = type(claim.metadata) == "table" and claim.metadata.annotations
+    return type(a) == "table" and (a[M.POD_CLAIM_NAME] ~= nil or a[M.EXTENDED_RESOURCE_CLAIM] == "true")
+end
+
+-- The annotation that makes a claim charged elsewhere, for messages.
+local function claim_maker_key(claim)
+    local a = claim.metadata.annotations
+    return a[M.POD_CLAIM_NAME] ~= nil and M.POD_CLAIM_NAME or M.EXTENDED_RESOURCE_CLAIM
+end
+
 local function pod_dra(pod, spec, cfg, pool, lookup, namespace)
     local refs = list(spec.resourceClaims)
     if #refs == 0 then
@@ -462,8 +475,19 @@ local function pod_dra(pod, spec, cfg, pool, lookup, namespace)
                 end
             end
         elseif type(cname) == "string" then
-            local claim = lookup("ResourceClaim", ns, cname)
+            local claim, why = lookup("ResourceClaim", ns, cname)
             local got = NONE
+            if not claim and why then
+                return nil, string.format("resourceClaims %s: ResourceClaim %s/%s could not be read (%s); "
+                    .. "try again", tostring(ref.name), ns, cname, why)
+            elseif claim and M.claim_charged_elsewhere(claim) then
+                -- Charged to the pod it was made for, or to the scheduler's: a second pod on it
+                -- would hold its devices uncharged, and keep them once that pod is gone.
+                return nil, string.format("resourceClaims %s names ResourceClaim %s/%s, which was made for "
+                    .. "another pod's own use (annotation %s); use a ResourceClaimTemplate or a "
+                    .. "ResourceClaim of your own", tostring(ref.name), ns, cname,
+                    claim_maker_key(claim))
+            end
             if claim then
                 local c, cl = M.claim_charge(cfg, claim.spec, "ResourceClaim " .. cname, pool)
                 got = c and cl or NONE
@@ -485,12 +509,6 @@ local function pod_dra(pod, spec, cfg, pool, lookup, namespace)
     return total, items, classes
 end
 
---- True when a claim (a ResourceClaim object) is charged to the pod that made it, or to the
---- scheduler's extended-resource pod, not on its own.
-function M.claim_charged_elsewhere(claim)
-    local a = type(claim.metadata) == "table" and claim.metadata.annotations
-    return type(a) == "table" and (a[M.POD_CLAIM_NAME] ~= nil or a[M.EXTENDED_RESOURCE_CLAIM] == "true")
-end
 
 -- KAI ----------------------------------------------------------------------------------------
 

@@ -10,7 +10,9 @@ validate (CREATE; claims and templates of GPU device classes only, see intent.cl
     charged nothing): denied when the namespace would go over its quota.
 Claims generated from a pod's template (annotation resource.kubernetes.io/pod-claim-name) and
 the scheduler's claims for extended resources were charged with their pod: left alone, since
-denying them would only leave an admitted pod pending.
+denying them would only leave an admitted pod pending.  Only the Kubernetes components that make
+them may create a claim with those annotations (CLAIM_MAKERS): the inventory charges such a claim
+nothing, so anyone else's would hold devices uncharged.
 
 Config keys: dra.classes, dra.allocation_all, quotas.max_per_pod, quotas.namespaces,
 quotas.default, quotas.inventory_not_ready.
@@ -22,16 +24,29 @@ local intent = require "intent"
 
 local AMOUNT = { allow_above_one = true, allow_zero = true }
 
+-- Who makes claims charged elsewhere: kube-controller-manager's resource claim controller (with
+-- its own service account, or the manager's credentials) for a pod's resourceClaimTemplateName,
+-- and the scheduler for extended resources backed by DRA.
+local CLAIM_MAKERS = {
+    ["system:serviceaccount:kube-system:resource-claim-controller"] = true,
+    ["system:kube-controller-manager"] = true,
+    ["system:kube-scheduler"] = true,
+}
+
 -- A quota amount of the configuration in milli-GPU (40-gpu-quota checks them when loading).
 local function gpus(v)
     return (quota.parse_fraction(v, AMOUNT))
 end
 
 local function validate(req, obj, cfg)
-    if intent.claim_charged_elsewhere(obj) then
+    local template = req.kind == "ResourceClaimTemplate"
+    if not template and intent.claim_charged_elsewhere(obj) then
+        if not CLAIM_MAKERS[(req.user or {}).username] then
+            req:deny(string.format("the annotations %s and %s are for the claims Kubernetes makes for a pod's resourceClaimTemplateName and for extended resources, which are charged with their pod; remove them, and the claim is charged to the namespace",
+                intent.POD_CLAIM_NAME, intent.EXTENDED_RESOURCE_CLAIM))
+        end
         return
     end
-    local template = req.kind == "ResourceClaimTemplate"
     local spec = type(obj.spec) == "table" and obj.spec
     if template then
         spec = spec and spec.spec

@@ -165,8 +165,8 @@ def test_a_charge_annotation_cannot_free_quota(dra):
                               "this pod 1); ask for fewer GPUs or free GPUs"), msg
 
 
-def review_claim(server, obj, dry_run=True):
-    """The validating call for a claim or template CREATE: (allowed, message)."""
+def review_claim(server, obj, dry_run=True, user="alice"):
+    """The validating call for a claim or template CREATE by user: (allowed, message)."""
     conn = server.connect(timeout=10)
     plural = obj["kind"].lower() + "s"
     version = obj["apiVersion"].split("/")[1]
@@ -175,7 +175,7 @@ def review_claim(server, obj, dry_run=True):
            "resource": {"group": "resource.k8s.io", "version": version, "resource": plural},
            "namespace": obj["metadata"]["namespace"], "name": obj["metadata"]["name"],
            "operation": "CREATE",
-           "userInfo": {"username": "alice", "groups": ["system:authenticated"]},
+           "userInfo": {"username": user, "groups": ["system:authenticated"]},
            "object": obj, "oldObject": None, "dryRun": dry_run}
     status, _, got = conn.review({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
                                   "request": req}, path="/validate")
@@ -202,9 +202,24 @@ def test_claims_and_templates_are_checked_at_creation(dra):
     assert review_claim(server, template("nine", 9)) == (
         False, "gpu-claims: the template asks for 9 GPUs, more than the 8 allowed per pod; ask "
                "for fewer devices")
-    # Generated from an admitted pod's template: charged with the pod, never denied here.
+    # Generated from an admitted pod's template by the resource claim controller, or for a pod's
+    # extended resources by the scheduler: charged with the pod, never denied here.
     generated = claim("p-gpus-x7k2p", 9, annotations={"resource.kubernetes.io/pod-claim-name": "gpus"})
-    assert review_claim(server, generated) == (True, None)
+    for maker in ("system:serviceaccount:kube-system:resource-claim-controller",
+                  "system:kube-controller-manager"):
+        assert review_claim(server, generated, user=maker) == (True, None)
+    extended = claim("p-extended-resources-abcde", 9,
+                     annotations={"resource.kubernetes.io/extended-resource-claim": "true"})
+    assert review_claim(server, extended, user="system:kube-scheduler") == (True, None)
+    # Anyone else's claim with those annotations would be charged nothing by the inventory.
+    forged = ("gpu-claims: the annotations resource.kubernetes.io/pod-claim-name and "
+              "resource.kubernetes.io/extended-resource-claim are for the claims Kubernetes makes "
+              "for a pod's resourceClaimTemplateName and for extended resources, which are charged "
+              "with their pod; remove them, and the claim is charged to the namespace")
+    assert review_claim(server, generated) == (False, forged)
+    assert review_claim(server, extended, user="system:kube-controller-manager") == (True, None)
+    assert review_claim(server, extended, user="system:serviceaccount:team-q:default") == (
+        False, forged)
     # Devices that are not GPUs are not gpuguard's business.
     nic = claim("nic", 64)
     nic["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = "rdma.example.com"
