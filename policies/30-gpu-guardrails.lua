@@ -327,7 +327,8 @@ end
 -- for a GPU) and cannot be told to label them, and they are no team's cost.
 local function label_rules(ctx)
     for _, key in ipairs(guardrails_of(ctx.cfg).required_labels or NONE) do
-        if not k8s.label(ctx.pod, key) then
+        local value = k8s.label(ctx.pod, key)
+        if not value or value == "" then -- an empty value attributes the cost to nobody
             if workload.exempt(ctx.pod, ctx.req.namespace, ctx.cfg) then
                 return
             end
