@@ -979,12 +979,23 @@ local OTHER = {
     ["volcano.sh/gpu-memory"] = { "volcano", "MiB" },
 }
 
--- kind, unit and MIG profile of a resource name, or nil when it is not a GPU resource.
+-- The extended resources of the GPU device classes of NVIDIA's DRA driver (KEP-5004, DRA
+-- extended resources: a container asks for deviceclass.resource.kubernetes.io/<class>: n and the
+-- scheduler makes a claim of n devices of the class for the pod), by name: the class.
+local DRA_EXTENDED = {}
+for _, class in ipairs({ "gpu.nvidia.com", "mig.nvidia.com", "vfio.gpu.nvidia.com" }) do
+    DRA_EXTENDED["deviceclass.resource.kubernetes.io/" .. class] = class
+end
+
+-- kind, unit and MIG profile (a DRA device class for kind "dra") of a resource name, or nil when
+-- it is not a GPU resource.
 local function classify(name)
     if name == "nvidia.com/gpu" then
         return "whole", "devices"
     elseif name == "nvidia.com/gpu.shared" then
         return "shared", "replicas"
+    elseif DRA_EXTENDED[name] then
+        return "dra", "devices", DRA_EXTENDED[name]
     end
     local profile, shared = M.mig_profile_of(name)
     if profile then
@@ -1041,7 +1052,9 @@ end
 --- kind: "whole" (nvidia.com/gpu), "mig" (nvidia.com/mig-<profile>), "shared"
 --- (nvidia.com/gpu.shared, nvidia.com/mig-<profile>.shared; replicas), "hami"
 --- (nvidia.com/gpumem in MiB, nvidia.com/gpumem-percentage and nvidia.com/gpucores in percent)
---- or "volcano" (volcano.sh/vgpu-*, volcano.sh/gpu-*).  count is the effective request
+--- "volcano" (volcano.sh/vgpu-*, volcano.sh/gpu-*) or "dra" (deviceclass.resource.kubernetes.io/
+--- <class> of NVIDIA's GPU device classes, with class = the device class: devices the scheduler
+--- allocates through a claim of its own).  count is the effective request
 --- (requests, else limits, as k8s.request_milli) in whole units; zero requests are left out.
 --- A quantity that is not a whole number raises an error naming the container.
 function M.requested(container)
@@ -1082,8 +1095,9 @@ function M.requested(container)
                      name, gg.format_quantity(milli, "DecimalSI"))
             end
             local c = class_of(name)
+            local dra = c[1] == "dra"
             out[#out + 1] = { resource = name, count = milli // 1000, kind = c[1], unit = c[2],
-                              profile = c[3] }
+                              profile = not dra and c[3] or nil, class = dra and c[3] or nil }
         end
     end
     return out

@@ -598,6 +598,8 @@ local function resource_dialects(spec, out)
                 out.shared = true
             elseif it.kind == "whole" then
                 out["device-plugin"] = true
+            elseif it.kind == "dra" then
+                out.dra = true
             end
         end
         if not ok then
@@ -717,6 +719,25 @@ local function has_replicas(breakdown)
     return false
 end
 
+-- classes (pod_dra's) and the device classes of the DRA extended resources in breakdown
+-- (quota.pod_charge's "DRA device class" lines), each once: a new list when one is added.
+local function with_extended_classes(breakdown, classes)
+    local out = classes
+    for _, b in ipairs(breakdown) do
+        for _, it in ipairs(b.items) do
+            local class = it.rule == "DRA device class" and it.resource:match("^[^/]+/(.+)$")
+            if class and not k8s.contains(out, class) then
+                if out == classes then
+                    out = { shared_claim = classes.shared_claim }
+                    table.move(classes, 1, #classes, 1, out)
+                end
+                out[#out + 1] = class
+            end
+        end
+    end
+    return out
+end
+
 --[[
 The charge of a pod in milli-GPU and a breakdown (as quota.pod_charge's, plus "pod" entries for
 DRA claims and KAI annotations); nil and a message saying what to change for a value that is
@@ -771,7 +792,7 @@ function M.charge(pod, cfg, opts)
     if dra > 0 or #dra_items > 0 then
         breakdown[#breakdown + 1] = { kind = "pod", charge = dra, items = dra_items }
     end
-    return total + dra, breakdown, classes
+    return total + dra, breakdown, with_extended_classes(breakdown, classes)
 end
 
 -- What a ResourceClaim holds on its own: nothing when its pod or the scheduler's

@@ -343,6 +343,10 @@ local function container_lines(items, name, ctx, state)
                 return nil, err
             end
             add(it, it.count, per, "shared replica")
+        elseif it.kind == "dra" then
+            -- Any device of the class: a MIG device is a whole GPU at most, and no selector
+            -- can narrow an extended resource down to a profile.
+            add(it, it.count, 1000, "DRA device class")
         end
     end
     return lines

@@ -711,6 +711,16 @@ T["requested: whole GPUs, MIG devices and shared replicas"] = function()
        .. "nvidia.com/mig-1g.10gb.shared=3/shared/replicas/1g.10gb", "shared")
 end
 
+T["requested: DRA extended resources of NVIDIA's GPU device classes"] = function()
+    local items = gpu.requested(container({
+        ["deviceclass.resource.kubernetes.io/gpu.nvidia.com"] = "2",
+        ["deviceclass.resource.kubernetes.io/mig.nvidia.com"] = "1",
+        ["deviceclass.resource.kubernetes.io/rdma.example.com"] = "4" }))
+    eq(list(items), "deviceclass.resource.kubernetes.io/gpu.nvidia.com=2/dra/devices "
+       .. "deviceclass.resource.kubernetes.io/mig.nvidia.com=1/dra/devices", "GPU classes only")
+    eq(items[1].class .. " " .. items[2].class, "gpu.nvidia.com mig.nvidia.com", "their classes")
+end
+
 T["requested: HAMi and Volcano resources"] = function()
     eq(list(gpu.requested(container({ ["nvidia.com/gpu"] = "1", ["nvidia.com/gpumem"] = "8000",
                                       ["nvidia.com/gpucores"] = "30",
