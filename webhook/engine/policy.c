@@ -993,7 +993,8 @@ static enum gg_status evaluate(struct engine *e, const struct adm_request *req, 
     if (st == GG_OK) {
         out->allowed = !g.lost && json_array_size(g.denials) == 0;
         if (!out->allowed) {
-            out->message = json_array_size(g.denials) ? join_lines(g.denials) : strdup(POLICY_LOST_DENIAL);
+            out->message =
+                json_array_size(g.denials) ? join_lines(g.denials) : strdup(POLICY_LOST_DENIAL);
             if (!out->message)
                 st = gg_fail(err, GG_ERR_NOMEM, "out of memory writing a denial");
         }
