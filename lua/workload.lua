@@ -37,7 +37,7 @@ local M = {}
 local REGULAR = { regular = true }
 local NONE = {}
 local GPU = "nvidia.com/gpu"
-local INIT_AND_REGULAR = { init = true, regular = true } -- k8s.containers' opts, only read
+local CONTAINER_LISTS = { "initContainers", "containers" }
 
 -- The memoised answers of each pod table (see the header), by its read-only view: the same
 -- key for the pod mutate edits and the pod validate reads.
@@ -508,17 +508,23 @@ nvidia.com/mig-<profile>.shared, and nvidia.com/gpu where pool shares GPUs under
 function M.stray_replicas(pod, asks, pool)
     local spec = k8s.pod_spec(pod)
     local decided = {}
-    for _, e in ipairs(asks) do
-        decided[e.container] = true
+    for i = 1, #asks do
+        decided[asks[i].container] = true
     end
     local gpu_is_replica = intent.gpu_means(pool) == "replica"
-    for c in k8s.containers(spec, INIT_AND_REGULAR) do
-        if not decided[c] then
-            for _, it in ipairs(gpu.requested(c)) do
-                if it.kind == "shared" or (gpu_is_replica and it.resource == GPU) then
-                    local name = tostring(c.name)
-                    return string.format("container %s asks for %s itself, beside the GPU share gpuguard decides for this pod; ask for its GPU through gpuguard as well (%s.%s), or for every GPU of the pod as resources without gpuguard's annotations",
-                        name, it.resource, M.FRACTION, name)
+    -- The lists walked as intent_of walks them (k8s.containers' option checks cost more than
+    -- the walk): init containers, sidecars among them, and regular ones; ephemeral ones hold no
+    -- resources.
+    for f = 1, #CONTAINER_LISTS do
+        local list = spec[CONTAINER_LISTS[f]]
+        for _, c in ipairs(type(list) == "table" and list or NONE) do
+            if type(c) == "table" and not decided[c] then
+                for _, it in ipairs(gpu.requested(c)) do
+                    if it.kind == "shared" or (gpu_is_replica and it.resource == GPU) then
+                        local name = tostring(c.name)
+                        return string.format("container %s asks for %s itself, beside the GPU share gpuguard decides for this pod; ask for its GPU through gpuguard as well (%s.%s), or for every GPU of the pod as resources without gpuguard's annotations",
+                            name, it.resource, M.FRACTION, name)
+                    end
                 end
             end
         end
