@@ -1046,6 +1046,11 @@ local function gpu_names(keys, names, seen)
     return names, seen
 end
 
+--- True when name is a GPU resource that requested() lists (of any kind).
+function M.is_gpu_resource(name)
+    return class_of(name) ~= false
+end
+
 --- The GPU resources container asks for, as a list sorted by resource name of
 ---   { resource = "nvidia.com/mig-1g.10gb", count = 2, kind = "mig", unit = "devices",
 ---     profile = "1g.10gb" }

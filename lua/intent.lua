@@ -743,9 +743,11 @@ The charge of a pod in milli-GPU and a breakdown (as quota.pod_charge's, plus "p
 DRA claims and KAI annotations); nil and a message saying what to change for a value that is
 illegal in its own dialect.  opts (optional): pool = the pool that serves it (default: the pool
 its nodeSelector names), namespace = the request's (default: the pod's, else "default"),
-lookup = function(kind, namespace, name) for DRA objects (default: gpuguard.dra).  The third
-result is the GPU device classes of its DRA claims (a list; .shared_claim when it names a
-ResourceClaim).
+lookup = function(kind, namespace, name) for DRA objects (default: gpuguard.dra), shares =
+{ [container name] = milli-GPU } for the shared replica of each container 10-gpu-sharing has
+just decided (then the charge is computed, never read from the gpuguard.io/charge annotation,
+which is what it is computed for).  The third result is the GPU device classes of its DRA claims
+(a list; .shared_claim when it names a ResourceClaim).
 ]]
 function M.charge(pod, cfg, opts)
     opts = opts or NONE
@@ -767,13 +769,14 @@ function M.charge(pod, cfg, opts)
     local replicas = pool and (pool.replicas or 1) or 1
     local ctx = context(cfg, pool, memory_mib, replicas)
     ctx.fraction_milli, ctx.fraction_devices = share, k
+    ctx.replica_milli_in = opts.shares
     local ok, total, breakdown = pcall(quota.pod_charge, spec, ctx)
     if not ok then
         return nil, (tostring(total):gsub("^.-quota%.pod_charge: ", ""))
     elseif not total then
         return nil, breakdown
     end
-    if has_replicas(breakdown) then
+    if has_replicas(breakdown) and not opts.shares then
         -- Open: the annotation may refine it between 1 milli per replica and the whole device.
         local note = k8s.annotation(pod, M.CHARGE)
         local milli = type(note) == "string" and #note <= 12 and note:match("^%d+$") and math.tointeger(tonumber(note))

@@ -133,9 +133,13 @@ end
 
 -- Pod charges ---------------------------------------------------------------------------------
 
--- The charge of one shared replica of a device worth base milli-GPU, or nil and a message.
-local function replica_charge(ctx, base, what_for)
-    if ctx.replicas ~= nil then
+-- The charge of one shared replica of a device worth base milli-GPU in container name, or nil
+-- and a message.
+local function replica_charge(ctx, base, what_for, name)
+    local own = ctx.replica_milli_in and ctx.replica_milli_in[name]
+    if own ~= nil then
+        return ceil_div(base * own, 1000)
+    elseif ctx.replicas ~= nil then
         return ceil_div(base, ctx.replicas)
     elseif ctx.replica_milli ~= nil then
         return ceil_div(base * ctx.replica_milli, 1000)
@@ -161,6 +165,12 @@ local function check_ctx(lvl, ctx)
         or ctx.replica_milli < 1 or ctx.replica_milli > 1000) then
         fail(lvl + 1, "pod_charge", "ctx.replica_milli must be an integer from 1 to 1000, "
              .. "got %s", what(ctx.replica_milli))
+    end
+    for name, milli in pairs(ctx.replica_milli_in or {}) do
+        if type(name) ~= "string" or math.type(milli) ~= "integer" or milli < 1 or milli > 1000 then
+            fail(lvl + 1, "pod_charge", "ctx.replica_milli_in must map container names to integers "
+                 .. "from 1 to 1000, got %s = %s", what(name), what(milli))
+        end
     end
     if ctx.fraction_milli ~= nil and (math.type(ctx.fraction_milli) ~= "integer"
         or ctx.fraction_milli < 0 or ctx.fraction_milli > 1000) then
@@ -312,7 +322,7 @@ local function container_lines(items, name, ctx, state)
                 end
                 add(it, it.count, per, "MIG " .. tostring(ctx.profile) .. " on " .. m.name)
             else
-                local per, err = replica_charge(ctx, 1000, who .. " nvidia.com/gpu")
+                local per, err = replica_charge(ctx, 1000, who .. " nvidia.com/gpu", name)
                 if not per then
                     return nil, err
                 end
@@ -329,7 +339,7 @@ local function container_lines(items, name, ctx, state)
                 return nil, who .. " " .. it.resource .. ": " .. err
             end
             if it.kind == "shared" then
-                per, err = replica_charge(ctx, per, who .. " " .. it.resource)
+                per, err = replica_charge(ctx, per, who .. " " .. it.resource, name)
                 if not per then
                     return nil, err
                 end
@@ -338,7 +348,7 @@ local function container_lines(items, name, ctx, state)
                 add(it, it.count, per, "MIG " .. it.profile .. " on " .. m.name)
             end
         elseif it.kind == "shared" then
-            local per, err = replica_charge(ctx, 1000, who .. " " .. it.resource)
+            local per, err = replica_charge(ctx, 1000, who .. " " .. it.resource, name)
             if not per then
                 return nil, err
             end

@@ -326,7 +326,26 @@ local function pod_level_target(regular, limits, requests)
             with_gpu = c
         end
     end
-    return with_gpu or regular[1]
+    if with_gpu or #regular == 1 then
+        return with_gpu or regular[1]
+    end
+    -- None asks for nvidia.com/gpu: the one container that asks for a GPU otherwise, as the
+    -- container 10-gpu-sharing rewrote does on the API server's second call (a replica, a MIG
+    -- device), so that the second call decides for the same container; else the first.
+    local only
+    for i = 1, #regular do
+        local keys = gg.fields(regular[i], "resources", "limits") -- gpuguard writes both sections
+        for k = 1, #keys do
+            if gpu.is_gpu_resource(keys[k]) then
+                if only then
+                    return regular[1]
+                end
+                only = regular[i]
+                break
+            end
+        end
+    end
+    return only or regular[1]
 end
 
 -- k8s.annotation(pod, key), read from annotations (those of meta, the pod template's metadata,

@@ -304,6 +304,7 @@ local function decide(req, pod, cfg)
     end
     local model = fleet.model(cfg, pool)
     local total, parts, notes, selector = 0, {}, {}, nil -- selector made when a backend gives one
+    local shares = (mode == "time-slicing" or mode == "mps") and {} or nil
     for _, e in ipairs(asks) do
         local got, err = backends[mode](e, pool, model, cfg, notes, pod)
         if not got then
@@ -311,6 +312,9 @@ local function decide(req, pod, cfg)
             return
         end
         total = total + got.charge
+        if shares then
+            shares[tostring(e.container.name)] = got.charge
+        end
         parts[#parts + 1] = e.container.name .. " gets " .. got.detail
         if got.selector then
             selector = selector or {}
@@ -327,6 +331,17 @@ local function decide(req, pod, cfg)
     end
     for _, note in ipairs(notes) do
         req:warn(note)
+    end
+    if shares then
+        -- The quota holds the pod's replicas against the charge recorded here: it must cover
+        -- the whole pod (another container's MIG devices or DRA requests too), not only the
+        -- replicas decided above.
+        local msg
+        total, msg = intent.charge(pod, cfg, { pool = pool, namespace = req.namespace, shares = shares })
+        if not total then
+            req:deny(msg)
+            return
+        end
     end
     local decision = string.format("%s on pool %s for class %s (%s): %s", mode, pool.name, class, why,
         table.concat(parts, "; "))

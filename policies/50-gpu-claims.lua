@@ -1,7 +1,8 @@
 --[[
 50-gpu-claims.lua - DRA ResourceClaims and ResourceClaimTemplates at creation.
 
-validate (CREATE; claims and templates of GPU device classes only, see intent.class_unit):
+validate (CREATE, and a claim's UPDATE that adds one of the annotations below; claims and
+templates of GPU device classes only, see intent.class_unit):
   * a request for every device of a class (allocationMode: All) is denied, unless
     dra.allocation_all gives such a request a charge;
   * a claim or template charged more than quotas.max_per_pod is denied: a pod using it could
@@ -12,7 +13,7 @@ Claims generated from a pod's template (annotation resource.kubernetes.io/pod-cl
 the scheduler's claims for extended resources were charged with their pod: left alone, since
 denying them would only leave an admitted pod pending.  Only the Kubernetes components that make
 them may create a claim with those annotations (CLAIM_MAKERS): the inventory charges such a claim
-nothing, so anyone else's would hold devices uncharged.
+nothing, so anyone else's would hold devices uncharged, and an UPDATE may not add them either.
 
 Config keys: dra.classes, dra.allocation_all, quotas.max_per_pod, quotas.namespaces,
 quotas.default, quotas.inventory_not_ready.
@@ -38,14 +39,35 @@ local function gpus(v)
     return (quota.parse_fraction(v, AMOUNT))
 end
 
+-- The value of the annotation of obj that makes it charged elsewhere, or nil.
+local function maker_note(obj, key)
+    local meta = type(obj) == "table" and obj.metadata
+    local a = type(meta) == "table" and meta.annotations
+    return type(a) == "table" and a[key] or nil
+end
+
+-- Does an UPDATE add or change one of those annotations (the claim would then count nothing)?
+local function marked_now(req, obj)
+    for _, key in ipairs({ intent.POD_CLAIM_NAME, intent.EXTENDED_RESOURCE_CLAIM }) do
+        local now = maker_note(obj, key)
+        if now ~= nil and now ~= maker_note(req.old_object, key) then
+            return true
+        end
+    end
+    return false
+end
+
 local function validate(req, obj, cfg)
     local template = req.kind == "ResourceClaimTemplate"
-    if not template and intent.claim_charged_elsewhere(obj) then
+    local update = req.operation == "UPDATE"
+    if not template and (update and marked_now(req, obj) or not update and intent.claim_charged_elsewhere(obj)) then
         if not CLAIM_MAKERS[(req.user or {}).username] then
             req:deny(string.format("the annotations %s and %s are for the claims Kubernetes makes for a pod's resourceClaimTemplateName and for extended resources, which are charged with their pod; remove them, and the claim is charged to the namespace",
                 intent.POD_CLAIM_NAME, intent.EXTENDED_RESOURCE_CLAIM))
         end
         return
+    elseif update or (not template and intent.claim_charged_elsewhere(obj)) then
+        return -- an UPDATE changes no device (a claim's spec is immutable); a maker's claim
     end
     local spec = type(obj.spec) == "table" and obj.spec
     if template then
@@ -85,6 +107,6 @@ end
 return {
     name = "gpu-claims",
     description = "DRA claims and claim templates for GPUs: no All requests, within the quotas.",
-    match = { kinds = { "ResourceClaim", "ResourceClaimTemplate" }, operations = { "CREATE" } },
+    match = { kinds = { "ResourceClaim", "ResourceClaimTemplate" }, operations = { "CREATE", "UPDATE" } },
     validate = validate,
 }

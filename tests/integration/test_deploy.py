@@ -453,9 +453,10 @@ def test_webhook_configuration(render, kind, serve_help):
         assert hook["reinvocationPolicy"] == "IfNeeded"
     else:
         assert "reinvocationPolicy" not in hook
-    claims = {"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1", "v1beta2", "v1beta1"],
-              "resources": ["resourceclaims", "resourceclaimtemplates"],
-              "operations": ["CREATE"], "scope": "Namespaced"}
+    dra = {"apiGroups": ["resource.k8s.io"], "apiVersions": ["v1", "v1beta2", "v1beta1"],
+           "scope": "Namespaced"}
+    claims = [dict(dra, resources=["resourceclaims"], operations=["CREATE", "UPDATE"]),
+              dict(dra, resources=["resourceclaimtemplates"], operations=["CREATE"])]
     if mutating:
         assert hook["rules"] == [{"apiGroups": [""], "apiVersions": ["v1"],
                                   "resources": ["pods"], "operations": ["CREATE"],
@@ -467,7 +468,7 @@ def test_webhook_configuration(render, kind, serve_help):
              "operations": ["CREATE", "UPDATE"], "scope": "Namespaced"},
             {"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods/ephemeralcontainers"],
              "operations": ["UPDATE"], "scope": "Namespaced"},
-            claims]
+            *claims]
     ref = hook["clientConfig"]["service"]
     assert "url" not in hook["clientConfig"]
     path = "/mutate" if mutating else "/validate"
@@ -576,6 +577,43 @@ def condition_decides(render, operation, sub_resource, old, new):
 def test_match_conditions_send_only_what_the_rules_read(base, what, operation, sub_resource, old,
                                                        new, sent):
     assert condition_decides(base, operation, sub_resource, old, new) is sent, what
+
+
+def claim(annotations=None, finalizers=None):
+    meta = {"name": "gpus", "namespace": "team-a"}
+    if annotations is not None:
+        meta["annotations"] = annotations
+    if finalizers is not None:
+        meta["finalizers"] = finalizers
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim", "metadata": meta,
+            "spec": {"devices": {"requests": [{"name": "gpus", "exactly": {
+                "deviceClassName": "gpu.nvidia.com", "count": 8}}]}}}
+
+
+MADE_FOR_A_POD = {"resource.kubernetes.io/pod-claim-name": "gpus"}
+EXTENDED = {"resource.kubernetes.io/extended-resource-claim": "true"}
+
+# A claim marked as made for a pod counts nothing in the inventory: 50-gpu-claims must see the
+# UPDATE that marks it, and only that one (the scheduler's finalizer writes never wait).
+CLAIM_UPDATES = [
+    ("a claim marked as made for a pod", claim(), claim(annotations=MADE_FOR_A_POD), True),
+    ("a claim marked as the scheduler's", claim(annotations={"note": "x"}),
+     claim(annotations={"note": "x", **EXTENDED}), True),
+    ("the mark changed", claim(annotations=MADE_FOR_A_POD),
+     claim(annotations={"resource.kubernetes.io/pod-claim-name": "other"}), True),
+    ("a marked claim gets a finalizer", claim(annotations=MADE_FOR_A_POD),
+     claim(annotations=MADE_FOR_A_POD, finalizers=["resource.kubernetes.io/delete-protection"]),
+     False),
+    ("the mark removed", claim(annotations=MADE_FOR_A_POD), claim(), False),
+    ("other annotations edited", claim(annotations={"a": "1"}), claim(annotations={"a": "2"}),
+     False),
+]
+
+
+@pytest.mark.parametrize("what,old,new,sent", CLAIM_UPDATES, ids=[c[0] for c in CLAIM_UPDATES])
+def test_match_conditions_send_a_claim_update_only_when_it_marks_the_claim(base, what, old, new,
+                                                                          sent):
+    assert condition_decides(base, "UPDATE", "", old, new) is sent, what
 
 
 @needs_bin

@@ -165,8 +165,9 @@ def test_a_charge_annotation_cannot_free_quota(dra):
                               "this pod 1); ask for fewer GPUs or free GPUs"), msg
 
 
-def review_claim(server, obj, dry_run=True, user="alice"):
-    """The validating call for a claim or template CREATE by user: (allowed, message)."""
+def review_claim(server, obj, dry_run=True, user="alice", old=None):
+    """The validating call for a claim or template CREATE by user (an UPDATE from old when
+    given): (allowed, message)."""
     conn = server.connect(timeout=10)
     plural = obj["kind"].lower() + "s"
     version = obj["apiVersion"].split("/")[1]
@@ -174,9 +175,9 @@ def review_claim(server, obj, dry_run=True, user="alice"):
            "kind": {"group": "resource.k8s.io", "version": version, "kind": obj["kind"]},
            "resource": {"group": "resource.k8s.io", "version": version, "resource": plural},
            "namespace": obj["metadata"]["namespace"], "name": obj["metadata"]["name"],
-           "operation": "CREATE",
+           "operation": "UPDATE" if old else "CREATE",
            "userInfo": {"username": user, "groups": ["system:authenticated"]},
-           "object": obj, "oldObject": None, "dryRun": dry_run}
+           "object": obj, "oldObject": old, "dryRun": dry_run}
     status, _, got = conn.review({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
                                   "request": req}, path="/validate")
     conn.close()
@@ -220,6 +221,14 @@ def test_claims_and_templates_are_checked_at_creation(dra):
     assert review_claim(server, extended, user="system:kube-controller-manager") == (True, None)
     assert review_claim(server, extended, user="system:serviceaccount:team-q:default") == (
         False, forged)
+    # Nor may anyone else mark a claim of theirs so later: the inventory would drop its charge.
+    plain = claim("mine", 8)
+    assert review_claim(server, generated, old=plain) == (False, forged)
+    assert review_claim(server, extended, old=plain) == (False, forged)
+    assert review_claim(server, generated, old=plain,
+                        user="system:serviceaccount:kube-system:resource-claim-controller") == (
+        True, None)
+    assert review_claim(server, plain, old=generated) == (True, None)  # unmarked: charged again
     # Devices that are not GPUs are not gpuguard's business.
     nic = claim("nic", 64)
     nic["spec"]["devices"]["requests"][0]["exactly"]["deviceClassName"] = "rdma.example.com"
