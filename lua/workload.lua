@@ -538,11 +538,18 @@ function M.stray_replicas(pod, asks, pool)
         local list = spec[CONTAINER_LISTS[f]]
         for _, c in ipairs(type(list) == "table" and list or NONE) do
             if type(c) == "table" and not decided[c] then
-                for _, it in ipairs(gpu.requested(c)) do
+                local ok, items = pcall(gpu.requested, c)
+                if not ok then
+                    return (tostring(items):gsub("^.-gpu%.requested: ", ""))
+                end
+                for _, it in ipairs(items) do
                     if it.kind == "shared" or (gpu_is_replica and it.resource == GPU) then
                         local name = tostring(c.name)
-                        return string.format("container %s asks for %s itself, beside the GPU share gpuguard decides for this pod; ask for its GPU through gpuguard as well (%s.%s), or for every GPU of the pod as resources without gpuguard's annotations",
-                            name, it.resource, M.FRACTION, name)
+                        -- gpuguard's per-container annotations name regular containers only
+                        local instead = f == 1 and "move it to a regular container"
+                            or string.format("ask for its GPU through gpuguard as well (%s.%s)", M.FRACTION, name)
+                        return string.format("container %s asks for %s itself, beside the GPU share gpuguard decides for this pod; %s, or for every GPU of the pod as resources without gpuguard's annotations",
+                            name, it.resource, instead)
                     end
                 end
             end

@@ -222,8 +222,8 @@ static void add_template(struct gather *g, const struct mf_entry *e, const struc
         json_array_append_new(g->warnings, prefixed(e->path, json_string_value(w)));
     json_object_update(g->audit, r->pod.audit);
     dr_add_fired(g->fired, r->pod.fired);
-    if (changes == CHANGES_PATCH)
-        json_array_extend(g->patch, r->mapped);
+    if (changes == CHANGES_PATCH && json_array_extend(g->patch, r->mapped) != 0)
+        g->lost = true; /* never admit without the template's changes */
     else if (changes == CHANGES_WARN)
         warn_changes(g->warnings, e->path, "the pods get the change", r->mapped);
     json_array_foreach(changes == CHANGES_PATCH ? r->dropped : NULL, i, w)
@@ -294,7 +294,8 @@ static enum gg_status review_object(struct engine *engine, const struct adm_requ
     json_object_update(g->audit, r.audit);
     dr_add_fired(g->fired, r.fired);
     if (changes == CHANGES_PATCH) {
-        json_array_extend(g->patch, r.patch);
+        if (json_array_extend(g->patch, r.patch) != 0)
+            g->lost = true;
         *patched = json_incref(r.mutated);
     } else if (changes == CHANGES_WARN) {
         warn_changes(g->warnings, req->kind, "it is not changed", r.patch);

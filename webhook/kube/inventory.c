@@ -535,6 +535,10 @@ json_t *inv_dra_get(struct inventory *inv, const char *kind, const char *ns, con
     inv_fetch_fn fetch = inv->fetch;
     void *ctx = inv->fetch_ctx;
     pthread_mutex_unlock(&inv->dra_lock);
+    if (s && !copy) { /* kept but not copied: "absent" would pass a claim its checks deny */
+        gg_fail(err, GG_ERR_NOMEM, "out of memory reading %s %s/%s", kind, ns, name);
+        return NULL;
+    }
     if (copy || !fetch || strcmp(kind, "ResourceClaimTemplate") != 0)
         return copy;
     /* A template applied with its pod may not have reached the watch yet: ask for it (outside
