@@ -798,18 +798,43 @@ function M.charge(pod, cfg, opts)
     return total + dra, breakdown, with_extended_classes(breakdown, classes)
 end
 
--- What a ResourceClaim holds on its own: nothing when its pod or the scheduler's
--- extended-resource pod is charged for it; one GPU per request when it cannot be read.
+-- The requests of a claim's spec whose device classes its pod was not charged for as extended
+-- resources (gpu.requested knows the extended-resource names of NVIDIA's GPU classes only), as
+-- a spec of their own.
+local function uncharged_requests(spec)
+    local devices = type(spec) == "table" and spec.devices
+    local keep = {}
+    for _, r in ipairs(type(devices) == "table" and list(devices.requests) or NONE) do
+        local charged = true
+        for _, sub in ipairs(type(r) == "table" and alternatives(r) or NONE) do
+            local class = type(sub) == "table" and sub.deviceClassName
+            charged = charged and type(class) == "string"
+                and gpu.is_gpu_resource("deviceclass.resource.kubernetes.io/" .. class)
+        end
+        if not charged then
+            keep[#keep + 1] = r
+        end
+    end
+    return { devices = { requests = keep } }
+end
+
+-- What a ResourceClaim holds on its own: nothing when its pod is charged for it (a claim made
+-- from the pod's template, or the scheduler's claim for extended resources the pod was charged
+-- for); one GPU per request when it cannot be read.
 local function claim_usage(claim, cfg)
+    local spec = claim.spec
     if M.claim_charged_elsewhere(claim) then
-        return 0
+        if claim.metadata.annotations[M.POD_CLAIM_NAME] ~= nil then
+            return 0
+        end
+        spec = uncharged_requests(spec)
     end
     local meta = type(claim.metadata) == "table" and claim.metadata or NONE
-    local c = M.claim_charge(cfg, claim.spec, "ResourceClaim " .. tostring(meta.name))
+    local c = M.claim_charge(cfg, spec, "ResourceClaim " .. tostring(meta.name))
     if c then
         return c
     end
-    local devices = type(claim.spec) == "table" and claim.spec.devices
+    local devices = type(spec) == "table" and spec.devices
     return math.max(1, #list(type(devices) == "table" and devices.requests)) * 1000
 end
 

@@ -66,4 +66,29 @@ T["class_unit: a profile the expression does not pin charges a whole GPU"] = fun
     end
 end
 
+-- A ResourceClaim as the inventory keeps it, with these requests (class = count) and annotations.
+local function claim(annotations, requests)
+    local list = {}
+    for _, r in ipairs(requests) do
+        list[#list + 1] = { name = "r" .. #list, exactly = { deviceClassName = r[1], count = r[2] } }
+    end
+    return { kind = "ResourceClaim", metadata = { name = "c", namespace = "team-a", annotations = annotations },
+             spec = { devices = { requests = list } } }
+end
+
+T["usage_charge: the scheduler's claim counts the devices its pod was not charged for"] = function()
+    local cfg = { dra = { classes = { ["gpu.example.com"] = 1 } } }
+    local scheduler = { ["resource.kubernetes.io/extended-resource-claim"] = "true" }
+    local generated = { ["resource.kubernetes.io/pod-claim-name"] = "gpus" }
+    eq(intent.usage_charge(claim(nil, { { "gpu.example.com", 2 } }), cfg), 2000, "a claim of its own")
+    eq(intent.usage_charge(claim(generated, { { "gpu.example.com", 2 } }), cfg), 0,
+       "made from its pod's template: the pod is charged")
+    -- The pod was charged for deviceclass.resource.kubernetes.io/gpu.nvidia.com, not for a
+    -- class only the configuration knows as a GPU: the claim holds those.
+    eq(intent.usage_charge(claim(scheduler, { { "gpu.nvidia.com", 4 } }), cfg), 0, "NVIDIA's class")
+    eq(intent.usage_charge(claim(scheduler, { { "gpu.example.com", 3 } }), cfg), 3000, "another class")
+    eq(intent.usage_charge(claim(scheduler, { { "gpu.nvidia.com", 4 }, { "gpu.example.com", 3 },
+                                              { "rdma.example.com", 8 } }), cfg), 3000, "both, and a NIC")
+end
+
 return T
