@@ -423,20 +423,23 @@ local function host_lookup(kind, namespace, name)
     return nil
 end
 
--- The DRA part of a pod: its charge, items for the breakdown, GPU classes; or nil and a message.
---- True when a claim (a ResourceClaim object) is charged to the pod that made it, or to the
---- scheduler's extended-resource pod, not on its own.
+--- The annotation that makes a claim (a ResourceClaim object, or nil) charged to a pod, not on
+--- its own: M.POD_CLAIM_NAME (made from the pod's template) or M.EXTENDED_RESOURCE_CLAIM (made by
+--- the scheduler for the pod's extended resources); nil for a claim of its own.
 function M.claim_charged_elsewhere(claim)
-    local a = type(claim.metadata) == "table" and claim.metadata.annotations
-    return type(a) == "table" and (a[M.POD_CLAIM_NAME] ~= nil or a[M.EXTENDED_RESOURCE_CLAIM] == "true")
+    local meta = type(claim) == "table" and claim.metadata
+    local a = type(meta) == "table" and meta.annotations
+    if type(a) ~= "table" then
+        return nil
+    elseif a[M.POD_CLAIM_NAME] ~= nil then
+        return M.POD_CLAIM_NAME
+    elseif a[M.EXTENDED_RESOURCE_CLAIM] == "true" then
+        return M.EXTENDED_RESOURCE_CLAIM
+    end
+    return nil
 end
 
--- The annotation that makes a claim charged elsewhere, for messages.
-local function claim_maker_key(claim)
-    local a = claim.metadata.annotations
-    return a[M.POD_CLAIM_NAME] ~= nil and M.POD_CLAIM_NAME or M.EXTENDED_RESOURCE_CLAIM
-end
-
+-- The DRA part of a pod: its charge, items for the breakdown, GPU classes; or nil and a message.
 local function pod_dra(pod, spec, cfg, pool, lookup, namespace)
     local refs = list(spec.resourceClaims)
     if #refs == 0 then
@@ -480,13 +483,14 @@ local function pod_dra(pod, spec, cfg, pool, lookup, namespace)
             if not claim and why then
                 return nil, string.format("resourceClaims %s: ResourceClaim %s/%s could not be read (%s); "
                     .. "try again", tostring(ref.name), ns, cname, why)
-            elseif claim and M.claim_charged_elsewhere(claim) then
-                -- Charged to the pod it was made for, or to the scheduler's: a second pod on it
-                -- would hold its devices uncharged, and keep them once that pod is gone.
+            end
+            local made_for = M.claim_charged_elsewhere(claim)
+            if made_for then
+                -- Charged to the pod it was made for: a second pod on it would hold its devices
+                -- uncharged, and keep them once that pod is gone.
                 return nil, string.format("resourceClaims %s names ResourceClaim %s/%s, which was made for "
                     .. "another pod's own use (annotation %s); use a ResourceClaimTemplate or a "
-                    .. "ResourceClaim of your own", tostring(ref.name), ns, cname,
-                    claim_maker_key(claim))
+                    .. "ResourceClaim of your own", tostring(ref.name), ns, cname, made_for)
             end
             if claim then
                 local c, cl = M.claim_charge(cfg, claim.spec, "ResourceClaim " .. cname, pool)
@@ -508,7 +512,6 @@ local function pod_dra(pod, spec, cfg, pool, lookup, namespace)
     end
     return total, items, classes
 end
-
 
 -- KAI ----------------------------------------------------------------------------------------
 
@@ -674,7 +677,6 @@ end
 
 -- Charges ------------------------------------------------------------------------------------
 
--- quota.pod_charge's context for a pod on pool (nil: unknown), replicas charged at R.
 --- What nvidia.com/gpu stands for on pool (nil: no pool): "mig", a MIG device (single
 --- strategy), "replica", a shared replica (time-slicing or MPS keeping the resource's name), or
 --- "whole".
@@ -688,6 +690,7 @@ function M.gpu_means(pool)
     return "whole"
 end
 
+-- quota.pod_charge's context for a pod on pool (nil: unknown), replicas charged at R.
 local function context(cfg, pool, memory_mib, replicas)
     local mig = pool and pool.sharing == "mig" and pool or fleet.pool_for_mode(cfg, "mig")
     local model = mig and mig.model
@@ -720,12 +723,12 @@ local function has_replicas(breakdown)
 end
 
 -- classes (pod_dra's) and the device classes of the DRA extended resources in breakdown
--- (quota.pod_charge's "DRA device class" lines), each once: a new list when one is added.
+-- (quota.pod_charge's lines with a class), each once: a new list when one is added.
 local function with_extended_classes(breakdown, classes)
     local out = classes
     for _, b in ipairs(breakdown) do
         for _, it in ipairs(b.items) do
-            local class = it.rule == "DRA device class" and it.resource:match("^[^/]+/(.+)$")
+            local class = it.class
             if class and not k8s.contains(out, class) then
                 if out == classes then
                     out = { shared_claim = classes.shared_claim }
@@ -822,11 +825,10 @@ end
 -- from the pod's template, or the scheduler's claim for extended resources the pod was charged
 -- for); one GPU per request when it cannot be read.
 local function claim_usage(claim, cfg)
-    local spec = claim.spec
-    if M.claim_charged_elsewhere(claim) then
-        if claim.metadata.annotations[M.POD_CLAIM_NAME] ~= nil then
-            return 0
-        end
+    local spec, made_for = claim.spec, M.claim_charged_elsewhere(claim)
+    if made_for == M.POD_CLAIM_NAME then
+        return 0
+    elseif made_for then
         spec = uncharged_requests(spec)
     end
     local meta = type(claim.metadata) == "table" and claim.metadata or NONE

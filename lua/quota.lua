@@ -250,7 +250,7 @@ local function vgpu_share(ctx, state, who, mem_item, pct_item, cores_item)
 end
 
 -- The charge lines of the GPU resources items (gpu.requested) of the container named name: list
--- of {resource, count, charge, rule}, or nil, msg.
+-- of {resource, count, charge, rule, class (a DRA extended resource's device class)}, or nil, msg.
 local function container_lines(items, name, ctx, state)
     local who = string.format("container %q:", name)
     local by = {}
@@ -260,7 +260,7 @@ local function container_lines(items, name, ctx, state)
     local lines = {}
     local function add(it, count, per, rule)
         lines[#lines + 1] = { resource = it.resource, count = count, charge = count * per,
-                              each = per, rule = rule }
+                              each = per, rule = rule, class = it.class }
     end
     local whole = by["nvidia.com/gpu"]
 
@@ -383,7 +383,8 @@ end
 --- containers, each init container plus the sidecars started before it); ephemeral containers
 --- do not count.  Returns total, breakdown where breakdown is a list of
 ---   { container = name, kind = "regular"|"init"|"sidecar"|"pod", charge = milli,
----     items = { { resource, count, each, charge, rule } } }
+---     items = { { resource, count, each, charge, rule, class } } }  (class: a DRA extended
+---     resource's device class, nil otherwise)
 --- (containers without GPU resources left out), or nil and a message naming the container
 --- and what is missing (an unknown profile, no model for a MIG resource, ...).
 function M.pod_charge(pod_spec, ctx)

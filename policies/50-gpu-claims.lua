@@ -39,35 +39,21 @@ local function gpus(v)
     return (quota.parse_fraction(v, AMOUNT))
 end
 
--- The value of the annotation of obj that makes it charged elsewhere, or nil.
-local function maker_note(obj, key)
-    local meta = type(obj) == "table" and obj.metadata
-    local a = type(meta) == "table" and meta.annotations
-    return type(a) == "table" and a[key] or nil
-end
-
--- Does an UPDATE add or change one of those annotations (the claim would then count nothing)?
-local function marked_now(req, obj)
-    for _, key in ipairs({ intent.POD_CLAIM_NAME, intent.EXTENDED_RESOURCE_CLAIM }) do
-        local now = maker_note(obj, key)
-        if now ~= nil and now ~= maker_note(req.old_object, key) then
-            return true
-        end
-    end
-    return false
-end
-
 local function validate(req, obj, cfg)
     local template = req.kind == "ResourceClaimTemplate"
+    -- A claim made for a pod counts nothing on its own: only its makers may create one, or
+    -- mark one so by UPDATE (which changes no device: a claim's spec is immutable).
     local update = req.operation == "UPDATE"
-    if not template and (update and marked_now(req, obj) or not update and intent.claim_charged_elsewhere(obj)) then
+    local marked = not template and intent.claim_charged_elsewhere(obj)
+        and not (update and intent.claim_charged_elsewhere(req.old_object))
+    if marked then
         if not CLAIM_MAKERS[(req.user or {}).username] then
             req:deny(string.format("the annotations %s and %s are for the claims Kubernetes makes for a pod's resourceClaimTemplateName and for extended resources, which are charged with their pod; remove them, and the claim is charged to the namespace",
                 intent.POD_CLAIM_NAME, intent.EXTENDED_RESOURCE_CLAIM))
         end
         return
-    elseif update or (not template and intent.claim_charged_elsewhere(obj)) then
-        return -- an UPDATE changes no device (a claim's spec is immutable); a maker's claim
+    elseif update then
+        return
     end
     local spec = type(obj.spec) == "table" and obj.spec
     if template then
