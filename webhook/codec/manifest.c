@@ -1207,8 +1207,9 @@ enum gg_status mf_map_patch(const struct mf_entry *e, const json_t *doc, const j
             goto out;
         }
         enum gg_status got = jp_pointer_get(doc, ptr, &map, NULL);
+        bool missing = got != GG_OK || !json_is_object(map);
         if (got == GG_ERR_NOMEM ||
-            ((got != GG_OK || !json_is_object(map)) &&
+            (missing &&
              json_array_insert_new(
                  ops, 0, json_pack("{s:s,s:s,s:{}}", "op", "add", "path", ptr, "value")) != 0)) {
             free(ptr);

@@ -651,8 +651,6 @@ struct gather {
     bool lost;            /* a denial could not be recorded: the verdict is a denial */
 };
 
-/* Shown when a denial could not be recorded (no allocation needed). */
-
 /* Record an enforced denial; a failure to record it is itself a denial. */
 static void deny(struct gather *g, const char *text)
 {

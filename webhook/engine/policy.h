@@ -100,7 +100,8 @@ struct policy_timing {
     int64_t validate; /* validate functions */
 };
 
-/* The verdict's message when a denial could not be recorded for want of memory. */
+/* The verdict's message when a denial could not be recorded for want of memory (a literal:
+ * showing it needs no allocation). */
 #define POLICY_LOST_DENIAL "gpuguard: out of memory while recording a denial; denied to be safe"
 
 struct policy_verdict {

@@ -158,6 +158,13 @@ static void add_denial(struct gather *g, const char *path, const char *message)
     g->denials = joined;
 }
 
+/* Ops for the answer's patch; ops that cannot be joined to it deny: never admit without them. */
+static void add_patch(struct gather *g, json_t *ops)
+{
+    if (json_array_extend(g->patch, ops) != 0)
+        g->lost = true;
+}
+
 /* An integer member of obj, or 1. */
 static long long count_member(const json_t *obj, const char *key)
 {
@@ -222,8 +229,8 @@ static void add_template(struct gather *g, const struct mf_entry *e, const struc
         json_array_append_new(g->warnings, prefixed(e->path, json_string_value(w)));
     json_object_update(g->audit, r->pod.audit);
     dr_add_fired(g->fired, r->pod.fired);
-    if (changes == CHANGES_PATCH && json_array_extend(g->patch, r->mapped) != 0)
-        g->lost = true; /* never admit without the template's changes */
+    if (changes == CHANGES_PATCH)
+        add_patch(g, r->mapped);
     else if (changes == CHANGES_WARN)
         warn_changes(g->warnings, e->path, "the pods get the change", r->mapped);
     json_array_foreach(changes == CHANGES_PATCH ? r->dropped : NULL, i, w)
@@ -294,8 +301,7 @@ static enum gg_status review_object(struct engine *engine, const struct adm_requ
     json_object_update(g->audit, r.audit);
     dr_add_fired(g->fired, r.fired);
     if (changes == CHANGES_PATCH) {
-        if (json_array_extend(g->patch, r.patch) != 0)
-            g->lost = true;
+        add_patch(g, r.patch);
         *patched = json_incref(r.mutated);
     } else if (changes == CHANGES_WARN) {
         warn_changes(g->warnings, req->kind, "it is not changed", r.patch);
