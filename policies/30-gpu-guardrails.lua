@@ -19,14 +19,18 @@ validate, at pod CREATE:
   * GPU resources have requests equal to limits (a request alone, or different values, is
     refused by Kubernetes later with a less helpful message);
   * GPU pods carry the labels of guardrails.required_labels (cost attribution);
-  * pods of a class with max_runtime set activeDeadlineSeconds at most that long.
+  * pods of a class with max_runtime set activeDeadlineSeconds at most that long.  Not asked of
+    the template of a ReplicaSet, StatefulSet, DaemonSet or ReplicationController (a
+    Deployment's, a Notebook's, a LeaderWorkerSet's): the API server refuses the field there,
+    and their pods are held to it when they are created.
 validate, at pod UPDATE (guardrails.update_allowed may do all of it, e.g. Kueue's controller):
   * the update may not change a gpuguard.io/ label or annotation;
   * on a scheduling-gated pod it may not add a toleration of a GPU pool's taint, a nodeSelector
     entry of a pool or a required node affinity term that selects a pool;
   * pods/ephemeralcontainers: each new ephemeral container gets the container rules above.
 mutate, at CREATE:
-  * pods of a class with max_runtime and no activeDeadlineSeconds get it set to max_runtime.
+  * pods of a class with max_runtime and no activeDeadlineSeconds get it set to max_runtime
+    (templates: where their API allows it, as above).
 
 Pods of the GPU plumbing (workload.exempt: placement.exempt_namespaces and
 placement.exempt_service_accounts) are exempt from the environment, hostPath,
@@ -337,14 +341,24 @@ local function label_rules(ctx)
     end
 end
 
-local function max_runtime(pod, cfg)
+-- The controllers whose pod template may not set activeDeadlineSeconds (Kubernetes' apps and
+-- core validation: "activeDeadlineSeconds in ReplicaSet is not Supported", and so on).
+local NO_DEADLINE_IN_TEMPLATE = { ReplicaSet = true, StatefulSet = true, DaemonSet = true,
+    ReplicationController = true }
+
+-- The class's runtime limit in seconds, the class and the limit as written; nil when the class
+-- has none or when pod is a template (req.template) that cannot carry one.
+local function max_runtime(req, pod, cfg)
+    if req.template and NO_DEADLINE_IN_TEMPLATE[k8s.owner_kind(pod)] then
+        return nil
+    end
     local class = workload.class(pod, cfg)
     local c = cfg.classes and cfg.classes[class]
     return c and c.max_runtime and fleet.seconds(c.max_runtime), class, c and c.max_runtime
 end
 
 local function runtime_rules(req, pod, spec, cfg)
-    local limit, class, text = max_runtime(pod, cfg)
+    local limit, class, text = max_runtime(req, pod, cfg)
     if not limit then
         return
     end
@@ -481,7 +495,7 @@ local function mutate(req, pod, cfg)
     if not spec or not workload.wants_gpu(pod, cfg, req.namespace) then
         return
     end
-    local limit = max_runtime(pod, cfg)
+    local limit = max_runtime(req, pod, cfg)
     if limit and spec.activeDeadlineSeconds == nil then
         spec.activeDeadlineSeconds = limit
         req:audit("max-runtime", tostring(limit) .. "s")
