@@ -12,6 +12,9 @@
 #   make image       build the container image IMAGE (gpuguard:<version>) with buildah
 #   make image-push  push IMAGE to its registry (IMAGE_PUSH_FLAGS, e.g. --tls-verify=false)
 #   make test-image  run IMAGE as deploy/base's Deployment does and check its answers
+#   make k8s-bin     build the Kubernetes binaries from Go modules (cached outside build/)
+#   make cluster-up  a local control plane with fake GPU nodes and gpuguard (cluster-down stops it)
+#   make e2e         the end-to-end tests against that control plane (tests/k8s/k8s.mk)
 
 BUILD   ?= build
 CC      ?= cc
@@ -250,7 +253,7 @@ lint:
 install: $(BIN)
 	install -D -m 0755 $(BIN) $(DESTDIR)/usr/local/bin/gpuguard
 
-clean:
+clean: cluster-down
 	rm -rf build
 
 # ---- the container image (deploy/Dockerfile), built with buildah: no Docker
@@ -279,3 +282,5 @@ test-image: deps $(BIN)
 	@echo "test-image: ran $(IMAGE) from buildah mount, root read-only, chrooted as the" \
 	    "Deployment's user (tests/image/pod.sh); its size: $$(buildah images --noheading \
 	    --format '{{.Size}}' $(IMAGE) | tr -s ' ')"
+
+include tests/k8s/k8s.mk

@@ -561,10 +561,18 @@ REVIEWS = [
 ]
 
 
+def admission_request(operation, sub_resource):
+    """The request as matchConditions see it: the API server leaves subResource out when there
+    is none (AdmissionRequest's omitempty), and reading it then is an error."""
+    req = {"operation": operation,
+           "userInfo": {"username": "alice", "groups": ["system:authenticated"]}}
+    if sub_resource:
+        req["subResource"] = sub_resource
+    return req
+
+
 def condition_decides(render, operation, sub_resource, old, new):
-    env = {"object": new, "oldObject": old,
-           "request": {"operation": operation, "subResource": sub_resource,
-                       "userInfo": {"username": "alice", "groups": ["system:authenticated"]}}}
+    env = {"object": new, "oldObject": old, "request": admission_request(operation, sub_resource)}
     results = [evaluate(compile_cel(c["expression"])[0], env) for c in match_conditions(render)]
     for r in results:
         assert not isinstance(r, CelError), f"the condition fails, which rejects the request: {r}"
@@ -1241,10 +1249,9 @@ def test_workload_conditions_send_only_template_changes(base, kind, what, group,
     """The workload webhooks' condition, evaluated as the API server would: template changes
     are sent, the controllers' own writes are not, and no condition fails to evaluate (with
     failurePolicy Fail that would reject the request)."""
-    env = {"object": new, "oldObject": old,
-           "request": {"operation": operation, "subResource": "",
-                       "resource": {"group": group, "version": "v1", "resource": resource},
-                       "userInfo": {"username": "alice", "groups": ["system:authenticated"]}}}
+    env = {"object": new, "oldObject": old, "request": {
+        **admission_request(operation, ""),
+        "resource": {"group": group, "version": "v1", "resource": resource}}}
     results = [evaluate(compile_cel(c["expression"])[0], env)
                for c in workload_hook(base, kind)["matchConditions"]]
     for r in results:

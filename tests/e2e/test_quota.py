@@ -1,0 +1,98 @@
+"""Quota with the real watch: a namespace fills up, the next pod is denied with the quota
+message, deleting a pod frees room; after etcd compaction and an API server restart the
+inventory relists (410 Gone) and counts the same.  And DRA: the resourceclaim controller makes a
+pod's claim from its template, the scheduler allocates it, and the inventory charges it once."""
+
+import json
+import time
+
+from conftest import REPO, make_namespace, pod_running, wait_for
+
+QUOTA_NS = "e2e-quota"  # quota 2 GPUs in tests/e2e/fleet.yaml
+FIGURES = REPO / "build" / "e2e" / "figures.json"
+
+
+def gpu_pod(name, gpus=1, **spec):
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "labels": {"team": "e2e", "gpuguard.io/workload-class": "training"}},
+            "spec": {"containers": [{"name": "main", "image": "registry.example/cuda:12",
+                                     "resources": {"limits": {"nvidia.com/gpu": gpus}}}], **spec}}
+
+
+def denial(kube, namespace, pod):
+    r = kube.create(pod, namespace, check=False)
+    assert not isinstance(r, dict), f"{pod['metadata']['name']} was admitted"
+    return r.stderr.strip().split("denied the request: ", 1)[1]
+
+
+def record(name, value):
+    FIGURES.parent.mkdir(parents=True, exist_ok=True)
+    figures = json.loads(FIGURES.read_text()) if FIGURES.exists() else {}
+    figures[name] = value
+    FIGURES.write_text(json.dumps(figures, indent=2) + "\n")
+
+
+def test_a_full_namespace_is_denied_frees_room_on_delete_and_counts_the_same_after_a_relist(
+        kube, gpuguard, cluster):
+    kube.run("delete", "namespace", QUOTA_NS, "--ignore-not-found", "--wait=true", "--timeout=120s")
+    kube.run("create", "namespace", QUOTA_NS)
+    wait_for("the default ServiceAccount", lambda: kube.run(
+        "get", "serviceaccount", "default", "-n", QUOTA_NS, check=False).returncode == 0)
+    try:
+        for name in ("a", "b"):
+            kube.create(gpu_pod(name), QUOTA_NS)
+            wait_for(f"pod {name} running", lambda n=name: pod_running(kube, QUOTA_NS, n))
+        full = ("gpu-quota: namespace e2e-quota would use 3 of 2 GPUs (in use 2, this pod 1); "
+                "ask for fewer GPUs or free GPUs")
+        assert denial(kube, QUOTA_NS, gpu_pod("c")) == full
+
+        # Deleting a pod frees its GPU as soon as the watch shows it gone.
+        kube.run("delete", "pod", "a", "-n", QUOTA_NS, "--wait=true", "--timeout=120s")
+        deleted = time.monotonic()
+        wait_for("pod c admitted after a was deleted",
+                 lambda: isinstance(kube.create(gpu_pod("c"), QUOTA_NS, check=False), dict),
+                 interval=0.05)
+        record("quota_delete_to_admit_seconds", round(time.monotonic() - deleted, 3))
+        assert denial(kube, QUOTA_NS, gpu_pod("d")) == full
+
+        # Compact etcd past every resourceVersion gpuguard has seen and restart the API server:
+        # the watches resume from an expired resourceVersion, get 410 and relist.
+        relists = len(expired_lines(gpuguard))
+        cluster.compact_etcd()
+        cluster.restart_apiserver()
+        wait_for("gpuguard's inventory relisting after 410 Gone",
+                 lambda: len(expired_lines(gpuguard)) > relists, timeout=300)
+        assert denial(kube, QUOTA_NS, gpu_pod("d")) == full
+    finally:
+        kube.run("delete", "namespace", QUOTA_NS, "--wait=false", check=False)
+
+
+def expired_lines(gpuguard):
+    return [l for l in gpuguard.log_lines() if l.get("msg") == "inventory: resourceVersion expired, relisting"]
+
+
+CLAIM_TEMPLATE = {
+    "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+    "metadata": {"name": "two-a100"},
+    "spec": {"spec": {"devices": {"requests": [
+        {"name": "gpus", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 2}}]}}},
+}
+
+
+def test_a_dra_pods_claim_is_made_allocated_and_charged_once(kube, namespace):
+    kube.create(CLAIM_TEMPLATE, namespace)
+    pod = {"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "dra", "labels": {"team": "e2e"}},
+           "spec": {"containers": [{"name": "main", "image": "registry.example/cuda:12",
+                                    "resources": {"claims": [{"name": "gpus"}]}}],
+                    "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "two-a100"}]}}
+    kube.create(pod, namespace)
+    running = wait_for("the DRA pod running", lambda: pod_running(kube, namespace, "dra"))
+    claim_name = running["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+    claim = kube.get("resourceclaim", claim_name, namespace)
+    assert claim["metadata"]["annotations"]["resource.kubernetes.io/pod-claim-name"] == "gpus"
+    devices = claim["status"]["allocation"]["devices"]["results"]
+    assert len(devices) == 2 and {d["driver"] for d in devices} == {"gpu.nvidia.com"}
+    # Quota 4 (the default): the pod and its claim are 2 GPUs, not 4.
+    message = denial(kube, namespace, gpu_pod("three", 3))
+    assert f"namespace {namespace} would use 5 of 4 GPUs (in use 2, this pod 3)" in message

@@ -1,0 +1,464 @@
+#!/usr/bin/python3
+"""A real Kubernetes control plane on 127.0.0.1 with gpuguard installed as shipped
+(docs/testing.md, "The local control plane").
+
+    cluster.py up [--dir build/cluster] [--config deploy/gpuguard.yaml] [--add-config FILE]
+                  [--replicas N] [--if-down]
+    cluster.py down [--dir build/cluster]
+    cluster.py status [--dir build/cluster]
+
+`up` starts etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok (built by
+`make k8s-bin` into build/k8s/bin) on ephemeral ports with certificates made at start; creates a
+fake GPU node pair for every pool of the configuration (tests/k8s/nodes.py); installs deploy/base
+with `kubectl apply -k` through an overlay that changes only what a control plane without kubelets
+needs (the webhooks call https://127.0.0.1:PORT with the test CA; the Deployment scaled to 0);
+then runs `gpuguard serve` on the host with a TokenRequest token of its ServiceAccount, so that
+the shipped RBAC is what it runs with.  A keeper process refreshes that token before it expires
+(as the kubelet does for a projected token) and, with --replicas above 1, forwards the webhook
+port to the gpuguard processes in turn (tests/k8s/keeper.py).
+
+Every process runs in its own process group, its PID in DIR/state.json; `down` stops them all,
+and an `up` that fails stops what it started.  Logs: DIR/logs/<name>.log.
+"""
+
+import argparse
+import base64
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import yaml
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent.parent
+sys.path.insert(0, str(HERE))
+import nodes  # noqa: E402
+import pki  # noqa: E402
+
+NAMESPACE = "gpuguard-system"
+START_TIMEOUT = 180  # seconds for a component to come up, generous for a loaded 2-core machine
+TOKEN_SECONDS = 3600
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Cluster:
+    def __init__(self, dir, bin_dir=None, gpuguard=None):
+        self.dir = Path(dir).resolve()
+        self.bin = Path(bin_dir or REPO / "build" / "k8s" / "bin").resolve()
+        self.gpuguard = Path(gpuguard or REPO / "build" / "gpuguard").resolve()
+        self.state_file = self.dir / "state.json"
+        self.state = json.loads(self.state_file.read_text()) if self.state_file.exists() else {}
+
+    # ---- state and processes ------------------------------------------------------------
+
+    def save(self):
+        tmp = self.state_file.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.state, indent=2))
+        tmp.replace(self.state_file)
+
+    @property
+    def kubeconfig(self):
+        return self.dir / "kubeconfig"
+
+    def start(self, name, argv, env=None):
+        """Start argv in its own process group, output to logs/<name>.log; record its PID."""
+        log = open(self.dir / "logs" / f"{name}.log", "ab")
+        proc = subprocess.Popen([str(a) for a in argv], stdout=log, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, start_new_session=True,
+                                env={**os.environ, **(env or {})}, cwd=REPO)
+        log.close()
+        self.state.setdefault("pids", {})[name] = proc.pid
+        self.save()
+        return proc
+
+    def alive(self, name):
+        pid = self.state.get("pids", {}).get(name)
+        if not pid:
+            return False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        # A zombie of ours, or a process that is not ours any more, is not alive.
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            return stat.rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+
+    def stop(self, name, grace=15):
+        """SIGTERM the process group, SIGKILL after grace seconds."""
+        pid = self.state.get("pids", {}).pop(name, None)
+        self.save()
+        if not pid:
+            return
+        try:
+            os.killpg(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(pid, 0)
+            except ProcessLookupError:
+                return
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+            time.sleep(0.1)
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+    def wait(self, what, check, timeout=START_TIMEOUT, name=None):
+        """Poll check() until it is true; fail naming what, with the log's tail."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                if check():
+                    return
+            except Exception:  # not up yet
+                pass
+            if name and not self.alive(name):
+                raise SystemExit(f"cluster: {name} exited while waiting for {what}\n"
+                                 + self.log_tail(name))
+            if time.monotonic() > deadline:
+                raise SystemExit(f"cluster: {what} not ready after {timeout} s\n"
+                                 + (self.log_tail(name) if name else ""))
+            time.sleep(0.25)
+
+    def log_tail(self, name, lines=25):
+        try:
+            text = (self.dir / "logs" / f"{name}.log").read_text(errors="replace")
+        except OSError:
+            return ""
+        return "".join(f"  {name}| {l}\n" for l in text.splitlines()[-lines:])
+
+    # ---- kubectl ------------------------------------------------------------------------
+
+    def kubectl(self, *args, input=None, check=True, kubeconfig=None):
+        cmd = [str(self.bin / "kubectl"), "--kubeconfig", str(kubeconfig or self.kubeconfig),
+               *map(str, args)]
+        r = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=120)
+        if check and r.returncode != 0:
+            raise SystemExit(f"cluster: kubectl {' '.join(map(str, args))}: {r.stderr.strip()}")
+        return r
+
+    def apply(self, objects):
+        text = yaml.safe_dump_all(objects, sort_keys=False)
+        return self.kubectl("apply", "--server-side", "--force-conflicts",
+                            "--field-manager=gpuguard-e2e", "-f", "-", input=text)
+
+    # ---- the pieces ---------------------------------------------------------------------
+
+    def write_kubeconfig(self, path, user, api):
+        pk = self.dir / "pki"
+        if isinstance(user, str):
+            auth = {"client-certificate": str(pk / f"{user}.crt"), "client-key": str(pk / f"{user}.key")}
+        else:
+            auth = user
+        path.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "e2e",
+            "clusters": [{"name": "e2e", "cluster": {"server": f"https://127.0.0.1:{api}",
+                                                      "certificate-authority": str(pk / "ca.crt")}}],
+            "users": [{"name": "e2e", "user": auth}],
+            "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": "e2e"}}],
+        }))
+        path.chmod(0o600)
+
+    def start_etcd(self):
+        ports = self.state["ports"]
+        c, p = ports["etcd"], ports["etcd_peer"]
+        self.start("etcd", [
+            self.bin / "etcd", "--name", "e2e", "--data-dir", self.dir / "etcd",
+            "--listen-client-urls", f"http://127.0.0.1:{c}",
+            "--advertise-client-urls", f"http://127.0.0.1:{c}",
+            "--listen-peer-urls", f"http://127.0.0.1:{p}",
+            "--initial-advertise-peer-urls", f"http://127.0.0.1:{p}",
+            "--initial-cluster", f"e2e=http://127.0.0.1:{p}",
+            "--unsafe-no-fsync", "--log-level", "warn"])
+        self.wait("etcd", lambda: urllib.request.urlopen(
+            f"http://127.0.0.1:{c}/health", timeout=2).status == 200, name="etcd")
+
+    def apiserver_argv(self):
+        ports, pk = self.state["ports"], self.dir / "pki"
+        return [
+            self.bin / "kube-apiserver",
+            "--etcd-servers", f"http://127.0.0.1:{ports['etcd']}",
+            "--bind-address", "127.0.0.1", "--advertise-address", "127.0.0.1",
+            "--secure-port", ports["api"], "--endpoint-reconciler-type", "none",
+            "--tls-cert-file", pk / "apiserver.crt", "--tls-private-key-file", pk / "apiserver.key",
+            "--client-ca-file", pk / "ca.crt",
+            "--service-cluster-ip-range", "10.0.0.0/24", "--allow-privileged=true",
+            "--authorization-mode", "Node,RBAC",
+            "--service-account-issuer", "https://kubernetes.default.svc.cluster.local",
+            "--service-account-key-file", pk / "sa.pub",
+            "--service-account-signing-key-file", pk / "sa.key",
+            "--profiling=false"]
+
+    def start_apiserver(self):
+        self.start("kube-apiserver", self.apiserver_argv())
+        self.wait("kube-apiserver", lambda: self.kubectl(
+            "get", "--raw", "/readyz", check=False).stdout.strip() == "ok", name="kube-apiserver")
+
+    def restart_apiserver(self):
+        """Stop the API server and start it again with the same flags and ports.  Until it is
+        ready its authorizer may refuse what RBAC allows (its caches fill after it serves): the
+        window goes in the state, for tests that read logs."""
+        stopped = time.time()
+        self.stop("kube-apiserver")
+        self.start_apiserver()
+        self.state.setdefault("apiserver_restarts", []).append([stopped, time.time()])
+        self.save()
+
+    def compact_etcd(self):
+        """Compact etcd's history up to its current revision (its JSON gateway, as etcdctl
+        compact does): watches from an older resourceVersion then get 410 Gone."""
+        url = f"http://127.0.0.1:{self.state['ports']['etcd']}/v3/kv"
+
+        def post(path, body):
+            req = urllib.request.Request(f"{url}/{path}", data=json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=30) as r:
+                return json.loads(r.read())
+        rev = int(post("range", {"key": base64.b64encode(b"/").decode()})["header"]["revision"])
+        post("compaction", {"revision": rev, "physical": True})
+        return rev
+
+    def start_controllers(self):
+        pk = self.dir / "pki"
+        self.start("kube-controller-manager", [
+            self.bin / "kube-controller-manager", "--kubeconfig", self.dir / "controller-manager.kubeconfig",
+            "--use-service-account-credentials=true",
+            "--service-account-private-key-file", pk / "sa.key", "--root-ca-file", pk / "ca.crt",
+            "--leader-elect=false", "--bind-address", "127.0.0.1", "--secure-port", "0",
+            "--controllers", "*"])
+        self.start("kube-scheduler", [
+            self.bin / "kube-scheduler", "--kubeconfig", self.dir / "scheduler.kubeconfig",
+            "--leader-elect=false", "--bind-address", "127.0.0.1", "--secure-port", "0"])
+        self.start("kwok", [
+            self.bin / "kwok", "--kubeconfig", self.kubeconfig, "--config", self.bin / "kwok-stages.yaml",
+            "--manage-all-nodes=false",
+            "--manage-nodes-with-annotation-selector", "kwok.x-k8s.io/node=fake",
+            "--node-ip", "127.0.0.1", "--cidr", "10.244.0.0/16"])
+        # The service account controller is up once a namespace has its default account.
+        self.wait("the controller manager (default ServiceAccount)", lambda: self.kubectl(
+            "get", "serviceaccount", "default", "-n", "default", check=False).returncode == 0,
+            name="kube-controller-manager")
+
+    def make_fleet(self, config):
+        objs = nodes.objects(config)
+        self.apply(objs)
+        names = [o["metadata"]["name"] for o in objs if o["kind"] == "Node"]
+
+        def ready():
+            got = json.loads(self.kubectl("get", "nodes", "-o", "json").stdout)["items"]
+            ok = {n["metadata"]["name"] for n in got
+                  if any(c["type"] == "Ready" and c["status"] == "True"
+                         for c in n.get("status", {}).get("conditions", []))
+                  and not any(t["key"] == "node.kubernetes.io/not-ready"
+                              for t in n.get("spec", {}).get("taints") or [])}
+            return set(names) <= ok
+        self.wait(f"{len(names)} fake GPU nodes Ready", ready, name="kwok")
+
+    def write_config(self, config_path, add_config):
+        config = yaml.safe_load(Path(config_path).read_text())
+        if add_config:
+            extra = yaml.safe_load(Path(add_config).read_text())
+            for key, value in extra.items():
+                if key == "pools":
+                    config["pools"] = config.get("pools", []) + value
+                elif isinstance(value, dict) and isinstance(config.get(key), dict):
+                    merge(config[key], value)
+                else:
+                    config[key] = value
+        target = self.dir / "gpuguard" / "gpuguard.yaml"
+        tmp = target.with_suffix(".tmp")
+        tmp.write_text("# written by tests/k8s/cluster.py from " + str(config_path)
+                       + (f" and {add_config}" if add_config else "") + "\n"
+                       + yaml.safe_dump(config, sort_keys=False))
+        tmp.replace(target)
+        return config
+
+    def write_overlay(self):
+        """deploy/base with the webhooks pointed at the host and the Deployment scaled to 0."""
+        ov = self.dir / "overlay"
+        ov.mkdir(exist_ok=True)
+        ca = base64.b64encode((self.dir / "gpuguard" / "ca.crt").read_bytes()).decode()
+        url = f"https://127.0.0.1:{self.state['ports']['webhook']}"
+
+        def client(path):
+            return [{"op": "replace", "path": f"/webhooks/{i}/clientConfig",
+                     "value": {"url": url + path, "caBundle": ca}} for i in (0, 1)]
+        patches = [
+            {"target": {"kind": "MutatingWebhookConfiguration", "name": "gpuguard"},
+             "patch": yaml.safe_dump(client("/mutate"))},
+            {"target": {"kind": "ValidatingWebhookConfiguration", "name": "gpuguard"},
+             "patch": yaml.safe_dump(client("/validate"))},
+            {"target": {"kind": "Deployment", "name": "gpuguard"},
+             "patch": yaml.safe_dump([{"op": "replace", "path": "/spec/replicas", "value": 0}])},
+        ]
+        (ov / "gpuguard.yaml").write_bytes((self.dir / "gpuguard" / "gpuguard.yaml").read_bytes())
+        (ov / "kustomization.yaml").write_text(
+            "# Written by tests/k8s/cluster.py: deploy/base as shipped, but for what a control\n"
+            "# plane without kubelets needs (the webhooks call gpuguard on the host).\n"
+            + yaml.safe_dump({
+                "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+                "resources": [os.path.relpath(REPO / "deploy" / "base", ov)],
+                "configMapGenerator": [{"name": "gpuguard-config", "behavior": "replace",
+                                        "files": ["gpuguard.yaml"]}],
+                "patches": patches}, sort_keys=False))
+        return ov
+
+    def refresh_token(self):
+        """A TokenRequest token of gpuguard's ServiceAccount, written atomically."""
+        token = self.kubectl("create", "token", "gpuguard", "-n", NAMESPACE,
+                             f"--duration={TOKEN_SECONDS}s").stdout.strip()
+        path = self.dir / "gpuguard" / "token"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(token)
+        tmp.chmod(0o600)
+        tmp.replace(path)
+
+    def start_gpuguard(self):
+        g, ports = self.dir / "gpuguard", self.state["ports"]
+        self.write_kubeconfig(g / "kubeconfig", {"tokenFile": str(g / "token")}, ports["api"])
+        replicas = self.state["replicas"]
+        for i in range(replicas):
+            listen = ports["webhook"] if replicas == 1 else ports["replicas"][i]
+            name = "gpuguard" if replicas == 1 else f"gpuguard-{i}"
+            self.start(name, [
+                self.gpuguard, "serve", "--listen", f"127.0.0.1:{listen}",
+                "--ops-listen", f"127.0.0.1:{ports['ops'][i]}",
+                "--tls-cert", g / "tls.crt", "--tls-key", g / "tls.key",
+                "--config", g / "gpuguard.yaml", "--policies", REPO / "policies", "--lua", REPO / "lua",
+                "--kubeconfig", g / "kubeconfig", "--threads", "2"])
+        self.start("keeper", [sys.executable, HERE / "keeper.py", self.dir])
+        for i in range(replicas):
+            name = "gpuguard" if replicas == 1 else f"gpuguard-{i}"
+            self.wait(f"{name} /readyz", lambda i=i: urllib.request.urlopen(
+                f"http://127.0.0.1:{ports['ops'][i]}/readyz", timeout=2).status == 200, name=name)
+
+    def wait_webhooks(self):
+        """Until the API server calls gpuguard: a dry-run pod in a matched namespace is decided."""
+        probe = {"apiVersion": "v1", "kind": "Pod",
+                 "metadata": {"name": "e2e-webhook-probe", "namespace": "default"},
+                 "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
+
+        def answered():
+            r = self.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-",
+                             input=json.dumps(probe), check=False)
+            return r.returncode == 0
+        self.wait("the webhooks (a dry-run pod admitted through gpuguard)", answered,
+                  name="gpuguard" if self.state["replicas"] == 1 else "gpuguard-0")
+
+    # ---- up and down --------------------------------------------------------------------
+
+    def up(self, config, add_config, replicas):
+        for d in ("logs", "pki", "gpuguard"):
+            (self.dir / d).mkdir(parents=True, exist_ok=True)
+        self.state = {"config": str(Path(config).resolve()),
+                      "add_config": str(Path(add_config).resolve()) if add_config else None,
+                      "replicas": replicas, "pids": {},
+                      "ports": {"etcd": free_port(), "etcd_peer": free_port(), "api": free_port(),
+                                "webhook": free_port(), "ops": [free_port() for _ in range(replicas)],
+                                "replicas": [free_port() for _ in range(replicas)] if replicas > 1 else []}}
+        self.save()
+        started = time.monotonic()
+        pki.make(self.dir / "pki")
+        subprocess.run([self.gpuguard, "certs", "--service", "gpuguard", "--namespace", NAMESPACE,
+                        "--out", self.dir / "gpuguard", "--dev", "--force"], check=True,
+                       stdout=subprocess.DEVNULL)
+        api = self.state["ports"]["api"]
+        self.write_kubeconfig(self.kubeconfig, "admin", api)
+        self.write_kubeconfig(self.dir / "controller-manager.kubeconfig", "controller-manager", api)
+        self.write_kubeconfig(self.dir / "scheduler.kubeconfig", "scheduler", api)
+        cfg = self.write_config(config, add_config)
+        self.start_etcd()
+        self.start_apiserver()
+        self.start_controllers()
+        self.make_fleet(cfg)
+        self.kubectl("apply", "-k", self.write_overlay())
+        self.wait("the gpuguard ServiceAccount", lambda: self.kubectl(
+            "get", "serviceaccount", "gpuguard", "-n", NAMESPACE, check=False).returncode == 0)
+        self.refresh_token()
+        self.start_gpuguard()
+        self.wait_webhooks()
+        self.state["started_in_s"] = round(time.monotonic() - started, 1)
+        self.save()
+
+    def down(self):
+        if not self.state_file.exists():
+            return
+        for name in reversed(list(self.state.get("pids", {}))):
+            self.stop(name)
+        self.state["pids"] = {}
+        self.save()
+
+    def running(self):
+        return bool(self.state.get("pids")) and all(self.alive(n) for n in self.state["pids"])
+
+
+def merge(into, extra):
+    for k, v in extra.items():
+        if isinstance(v, dict) and isinstance(into.get(k), dict):
+            merge(into[k], v)
+        else:
+            into[k] = v
+
+
+def main():
+    ap = argparse.ArgumentParser(description="A local Kubernetes control plane with gpuguard")
+    ap.add_argument("command", choices=["up", "down", "status"])
+    ap.add_argument("--dir", default=str(REPO / "build" / "cluster"))
+    ap.add_argument("--config", default=str(REPO / "deploy" / "gpuguard.yaml"),
+                    help="gpuguard configuration [deploy/gpuguard.yaml]")
+    ap.add_argument("--add-config", help="a configuration merged over --config (pools appended)")
+    ap.add_argument("--replicas", type=int, default=1, help="gpuguard processes [1]")
+    ap.add_argument("--if-down", action="store_true",
+                    help="up: do nothing when this cluster runs already")
+    a = ap.parse_args()
+    c = Cluster(a.dir)
+    if a.command == "status":
+        print(json.dumps(c.state, indent=2))
+        sys.exit(0 if c.running() else 1)
+    if a.command == "down":
+        c.down()
+        print(f"cluster: stopped ({c.dir})")
+        return
+    if c.state.get("pids"):
+        if a.if_down and c.running():
+            print(f"cluster: running already ({c.dir})")
+            return
+        if c.running():
+            raise SystemExit(f"cluster: running already in {c.dir}; `make cluster-down` first")
+        c.down()  # what is left of a cluster that died
+    if c.dir.exists():
+        subprocess.run(["rm", "-rf", str(c.dir)], check=True)
+    c.dir.mkdir(parents=True)
+    # Stop what was started when up fails or is interrupted.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    try:
+        c.up(a.config, a.add_config, a.replicas)
+    except BaseException:
+        c.down()
+        raise
+    print(f"cluster: up in {c.state['started_in_s']} s; "
+          f"kubectl --kubeconfig {c.kubeconfig} get nodes")
+
+
+if __name__ == "__main__":
+    main()

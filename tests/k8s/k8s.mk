@@ -1,0 +1,46 @@
+# The local Kubernetes control plane and the end-to-end tests (docs/testing.md, "The local
+# control plane"); included by the Makefile.
+#
+#   make k8s-bin      build kube-apiserver, kube-controller-manager, kube-scheduler, kubectl,
+#                     etcd and kwok from Go modules (tests/k8s) into a cache outside build/,
+#                     linked into build/k8s/bin (cold: tens of minutes; then instant)
+#   make cluster-up   a control plane on 127.0.0.1 with fake GPU nodes and gpuguard installed
+#                     from deploy/ (CONFIG, ADD_CONFIG, REPLICAS); kubeconfig in build/cluster
+#   make cluster-down stop every process cluster-up started
+#   make e2e          the end-to-end tests against it (started and stopped around the tests
+#                     when none runs)
+
+K8S_BIN     := $(BUILD)/k8s/bin
+CLUSTER_DIR ?= build/cluster
+CONFIG      ?= deploy/gpuguard.yaml
+ADD_CONFIG  ?=
+REPLICAS    ?= 1
+E2E_CONFIG  := tests/e2e/fleet.yaml
+E2E_ARGS    ?=
+GO          ?= /usr/local/go/bin/go
+CLUSTER     := $(PYTHON) tests/k8s/cluster.py
+
+.PHONY: k8s-bin cluster-up cluster-down e2e
+
+k8s-bin:
+	@test -x $(GO) || { echo "k8s-bin: Go is needed at $(GO) (GO=...)"; exit 1; }
+	PATH=$(dir $(GO)):$$PATH tests/k8s/build.sh $(K8S_BIN)
+
+cluster-up: deps $(BIN) k8s-bin
+	$(CLUSTER) up --dir $(CLUSTER_DIR) --config $(CONFIG) --replicas $(REPLICAS) \
+	    $(if $(ADD_CONFIG),--add-config $(ADD_CONFIG))
+
+cluster-down:
+	$(CLUSTER) down --dir $(CLUSTER_DIR)
+
+# A cluster that runs already is used as it is when it runs the e2e fleet; otherwise e2e starts
+# one with it and stops it afterwards, whatever the tests' outcome.
+e2e: deps $(BIN) k8s-bin
+	@set -e; started=; \
+	if ! $(CLUSTER) status --dir $(CLUSTER_DIR) >/dev/null 2>&1; then \
+	    $(CLUSTER) up --dir $(CLUSTER_DIR) --config $(CONFIG) --add-config $(E2E_CONFIG) \
+	        --replicas $(REPLICAS); started=1; \
+	fi; \
+	rc=0; GPUGUARD_BIN=$(abspath $(BIN)) GPUGUARD_CLUSTER=$(abspath $(CLUSTER_DIR)) \
+	    $(PYTHON) -m pytest -q -p no:cacheprovider $(E2E_ARGS) tests/e2e || rc=$$?; \
+	if [ -n "$$started" ]; then $(CLUSTER) down --dir $(CLUSTER_DIR); fi; exit $$rc
