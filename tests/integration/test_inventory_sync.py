@@ -84,15 +84,15 @@ def new_pod(gpus=1, ns=NS):
                                      "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}}
 
 
-def admission(server, pod, dry_run=True):
+def admission(server, pod, dry_run=True, group="", resource="pods"):
     """Mutate, apply the patch, validate: (allowed, message, warnings, seconds)."""
     conn = server.connect(timeout=10)
     t0 = time.monotonic()
 
     def call(path, obj):
         req = {"uid": str(uuid.uuid4()),
-               "kind": {"group": "", "version": "v1", "kind": "Pod"},
-               "resource": {"group": "", "version": "v1", "resource": "pods"},
+               "kind": {"group": group, "version": "v1", "kind": obj["kind"]},
+               "resource": {"group": group, "version": "v1", "resource": resource},
                "namespace": obj["metadata"]["namespace"], "operation": "CREATE",
                "userInfo": {"username": "alice", "groups": ["system:authenticated"]},
                "object": obj, "oldObject": None, "dryRun": dry_run}
@@ -210,6 +210,23 @@ def test_admitted_pod_counts_at_once_until_the_watch_shows_it(running):
     assert ready_with(server, 3)
     ok, msg, _, _ = admission(server, new_pod())
     assert not ok and "would use 3 of 2" in msg
+
+
+def test_a_workloads_template_reserves_nothing(running):
+    """The workloads webhooks put a Deployment's template through the pod policies; that is no
+    pod: its pods are charged when they are created, not the template as well."""
+    f, server = running
+    assert ready_with(server, 3)
+    f.delete(f"uid-{NS}-busy-0")
+    assert wait_for(lambda: allowed(server))
+    pod = new_pod()
+    deployment = {"apiVersion": "apps/v1", "kind": "Deployment",
+                  "metadata": {"name": "train", "namespace": NS, "labels": {"team": "q"}},
+                  "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "train"}},
+                           "template": {"metadata": {"labels": {**pod["metadata"]["labels"], "app": "train"}},
+                                        "spec": pod["spec"]}}}
+    assert admission(server, deployment, dry_run=False, group="apps", resource="deployments")[0]
+    assert admission(server, new_pod(), dry_run=False)[0]  # the Deployment's one pod fits
 
 
 def test_bookmarks_move_the_resume_point(running):

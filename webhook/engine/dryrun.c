@@ -102,7 +102,7 @@ static json_t *dr_review(const json_t *object, const json_t *old_object, const c
         version, "kind", kind, "requestResource", "group", group, "version", version, "resource",
         resource, "name", name ? name : "", "namespace", ns, "operation", op, "userInfo",
         "username", o->user ? o->user : DR_DEFAULT_USER, "groups", groups, "object", object,
-        "oldObject", old_object, "dryRun", 0);
+        "oldObject", old_object, "dryRun", o->dry_run);
     if (!request)
         return NULL;
     if (o->sub_resource && *o->sub_resource &&

@@ -37,6 +37,9 @@ struct dr_options {
     /* The object is the Pod built from a workload's pod template at this path
      * ("spec.template"): policies see it as req.template.  NULL for a Pod. */
     const char *template_path;
+    /* The review says dryRun: an admitted pod is not reserved in the inventory.  The
+     * webhook's workload templates: their pods are charged when they are created. */
+    bool dry_run;
 };
 
 struct dr_result {

@@ -350,7 +350,9 @@ enum gg_status wl_review(struct engine *engine, const struct adm_request *req,
                  req->kind, set.templates, WL_MAX_TEMPLATES);
         add_denial(&g, NULL, text);
     } else if (req->operation == ADM_CREATE || !templates_unchanged(&j, &set)) {
-        struct dr_options o = {.namespace = req->namespace, .deadline_us = deadline_us};
+        /* dry_run: a template is no pod; its pods are reserved when they are created. */
+        struct dr_options o = {
+            .namespace = req->namespace, .deadline_us = deadline_us, .dry_run = true};
         request_user(&j, &o);
         enum changes changes = endpoint != ADM_MUTATING           ? CHANGES_NONE
                                : cfg.mode == CFG_WORKLOADS_MUTATE ? CHANGES_PATCH
