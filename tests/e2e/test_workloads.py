@@ -79,6 +79,8 @@ def test_controller_workload_is_patched_accepted_and_its_pods_run_on_the_pool(ki
         kube.run("create", "job", f"{name}-now", f"--from=cronjob/{name}", "-n", namespace)
 
     def pods_running():
+        denied = [d["message"] for d in gpuguard.decisions(namespace) if d.get("verdict") == "denied"]
+        assert not denied, f"{kind} {name}'s pods were denied: {denied[0]}"
         pods = kube.items("pods", namespace, f"app={name}")
         return pods if pods and all(p.get("status", {}).get("phase") in ("Running", "Succeeded")
                                     for p in pods) else None
