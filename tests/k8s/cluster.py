@@ -407,6 +407,28 @@ class Cluster:
             self.stop(name)
         self.state["pids"] = {}
         self.save()
+        # Whatever a test restarted without telling this state file: every component names
+        # this directory in its arguments.
+        for pid in self.strays():
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+    def strays(self):
+        """PIDs of live process-group leaders whose command line names this cluster's files."""
+        marks, out = (str(self.dir).encode() + b"/", str(self.dir).encode() + b"\0"), []
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                continue
+            try:
+                cmd = (entry / "cmdline").read_bytes()
+                leader = os.getpgid(int(entry.name)) == int(entry.name)
+            except (OSError, ProcessLookupError):
+                continue
+            if leader and any(m in cmd for m in marks):
+                out.append(int(entry.name))
+        return out
 
     def running(self):
         return bool(self.state.get("pids")) and all(self.alive(n) for n in self.state["pids"])
