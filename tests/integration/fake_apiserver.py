@@ -1,4 +1,10 @@
-"""A stand-in Kubernetes API server for the inventory tests: just enough of
+"""A stand-in Kubernetes API server for the inventory tests of `make test` (which has no
+cluster; the normal paths also run against the real API server in tests/e2e/test_quota.py).
+It exists for the faults the real one cannot produce on demand: malformed watch lines, events
+split across reads, connections dropped mid-event, stalled streams, errors and expired
+continue tokens in the middle of a list, 401s, an API server without resource.k8s.io/v1.
+
+Just enough of
 GET /api/v1/pods (paginated LIST, WATCH with bookmarks) over HTTP or HTTPS on
 127.0.0.1, with a pod store whose changes become watch events, and knobs a
 test turns to misbehave on purpose: 401s, 410 Gone (as a status or an ERROR
