@@ -19,18 +19,19 @@ validate, at pod CREATE:
   * GPU resources have requests equal to limits (a request alone, or different values, is
     refused by Kubernetes later with a less helpful message);
   * GPU pods carry the labels of guardrails.required_labels (cost attribution);
-  * pods of a class with max_runtime set activeDeadlineSeconds at most that long.  Not asked of
-    the template of a ReplicaSet, StatefulSet, DaemonSet or ReplicationController (a
-    Deployment's, a Notebook's, a LeaderWorkerSet's): the API server refuses the field there,
-    and their pods are held to it when they are created.
+  * pods of a class with max_runtime set activeDeadlineSeconds at most that long: bare pods and
+    the pods of Jobs and batch operators.  Not the pods (nor templates) of a ReplicaSet,
+    StatefulSet, DaemonSet, ReplicationController or RayCluster (so not a Deployment's, a
+    Notebook's, a LeaderWorkerSet's): their controller replaces a pod that ends, so a deadline
+    would restart it in a loop, and the API server refuses the field in apps templates.
 validate, at pod UPDATE (guardrails.update_allowed may do all of it, e.g. Kueue's controller):
   * the update may not change a gpuguard.io/ label or annotation;
   * on a scheduling-gated pod it may not add a toleration of a GPU pool's taint, a nodeSelector
     entry of a pool or a required node affinity term that selects a pool;
   * pods/ephemeralcontainers: each new ephemeral container gets the container rules above.
 mutate, at CREATE:
-  * pods of a class with max_runtime and no activeDeadlineSeconds get it set to max_runtime
-    (templates: where their API allows it, as above).
+  * pods of a class with max_runtime and no activeDeadlineSeconds get it set to max_runtime;
+    those of a controller that replaces them (above) get a warning instead.
 
 Pods of the GPU plumbing (workload.exempt: placement.exempt_namespaces and
 placement.exempt_service_accounts) are exempt from the environment, hostPath,
@@ -341,25 +342,28 @@ local function label_rules(ctx)
     end
 end
 
--- The controllers whose pod template may not set activeDeadlineSeconds (Kubernetes' apps and
--- core validation: "activeDeadlineSeconds in ReplicaSet is not Supported", and so on).
-local NO_DEADLINE_IN_TEMPLATE = { ReplicaSet = true, StatefulSet = true, DaemonSet = true,
-    ReplicationController = true }
+-- Controllers that replace a pod that ends: a deadline on their pods would restart them in a loop
+-- and free nothing, and the API server refuses the field in the templates of the apps ones
+-- ("activeDeadlineSeconds in ReplicaSet is not Supported").  Operators built on them (a
+-- Notebook's or LeaderWorkerSet's StatefulSet, KServe's Deployment) own their pods through them.
+local RESTARTS = { ReplicaSet = true, StatefulSet = true, DaemonSet = true,
+    ReplicationController = true, RayCluster = true }
 
--- The class's runtime limit in seconds, the class and the limit as written; nil when the class
--- has none or when pod is a template (req.template) that cannot carry one.
-local function max_runtime(req, pod, cfg)
-    if req.template and NO_DEADLINE_IN_TEMPLATE[k8s.owner_kind(pod)] then
-        return nil
-    end
+-- The class's runtime limit in seconds, the class, the limit as written and, when the pod's
+-- controller restarts what ends (RESTARTS), that controller's kind; nil when the class has none.
+local function max_runtime(pod, cfg)
     local class = workload.class(pod, cfg)
     local c = cfg.classes and cfg.classes[class]
-    return c and c.max_runtime and fleet.seconds(c.max_runtime), class, c and c.max_runtime
+    if not (c and c.max_runtime) then
+        return nil
+    end
+    local owner = k8s.owner_kind(pod)
+    return fleet.seconds(c.max_runtime), class, c.max_runtime, RESTARTS[owner] and owner or nil
 end
 
 local function runtime_rules(req, pod, spec, cfg)
-    local limit, class, text = max_runtime(req, pod, cfg)
-    if not limit then
+    local limit, class, text, restarted_by = max_runtime(pod, cfg)
+    if not limit or restarted_by then
         return
     end
     local set = spec.activeDeadlineSeconds
@@ -495,8 +499,11 @@ local function mutate(req, pod, cfg)
     if not spec or not workload.wants_gpu(pod, cfg, req.namespace) then
         return
     end
-    local limit = max_runtime(req, pod, cfg)
-    if limit and spec.activeDeadlineSeconds == nil then
+    local limit, class, text, restarted_by = max_runtime(pod, cfg)
+    if restarted_by then
+        req:warn(string.format("class %s: max_runtime %s not set, a %s replaces pods that end (Pods and Jobs only)",
+            class, text, restarted_by))
+    elseif limit and spec.activeDeadlineSeconds == nil then
         spec.activeDeadlineSeconds = limit
         req:audit("max-runtime", tostring(limit) .. "s")
     end
