@@ -3,7 +3,7 @@
 (docs/testing.md, "The local control plane").
 
     cluster.py up [--dir build/cluster] [--config deploy/gpuguard.yaml] [--add-config FILE]
-                  [--replicas N] [--if-down]
+                  [--replicas N] [--if-down] [--owner PID]
     cluster.py down [--dir build/cluster]
     cluster.py status [--dir build/cluster]
 
@@ -367,12 +367,12 @@ class Cluster:
 
     # ---- up and down --------------------------------------------------------------------
 
-    def up(self, config, add_config, replicas):
+    def up(self, config, add_config, replicas, owner=None):
         for d in ("logs", "pki", "gpuguard"):
             (self.dir / d).mkdir(parents=True, exist_ok=True)
         self.state = {"config": str(Path(config).resolve()),
                       "add_config": str(Path(add_config).resolve()) if add_config else None,
-                      "replicas": replicas, "pids": {},
+                      "replicas": replicas, "owner": owner, "pids": {},
                       "ports": {"etcd": free_port(), "etcd_peer": free_port(), "api": free_port(),
                                 "webhook": free_port(), "ops": [free_port() for _ in range(replicas)],
                                 "replicas": [free_port() for _ in range(replicas)] if replicas > 1 else []}}
@@ -452,6 +452,8 @@ def main():
     ap.add_argument("--replicas", type=int, default=1, help="gpuguard processes [1]")
     ap.add_argument("--if-down", action="store_true",
                     help="up: do nothing when this cluster runs already")
+    ap.add_argument("--owner", type=int,
+                    help="up: stop the cluster when the process with this PID is gone")
     a = ap.parse_args()
     c = Cluster(a.dir)
     if a.command == "status":
@@ -474,7 +476,7 @@ def main():
     # Stop what was started when up fails or is interrupted.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
-        c.up(a.config, a.add_config, a.replicas)
+        c.up(a.config, a.add_config, a.replicas, a.owner)
     except BaseException:
         c.down()
         raise

@@ -34,12 +34,13 @@ cluster-down:
 	$(CLUSTER) down --dir $(CLUSTER_DIR)
 
 # A cluster that runs already is used as it is when it runs the e2e fleet; otherwise e2e starts
-# one with it and stops it afterwards, whatever the tests' outcome.
+# one with it and stops it afterwards, whatever the tests' outcome; if this recipe's shell is
+# killed, the cluster's keeper stops it (--owner).
 e2e: deps $(BIN) k8s-bin
 	@set -e; started=; \
 	if ! $(CLUSTER) status --dir $(CLUSTER_DIR) >/dev/null 2>&1; then \
 	    $(CLUSTER) up --dir $(CLUSTER_DIR) --config $(CONFIG) --add-config $(E2E_CONFIG) \
-	        --replicas $(REPLICAS); started=1; \
+	        --replicas $(REPLICAS) --owner $$$$; started=1; \
 	fi; \
 	rc=0; GPUGUARD_BIN=$(abspath $(BIN)) GPUGUARD_CLUSTER=$(abspath $(CLUSTER_DIR)) \
 	    $(PYTHON) -m pytest -q -p no:cacheprovider $(E2E_ARGS) tests/e2e || rc=$$?; \

@@ -6,12 +6,16 @@
 - With several gpuguard processes, listens on the webhook port and forwards each connection to
   the next process in turn: the tests' stand-in for a Service and its endpoints (there is no
   kube-proxy here), a plain TCP forwarder, TLS passes through untouched.
+- With an owner (the state's "owner", `cluster.py up --owner PID`: `make e2e` passes its own
+  shell), stops the whole cluster once that process is gone, so that a killed test run leaves
+  nothing behind.
 
     keeper.py DIR
 """
 
 import asyncio
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -62,12 +66,28 @@ async def forward(listen, backends):
         await server.serve_forever()
 
 
+async def reap_when_gone(cluster, owner):
+    while True:
+        await asyncio.sleep(1)
+        try:
+            os.kill(owner, 0)
+        except ProcessLookupError:
+            break
+    print(f"keeper: owner {owner} is gone, stopping the cluster", flush=True)
+    fresh = Cluster(cluster.dir)  # the state as it is now, not as it was at start
+    fresh.state.get("pids", {}).pop("keeper", None)  # stopping this process group ends this
+    fresh.down()
+    os._exit(0)
+
+
 async def main():
     cluster = Cluster(sys.argv[1])
     state = json.loads((cluster.dir / "state.json").read_text())
     tasks = [refresh_tokens(cluster)]
     if state["replicas"] > 1:
         tasks.append(forward(state["ports"]["webhook"], state["ports"]["replicas"]))
+    if state.get("owner"):
+        tasks.append(reap_when_gone(cluster, state["owner"]))
     await asyncio.gather(*tasks)
 
 
