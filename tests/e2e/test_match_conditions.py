@@ -8,8 +8,7 @@ import json
 
 import pytest
 
-from conftest import wait_for
-from test_webhook_config import settled_requests
+from e2e_support import settled_requests, wait_for
 
 DECISION = {"gpuguard.io/decision": "mig 1g.10gb on pool a100-mig", "gpuguard.io/charge": "143"}
 GPU_TOLERATION = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]

@@ -18,7 +18,7 @@ import threading
 import pytest
 import yaml
 
-from conftest import node_pool, pod_running, wait_for
+from e2e_support import node_pool, pod_running, wait_for
 
 TEAM = {"team": "e2e"}
 

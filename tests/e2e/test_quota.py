@@ -6,7 +6,7 @@ pod's claim from its template, the scheduler allocates it, and the inventory cha
 import json
 import time
 
-from conftest import REPO, make_namespace, pod_running, wait_for
+from e2e_support import REPO, make_namespace, pod_running, wait_for
 
 QUOTA_NS = "e2e-quota"  # quota 2 GPUs in tests/e2e/fleet.yaml
 FIGURES = REPO / "build" / "e2e" / "figures.json"

@@ -4,26 +4,10 @@ gpuguard, failurePolicy Fail refuses pods while gpuguard is down and only where 
 gpuguard's ServiceAccount may do exactly what README says."""
 
 import re
-import time
 
-import pytest
-
-from conftest import REPO, pod_running, wait_for
+from e2e_support import REPO, pod_running, settled_requests, wait_for
 
 SA = "system:serviceaccount:gpuguard-system:gpuguard"
-
-
-def settled_requests(gpuguard):
-    """gpuguard's request count once nothing has reached it for a second."""
-    last = gpuguard.requests()
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        time.sleep(1)
-        now = gpuguard.requests()
-        if now == last:
-            return now
-        last = now
-    pytest.fail("gpuguard kept getting requests for a minute")
 
 
 def deployment(name, image="registry.example/app:1"):

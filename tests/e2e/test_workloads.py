@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO, node_pool, wait_for
+from e2e_support import REPO, node_pool, wait_for
 
 CLASSES = ["training", "inference", "interactive", "batch"]
 CLASS = "gpuguard.io/workload-class"

@@ -1,0 +1,163 @@
+"""What the end-to-end tests use to talk to the local control plane (tests/k8s/cluster.py): kubectl
+(the one built here) on its admin kubeconfig, gpuguard's metrics, logs and `check` on the
+configuration the cluster runs, and waits bounded for a loaded machine.  The fixtures are in
+conftest.py; this module has a name of its own so that tests import it, not a conftest."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent.parent
+sys.path.insert(0, str(REPO / "tests" / "k8s"))
+FLEET = REPO / "tests" / "e2e" / "fleet.yaml"
+
+WAIT = 120  # seconds for the cluster to do something (schedule, run, relist); a loaded machine
+
+
+def wait_for(what, check, timeout=WAIT, interval=0.25):
+    """Poll check() until it returns something true; return it, or fail naming what."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while True:
+        try:
+            got = check()
+            if got:
+                return got
+        except (subprocess.CalledProcessError, KeyError, ValueError) as e:
+            last = e
+        if time.monotonic() > deadline:
+            pytest.fail(f"{what}: not after {timeout} s" + (f" (last: {last})" if last else ""))
+        time.sleep(interval)
+
+
+class Kube:
+    """kubectl (the one built here) on the cluster's admin kubeconfig."""
+
+    def __init__(self, cluster):
+        self.cluster = cluster
+        self.bin = str(cluster.bin / "kubectl")
+
+    def run(self, *args, input=None, check=True, as_user=None):
+        cmd = [self.bin, "--kubeconfig", str(self.cluster.kubeconfig), *map(str, args)]
+        if as_user:
+            cmd += ["--as", as_user]
+        if input is not None and not isinstance(input, str):
+            input = yaml.safe_dump_all(input if isinstance(input, list) else [input],
+                                       sort_keys=False)
+        r = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=120)
+        if check and r.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(map(str, args))} exited {r.returncode}: "
+                                 f"{r.stderr.strip()}")
+        return r
+
+    def json(self, *args):
+        return json.loads(self.run(*args, "-o", "json").stdout)
+
+    def get(self, kind, name, namespace=None):
+        return self.json("get", kind, name, *(["-n", namespace] if namespace else []))
+
+    def items(self, kind, namespace, selector=None):
+        args = ["get", kind, "-n", namespace] + (["-l", selector] if selector else [])
+        return self.json(*args)["items"]
+
+    def create(self, obj, namespace=None, check=True):
+        """kubectl create -o json: the object as the API server stored it at creation."""
+        args = ["create", "-o", "json", "-f", "-"] + (["-n", namespace] if namespace else [])
+        r = self.run(*args, input=obj, check=check)
+        return json.loads(r.stdout) if r.returncode == 0 else r
+
+    def raw(self, method, path, body=None):
+        """A request to the API server; returns the decoded answer."""
+        args = {"GET": ["get", "--raw", path], "POST": ["create", "--raw", path, "-f", "-"]}[method]
+        return json.loads(self.run(*args, input=json.dumps(body) if body else None).stdout)
+
+
+class Gpuguard:
+    """The gpuguard processes of the cluster: metrics, logs, the config they run."""
+
+    def __init__(self, cluster):
+        self.cluster = cluster
+        self.state = cluster.state
+        self.config = cluster.dir / "gpuguard" / "gpuguard.yaml"
+
+    @property
+    def names(self):
+        n = self.state["replicas"]
+        return ["gpuguard"] if n == 1 else [f"gpuguard-{i}" for i in range(n)]
+
+    def metrics(self):
+        text = ""
+        for port in self.state["ports"]["ops"]:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+                text += r.read().decode()
+        return text
+
+    def requests(self):
+        """Admission reviews answered, all processes and endpoints."""
+        return sum(float(m) for m in re.findall(
+            r"^gpuguard_admission_requests_total\{[^}]*\} (\S+)$", self.metrics(), re.M))
+
+    def log_lines(self):
+        out = []
+        for name in self.names:
+            for line in (self.cluster.dir / "logs" / f"{name}.log").read_text(
+                    errors="replace").splitlines():
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    pass
+        return out
+
+    def decisions(self, namespace):
+        return [l for l in self.log_lines()
+                if l.get("msg") == "decision" and l.get("namespace") == namespace]
+
+    def check(self, manifest_text, namespace, *flags):
+        """gpuguard check on the same configuration as the server: (returncode, stdout, stderr)."""
+        r = subprocess.run([os.environ.get("GPUGUARD_BIN", str(REPO / "build" / "gpuguard")),
+                            "check", "--config", str(self.config), "--policies",
+                            str(REPO / "policies"), "--lua", str(REPO / "lua"),
+                            "--namespace", namespace, *flags, "-"],
+                           input=manifest_text, capture_output=True, text=True, timeout=60)
+        return r
+
+
+def make_namespace(kube, prefix, labels=None):
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    kube.run("apply", "-f", "-", input={"apiVersion": "v1", "kind": "Namespace",
+                                          "metadata": {"name": name, "labels": labels or {}}})
+    # Pods can be created once the service account controller has made the default account.
+    wait_for(f"namespace {name}'s default ServiceAccount", lambda: kube.run(
+        "get", "serviceaccount", "default", "-n", name, check=False).returncode == 0)
+    return name
+
+
+def pod_running(kube, namespace, name):
+    pod = kube.get("pod", name, namespace)
+    return pod if pod.get("status", {}).get("phase") in ("Running", "Succeeded") else None
+
+
+def node_pool(kube, node_name):
+    return kube.get("node", node_name)["metadata"]["labels"].get("gpuguard.io/pool")
+
+
+def settled_requests(gpuguard):
+    """gpuguard's request count once nothing has reached it for a second."""
+    last = gpuguard.requests()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        time.sleep(1)
+        now = gpuguard.requests()
+        if now == last:
+            return now
+        last = now
+    pytest.fail("gpuguard kept getting requests for a minute")
