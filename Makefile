@@ -38,8 +38,9 @@ override LDFLAGS += $(SAN)
 # missing ones when run as root and otherwise prints the apt-get line.
 DEB_PKGS := build-essential pkg-config libmicrohttpd-dev libjansson-dev liblua5.4-dev lua5.4 \
             libssl-dev libyaml-dev libcmocka-dev libcurl4-openssl-dev libgnutls28-dev openssl \
-            curl python3 python3-pytest python3-jsonpatch python3-yaml python3-prometheus-client prometheus \
-            clang-format cppcheck clang libclang-rt-14-dev wrk nginx-light valgrind
+            curl python3 python3-pytest python3-pytest-xdist python3-jsonpatch python3-yaml \
+            python3-prometheus-client prometheus clang-format cppcheck clang libclang-rt-14-dev wrk \
+            nginx-light valgrind
 
 # Sources sit in one folder per layer (docs/architecture.md).  The core
 # library holds everything but the HTTP server and the CLI front ends.
@@ -190,8 +191,13 @@ fuzz-replay: $(REPLAY_BIN)
 
 # Python tests (pytest) under tests/: integration, policies, patch checks.
 integration: $(BIN) $(TOOL_BIN) $(BUILD)/bench/bench_engine $(BUILD)/bench/bench_engine_profile
+	@echo "== pytest, one worker per core (pytest-xdist): all but the whole_machine tests"
 	GPUGUARD_BIN=$(abspath $(BIN)) GPUGUARD_TOOLS=$(abspath $(BUILD)/tests/tools) \
-	    $(PYTHON) -m pytest -q -p no:cacheprovider tests
+	    $(PYTHON) -m pytest -q -p no:cacheprovider -n auto --dist loadgroup \
+	    -m "not whole_machine" tests
+	@echo "== pytest, the whole_machine tests (benchmark runs that load every core), alone"
+	GPUGUARD_BIN=$(abspath $(BIN)) GPUGUARD_TOOLS=$(abspath $(BUILD)/tests/tools) \
+	    $(PYTHON) -m pytest -q -p no:cacheprovider -m whole_machine tests
 
 asan:
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \

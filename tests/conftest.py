@@ -1,6 +1,13 @@
 """Shared pytest fixtures: the gpuguard binary, generated certificates, and a
 running server on loopback with ephemeral ports, driven over HTTPS the way the
-Kubernetes API server drives a webhook."""
+Kubernetes API server drives a webhook.
+
+Every long-lived child (a server, Prometheus, a benchmark) is started with
+procs.spawn() (tests/bench/procs.py): in a process group of its own, known to a
+watchdog that kills it if this process dies, and owned by the fixture or the test
+that started it: the hooks below kill what a fixture or a test left running when
+it ends, passed or failed.  Waits are bounded by procs.PATIENCE (wait_for), far
+above what a loaded machine needs, so that only a real hang reaches the bound."""
 
 import http.client
 import json
@@ -9,6 +16,7 @@ import signal
 import socket
 import ssl
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -16,10 +24,67 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests" / "bench"))
+import procs  # noqa: E402  (tests/bench/procs.py, shared with the benchmarks)
+
 DATA = REPO / "tests" / "data"
 SERVICE = "gpuguard"
 NAMESPACE = "gpuguard-system"
 SNI = f"{SERVICE}.{NAMESPACE}.svc"
+
+
+def wait_for(cond, timeout=procs.PATIENCE, step=0.05):
+    """Polls cond() until it returns something true, which is returned; after timeout
+    seconds, returns its last value (false)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        got = cond()
+        if got or time.monotonic() >= deadline:
+            return got
+        time.sleep(step)
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "whole_machine: loads every core (a benchmark run); `make integration` runs "
+        "these after the others, alone, so that they cannot slow down a test that times a server")
+
+
+# Children left running by their owner are killed when it ends, failed or not: a fixture's
+# (started while it was set up) after its finalizers, a test's (started by its body, maybe
+# through a factory fixture) after its teardown; the rest at the end of the session.  When
+# this process itself is killed, the watchdog of tests/bench/procs.py kills them.
+_children = {}  # fixture definition or test item -> [Popen]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    with procs.owned() as mine:
+        yield
+    _children.setdefault(fixturedef, []).extend(mine)
+
+
+def pytest_fixture_post_finalizer(fixturedef, request):
+    for proc in _children.pop(fixturedef, []):
+        procs.stop(proc, signal.SIGKILL)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    with procs.owned() as mine:
+        yield
+    _children.setdefault(item, []).extend(mine)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item, nextitem):
+    yield
+    for proc in _children.pop(item, []):
+        procs.stop(proc, signal.SIGKILL)
+
+
+def pytest_sessionfinish(session):
+    procs.shutdown()
 
 
 def gpuguard_bin():
@@ -98,9 +163,9 @@ class Server:
 
     def ops(self, path):
         """GET on the ops port; return (status, body text)."""
-        try:
+        try:  # a socket timeout for a hung server only: an answer takes milliseconds
             with urllib.request.urlopen(f"http://127.0.0.1:{self.ops_port}{path}",
-                                        timeout=5) as r:
+                                        timeout=30) as r:
                 return r.status, r.read().decode()
         except urllib.error.HTTPError as e:
             return e.code, e.read().decode()
@@ -114,13 +179,12 @@ class Server:
                 lines.append({"raw": line})
         return lines
 
-    def stop(self, timeout=15):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        return self.proc.wait(timeout=timeout)
+    def stop(self, timeout=procs.PATIENCE):
+        """SIGTERM, then its exit status (-9: it had not exited within timeout seconds)."""
+        return procs.stop(self.proc, signal.SIGTERM, timeout)
 
 
-def start_server(binary, certs, tmp_path, *extra, env=None, ready_timeout=10):
+def start_server(binary, certs, tmp_path, *extra, env=None, ready_timeout=procs.PATIENCE):
     log_path = tmp_path / "server.log"
     cmd = [binary, "serve", "--listen", "127.0.0.1:0", "--ops-listen", "127.0.0.1:0",
            "--tls-cert", str(certs / "tls.crt"), "--tls-key", str(certs / "tls.key"),
@@ -134,13 +198,11 @@ def start_server(binary, certs, tmp_path, *extra, env=None, ready_timeout=10):
     return launch(cmd, log_path, certs / "ca.crt", env=env, ready_timeout=ready_timeout)
 
 
-def launch(cmd, log_path, ca, env=None, ready_timeout=10):
+def launch(cmd, log_path, ca, env=None, ready_timeout=procs.PATIENCE):
     """Run a `gpuguard serve` command line whose ports come from its log's `serving`
     line, logging to log_path; return the Server once /readyz answers 200."""
-    logf = open(log_path, "wb")
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=logf, cwd=REPO,
-                            env=env)
-    logf.close()
+    with open(log_path, "wb") as logf:
+        proc = procs.spawn(cmd, stdout=subprocess.DEVNULL, stderr=logf, cwd=REPO, env=env)
     deadline = time.monotonic() + ready_timeout
     port = ops_port = None
     while time.monotonic() < deadline and port is None:
@@ -155,14 +217,14 @@ def launch(cmd, log_path, ca, env=None, ready_timeout=10):
                 port, ops_port = rec["port"], rec["ops_port"]
         time.sleep(0.02)
     if port is None:
-        proc.kill()
+        procs.stop(proc, signal.SIGKILL)
         raise RuntimeError(f"server did not start: {log_path.read_text()}")
     server = Server(proc, log_path, port, ops_port, ca)
     while time.monotonic() < deadline:
         if server.ops("/readyz")[0] == 200:
             return server
         time.sleep(0.02)
-    server.proc.kill()
+    procs.stop(proc, signal.SIGKILL)
     raise RuntimeError(f"server never became ready: {log_path.read_text()}")
 
 

@@ -35,6 +35,12 @@ and writes them to --report.  Figures, not
 pass/fail: the exit status is non-zero only when something could not be run
 (a tool missing, the server not starting, a wrong answer).
 
+Ctrl-C (SIGINT, exit status 130), SIGTERM or SIGHUP stop it at once: every child (the
+server, nginx and its workers, wrk, valgrind) is stopped with its process group (SIGTERM,
+SIGKILL 10 s later) and waited for, and the temporary directory removed.  Each child runs in
+a session of its own, known to a watchdog process that stops them if this script itself is
+killed (tests/bench/procs.py).
+
 Environment defaults: BENCH_SECONDS (20), BENCH_CONNECTIONS (32), BENCH_THREADS (2),
 BENCH_ROUNDS (3), BENCH_IDLE_CONNECTIONS (1000), BENCH_ENGINE_N (2000),
 BENCH_CALLGRIND_N (500,1500; "off" to skip), BENCH_EVENTS (5).
@@ -61,6 +67,8 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+
+import procs  # tests/bench/procs.py: children stopped whatever happens
 
 REPO = Path(__file__).resolve().parent.parent.parent
 # The count hook's grace under callgrind: never reached, as in a native run.
@@ -217,37 +225,6 @@ def make_bodies(out):
 # --------------------------------------------------------------------------
 # Processes
 
-class Reaper:
-    """Every child process started, stopped on exit whatever happens."""
-
-    def __init__(self):
-        self.procs = []
-
-    def popen(self, cmd, **kw):
-        proc = subprocess.Popen(cmd, **kw)
-        self.procs.append(proc)
-        return proc
-
-    def stop(self, proc, sig=signal.SIGTERM, timeout=15):
-        if proc.poll() is None:
-            try:
-                proc.send_signal(sig)
-                proc.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=5)
-            except ProcessLookupError:
-                pass
-        return proc.returncode
-
-    def stop_all(self):
-        for proc in reversed(self.procs):
-            try:
-                self.stop(proc, timeout=10)
-            except Exception as e:  # keep going: the others must be stopped too
-                print(f"bench: could not stop pid {proc.pid}: {e}", file=sys.stderr)
-
-
 def _raise_exit(signum, _frame):
     raise SystemExit(128 + signum)
 
@@ -319,7 +296,7 @@ def cpu_model():
 
 
 def version(cmd, pattern):
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=10)
+    out = procs.run(cmd, capture_output=True, text=True)
     m = re.search(pattern, out.stdout + out.stderr)
     return m.group(1) if m else "?"
 
@@ -365,8 +342,8 @@ class SecretVolume:
 
 
 class Server:
-    def __init__(self, reaper, binary, tmp, args):
-        self.reaper, self.tmp = reaper, tmp
+    def __init__(self, binary, tmp, args):
+        self.tmp = tmp
         self.log_path = tmp / "server.log"
         self.policies = tmp / "policies"
         shutil.copytree(args.policies, self.policies)
@@ -376,9 +353,11 @@ class Server:
         shutil.copyfile(args.config, self.config)
         self.pairs = []
         for name in ("certs-a", "certs-b"):
-            subprocess.run([binary, "certs", "--service", SERVICE, "--namespace", NAMESPACE,
-                            "--out", str(tmp / name), "--dev", "--force"], check=True,
-                           stdout=subprocess.DEVNULL, timeout=60)
+            out = procs.run([binary, "certs", "--service", SERVICE, "--namespace", NAMESPACE,
+                             "--out", str(tmp / name), "--dev", "--force"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            if out.returncode != 0:
+                raise BenchError(f"gpuguard certs exited {out.returncode}: {out.stderr}")
             self.pairs.append(tmp / name)
         self.volume = SecretVolume(tmp / "secret")
         self.volume.publish(self.pairs[0])
@@ -392,11 +371,11 @@ class Server:
         self.cmd = cmd
         # O_APPEND, so that the log can be truncated between runs (a decision line per review).
         with open(self.log_path, "ab") as logf:
-            self.proc = reaper.popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=logf, cwd=tmp)
+            self.proc = procs.spawn(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                    stderr=logf, cwd=tmp)
         self.port = self.ops_port = None
         self.threads = None
-        deadline = time.monotonic() + 15
+        deadline = time.monotonic() + procs.PATIENCE
         while time.monotonic() < deadline and self.port is None:
             if self.proc.poll() is not None:
                 raise BenchError(f"gpuguard serve exited {self.proc.returncode}:\n"
@@ -411,13 +390,14 @@ class Server:
                     self.threads = rec.get("threads")
             time.sleep(0.02)
         if self.port is None:
-            raise BenchError("gpuguard serve logged no `serving` line in 15 s:\n"
+            raise BenchError(f"gpuguard serve logged no `serving` line in {procs.PATIENCE:.0f} s:\n"
                              + self.log_path.read_text(errors="replace")[-3000:])
         while time.monotonic() < deadline:
             if self.ops("/readyz")[0] == 200:
                 return
             time.sleep(0.05)
-        raise BenchError("gpuguard serve not ready in 15 s: " + str(self.ops("/readyz")))
+        raise BenchError(f"gpuguard serve not ready in {procs.PATIENCE:.0f} s: "
+                         + str(self.ops("/readyz")))
 
     def ops(self, path):
         try:
@@ -556,8 +536,7 @@ def nginx_body(answer):
 
 
 class Nginx:
-    def __init__(self, reaper, binary, tmp, cert, key, body, workers):
-        self.reaper = reaper
+    def __init__(self, binary, tmp, cert, key, body, workers):
         self.dir = tmp / "nginx"
         self.dir.mkdir()
         self.error_log = self.dir / "error.log"
@@ -600,17 +579,17 @@ http {{
     }}
 }}
 """)
-            self.proc = reaper.popen([binary, "-p", str(d), "-c", str(conf), "-e",
-                                      str(self.error_log)], stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-            deadline = time.monotonic() + 10
+            self.proc = procs.spawn([binary, "-p", str(d), "-c", str(conf), "-e",
+                                     str(self.error_log)], stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+            deadline = time.monotonic() + procs.PATIENCE
             while time.monotonic() < deadline and self.proc.poll() is None:
                 try:
                     socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
                     return
                 except OSError:
                     time.sleep(0.05)
-            reaper.stop(self.proc)
+            procs.stop(self.proc)
             last = self.error_log.read_text(errors="replace")[-2000:] \
                 if self.error_log.exists() else ""
             if "Address already in use" not in last:
@@ -621,7 +600,7 @@ http {{
         return [self.proc.pid] + children_of(self.proc.pid)
 
     def stop(self):
-        self.reaper.stop(self.proc, signal.SIGQUIT)
+        procs.stop(self.proc, signal.SIGQUIT)
 
 
 # --------------------------------------------------------------------------
@@ -724,20 +703,19 @@ def run_wrk(wrk, args, port, bodies, seconds, label, pid_list=None, rss_pid=None
     t0 = time.monotonic()
     out_path = (tmp or Path(tempfile.gettempdir())) / f"wrk-{label.replace(' ', '-')}.txt"
     with open(out_path, "wb") as out:
-        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT)
-        try:
-            for h in helpers:
-                h.start()
-            proc.wait(timeout=seconds + 30)
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait(timeout=5)
-            stop.set()
-            for h in helpers:
-                if h.is_alive():
-                    h.join(timeout=15)
+        proc = procs.spawn(cmd, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)
+    log(f"{label}: wrk pid {proc.pid}")
+    try:
+        for h in helpers:
+            h.start()
+        proc.wait(timeout=seconds + procs.PATIENCE)
+    finally:
+        # On an interrupt too: wrk killed at once, the helpers (daemon threads) told to stop
+        # and left to it; only a run that ended waits for their figures.
+        stop.set()
+        procs.stop(proc, signal.SIGKILL)
+    for h in helpers:
+        h.join(timeout=15)
     wall = time.monotonic() - t0
     cpu = cpu_seconds(pid_list() if pid_list else []) - cpu0
     busy1 = machine_busy()
@@ -809,11 +787,11 @@ def callgrind_count(binary, tmp, counts):
     totals = []
     for n in counts:
         out_file = tmp / f"callgrind.{n}.out"
-        out = subprocess.run([valgrind, "--tool=callgrind", f"--callgrind-out-file={out_file}",
-                              binary, "--policies", str(tmp / "policies"), "--lua",
-                              str(tmp / "lua"), "--config", str(tmp / "config" / "gpuguard.yaml"),
-                              "-n", str(n), "--grace-us", str(CALLGRIND_GRACE_US),
-                              str(BASE_REVIEW)], capture_output=True, text=True, timeout=1800)
+        out = procs.run([valgrind, "--tool=callgrind", f"--callgrind-out-file={out_file}",
+                         binary, "--policies", str(tmp / "policies"), "--lua",
+                         str(tmp / "lua"), "--config", str(tmp / "config" / "gpuguard.yaml"),
+                         "-n", str(n), "--grace-us", str(CALLGRIND_GRACE_US),
+                         str(BASE_REVIEW)], capture_output=True, text=True, timeout=1800)
         m = re.search(r"^summary: (\d+)$", out_file.read_text() if out_file.exists() else "",
                       re.M)
         if out.returncode != 0 or not m:
@@ -829,10 +807,10 @@ def engine_bench(binary, args, tmp, bodies):
     """bench_engine on each body: {label: (total us, wall us)}."""
     results = {}
     for label, path in bodies:
-        out = subprocess.run([binary, "--policies", str(tmp / "policies"), "--lua",
-                              str(tmp / "lua"), "--config", str(tmp / "config" / "gpuguard.yaml"),
-                              "-n", str(args.engine_n), str(path)],
-                             capture_output=True, text=True, timeout=600)
+        out = procs.run([binary, "--policies", str(tmp / "policies"), "--lua",
+                         str(tmp / "lua"), "--config", str(tmp / "config" / "gpuguard.yaml"),
+                         "-n", str(args.engine_n), str(path)],
+                        capture_output=True, text=True, timeout=600)
         if out.returncode != 0:
             raise BenchError(f"bench_engine on {path.name}: {out.stderr[-2000:]}")
         total = re.search(r"total\s+([\d.]+) us", out.stdout)
@@ -1017,13 +995,17 @@ def main():
     ap.add_argument("--engine-n", type=int, default=env_int("BENCH_ENGINE_N", 2000))
     ap.add_argument("--callgrind-n", default=os.environ.get("BENCH_CALLGRIND_N") or "500,1500",
                     help='two review counts for the callgrind difference, or "off"')
+    ap.add_argument("--warm-up", type=int,
+                    help="seconds of each server's warm-up run [a quarter of --seconds, 1 to 3]")
     ap.add_argument("--events", type=int, default=env_int("BENCH_EVENTS", 5),
                     help="policy reloads and certificate swaps per run")
     ap.add_argument("--report", default=str(REPO / "build" / "bench" / "report.md"))
     ap.add_argument("--keep-tmp", action="store_true", help="keep the temporary directory")
     a = ap.parse_args()
-    if a.seconds < 1 or a.connections < a.threads or a.threads < 1 or a.rounds < 1:
-        ap.error("need --seconds ≥ 1, --connections ≥ --threads ≥ 1 and --rounds ≥ 1")
+    if a.seconds < 1 or a.connections < a.threads or a.threads < 1 or a.rounds < 1 or \
+            (a.warm_up is not None and a.warm_up < 1):
+        ap.error("need --seconds ≥ 1, --warm-up ≥ 1, --connections ≥ --threads ≥ 1 and "
+                 "--rounds ≥ 1")
     a.callgrind_counts = None
     if a.callgrind_n != "off":
         try:
@@ -1033,12 +1015,15 @@ def main():
         if len(a.callgrind_counts) != 2 or not 0 < a.callgrind_counts[0] < a.callgrind_counts[1]:
             ap.error('--callgrind-n takes two increasing counts ("500,1500") or "off"')
 
+    # Ctrl-C is KeyboardInterrupt even when this was started with SIGINT ignored, as a shell
+    # starts a background job (`make test &`, a CI runner): otherwise Python leaves it ignored
+    # and a SIGINT (test_bench_smoke.py sends one) would not stop the run.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _raise_exit)
-    reaper = Reaper()
     tmp = Path(tempfile.mkdtemp(prefix="gpuguard-bench-"))
     try:
-        return bench(a, reaper, tmp)
+        return bench(a, tmp)
     except BenchError as e:
         print(f"bench: error: {e}", file=sys.stderr)
         return 1
@@ -1046,14 +1031,19 @@ def main():
         print("bench: interrupted; stopping everything", file=sys.stderr)
         return 130
     finally:
-        reaper.stop_all()
+        # Every child still running (all of them, after an error or an interrupt) is stopped
+        # with its process group: SIGTERM (nginx's master then reaps its workers), SIGKILL
+        # to what is left CLEAN_UP seconds later; a second Ctrl-C cannot cut it short.
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
+        procs.shutdown(signal.SIGTERM, procs.CLEAN_UP)
         if a.keep_tmp:
             log(f"kept {tmp}")
         else:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
-def bench(a, reaper, tmp):
+def bench(a, tmp):
     wrk = tool("wrk")
     nginx_bin = tool("nginx")
     binary = str(Path(a.bin).resolve())
@@ -1083,7 +1073,7 @@ def bench(a, reaper, tmp):
         f"{a.seconds} s per run, temporary directory {tmp}")
 
     bodies = make_bodies(tmp / "bodies")
-    server = Server(reaper, binary, tmp, a)
+    server = Server(binary, tmp, a)
     ctx["server_threads"] = server.threads or os.cpu_count()
     ctx["policies"] = ", ".join(sorted(p.stem for p in server.policies.glob("*.lua")))
     ctx["rss_start"] = server.rss()[0]
@@ -1105,7 +1095,7 @@ def bench(a, reaper, tmp):
 
     server_pids = lambda: [server.proc.pid]  # noqa: E731
     probe_body = bodies[2][1].read_bytes()
-    warm = max(1, min(3, a.seconds // 4))
+    warm = a.warm_up if a.warm_up is not None else max(1, min(3, a.seconds // 4))
     run_wrk(wrk, a, server.port, bodies, warm, "gpuguard warm-up", tmp=tmp)
     server.truncate_log()
 
@@ -1114,7 +1104,7 @@ def bench(a, reaper, tmp):
     body = nginx_body(facts[0]["answer"])
     ctx["nginx_body_size"] = len(body)
     ctx["nginx_workers"] = ctx["server_threads"]
-    ngx = Nginx(reaper, nginx_bin, tmp, server.pairs[0] / "tls.crt", server.pairs[0] / "tls.key",
+    ngx = Nginx(nginx_bin, tmp, server.pairs[0] / "tls.crt", server.pairs[0] / "tls.key",
                 body, ctx["nginx_workers"])
     log(f"nginx pid {ngx.proc.pid} on 127.0.0.1:{ngx.port}")
     run_wrk(wrk, a, ngx.port, bodies, warm, "nginx warm-up", tmp=tmp)
@@ -1206,7 +1196,7 @@ def bench(a, reaper, tmp):
     ctx["load_end"] = loadavg()
     if server.proc.poll() is not None:
         raise BenchError(f"gpuguard serve died with status {server.proc.returncode}")
-    rc = reaper.stop(server.proc)
+    rc = procs.stop(server.proc)
     if rc != 0:
         log(f"gpuguard serve exited {rc} on SIGTERM")
 

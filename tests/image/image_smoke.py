@@ -21,14 +21,13 @@ import os
 import re
 import signal
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import REPO, launch, load_review, start_server
+from conftest import REPO, launch, load_review, procs, start_server, wait_for
 
 IMAGE = os.environ.get("GPUGUARD_IMAGE")
 BIN = os.environ.get("GPUGUARD_BIN")
@@ -166,13 +165,10 @@ def image_env(config):
 
 def child_pid(proc):
     """The host PID of unshare's child (the container's PID 1)."""
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
-        if children:
-            return int(children[0])
-        time.sleep(0.01)
-    raise AssertionError("unshare started no child")
+    children = wait_for(lambda: Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text()
+                        .split(), step=0.01)
+    assert children, "unshare started no child"
+    return int(children[0])
 
 
 def proc_status(pid):
@@ -213,8 +209,7 @@ def test_serves_as_the_deployment_runs_it(rootfs, pod, config, volumes, tmp_path
     sc = spec["securityContext"]
     cmd = in_image(rootfs, pod, volumes, tmp_path, config["Entrypoint"] + local_args(ctr["args"]))
     # launch() takes the ports from the serving line and waits for /readyz.
-    server = launch(cmd, tmp_path / "image.log", volumes["ca"], env=image_env(config),
-                    ready_timeout=30)
+    server = launch(cmd, tmp_path / "image.log", volumes["ca"], env=image_env(config))
     pid = child_pid(server.proc)
     try:
         status = proc_status(pid)
@@ -238,7 +233,7 @@ def test_serves_as_the_deployment_runs_it(rootfs, pod, config, volumes, tmp_path
         answers = exchange(server)
     finally:
         os.kill(pid, signal.SIGTERM)
-        exit_code = server.proc.wait(timeout=60)
+        exit_code = procs.stop(server.proc, None)  # unshare, once its child has exited
     assert exit_code == 0, (tmp_path / "image.log").read_text()
     errors = [r for r in server.log_lines() if r.get("level") == "error"]
     assert not errors, errors
@@ -262,8 +257,7 @@ def test_serves_as_the_deployment_runs_it(rootfs, pod, config, volumes, tmp_path
 
     local = tmp_path / "local"
     local.mkdir()
-    ref = start_server(BIN, volumes["ca"].parent, local, *local_args(ctr["args"], on_host),
-                       ready_timeout=30)
+    ref = start_server(BIN, volumes["ca"].parent, local, *local_args(ctr["args"], on_host))
     try:
         assert exchange(ref) == answers
     finally:
@@ -298,19 +292,15 @@ def registry(tmp_path):
         "storage": {"filesystem": {"rootdirectory": str(tmp_path / "data")}}}))
     log = tmp_path / "registry.log"
     with open(log, "wb") as out:
-        proc = subprocess.Popen(["docker-registry", "serve", str(conf)], stdout=out,
-                                stderr=subprocess.STDOUT)
+        proc = procs.spawn(["docker-registry", "serve", str(conf)], stdout=out,
+                           stderr=subprocess.STDOUT)
     try:
-        deadline, addr = time.monotonic() + 30, None
-        while addr is None and time.monotonic() < deadline and proc.poll() is None:
-            found = re.search(r'msg="listening on (127\.0\.0\.1:\d+)"', log.read_text())
-            addr = found and found.group(1)
-            time.sleep(0.02)
-        assert addr, f"docker-registry did not start: {log.read_text()}"
-        yield addr
+        found = wait_for(lambda: re.search(r'msg="listening on (127\.0\.0\.1:\d+)"',
+                                           log.read_text()) or proc.poll() is not None, step=0.02)
+        assert isinstance(found, re.Match), f"docker-registry did not start: {log.read_text()}"
+        yield found.group(1)
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+        procs.stop(proc, signal.SIGTERM)
 
 
 def make_image_push(name):

@@ -20,6 +20,7 @@ in MiB, one sample a minute, ending two minutes ago):
   research/embed-0: another namespace's embed, 70000
 """
 
+import signal
 import socket
 import subprocess
 import threading
@@ -27,6 +28,8 @@ import time
 import urllib.parse
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from conftest import procs
 
 METRIC = "DCGM_FI_DEV_FB_USED"
 STEP = 60
@@ -154,28 +157,31 @@ class Prometheus:
         om = tmp / "dcgm.om"
         om.write_text(openmetrics(now, exporter.target))
         subprocess.run(["promtool", "tsdb", "create-blocks-from", "openmetrics", "--quiet",
-                        str(om), str(data)], check=True, capture_output=True)
+                        str(om), str(data)], check=True, capture_output=True,
+                       timeout=procs.PATIENCE)
         (tmp / "prometheus.yml").write_text(
             "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
             "scrape_configs:\n"
             f"  - {{job_name: dcgm, static_configs: [{{targets: ['{exporter.target}']}}]}}\n")
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = open(tmp / "prometheus.log", "wb")
-        self.proc = subprocess.Popen(
-            ["prometheus", f"--config.file={tmp / 'prometheus.yml'}",
-             f"--storage.tsdb.path={data}", f"--web.listen-address=127.0.0.1:{self.port}",
-             "--storage.tsdb.retention.time=30d", "--log.level=warn"],
-            stdout=self.log, stderr=self.log)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"prometheus exited: {(tmp / 'prometheus.log').read_text()}")
-            if self.ready() and self.scraped():
-                return
-            time.sleep(0.2)
-        self.stop()
-        raise RuntimeError("prometheus did not become ready with a scrape")
+        log = tmp / "prometheus.log"
+        for _ in range(5):  # a free port may be taken (by a test running beside) before it binds
+            self.port = free_port()
+            self.url = f"http://127.0.0.1:{self.port}"
+            with open(log, "wb") as out:
+                self.proc = procs.spawn(
+                    ["prometheus", f"--config.file={tmp / 'prometheus.yml'}",
+                     f"--storage.tsdb.path={data}", f"--web.listen-address=127.0.0.1:{self.port}",
+                     "--storage.tsdb.retention.time=30d", "--log.level=warn"],
+                    stdout=out, stderr=out)
+            deadline = time.monotonic() + procs.PATIENCE
+            while time.monotonic() < deadline and self.proc.poll() is None:
+                if self.ready() and self.scraped():
+                    return
+                time.sleep(0.2)
+            self.stop()
+            if "address already in use" not in log.read_text():
+                break
+        raise RuntimeError(f"prometheus did not become ready with a scrape: {log.read_text()}")
 
     def ready(self):
         try:
@@ -194,11 +200,4 @@ class Prometheus:
             return False
 
     def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.log.close()
+        procs.stop(self.proc, signal.SIGTERM)

@@ -8,13 +8,12 @@ Once the failures stop, the server answers exactly as before."""
 import json
 import os
 import signal
-import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from conftest import REPO, start_server
+from conftest import REPO, start_server, wait_for
 from test_faults import CLOSED, SANITIZED
 
 DENY = json.loads((REPO / "tests" / "data" / "reviews" / "pod-deny.json").read_text())
@@ -79,9 +78,7 @@ def test_failed_allocations_never_allow_a_must_deny_review(binary, certs, tmp_pa
             if srv.proc.poll() is not None:
                 pytest.fail(f"server died ({srv.proc.returncode}) after {seen}")
         srv.proc.send_signal(signal.SIGUSR1)  # disarm; the shim writes its count
-        deadline = time.monotonic() + 5
-        while not report.exists() and time.monotonic() < deadline:
-            time.sleep(0.02)
+        assert wait_for(report.exists, step=0.02)
         assert int(report.read_text()) > 0, "no allocation failed: the sweep tested nothing"
         verdict, resp = ask(srv, "/validate")
         assert verdict == "denied" and resp["status"]["message"] == DENIAL

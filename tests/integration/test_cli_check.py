@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from cli_policy import GPUS_LUA, check_shipped, gpu_pod, training_pod
+from conftest import procs
 
 REPO = Path(__file__).resolve().parent.parent.parent
 CORPUS = REPO.parent / "shared" / "corpus"
@@ -240,9 +241,9 @@ def test_colour_only_on_a_terminal(check):
     controller, worker = pty.openpty()
     env = dict(os.environ, TERM="xterm")
     env.pop("NO_COLOR", None)
-    proc = subprocess.Popen([check.binary, "check", "--policies", str(check.policies), "--lua",
-                             str(check.lua), str(path)], stdout=worker, stderr=subprocess.PIPE,
-                            env=env, cwd=check.tmp)
+    proc = procs.spawn([check.binary, "check", "--policies", str(check.policies), "--lua",
+                        str(check.lua), str(path)], stdout=worker, stderr=subprocess.PIPE,
+                       env=env, cwd=check.tmp)
     os.close(worker)
     chunks = []
     while True:
@@ -253,7 +254,7 @@ def test_colour_only_on_a_terminal(check):
         if not data:
             break
         chunks.append(data)
-    proc.wait(timeout=30)
+    proc.wait(timeout=procs.PATIENCE)
     os.close(controller)
     output = b"".join(chunks).decode()
     assert proc.returncode == 1

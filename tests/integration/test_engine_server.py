@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import start_server
+from conftest import start_server, wait_for
 from test_server import metric, review
 
 LABEL_POLICY = """
@@ -60,15 +60,6 @@ def stamp_of(srv, conn=None):
     assert status == 200
     patch = json.loads(base64.b64decode(got["response"]["patch"]))
     return patch[0]["value"]["stamp"]
-
-
-def wait_for(predicate, timeout=10):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def test_mutating_answer_carries_the_policy_patch(policy_server):

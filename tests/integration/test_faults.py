@@ -24,8 +24,8 @@ import time
 
 import pytest
 
-from conftest import SNI, ApiServerConnection, start_server
-from test_engine_server import LABEL_POLICY, wait_for, write_atomically
+from conftest import SNI, ApiServerConnection, procs, start_server, wait_for
+from test_engine_server import LABEL_POLICY, write_atomically
 from test_server import check_envelope, metric, review
 from test_tls import SecretVolume, make_certs, openssl_serial
 
@@ -167,7 +167,7 @@ def warm_up(srv, stamps=("v1",)):
             conn = srv.connect(timeout=HANG)
         expect_normal(srv, conn, path="/mutate" if i % 2 else "/validate", stamps=stamps)
     conn.close()
-    wait_for(lambda: gauge(srv, "gpuguard_open_connections") == 0, timeout=5)
+    wait_for(lambda: gauge(srv, "gpuguard_open_connections") == 0)
     return rss_kb(srv)
 
 
@@ -176,11 +176,11 @@ def assert_recovered(srv, baseline_kb, stamps=("v1",)):
     connection, and its memory after the warm-up is back near baseline."""
     assert srv.proc.poll() is None, f"the server died: {srv.log_path.read_text()[-2000:]}"
     expect_normal(srv, stamps=stamps)
-    assert wait_for(lambda: gauge(srv, "gpuguard_inflight_requests") == 0, timeout=10)
+    assert wait_for(lambda: gauge(srv, "gpuguard_inflight_requests") == 0)
     after = warm_up(srv, stamps)
     assert SANITIZED or after - baseline_kb <= RSS_MARGIN_KB, (
         f"RSS grew from {baseline_kb} kB to {after} kB across the fault")
-    assert wait_for(lambda: gauge(srv, "gpuguard_open_connections") == 0, timeout=10)
+    assert wait_for(lambda: gauge(srv, "gpuguard_open_connections") == 0)
 
 
 class Prober(threading.Thread):
@@ -828,7 +828,7 @@ def test_sigterm_under_load(serve):
             sock.close()
         stop.set()
     start = time.monotonic()
-    assert srv.proc.wait(timeout=10) == 0, srv.log_path.read_text()[-3000:]
+    assert procs.stop(srv.proc, None) == 0, srv.log_path.read_text()[-3000:]
     exited = time.monotonic() - start
     for t in threads:
         t.join(timeout=HANG + 5)

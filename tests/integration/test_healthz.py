@@ -10,11 +10,12 @@ kubelet restarts the pod, and 200 again once it is not.  The review itself ends 
 The stuck period lasts as long as the test keeps the pipe full (seconds), and every check polls."""
 
 import json
+import signal
 import subprocess
 import threading
 import time
 
-from conftest import REPO, Server
+from conftest import REPO, Server, procs, wait_for
 from test_faults import HANG, SLOW
 from test_server import check_envelope, metric, review
 
@@ -49,21 +50,12 @@ class Drain(threading.Thread):
         self.out.close()
 
 
-def wait_for(cond, timeout):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.05)
-    return False
-
-
 def test_healthz_says_stuck_while_an_evaluation_is_past_its_deadline(binary, certs, tmp_path):
     policies = tmp_path / "policies"
     policies.mkdir()
     (policies / "10-chatty.lua").write_text(POLICY)
     log_path = tmp_path / "server.log"
-    proc = subprocess.Popen(
+    proc = procs.spawn(
         [binary, "serve", "--listen", "127.0.0.1:0", "--ops-listen", "127.0.0.1:0",
          "--tls-cert", str(certs / "tls.crt"), "--tls-key", str(certs / "tls.key"),
          "--threads", "2", "--policies", str(policies), "--lua", str(REPO / "lua"),
@@ -75,10 +67,10 @@ def test_healthz_says_stuck_while_an_evaluation_is_past_its_deadline(binary, cer
         serving = []
         assert wait_for(lambda: serving.extend(
             r for r in map(json.loads, log_path.read_text().splitlines())
-            if r.get("msg") == "serving") or serving, 10 * SLOW), log_path.read_text()
+            if r.get("msg") == "serving") or serving), log_path.read_text()
         server = Server(proc, log_path, serving[0]["port"], serving[0]["ops_port"],
                         certs / "ca.crt")
-        assert wait_for(lambda: server.ops("/readyz")[0] == 200, 10 * SLOW)
+        assert wait_for(lambda: server.ops("/readyz")[0] == 200)
         assert server.ops("/healthz") == (200, "ok\n")
 
         drain.reading.clear()  # the log pipe stalls
@@ -115,7 +107,5 @@ def test_healthz_says_stuck_while_an_evaluation_is_past_its_deadline(binary, cer
         assert metric(server.ops("/metrics")[1], "gpuguard_deadline_overruns_total") == 1
     finally:
         drain.reading.set()
-        if proc.poll() is None:
-            proc.terminate()
-        assert proc.wait(timeout=HANG) == 0
+        assert procs.stop(proc, signal.SIGTERM) == 0
         drain.join(HANG)

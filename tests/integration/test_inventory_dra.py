@@ -74,13 +74,16 @@ def dra(binary, certs, tmp_path, fake):
         f = fake()
         setup(f)
         server = serve(binary, certs, tmp_path, write_kubeconfig(tmp_path, f.url))
-        started.append(server)
+        started.append((f, server))
         return f, server
 
     started = []
     yield start
-    for server in started:
+    for f, server in started:
         assert server.proc.poll() is None, "the server died"
+        # The API server first: its watches end, and the three informers need not wait out
+        # an open watch to stop, a second each.
+        f.stop()
         assert server.stop() == 0
 
 

@@ -4,13 +4,12 @@ checked against the API server's rules."""
 
 import json
 import re
-import time
 
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import REPO, start_server
+from conftest import REPO, start_server, wait_for
 from test_server import review
 
 QUALIFIED = re.compile(r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?")
@@ -79,11 +78,7 @@ def test_metrics_parse_and_move_with_traffic(shipped):
     assert sample(after, "gpuguard_tls_certificate_expiry_timestamp_seconds") > 1.7e9
     assert sample(after, "gpuguard_open_connections") == 1
     # The answer is on the wire a moment before the request's bookkeeping ends.
-    deadline = time.monotonic() + 2
-    while sample(after, "gpuguard_inflight_requests") != 0 and time.monotonic() < deadline:
-        time.sleep(0.02)
-        after = scrape(shipped)
-    assert sample(after, "gpuguard_inflight_requests") == 0
+    assert wait_for(lambda: sample(scrape(shipped), "gpuguard_inflight_requests") == 0, step=0.02)
 
 
 def test_quota_gauges_show_the_configured_amounts_exactly(binary, certs, tmp_path):

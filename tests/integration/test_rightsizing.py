@@ -21,9 +21,13 @@ import yaml
 from conftest import REPO
 from dcgm_prometheus import Exporter, Prometheus
 from fake_apiserver import FakeApiServer, gpu_pod
-from test_inventory_sync import no_proxy_env, wait_for, write_kubeconfig
+from test_inventory_sync import no_proxy_env, write_kubeconfig
 from test_server import metric
-from conftest import start_server
+from conftest import start_server, wait_for
+
+# The tests share one Prometheus (the prom fixture, six seconds to start): under pytest-xdist
+# they all run on one worker, which starts it once.
+pytestmark = pytest.mark.xdist_group("prometheus")
 
 CHAT = ("rightsizing: used at most 7.1 GiB of 80 over 26 hours; mig-1g.10gb would hold it: "
         "set gpuguard.io/gpu-memory: 9Gi")
@@ -171,7 +175,7 @@ def test_new_data_is_picked_up_after_refresh(binary, certs, tmp_path, prom):
         prom.exporter.set("vec-6b7c8d9f5-k2k2k", 30000)
         # The queries see the history a minute at a time (subqueries [window:1m]): at the next
         # whole minute after a scrape (1 s), and a refresh (2 s) later, the new peak decides.
-        assert wait_for(lambda: rightsizing_warnings(server, VEC_POD) == [VEC_AFTER], timeout=90), \
+        assert wait_for(lambda: rightsizing_warnings(server, VEC_POD) == [VEC_AFTER]), \
             (rightsizing_warnings(server, VEC_POD), readyz_line(server))
     finally:
         prom.exporter.set("vec-6b7c8d9f5-k2k2k", 3000)
@@ -202,7 +206,7 @@ def test_the_inventory_folds_pods_by_their_owner(binary, certs, tmp_path, prom):
         kubeconfig = write_kubeconfig(tmp_path, api.url)
         server = serve(binary, certs, tmp_path / "inventory", prom.url, kubeconfig=kubeconfig)
         try:
-            assert wait_for(lambda: rightsizing_warnings(server, lws_pod) == want, timeout=30)
+            assert wait_for(lambda: rightsizing_warnings(server, lws_pod) == want)
         finally:
             assert server.stop() == 0
     finally:
@@ -237,7 +241,7 @@ def test_a_paused_prometheus_never_slows_admission(binary, certs, tmp_path, prom
             assert max(paused) < 1.0, paused
             assert rightsizing_warnings(server, CHAT_POD) == [CHAT]  # the last data still holds
             failing = "rightsizing: failing, policies see the last data (6 workloads, updated "
-            assert wait_for(lambda: readyz_line(server).startswith(failing), timeout=10), \
+            assert wait_for(lambda: readyz_line(server).startswith(failing)), \
                 readyz_line(server)
             assert re.fullmatch(
                 r"rightsizing: failing, policies see the last data \(6 workloads, updated \d+s ago\)"
@@ -248,12 +252,12 @@ def test_a_paused_prometheus_never_slows_admission(binary, certs, tmp_path, prom
             assert rightsizing_warnings(server, CHAT_POD) == [CHAT]
             # Three refreshes and a timeout after the last data, it is stale: policies see none.
             stale = "rightsizing: stale, policies see no data (6 workloads, updated "
-            assert wait_for(lambda: readyz_line(server).startswith(stale), timeout=20)
+            assert wait_for(lambda: readyz_line(server).startswith(stale))
             assert rightsizing_warnings(server, CHAT_POD) == []
             assert metric(server.ops("/metrics")[1], "gpuguard_rightsizing_source_up") == 0
         finally:
             prom.proc.send_signal(signal.SIGCONT)
-        assert wait_for(lambda: readyz_line(server).startswith("rightsizing: ok ("), timeout=20)
+        assert wait_for(lambda: readyz_line(server).startswith("rightsizing: ok ("))
         assert rightsizing_warnings(server, CHAT_POD) == [CHAT]
         assert any(r.get("msg") == "rightsizing: usage source recovered" for r in server.log_lines())
     finally:

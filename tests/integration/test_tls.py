@@ -8,11 +8,10 @@ import re
 import shutil
 import ssl
 import subprocess
-import time
 
 import pytest
 
-from conftest import SERVICE, NAMESPACE, SNI, ApiServerConnection, start_server
+from conftest import SERVICE, NAMESPACE, SNI, ApiServerConnection, start_server, wait_for
 from test_server import metric, review
 
 
@@ -71,15 +70,6 @@ def openssl_serial(cert):
     out = subprocess.run(["openssl", "x509", "-noout", "-serial", "-in", str(cert)],
                          capture_output=True, text=True, check=True).stdout
     return out.strip().split("=")[1].upper()
-
-
-def wait_for(predicate, timeout=10):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 @pytest.fixture
