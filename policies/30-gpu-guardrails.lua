@@ -20,10 +20,11 @@ validate, at pod CREATE:
     refused by Kubernetes later with a less helpful message);
   * GPU pods carry the labels of guardrails.required_labels (cost attribution);
   * pods of a class with max_runtime set activeDeadlineSeconds at most that long: bare pods and
-    the pods of Jobs and batch operators.  Not the pods (nor templates) of a ReplicaSet,
-    StatefulSet, DaemonSet, ReplicationController or RayCluster (so not a Deployment's, a
-    Notebook's, a LeaderWorkerSet's): their controller replaces a pod that ends, so a deadline
-    would restart it in a loop, and the API server refuses the field in apps templates.
+    the pods of Jobs and operators.  Not the pods (nor templates) of a ReplicaSet, StatefulSet,
+    DaemonSet or ReplicationController (so not a Deployment's, a Notebook's, a
+    LeaderWorkerSet's): their controller replaces a pod that ends, so a deadline would restart
+    it in a loop, and the API server refuses the field in their templates.  Such a pod is
+    taken for one only when that controller creates it (an ownerReference proves nothing).
 validate, at pod UPDATE (guardrails.update_allowed may do all of it, e.g. Kueue's controller):
   * the update may not change a gpuguard.io/ label or annotation;
   * on a scheduling-gated pod it may not add a toleration of a GPU pool's taint, a nodeSelector
@@ -343,26 +344,47 @@ local function label_rules(ctx)
 end
 
 -- Controllers that replace a pod that ends: a deadline on their pods would restart them in a loop
--- and free nothing, and the API server refuses the field in the templates of the apps ones
--- ("activeDeadlineSeconds in ReplicaSet is not Supported").  Operators built on them (a
--- Notebook's or LeaderWorkerSet's StatefulSet, KServe's Deployment) own their pods through them.
-local RESTARTS = { ReplicaSet = true, StatefulSet = true, DaemonSet = true,
-    ReplicationController = true, RayCluster = true }
+-- and free nothing, and the API server refuses the field in their templates ("activeDeadlineSeconds
+-- in ReplicaSet is not Supported").  Operators built on them (a Notebook's or LeaderWorkerSet's
+-- StatefulSet, KServe's Deployment) own their pods through them.  Anyone may write an
+-- ownerReference, so a pod's owner counts only when the pod comes from that controller (its
+-- service account, or the controller manager's own credentials) or is a template's (req.template,
+-- whose owner gpuguard made).
+local RESTARTS = {
+    ReplicaSet = { api = "apps/v1", maker = "system:serviceaccount:kube-system:replicaset-controller" },
+    StatefulSet = { api = "apps/v1", maker = "system:serviceaccount:kube-system:statefulset-controller" },
+    DaemonSet = { api = "apps/v1", maker = "system:serviceaccount:kube-system:daemon-set-controller" },
+    ReplicationController = { api = "v1", maker = "system:serviceaccount:kube-system:replication-controller" },
+}
+local CONTROLLER_MANAGER = "system:kube-controller-manager"
+
+-- The kind of the controller that replaces pod when it ends (RESTARTS), or nil.
+local function replaced_by(req, pod)
+    local kind, ref = k8s.owner_kind(pod)
+    local r = RESTARTS[kind]
+    if not r or ref.apiVersion ~= r.api then
+        return nil
+    end
+    local user = (req.user or NONE).username
+    if req.template or user == r.maker or user == CONTROLLER_MANAGER then
+        return kind
+    end
+    return nil
+end
 
 -- The class's runtime limit in seconds, the class, the limit as written and, when the pod's
--- controller restarts what ends (RESTARTS), that controller's kind; nil when the class has none.
-local function max_runtime(pod, cfg)
+-- controller replaces what ends, that controller's kind; nil when the class has none.
+local function max_runtime(req, pod, cfg)
     local class = workload.class(pod, cfg)
     local c = cfg.classes and cfg.classes[class]
     if not (c and c.max_runtime) then
         return nil
     end
-    local owner = k8s.owner_kind(pod)
-    return fleet.seconds(c.max_runtime), class, c.max_runtime, RESTARTS[owner] and owner or nil
+    return fleet.seconds(c.max_runtime), class, c.max_runtime, replaced_by(req, pod)
 end
 
 local function runtime_rules(req, pod, spec, cfg)
-    local limit, class, text, restarted_by = max_runtime(pod, cfg)
+    local limit, class, text, restarted_by = max_runtime(req, pod, cfg)
     if not limit or restarted_by then
         return
     end
@@ -499,7 +521,7 @@ local function mutate(req, pod, cfg)
     if not spec or not workload.wants_gpu(pod, cfg, req.namespace) then
         return
     end
-    local limit, class, text, restarted_by = max_runtime(pod, cfg)
+    local limit, class, text, restarted_by = max_runtime(req, pod, cfg)
     if restarted_by then
         req:warn(string.format("class %s: max_runtime %s not set, a %s replaces pods that end (Pods and Jobs only)",
             class, text, restarted_by))
