@@ -259,7 +259,9 @@ lint:
 install: $(BIN)
 	install -D -m 0755 $(BIN) $(DESTDIR)/usr/local/bin/gpuguard
 
-clean: cluster-down
+# A cluster running from build/ is stopped first (tests/k8s/k8s.mk).
+clean:
+	@if [ -f $(CLUSTER_DIR)/state.json ]; then $(CLUSTER) down --dir $(CLUSTER_DIR); fi
 	rm -rf build
 
 # ---- the container image (deploy/Dockerfile), built with buildah: no Docker

@@ -23,8 +23,13 @@ FLEET = REPO / "tests" / "e2e" / "fleet.yaml"
 WAIT = 120  # seconds for the cluster to do something (schedule, run, relist); a loaded machine
 
 
+class KubectlError(AssertionError):
+    """kubectl failed: a test fails with its message, and a wait tries again."""
+
+
 def wait_for(what, check, timeout=WAIT, interval=0.25):
-    """Poll check() until it returns something true; return it, or fail naming what."""
+    """Poll check() until it returns something true; return it, or fail naming what.  A
+    kubectl that fails or times out meanwhile is tried again; other errors end the wait."""
     deadline = time.monotonic() + timeout
     last = None
     while True:
@@ -32,7 +37,7 @@ def wait_for(what, check, timeout=WAIT, interval=0.25):
             got = check()
             if got:
                 return got
-        except (subprocess.CalledProcessError, KeyError, ValueError) as e:
+        except (KubectlError, subprocess.TimeoutExpired, KeyError, ValueError) as e:
             last = e
         if time.monotonic() > deadline:
             pytest.fail(f"{what}: not after {timeout} s" + (f" (last: {last})" if last else ""))
@@ -55,7 +60,7 @@ class Kube:
                                        sort_keys=False)
         r = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=120)
         if check and r.returncode != 0:
-            raise AssertionError(f"kubectl {' '.join(map(str, args))} exited {r.returncode}: "
+            raise KubectlError(f"kubectl {' '.join(map(str, args))} exited {r.returncode}: "
                                  f"{r.stderr.strip()}")
         return r
 
@@ -101,12 +106,17 @@ class Gpuguard:
                 text += r.read().decode()
         return text
 
+    def metric(self, name):
+        """A metric summed over every process and label set."""
+        return sum(float(m) for m in re.findall(
+            rf"^{name}(?:\{{[^}}]*\}})? (\S+)$", self.metrics(), re.M))
+
     def requests(self):
         """Admission reviews answered, all processes and endpoints."""
-        return sum(float(m) for m in re.findall(
-            r"^gpuguard_admission_requests_total\{[^}]*\} (\S+)$", self.metrics(), re.M))
+        return self.metric("gpuguard_admission_requests_total")
 
     def log_lines(self):
+        """Every JSON line of every gpuguard process's log, in time order."""
         out = []
         for name in self.names:
             for line in (self.cluster.dir / "logs" / f"{name}.log").read_text(
@@ -115,7 +125,7 @@ class Gpuguard:
                     out.append(json.loads(line))
                 except ValueError:
                     pass
-        return out
+        return sorted(out, key=lambda l: l.get("ts", ""))
 
     def decisions(self, namespace):
         return [l for l in self.log_lines()
@@ -150,14 +160,15 @@ def node_pool(kube, node_name):
     return kube.get("node", node_name)["metadata"]["labels"].get("gpuguard.io/pool")
 
 
-def settled_requests(gpuguard):
-    """gpuguard's request count once nothing has reached it for a second."""
+def settled_requests(gpuguard, quiet=3):
+    """gpuguard's request count once nothing has reached it for quiet seconds (the
+    controllers' follow-up writes come within one)."""
     last = gpuguard.requests()
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + WAIT
     while time.monotonic() < deadline:
-        time.sleep(1)
+        time.sleep(quiet)
         now = gpuguard.requests()
         if now == last:
             return now
         last = now
-    pytest.fail("gpuguard kept getting requests for a minute")
+    pytest.fail(f"gpuguard kept getting requests for {WAIT} s")

@@ -88,10 +88,12 @@ def test_a_pod_update_reaches_gpuguard_only_when_it_touches_what_it_reads(what, 
         kube.run("label", "namespace", ns, "gpuguard.io/ignore-")
         wait_for("the namespace matched again", lambda: kube.run(
             "create", "--dry-run=server", "-n", ns, "-f", "-", input=PROBE, check=False).returncode != 0)
-    stored = kube.get("pod", "p", ns)
     before = settled_requests(gpuguard)
-    updated = change(copy.deepcopy(stored))
-    r = kube.run("replace", "-f", "-", input=json.dumps(updated), check=False)
+    for _ in range(5):  # the pod's status may move between the read and the write: read again
+        updated = change(copy.deepcopy(kube.get("pod", "p", ns)))
+        r = kube.run("replace", "-f", "-", input=json.dumps(updated), check=False)
+        if "the object has been modified" not in r.stderr:
+            break
     assert (settled_requests(gpuguard) > before) is sent, what
     if not sent:  # nothing of gpuguard's stood in the way: a condition that errors would have
         assert r.returncode == 0, r.stderr

@@ -170,6 +170,12 @@ def test_pod_is_stored_as_check_patches_it_and_runs_on_its_pool(form, kube, gpug
                                                                  reinvoking_webhook):
     manifest = FORMS[form]
     kube.run("label", "namespace", namespace, "e2e-reinvoke=true")
+    # The API server sees the label once its informer has: until the test's webhook answers.
+    probe = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "probe", "labels": TEAM},
+             "spec": {"containers": [container({})]}}
+    wait_for("the reinvoking webhook called in the namespace", lambda: REINVOKED in json.loads(
+        kube.run("create", "--dry-run=server", "-o", "json", "-n", namespace, "-f", "-",
+                 input=probe).stdout)["metadata"].get("annotations", {}))
     if form == "dra-template":
         for ns in (namespace, ignored_namespace):
             kube.create(CLAIM_TEMPLATE, ns)

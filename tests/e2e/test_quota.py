@@ -57,11 +57,13 @@ def test_a_full_namespace_is_denied_frees_room_on_delete_and_counts_the_same_aft
 
         # Compact etcd past every resourceVersion gpuguard has seen and restart the API server:
         # the watches resume from an expired resourceVersion, get 410 and relist.
-        relists = len(expired_lines(gpuguard))
+        expired, relists = len(expired_lines(gpuguard)), gpuguard.metric("gpuguard_inventory_relists_total")
         cluster.compact_etcd()
         cluster.restart_apiserver()
+        # The 410 is logged before the relist; the counter moves once the relist is in place.
         wait_for("gpuguard's inventory relisting after 410 Gone",
-                 lambda: len(expired_lines(gpuguard)) > relists, timeout=300)
+                 lambda: gpuguard.metric("gpuguard_inventory_relists_total") > relists, timeout=300)
+        assert len(expired_lines(gpuguard)) > expired
         assert denial(kube, QUOTA_NS, gpu_pod("d")) == full
     finally:
         kube.run("delete", "namespace", QUOTA_NS, "--wait=false", check=False)

@@ -27,17 +27,21 @@ def test_the_configurations_are_stored_with_their_match_conditions(kube):
 
 
 def test_only_what_gpuguard_reads_is_sent_to_it(kube, gpuguard, namespace):
-    kube.run("apply", "-n", namespace, "-f", "-", input=deployment("web"))
-    wait_for("web's pod running", lambda: [p for p in kube.items("pods", namespace, "app=web")
-                                           if p.get("status", {}).get("phase") == "Running"])
+    web = deployment("web")
+    web["spec"]["replicas"] = 2
+    kube.run("apply", "-n", namespace, "-f", "-", input=web)
+    wait_for("web's pods running", lambda: len([p for p in kube.items("pods", namespace, "app=web")
+                                                if p.get("status", {}).get("phase") == "Running"]) == 2)
     pod = kube.items("pods", namespace, "app=web")[0]["metadata"]["name"]
 
+    # Each changes something and none reaches gpuguard: fewer replicas make no new pods.
     before = settled_requests(gpuguard)
     kube.run("label", "pod", pod, "-n", namespace, "owner=alice")          # a label-only UPDATE
     kube.run("patch", "deployment", "web", "-n", namespace, "--type=merge",
-             "-p", '{"spec":{"replicas":0}}')                               # replicas by patch
+             "-p", '{"spec":{"replicas":1}}')                               # replicas by patch
     kube.run("scale", "deployment", "web", "-n", namespace, "--replicas=0")  # the scale subresource
     assert settled_requests(gpuguard) == before
+    assert kube.get("deployment", "web", namespace)["spec"]["replicas"] == 0
 
     kube.run("set", "image", "deployment/web", "-n", namespace, "main=registry.example/app:2")
     wait_for("the template change sent to gpuguard", lambda: gpuguard.requests() > before)

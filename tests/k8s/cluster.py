@@ -23,12 +23,16 @@ and an `up` that fails stops what it started.  Logs: DIR/logs/<name>.log.
 
 import argparse
 import base64
+import contextlib
+import fcntl
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -46,10 +50,27 @@ START_TIMEOUT = 180  # seconds for a component to come up, generous for a loaded
 TOKEN_SECONDS = 3600
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def free_ports(n):
+    """n distinct free ports on 127.0.0.1: each socket stays bound until all are chosen."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def start_time(pid):
+    """The start time of a process (clock ticks since boot, /proc/PID/stat field 22): with the
+    PID, what names a process; None when there is none."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
 
 
 class Cluster:
@@ -63,9 +84,21 @@ class Cluster:
     # ---- state and processes ------------------------------------------------------------
 
     def save(self):
-        tmp = self.state_file.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.state, indent=2))
-        tmp.replace(self.state_file)
+        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".state.")
+        with os.fdopen(fd, "w") as f:
+            f.write(json.dumps(self.state, indent=2))
+        os.replace(tmp, self.state_file)
+
+    @contextlib.contextmanager
+    def changing(self):
+        """The state as it is on disk now, locked against the other processes that write it
+        (a test, the keeper, cluster-down), saved when the block ends."""
+        with open(self.dir / "state.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if self.state_file.exists():
+                self.state = json.loads(self.state_file.read_text())
+            yield self.state
+            self.save()
 
     @property
     def kubeconfig(self):
@@ -78,30 +111,31 @@ class Cluster:
                                 stdin=subprocess.DEVNULL, start_new_session=True,
                                 env={**os.environ, **(env or {})}, cwd=REPO)
         log.close()
-        self.state.setdefault("pids", {})[name] = proc.pid
-        self.save()
+        with self.changing() as st:
+            st.setdefault("pids", {})[name] = proc.pid
+            st.setdefault("starts", {})[name] = start_time(proc.pid)
         return proc
+
+    def ours(self, name, pid):
+        """Is pid still the process started as name (not one that took its PID since)?"""
+        return pid and start_time(pid) == self.state.get("starts", {}).get(name)
 
     def alive(self, name):
         pid = self.state.get("pids", {}).get(name)
-        if not pid:
+        if not self.ours(name, pid):
             return False
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        # A zombie of ours, or a process that is not ours any more, is not alive.
-        try:
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            return stat.rsplit(")", 1)[1].split()[0] != "Z"
+        try:  # a zombie of ours is not alive
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
         except OSError:
             return False
 
     def stop(self, name, grace=15):
         """SIGTERM the process group, SIGKILL after grace seconds."""
-        pid = self.state.get("pids", {}).pop(name, None)
-        self.save()
-        if not pid:
+        with self.changing() as st:
+            pid = st.get("pids", {}).pop(name, None)
+            mine = self.ours(name, pid)
+            st.get("starts", {}).pop(name, None)
+        if not mine:
             return
         try:
             os.killpg(pid, signal.SIGTERM)
@@ -221,8 +255,8 @@ class Cluster:
         stopped = time.time()
         self.stop("kube-apiserver")
         self.start_apiserver()
-        self.state.setdefault("apiserver_restarts", []).append([stopped, time.time()])
-        self.save()
+        with self.changing() as st:
+            st.setdefault("apiserver_restarts", []).append([stopped, time.time()])
 
     def compact_etcd(self):
         """Compact etcd's history up to its current revision (its JSON gateway, as etcdctl
@@ -362,8 +396,9 @@ class Cluster:
             r = self.kubectl("create", "--dry-run=server", "-o", "json", "-f", "-",
                              input=json.dumps(probe), check=False)
             return r.returncode == 0
+        # With several processes the keeper's forwarder is what the API server reaches.
         self.wait("the webhooks (a dry-run pod admitted through gpuguard)", answered,
-                  name="gpuguard" if self.state["replicas"] == 1 else "gpuguard-0")
+                  name="gpuguard" if self.state["replicas"] == 1 else "keeper")
 
     # ---- up and down --------------------------------------------------------------------
 
@@ -373,9 +408,11 @@ class Cluster:
         self.state = {"config": str(Path(config).resolve()),
                       "add_config": str(Path(add_config).resolve()) if add_config else None,
                       "replicas": replicas, "owner": owner, "pids": {},
-                      "ports": {"etcd": free_port(), "etcd_peer": free_port(), "api": free_port(),
-                                "webhook": free_port(), "ops": [free_port() for _ in range(replicas)],
-                                "replicas": [free_port() for _ in range(replicas)] if replicas > 1 else []}}
+                      "ports": {}}
+        ports = free_ports(4 + replicas + (replicas if replicas > 1 else 0))
+        self.state["ports"] = {"etcd": ports[0], "etcd_peer": ports[1], "api": ports[2],
+                               "webhook": ports[3], "ops": ports[4:4 + replicas],
+                               "replicas": ports[4 + replicas:]}
         self.save()
         started = time.monotonic()
         pki.make(self.dir / "pki")
@@ -397,36 +434,45 @@ class Cluster:
         self.refresh_token()
         self.start_gpuguard()
         self.wait_webhooks()
-        self.state["started_in_s"] = round(time.monotonic() - started, 1)
-        self.save()
+        with self.changing() as st:
+            st["started_in_s"] = round(time.monotonic() - started, 1)
 
-    def down(self):
+    def down(self, spare=()):
+        """Stop every process of the cluster but those named in spare (the keeper stopping the
+        cluster spares itself)."""
         if not self.state_file.exists():
             return
+        with self.changing():
+            pass  # the state as the last writer left it
         for name in reversed(list(self.state.get("pids", {}))):
-            self.stop(name)
-        self.state["pids"] = {}
-        self.save()
-        # Whatever a test restarted without telling this state file: every component names
-        # this directory in its arguments.
-        for pid in self.strays():
+            if name not in spare:
+                self.stop(name)
+        # Whatever was started without being recorded (a test killed between the two): every
+        # component of this cluster names its directory in its arguments.
+        for pid in self.strays({os.getpid()} if spare else ()):
             try:
                 os.killpg(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
 
-    def strays(self):
-        """PIDs of live process-group leaders whose command line names this cluster's files."""
-        marks, out = (str(self.dir).encode() + b"/", str(self.dir).encode() + b"\0"), []
+    def strays(self, spare_pids=()):
+        """PIDs of live process-group leaders that are components of this cluster: one of its
+        programs (build/k8s/bin, gpuguard, the keeper) naming its directory in its arguments."""
+        marks = (str(self.dir).encode() + b"/", str(self.dir).encode() + b"\0")
+        programs = {str(self.gpuguard).encode(), str(HERE / "keeper.py").encode(),
+                    *(str(p).encode() for p in self.bin.glob("*"))}
+        out = []
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit() or int(entry.name) == os.getpid():
                 continue
             try:
-                cmd = (entry / "cmdline").read_bytes()
+                argv = (entry / "cmdline").read_bytes().split(b"\0")
                 leader = os.getpgid(int(entry.name)) == int(entry.name)
             except (OSError, ProcessLookupError):
                 continue
-            if leader and any(m in cmd for m in marks):
+            ours = any(a in programs for a in argv[:2])
+            if leader and ours and int(entry.name) not in spare_pids and \
+                    any(m in b"\0".join(argv) + b"\0" for m in marks):
                 out.append(int(entry.name))
         return out
 
@@ -471,7 +517,9 @@ def main():
             raise SystemExit(f"cluster: running already in {c.dir}; `make cluster-down` first")
         c.down()  # what is left of a cluster that died
     if c.dir.exists():
-        subprocess.run(["rm", "-rf", str(c.dir)], check=True)
+        if not c.state_file.exists() and any(c.dir.iterdir()):
+            raise SystemExit(f"cluster: {c.dir} holds files but no cluster state; not removing it")
+        shutil.rmtree(c.dir)
     c.dir.mkdir(parents=True)
     # Stop what was started when up fails or is interrupted.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))

@@ -3,7 +3,7 @@
 #
 #   make k8s-bin      build kube-apiserver, kube-controller-manager, kube-scheduler, kubectl,
 #                     etcd and kwok from Go modules (tests/k8s) into a cache outside build/,
-#                     linked into build/k8s/bin (cold: tens of minutes; then instant)
+#                     linked into build/k8s/bin (cold: about 9 minutes on 2 cores; then instant)
 #   make cluster-up   a control plane on 127.0.0.1 with fake GPU nodes and gpuguard installed
 #                     from deploy/ (CONFIG, ADD_CONFIG, REPLICAS); kubeconfig in build/cluster
 #   make cluster-down stop every process cluster-up started

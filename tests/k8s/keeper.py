@@ -26,14 +26,16 @@ REFRESH = TOKEN_SECONDS * 4 // 5
 
 
 async def refresh_tokens(cluster):
+    wait = REFRESH
     while True:
-        await asyncio.sleep(REFRESH)
+        await asyncio.sleep(wait)
         try:
             await asyncio.to_thread(cluster.refresh_token)
             print("keeper: token refreshed", flush=True)
-        except SystemExit as e:  # the API server may be restarting: try again soon
+            wait = REFRESH
+        except (SystemExit, Exception) as e:  # the API server may be restarting: soon again
             print(f"keeper: token refresh failed: {e}", flush=True)
-            await asyncio.sleep(10)
+            wait = 10
 
 
 async def pipe(reader, writer):
@@ -41,10 +43,12 @@ async def pipe(reader, writer):
         while data := await reader.read(65536):
             writer.write(data)
             await writer.drain()
+        if writer.can_write_eof():
+            writer.write_eof()  # half-close: the other direction may still be sending
+            return
     except (ConnectionError, OSError):
         pass
-    finally:
-        writer.close()
+    writer.close()
 
 
 async def forward(listen, backends):
@@ -60,6 +64,8 @@ async def forward(listen, backends):
             writer.close()
             return
         await asyncio.gather(pipe(reader, up_writer), pipe(up_reader, writer))
+        writer.close()
+        up_writer.close()
 
     server = await asyncio.start_server(handle, "127.0.0.1", listen)
     async with server:
@@ -73,10 +79,10 @@ async def reap_when_gone(cluster, owner):
             os.kill(owner, 0)
         except ProcessLookupError:
             break
+        except PermissionError:  # there, but not ours to signal: alive
+            pass
     print(f"keeper: owner {owner} is gone, stopping the cluster", flush=True)
-    fresh = Cluster(cluster.dir)  # the state as it is now, not as it was at start
-    fresh.state.get("pids", {}).pop("keeper", None)  # stopping this process group ends this
-    fresh.down()
+    Cluster(cluster.dir).down(spare=("keeper",))
     os._exit(0)
 
 

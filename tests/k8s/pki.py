@@ -3,6 +3,7 @@ the API server's serving certificate, client certificates for the admin, the con
 and the scheduler (their identities are the ones the API server's bootstrap RBAC knows), and the
 service account signing key.  Nothing here is committed; every start makes new ones."""
 
+import os
 import subprocess
 from pathlib import Path
 
@@ -38,8 +39,17 @@ CLIENTS = {
 
 
 def make(dir: Path):
-    """Write every key and certificate into dir."""
+    """Write every key and certificate into dir (mode 0700; keys 0600 from their creation)."""
     dir.mkdir(parents=True, exist_ok=True)
+    dir.chmod(0o700)
+    umask = os.umask(0o077)
+    try:
+        _make(dir)
+    finally:
+        os.umask(umask)
+
+
+def _make(dir):
     _key(dir, "ca")
     _openssl("req", "-x509", "-new", "-key", "ca.key", "-subj", "/CN=gpuguard-e2e-cluster-ca",
              "-days", DAYS, "-sha256", "-addext", "basicConstraints=critical,CA:TRUE",
@@ -56,6 +66,3 @@ def make(dir: Path):
     _openssl("genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048",
              "-out", "sa.key", cwd=dir)
     _openssl("pkey", "-in", "sa.key", "-pubout", "-out", "sa.pub", cwd=dir)
-    for f in dir.iterdir():
-        if f.suffix in (".key",):
-            f.chmod(0o600)
