@@ -291,4 +291,5 @@ test-image: deps $(BIN)
 	    "Deployment's user (tests/image/pod.sh); its size: $$(buildah images --noheading \
 	    --format '{{.Size}}' $(IMAGE) | tr -s ' ')"
 
-include tests/k8s/k8s.mk
+# The control plane's targets; absent where only the sources are copied (deploy/Dockerfile).
+-include tests/k8s/k8s.mk
