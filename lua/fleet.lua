@@ -201,6 +201,35 @@ function M.model(cfg, pool_or_name)
     return gpu.model(name, catalog)
 end
 
+-- classes.<name>.pools: names of pools of the fleet, each running a mode the class lists.
+local function check_class_pools(c, at, cfg)
+    if c.pools == nil then
+        return
+    end
+    if type(c.pools) ~= "table" or not gg.is_array(c.pools) or #c.pools == 0 then
+        fail(at .. ".pools", "must list pool names, preferred first")
+    end
+    local named = {}
+    for _, p in ipairs(cfg.pools or {}) do
+        named[p.name] = p
+    end
+    for j, name in ipairs(c.pools) do
+        local where = string.format("%s.pools[%d]", at, j)
+        local p = named[name]
+        if not p then
+            fail(where, "%s is not one of the pools", tostring(name))
+        end
+        local listed = false
+        for _, m in ipairs(c.sharing) do
+            listed = listed or m == p.sharing
+        end
+        if not listed then
+            fail(where, "pool %s runs %s, which the class does not list in sharing (%s)", name, p.sharing,
+                table.concat(c.sharing, ", "))
+        end
+    end
+end
+
 --- Check the fleet part of the configuration; raises error(msg, 0) with the key path.
 function M.check(cfg)
     local catalog = gpu.catalog(cfg)
@@ -229,6 +258,7 @@ function M.check(cfg)
                     fail(at .. ".sharing[" .. j .. "]", "must be one of %s", table.concat(M.MODES, ", "))
                 end
             end
+            check_class_pools(c, at, cfg)
             if c.max_runtime ~= nil and M.seconds(c.max_runtime) == nil then
                 fail(at .. ".max_runtime", "must be a duration such as 8h or 30m")
             end
@@ -333,27 +363,61 @@ function M.pool_for_mode(cfg, mode)
     return M.find_pool(cfg, of_mode, mode)
 end
 
+-- The pools a class may use, preferred first: its pools list when it has one (checked), else
+-- every pool of the fleet; and whether the class named them.
+local class_pools = M.per_config(function(cfg)
+    local out = {}
+    for name, c in pairs(cfg.classes or {}) do
+        if c.pools then
+            local list = {}
+            for i, p in ipairs(c.pools) do
+                list[i] = M.pool(cfg, p)
+            end
+            out[name] = list
+        end
+    end
+    return out
+end)
+
+local function pools_of(cfg, class)
+    local named = class_pools(cfg)
+    local list = named[class] or (cfg.classes and cfg.classes[class] == nil and named[cfg.default_class])
+    if list then
+        return list, true
+    end
+    return M.pools(cfg), false
+end
+
+local function first_of_mode(pools, mode)
+    for _, p in ipairs(pools) do
+        if p.sharing == mode then
+            return p
+        end
+    end
+    return nil
+end
+
 --[[
 Choose the sharing mode and pool for a class: the mode asked for (when the class allows it); else,
 for a request of whole GPUs only (whole is true), exclusive when the class allows it and a pool
-offers it, since no share holds several GPUs and one GPU is better given whole; else the class's
-first mode the fleet has a pool for.  Returns pool, mode, and true when the size of the request
-decided (exclusive is not the class's first mode); or nil and a message that says what to change.
+offers it, since no share holds several GPUs and one GPU is better given whole; else, when the
+class names its pools (classes.<name>.pools), the first of them; else the class's first mode the
+fleet has a pool for.  The pools are the class's own when it names them, else the fleet's, first
+first.  Returns pool, mode, and true when the size of the request decided (exclusive is not what
+the class would have got otherwise); or nil and a message that says what to change.
 ]]
 function M.choose(cfg, class, asked, whole)
     local modes = modes_of(cfg, class)
+    local pools, named = pools_of(cfg, class)
     if asked == nil and whole then
-        -- sized: a mode before exclusive has a pool, so without the size it would have won.
-        local sized = false
+        local allowed = false
         for _, m in ipairs(modes) do
-            if m == "exclusive" then
-                local pool = M.pool_for_mode(cfg, m)
-                if pool then
-                    return pool, m, sized
-                end
-                break
-            end
-            sized = sized or M.pool_for_mode(cfg, m) ~= nil
+            allowed = allowed or m == "exclusive"
+        end
+        local pool = allowed and first_of_mode(pools, "exclusive")
+        if pool then
+            local usual = M.choose(cfg, class, nil, false)
+            return pool, "exclusive", usual ~= pool
         end
     end
     if asked ~= nil then
@@ -365,12 +429,12 @@ function M.choose(cfg, class, asked, whole)
             return nil, string.format("class %s may use %s, not %s; remove gpuguard.io/sharing or ask for one of those",
                 class, table.concat(modes, ", "), asked)
         end
-        local pool = M.pool_for_mode(cfg, asked)
+        local pool = first_of_mode(pools, asked)
         if not pool then
             -- Suggest only what the class may use and the fleet has.
             local offered = {}
             for _, m in ipairs(modes) do
-                if M.pool_for_mode(cfg, m) then
+                if first_of_mode(pools, m) then
                     offered[#offered + 1] = m
                 end
             end
@@ -383,8 +447,11 @@ function M.choose(cfg, class, asked, whole)
         end
         return pool, asked
     end
+    if named then
+        return pools[1], pools[1].sharing -- checked: a mode of the class
+    end
     for _, m in ipairs(modes) do
-        local pool = M.pool_for_mode(cfg, m)
+        local pool = first_of_mode(pools, m)
         if pool then
             return pool, m
         end

@@ -28,7 +28,8 @@ Backends:
   hami          nvidia.com/gpu: 1, nvidia.com/gpumem (MiB), nvidia.com/gpucores (percent)
   kai           the gpu-fraction or gpu-memory annotation and schedulerName kai-scheduler
 
-Config keys: pools, classes (with classes.<name>.namespaces: workload.class_allowed),
+Config keys: pools, classes (with classes.<name>.namespaces: workload.class_allowed, and
+classes.<name>.pools: fleet.choose),
 default_class, exclusive.fractions, gpu_models (see fleet.lua).
 Idempotent: everything is recomputed from the pod's own request annotations and set, never
 appended, so a pod it already rewrote comes out unchanged.

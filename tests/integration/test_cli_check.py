@@ -777,6 +777,22 @@ def test_class_namespaces_are_checked_at_load(binary, tmp_path, namespaces, mess
     assert message in out.stderr.decode()
 
 
+@pytest.mark.parametrize("pools,message", [
+    ("[h100]", "classes.inference.pools[1]: h100 is not one of the pools"),
+    ("[l4, a100]", "classes.inference.pools[2]: pool a100 runs mig, which the class does not list "
+                   "in sharing (time-slicing, exclusive)"),
+    ("l4", "classes.inference.pools: must list pool names, preferred first"),
+])
+def test_class_pools_are_checked_at_load(binary, tmp_path, pools, message):
+    config = tmp_path / "c.yaml"
+    config.write_text("pools: [{name: l4, model: L4, sharing: exclusive},\n"
+                      "        {name: a100, model: A100-80GB, sharing: mig}]\n"
+                      f"classes:\n  inference: {{sharing: [time-slicing, exclusive], pools: {pools}}}\n")
+    _, out = shipped(binary, WORKLOADS / "cluster" / "pytorchjob-worker.yaml", config=config)
+    assert out.returncode == 2
+    assert message in out.stderr.decode()
+
+
 # ---- the order of manifests with --cluster-state -----------------------------
 
 
