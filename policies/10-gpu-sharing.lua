@@ -16,6 +16,8 @@ the containers into the backend's own resource names, and records on the pod:
 A pod already written in a backend's own dialect (DRA claims, KAI annotations, HAMi or Volcano
 vGPU resources; see intent.lua) is passed through: charged, checked and given the pool that
 runs that dialect (a pool's device_classes or scheduler_name), with its scheduler name set.
+A pod that names a pool's own device plugin resource (nvidia.com/mig-<profile> of a mixed-MIG
+pool's model, a time-slicing or MPS pool's shared_resource) keeps it and gets that pool.
 
 Backends:
   exclusive     nvidia.com/gpu: N whole GPUs (a fraction above 1 rounds up, or is denied)
@@ -249,6 +251,50 @@ local function pass_through(req, pod, cfg, dialect)
     return record(req, pod, decision, pool, total)
 end
 
+-- The pool that serves a device plugin resource a container names itself: the first mixed-MIG
+-- pool whose model has the MIG profile, or the time-slicing or MPS pool renaming its replicas to
+-- it; nil for other resources.
+local function pool_serving(cfg, resource)
+    local profile = gpu.mig_profile_of(resource)
+    for _, p in ipairs(fleet.pools(cfg)) do
+        if profile and p.sharing == "mig" and p.mig_strategy ~= "single" and gpu.profile(fleet.model(cfg, p), profile) then
+            return p
+        elseif (p.sharing == "time-slicing" or p.sharing == "mps") and p.shared_resource == resource then
+            return p
+        end
+    end
+    return nil
+end
+
+-- A pod that names a pool's own resource (nvidia.com/mig-1g.10gb, a renamed shared replica)
+-- keeps it and gets the pool that serves it: without the pool's selector and toleration no
+-- node would take it.  Resources of two pools in one pod are denied.
+local function place_by_resource(req, pod, cfg)
+    local pool, named
+    for c in k8s.containers(k8s.pod_spec(pod)) do
+        for _, r in ipairs(gpu.requested(c)) do
+            local p = pool_serving(cfg, r.resource)
+            if p and pool and p ~= pool then
+                req:deny(string.format("%s is served by pool %s and %s by pool %s; ask for the resources of one pool",
+                    named, pool.name, r.resource, p.name))
+                return
+            end
+            pool, named = pool or p, named or (p and r.resource)
+        end
+    end
+    if not pool then
+        return
+    end
+    local total, breakdown = intent.charge(pod, cfg, { pool = pool, namespace = req.namespace })
+    if not total then
+        req:deny(breakdown)
+        return
+    end
+    local decision = string.format("%s on pool %s (asked for by resource): %s", named, pool.name,
+        quota.describe(total, breakdown))
+    return record(req, pod, decision, pool, total)
+end
+
 local function decide(req, pod, cfg)
     if #fleet.pools(cfg) == 0 then
         return
@@ -269,7 +315,7 @@ local function decide(req, pod, cfg)
         return
     end
     if #asks == 0 then
-        return
+        return place_by_resource(req, pod, cfg)
     end
     local class, why = workload.class(pod, cfg)
     local allowed, refusal = workload.class_allowed(class, why, req.namespace, cfg)

@@ -156,15 +156,7 @@ def bind(kube, namespace, name, pool):
         "target": {"apiVersion": "v1", "kind": "Node", "name": node}})
 
 
-# A pod that names a MIG device itself is admitted as it is: no pool, no toleration of the MIG
-# pool's taint, so no node takes it.  Placing a pod on the pool that serves the resource it
-# names is the subject of the fleet issue (the pool a user asks for is honoured or refused).
-UNPLACED = {"mig": "a pod naming nvidia.com/mig-1g.10gb itself gets no pool"}
-
-
-@pytest.mark.parametrize("form", [
-    pytest.param(f, marks=pytest.mark.xfail(strict=True, reason=UNPLACED[f])) if f in UNPLACED else f
-    for f in FORMS])
+@pytest.mark.parametrize("form", list(FORMS))
 def test_pod_is_stored_as_check_patches_it_and_runs_on_its_pool(form, kube, gpuguard, namespace,
                                                                  ignored_namespace,
                                                                  reinvoking_webhook):
