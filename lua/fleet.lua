@@ -43,13 +43,18 @@ M.MODES = { "exclusive", "mig", "mps", "time-slicing", "hami", "kai" }
 -- them, a pod's own dialect does (intent.lua).
 M.PASS_THROUGH = { dra = true, volcano = true }
 
-local function is_mode(s)
-    for _, m in ipairs(M.MODES) do
-        if m == s then
+-- Does the list hold v?
+local function holds(list, v)
+    for _, x in ipairs(list) do
+        if x == v then
             return true
         end
     end
     return false
+end
+
+local function is_mode(s)
+    return holds(M.MODES, s)
 end
 
 local fail = args.config_fail
@@ -209,21 +214,13 @@ local function check_class_pools(c, at, cfg)
     if type(c.pools) ~= "table" or not gg.is_array(c.pools) or #c.pools == 0 then
         fail(at .. ".pools", "must list pool names, preferred first")
     end
-    local named = {}
-    for _, p in ipairs(cfg.pools or {}) do
-        named[p.name] = p
-    end
     for j, name in ipairs(c.pools) do
         local where = string.format("%s.pools[%d]", at, j)
-        local p = named[name]
+        local p = M.pool(cfg, name)
         if not p then
             fail(where, "%s is not one of the pools", tostring(name))
         end
-        local listed = false
-        for _, m in ipairs(c.sharing) do
-            listed = listed or m == p.sharing
-        end
-        if not listed then
+        if not holds(c.sharing, p.sharing) then
             fail(where, "pool %s runs %s, which the class does not list in sharing (%s)", name, p.sharing,
                 table.concat(c.sharing, ", "))
         end
@@ -315,10 +312,6 @@ function M.find_pool(cfg, matches, arg)
     return nil
 end
 
-local function of_mode(pool, mode)
-    return pool.sharing == mode
-end
-
 -- Pools by name, per configuration: policies ask for a pool by name on every review.
 local pools_by_name = M.per_config(function(cfg)
     local pools = {}
@@ -358,9 +351,18 @@ function M.class_modes(cfg, class)
     return out
 end
 
+local function first_of_mode(pools, mode)
+    for _, p in ipairs(pools) do
+        if p.sharing == mode then
+            return p
+        end
+    end
+    return nil
+end
+
 --- The first pool of the given sharing mode, or nil.
 function M.pool_for_mode(cfg, mode)
-    return M.find_pool(cfg, of_mode, mode)
+    return first_of_mode(M.pools(cfg), mode)
 end
 
 -- The pools a class may use, preferred first: its pools list when it has one (checked), else
@@ -388,10 +390,16 @@ local function pools_of(cfg, class)
     return M.pools(cfg), false
 end
 
-local function first_of_mode(pools, mode)
-    for _, p in ipairs(pools) do
-        if p.sharing == mode then
-            return p
+-- The pool a class gets when nothing else decides: the first of its own pools when it names
+-- them, else the fleet's first pool of its first mode that has one; and that pool's mode.
+local function preferred(modes, pools, named)
+    if named then
+        return pools[1], pools[1].sharing -- checked: a mode of the class
+    end
+    for _, m in ipairs(modes) do
+        local pool = first_of_mode(pools, m)
+        if pool then
+            return pool, m
         end
     end
     return nil
@@ -402,30 +410,21 @@ Choose the sharing mode and pool for a class: the mode asked for (when the class
 for a request of whole GPUs only (whole is true), exclusive when the class allows it and a pool
 offers it, since no share holds several GPUs and one GPU is better given whole; else, when the
 class names its pools (classes.<name>.pools), the first of them; else the class's first mode the
-fleet has a pool for.  The pools are the class's own when it names them, else the fleet's, first
-first.  Returns pool, mode, and true when the size of the request decided (exclusive is not what
+fleet has a pool for.  The pools are the class's own when it names them, else the fleet's, in
+order.  Returns pool, mode, and true when the size of the request decided (exclusive is not what
 the class would have got otherwise); or nil and a message that says what to change.
 ]]
 function M.choose(cfg, class, asked, whole)
     local modes = modes_of(cfg, class)
     local pools, named = pools_of(cfg, class)
     if asked == nil and whole then
-        local allowed = false
-        for _, m in ipairs(modes) do
-            allowed = allowed or m == "exclusive"
-        end
-        local pool = allowed and first_of_mode(pools, "exclusive")
+        local pool = holds(modes, "exclusive") and first_of_mode(pools, "exclusive")
         if pool then
-            local usual = M.choose(cfg, class, nil, false)
-            return pool, "exclusive", usual ~= pool
+            return pool, "exclusive", preferred(modes, pools, named) ~= pool
         end
     end
     if asked ~= nil then
-        local allowed = false
-        for _, m in ipairs(modes) do
-            allowed = allowed or m == asked
-        end
-        if not allowed then
+        if not holds(modes, asked) then
             return nil, string.format("class %s may use %s, not %s; remove gpuguard.io/sharing or ask for one of those",
                 class, table.concat(modes, ", "), asked)
         end
@@ -447,14 +446,9 @@ function M.choose(cfg, class, asked, whole)
         end
         return pool, asked
     end
-    if named then
-        return pools[1], pools[1].sharing -- checked: a mode of the class
-    end
-    for _, m in ipairs(modes) do
-        local pool = first_of_mode(pools, m)
-        if pool then
-            return pool, m
-        end
+    local pool, mode = preferred(modes, pools, named)
+    if pool then
+        return pool, mode
     end
     return nil, string.format("no GPU pool offers the sharing modes of class %s (%s)", class, table.concat(modes, ", "))
 end

@@ -252,12 +252,13 @@ local function pass_through(req, pod, cfg, dialect)
 end
 
 -- The pool that serves a device plugin resource a container names itself: the first mixed-MIG
--- pool whose model has the MIG profile, or the time-slicing or MPS pool renaming its replicas to
--- it; nil for other resources.
+-- pool whose model has the MIG profile (a whole MIG device, not a shared replica of one), or the
+-- time-slicing or MPS pool renaming its replicas to it; nil for other resources.
 local function pool_serving(cfg, resource)
-    local profile = gpu.mig_profile_of(resource)
+    local profile, shared = gpu.mig_profile_of(resource)
     for _, p in ipairs(fleet.pools(cfg)) do
-        if profile and p.sharing == "mig" and p.mig_strategy ~= "single" and gpu.profile(fleet.model(cfg, p), profile) then
+        if profile and not shared and p.sharing == "mig" and p.mig_strategy ~= "single"
+            and gpu.profile(fleet.model(cfg, p), profile) then
             return p
         elseif (p.sharing == "time-slicing" or p.sharing == "mps") and p.shared_resource == resource then
             return p
@@ -315,7 +316,9 @@ local function decide(req, pod, cfg)
         return
     end
     if #asks == 0 then
-        return place_by_resource(req, pod, cfg)
+        -- dialects holds mig or shared when a container names such a resource; for a pod
+        -- without a GPU, the common case, nothing more is read.
+        return (dialects.mig or dialects.shared) and place_by_resource(req, pod, cfg)
     end
     local class, why = workload.class(pod, cfg)
     local allowed, refusal = workload.class_allowed(class, why, req.namespace, cfg)
