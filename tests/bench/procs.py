@@ -52,12 +52,12 @@ def stat(pid):
     return fields[0].decode(), int(fields[2]), fields[19].decode()
 
 
-def _start_time(pid):
+def start_time(pid):
     st = stat(pid)
     return st and st[2]
 
 
-def _group_members(pgid):
+def group_members(pgid):
     """Pids of the live (not zombie) processes of the process group pgid."""
     pids = []
     for entry in os.listdir("/proc"):
@@ -81,7 +81,7 @@ def _ours(pid, start):
     """Whether pgid pid still names the group of the child started at start: its leader is
     that process (alive or a zombie), or gone, and then only members of its group can hold
     the id (the kernel gives no new process an id that a group still uses)."""
-    return _start_time(pid) in (start, None)
+    return start_time(pid) in (start, None)
 
 
 def _watchdog_main():
@@ -106,7 +106,7 @@ def _watchdog_main():
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pid, signal.SIGTERM)
         deadline = time.monotonic() + CLEAN_UP
-        while time.monotonic() < deadline and any(_group_members(pid) for pid in groups):
+        while time.monotonic() < deadline and any(group_members(pid) for pid in groups):
             time.sleep(0.05)
         for pid, start in groups.items():
             if _ours(pid, start):
@@ -171,7 +171,7 @@ def spawn(cmd, **popen_kw):
     """subprocess.Popen(cmd, **popen_kw) in a session of its own, known to the watchdog."""
     with _signals_held(), _lock:
         proc = subprocess.Popen(cmd, start_new_session=True, **popen_kw)
-        start = _start_time(proc.pid)  # a zombie has one too: the child is not reaped yet
+        start = start_time(proc.pid)  # a zombie has one too: the child is not reaped yet
         _children[proc.pid] = (proc, start)
         if _owners:
             _owners[-1].append(proc)
@@ -228,7 +228,7 @@ def stop(proc, sig=signal.SIGTERM, timeout=PATIENCE):
         if proc.returncode is None:  # not reaped: the group id is still this child's
             _killpg(proc.pid)  # what the leader left behind (nginx's workers)
             deadline = time.monotonic() + PATIENCE
-            while _group_members(proc.pid) and time.monotonic() < deadline:
+            while group_members(proc.pid) and time.monotonic() < deadline:
                 time.sleep(0.01)
         proc.wait()
     # Forgotten only now: a stop cut short (an interrupt) leaves it to stop_all and the watchdog.

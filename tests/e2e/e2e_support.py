@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+import conftest  # tests/conftest.py, loaded by pytest before this package's: its wait_for
+
 REPO = Path(__file__).resolve().parent.parent.parent
 sys.path.insert(0, str(REPO / "tests" / "k8s"))
 FLEET = REPO / "tests" / "e2e" / "fleet.yaml"
@@ -28,37 +30,33 @@ class KubectlError(AssertionError):
 
 
 def wait_for(what, check, timeout=WAIT, interval=0.25):
-    """Poll check() until it returns something true; return it, or fail naming what.  A
-    kubectl that fails or times out meanwhile is tried again; other errors end the wait."""
-    deadline = time.monotonic() + timeout
-    last = None
-    while True:
+    """conftest.wait_for(check), failing the test naming what.  A kubectl that fails or times
+    out meanwhile, or an object not there yet, is tried again; other errors end the wait."""
+    last = []
+
+    def attempt():
         try:
-            got = check()
-            if got:
-                return got
+            return check()
         except (KubectlError, subprocess.TimeoutExpired, KeyError, ValueError) as e:
-            last = e
-        if time.monotonic() > deadline:
-            pytest.fail(f"{what}: not after {timeout} s" + (f" (last: {last})" if last else ""))
-        time.sleep(interval)
+            last[:] = [e]
+            return None
+    got = conftest.wait_for(attempt, timeout, interval)
+    if not got:
+        pytest.fail(f"{what}: not after {timeout} s" + (f" (last: {last[0]})" if last else ""))
+    return got
 
 
 class Kube:
-    """kubectl (the one built here) on the cluster's admin kubeconfig."""
+    """The cluster's kubectl (Cluster.kubectl): objects as input, failures as KubectlError."""
 
     def __init__(self, cluster):
         self.cluster = cluster
-        self.bin = str(cluster.bin / "kubectl")
 
-    def run(self, *args, input=None, check=True, as_user=None):
-        cmd = [self.bin, "--kubeconfig", str(self.cluster.kubeconfig), *map(str, args)]
-        if as_user:
-            cmd += ["--as", as_user]
+    def run(self, *args, input=None, check=True):
         if input is not None and not isinstance(input, str):
             input = yaml.safe_dump_all(input if isinstance(input, list) else [input],
                                        sort_keys=False)
-        r = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=120)
+        r = self.cluster.kubectl(*args, input=input, check=False)
         if check and r.returncode != 0:
             raise KubectlError(f"kubectl {' '.join(map(str, args))} exited {r.returncode}: "
                                  f"{r.stderr.strip()}")
@@ -80,10 +78,9 @@ class Kube:
         r = self.run(*args, input=obj, check=check)
         return json.loads(r.stdout) if r.returncode == 0 else r
 
-    def raw(self, method, path, body=None):
-        """A request to the API server; returns the decoded answer."""
-        args = {"GET": ["get", "--raw", path], "POST": ["create", "--raw", path, "-f", "-"]}[method]
-        return json.loads(self.run(*args, input=json.dumps(body) if body else None).stdout)
+    def post(self, path, body):
+        """POST body to an API path (a subresource kubectl has no verb for); the answer."""
+        return json.loads(self.run("create", "--raw", path, "-f", "-", input=json.dumps(body)).stdout)
 
 
 class Gpuguard:
@@ -91,17 +88,11 @@ class Gpuguard:
 
     def __init__(self, cluster):
         self.cluster = cluster
-        self.state = cluster.state
         self.config = cluster.dir / "gpuguard" / "gpuguard.yaml"
-
-    @property
-    def names(self):
-        n = self.state["replicas"]
-        return ["gpuguard"] if n == 1 else [f"gpuguard-{i}" for i in range(n)]
 
     def metrics(self):
         text = ""
-        for port in self.state["ports"]["ops"]:
+        for port in self.cluster.state["ports"]["ops"]:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
                 text += r.read().decode()
         return text
@@ -118,7 +109,7 @@ class Gpuguard:
     def log_lines(self):
         """Every JSON line of every gpuguard process's log, in time order."""
         out = []
-        for name in self.names:
+        for name in self.cluster.gpuguard_names():
             for line in (self.cluster.dir / "logs" / f"{name}.log").read_text(
                     errors="replace").splitlines():
                 try:
@@ -149,6 +140,22 @@ def make_namespace(kube, prefix, labels=None):
     wait_for(f"namespace {name}'s default ServiceAccount", lambda: kube.run(
         "get", "serviceaccount", "default", "-n", name, check=False).returncode == 0)
     return name
+
+
+def claim_template(name, devices=1):
+    """A ResourceClaimTemplate for whole GPUs of NVIDIA's DRA driver (the fleet's a100-dra)."""
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name},
+            "spec": {"spec": {"devices": {"requests": [
+                {"name": "gpus", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": devices}}]}}}}
+
+
+def claim_pod(name, template):
+    """A pod whose one container holds the claim made from template."""
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "labels": {"team": "e2e"}},
+            "spec": {"containers": [{"name": "main", "image": "registry.example/cuda:12",
+                                     "resources": {"claims": [{"name": "gpus"}]}}],
+                     "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": template}]}}
 
 
 def pod_running(kube, namespace, name):

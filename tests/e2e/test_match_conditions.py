@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from e2e_support import settled_requests, wait_for
+from e2e_support import claim_pod, claim_template, settled_requests, wait_for
 
 DECISION = {"gpuguard.io/decision": "mig 1g.10gb on pool a100-mig", "gpuguard.io/charge": "143"}
 GPU_TOLERATION = [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}]
@@ -101,15 +101,8 @@ def test_a_pod_update_reaches_gpuguard_only_when_it_touches_what_it_reads(what, 
 
 def claim_template_pod(kube, namespace):
     """A pod whose claim the resourceclaim controller makes (marked as made for the pod)."""
-    kube.create({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-                 "metadata": {"name": "one"},
-                 "spec": {"spec": {"devices": {"requests": [
-                     {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}}}, namespace)
-    kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "d", "labels": {"team": "e2e"}},
-                 "spec": {"containers": [{"name": "main", "image": "registry.example/cuda:12",
-                                          "resources": {"claims": [{"name": "gpu"}]}}],
-                          "resourceClaims": [{"name": "gpu", "resourceClaimTemplateName": "one"}]}},
-                namespace)
+    kube.create(claim_template("one"), namespace)
+    kube.create(claim_pod("d", "one"), namespace)
     return wait_for("the pod's claim", lambda: kube.items("resourceclaims", namespace))[0]
 
 

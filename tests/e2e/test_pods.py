@@ -18,7 +18,7 @@ import threading
 import pytest
 import yaml
 
-from e2e_support import node_pool, pod_running, wait_for
+from e2e_support import claim_pod, claim_template, node_pool, pod_running, wait_for
 
 TEAM = {"team": "e2e"}
 
@@ -34,12 +34,7 @@ def container(limits, name="main"):
     return {"name": name, "image": "registry.example/cuda:12", "resources": {"limits": limits}}
 
 
-CLAIM_TEMPLATE = {
-    "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-    "metadata": {"name": "one-a100"},
-    "spec": {"spec": {"devices": {"requests": [
-        {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}}]}}},
-}
+CLAIM_TEMPLATE = claim_template("one-a100")
 
 FORMS = {
     "whole": pod("whole", [container({"nvidia.com/gpu": 2})],
@@ -52,8 +47,7 @@ FORMS = {
     "time-sliced": pod("time-sliced", [container({"nvidia.com/gpu": 1})],
                        labels={"gpuguard.io/workload-class": "interactive"}),
     "mps": pod("mps", [container({})], annotations={"gpuguard.io/gpu-fraction": "0.25"}),
-    "dra-template": pod("dra-template", [{**container({}), "resources": {"claims": [{"name": "gpu"}]}}],
-                        resourceClaims=[{"name": "gpu", "resourceClaimTemplateName": "one-a100"}]),
+    "dra-template": claim_pod("dra-template", "one-a100"),
     "kai": pod("kai", [container({})], annotations={"gpu-fraction": "0.5"},
                schedulerName="kai-scheduler"),
     "hami": pod("hami", [container({"nvidia.com/gpu": 1, "nvidia.com/gpumem": 3000,
@@ -151,7 +145,7 @@ def assert_same(got, want):
 def bind(kube, namespace, name, pool):
     """Bind the pod to the first node of pool, as its own scheduler would."""
     node = f"{pool}-0"
-    kube.raw("POST", f"/api/v1/namespaces/{namespace}/pods/{name}/binding", {
+    kube.post(f"/api/v1/namespaces/{namespace}/pods/{name}/binding", {
         "apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
         "target": {"apiVersion": "v1", "kind": "Node", "name": node}})
 

@@ -6,7 +6,7 @@ pod's claim from its template, the scheduler allocates it, and the inventory cha
 import json
 import time
 
-from e2e_support import REPO, make_namespace, pod_running, wait_for
+from e2e_support import REPO, claim_pod, claim_template, pod_running, wait_for
 
 QUOTA_NS = "e2e-quota"  # quota 2 GPUs in tests/e2e/fleet.yaml
 FIGURES = REPO / "build" / "e2e" / "figures.json"
@@ -73,22 +73,9 @@ def expired_lines(gpuguard):
     return [l for l in gpuguard.log_lines() if l.get("msg") == "inventory: resourceVersion expired, relisting"]
 
 
-CLAIM_TEMPLATE = {
-    "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-    "metadata": {"name": "two-a100"},
-    "spec": {"spec": {"devices": {"requests": [
-        {"name": "gpus", "exactly": {"deviceClassName": "gpu.nvidia.com", "count": 2}}]}}},
-}
-
-
 def test_a_dra_pods_claim_is_made_allocated_and_charged_once(kube, namespace):
-    kube.create(CLAIM_TEMPLATE, namespace)
-    pod = {"apiVersion": "v1", "kind": "Pod",
-           "metadata": {"name": "dra", "labels": {"team": "e2e"}},
-           "spec": {"containers": [{"name": "main", "image": "registry.example/cuda:12",
-                                    "resources": {"claims": [{"name": "gpus"}]}}],
-                    "resourceClaims": [{"name": "gpus", "resourceClaimTemplateName": "two-a100"}]}}
-    kube.create(pod, namespace)
+    kube.create(claim_template("two-a100", devices=2), namespace)
+    kube.create(claim_pod("dra", "two-a100"), namespace)
     running = wait_for("the DRA pod running", lambda: pod_running(kube, namespace, "dra"))
     claim_name = running["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
     claim = kube.get("resourceclaim", claim_name, namespace)

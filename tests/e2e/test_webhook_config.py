@@ -51,11 +51,9 @@ def test_only_what_gpuguard_reads_is_sent_to_it(kube, gpuguard, namespace):
 
 
 def test_gpuguard_down_refuses_pods_where_it_looks_and_only_there(kube, cluster, namespace):
-    names = ["gpuguard"] if cluster.state["replicas"] == 1 else [
-        f"gpuguard-{i}" for i in range(cluster.state["replicas"])]
     argv = {}
     try:
-        for n in names:
+        for n in cluster.gpuguard_names():
             argv[n] = cmdline(cluster.state["pids"][n])
             cluster.stop(n)
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "labels": {"team": "e2e"}},

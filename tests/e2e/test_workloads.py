@@ -11,7 +11,6 @@ alone judges gpuguard's patch."""
 
 import copy
 import json
-from pathlib import Path
 
 import pytest
 import yaml

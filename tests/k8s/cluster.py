@@ -41,13 +41,15 @@ import yaml
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
-sys.path.insert(0, str(HERE))
+sys.path[:0] = [str(HERE), str(REPO / "tests" / "bench")]
 import nodes  # noqa: E402
 import pki  # noqa: E402
+import procs  # noqa: E402  (process identity and groups, shared with the tests)
 
 NAMESPACE = "gpuguard-system"
 START_TIMEOUT = 180  # seconds for a component to come up, generous for a loaded 2-core machine
 TOKEN_SECONDS = 3600
+SERVERS = ("kube-apiserver", "etcd")  # stopped last, in this order
 
 
 def free_ports(n):
@@ -64,13 +66,13 @@ def free_ports(n):
             s.close()
 
 
-def start_time(pid):
-    """The start time of a process (clock ticks since boot, /proc/PID/stat field 22): with the
-    PID, what names a process; None when there is none."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
+def write_atomic(path, text, mode=0o644):
+    """path holds text, old or new but never half: written beside it, then renamed."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
 
 
 class Cluster:
@@ -84,10 +86,7 @@ class Cluster:
     # ---- state and processes ------------------------------------------------------------
 
     def save(self):
-        fd, tmp = tempfile.mkstemp(dir=self.dir, prefix=".state.")
-        with os.fdopen(fd, "w") as f:
-            f.write(json.dumps(self.state, indent=2))
-        os.replace(tmp, self.state_file)
+        write_atomic(self.state_file, json.dumps(self.state, indent=2))
 
     @contextlib.contextmanager
     def changing(self):
@@ -104,58 +103,48 @@ class Cluster:
     def kubeconfig(self):
         return self.dir / "kubeconfig"
 
-    def start(self, name, argv, env=None):
-        """Start argv in its own process group, output to logs/<name>.log; record its PID."""
-        log = open(self.dir / "logs" / f"{name}.log", "ab")
-        proc = subprocess.Popen([str(a) for a in argv], stdout=log, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, start_new_session=True,
-                                env={**os.environ, **(env or {})}, cwd=REPO)
-        log.close()
+    def start(self, name, argv):
+        """Start argv in its own process group, output to logs/<name>.log; record its PID.
+        Not procs.spawn: the cluster outlives the process that starts it."""
+        with open(self.dir / "logs" / f"{name}.log", "ab") as log:
+            proc = subprocess.Popen([str(a) for a in argv], stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True, cwd=REPO)
         with self.changing() as st:
             st.setdefault("pids", {})[name] = proc.pid
-            st.setdefault("starts", {})[name] = start_time(proc.pid)
+            st.setdefault("starts", {})[name] = procs.start_time(proc.pid)
         return proc
 
     def ours(self, name, pid):
         """Is pid still the process started as name (not one that took its PID since)?"""
-        return pid and start_time(pid) == self.state.get("starts", {}).get(name)
+        return pid and procs.start_time(pid) == self.state.get("starts", {}).get(name)
 
     def alive(self, name):
         pid = self.state.get("pids", {}).get(name)
-        if not self.ours(name, pid):
-            return False
-        try:  # a zombie of ours is not alive
-            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-        except OSError:
-            return False
+        st = self.ours(name, pid) and procs.stat(pid)
+        return bool(st) and st[0] != "Z"  # a zombie of ours is not alive
 
-    def stop(self, name, grace=15):
-        """SIGTERM the process group, SIGKILL after grace seconds."""
+    def stop(self, *names, grace=15):
+        """SIGTERM the process groups of names all at once, SIGKILL to what is left after grace
+        seconds; returns once no process of them is left (zombies do not count)."""
+        pids = []
         with self.changing() as st:
-            pid = st.get("pids", {}).pop(name, None)
-            mine = self.ours(name, pid)
-            st.get("starts", {}).pop(name, None)
-        if not mine:
-            return
-        try:
-            os.killpg(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
+            for name in names:
+                pid = st.get("pids", {}).pop(name, None)
+                if self.ours(name, pid):
+                    pids.append(pid)
+                st.get("starts", {}).pop(name, None)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGTERM)
         deadline = time.monotonic() + grace
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(pid, 0)
-            except ProcessLookupError:
-                return
-            try:
-                os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
-            time.sleep(0.1)
-        try:
-            os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        while any(procs.group_members(pid) for pid in pids) and time.monotonic() < deadline:
+            for pid in pids:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)  # our own child (a test restarted it): reap it
+            time.sleep(0.05)
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
 
     def wait(self, what, check, timeout=START_TIMEOUT, name=None):
         """Poll check() until it is true; fail naming what, with the log's tail."""
@@ -183,9 +172,10 @@ class Cluster:
 
     # ---- kubectl ------------------------------------------------------------------------
 
-    def kubectl(self, *args, input=None, check=True, kubeconfig=None):
-        cmd = [str(self.bin / "kubectl"), "--kubeconfig", str(kubeconfig or self.kubeconfig),
-               *map(str, args)]
+    def kubectl(self, *args, input=None, check=True):
+        """kubectl (the one built here) on the admin kubeconfig; failing, a SystemExit with
+        its message unless check is false."""
+        cmd = [str(self.bin / "kubectl"), "--kubeconfig", str(self.kubeconfig), *map(str, args)]
         r = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=120)
         if check and r.returncode != 0:
             raise SystemExit(f"cluster: kubectl {' '.join(map(str, args))}: {r.stderr.strip()}")
@@ -312,19 +302,13 @@ class Cluster:
         config = yaml.safe_load(Path(config_path).read_text())
         if add_config:
             extra = yaml.safe_load(Path(add_config).read_text())
-            for key, value in extra.items():
-                if key == "pools":
-                    config["pools"] = config.get("pools", []) + value
-                elif isinstance(value, dict) and isinstance(config.get(key), dict):
-                    merge(config[key], value)
-                else:
-                    config[key] = value
-        target = self.dir / "gpuguard" / "gpuguard.yaml"
-        tmp = target.with_suffix(".tmp")
-        tmp.write_text("# written by tests/k8s/cluster.py from " + str(config_path)
-                       + (f" and {add_config}" if add_config else "") + "\n"
-                       + yaml.safe_dump(config, sort_keys=False))
-        tmp.replace(target)
+            pools = extra.pop("pools", [])
+            merge(config, extra)
+            config["pools"] = config.get("pools", []) + pools
+        write_atomic(self.dir / "gpuguard" / "gpuguard.yaml",
+                     "# written by tests/k8s/cluster.py from " + str(config_path)
+                     + (f" and {add_config}" if add_config else "") + "\n"
+                     + yaml.safe_dump(config, sort_keys=False))
         return config
 
     def write_overlay(self):
@@ -361,19 +345,19 @@ class Cluster:
         """A TokenRequest token of gpuguard's ServiceAccount, written atomically."""
         token = self.kubectl("create", "token", "gpuguard", "-n", NAMESPACE,
                              f"--duration={TOKEN_SECONDS}s").stdout.strip()
-        path = self.dir / "gpuguard" / "token"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(token)
-        tmp.chmod(0o600)
-        tmp.replace(path)
+        write_atomic(self.dir / "gpuguard" / "token", token, 0o600)
+
+    def gpuguard_names(self):
+        """The names of the gpuguard processes (their logs: logs/<name>.log)."""
+        n = self.state["replicas"]
+        return ["gpuguard"] if n == 1 else [f"gpuguard-{i}" for i in range(n)]
 
     def start_gpuguard(self):
         g, ports = self.dir / "gpuguard", self.state["ports"]
         self.write_kubeconfig(g / "kubeconfig", {"tokenFile": str(g / "token")}, ports["api"])
-        replicas = self.state["replicas"]
-        for i in range(replicas):
-            listen = ports["webhook"] if replicas == 1 else ports["replicas"][i]
-            name = "gpuguard" if replicas == 1 else f"gpuguard-{i}"
+        names = self.gpuguard_names()
+        for i, name in enumerate(names):
+            listen = ports["webhook"] if len(names) == 1 else ports["replicas"][i]
             self.start(name, [
                 self.gpuguard, "serve", "--listen", f"127.0.0.1:{listen}",
                 "--ops-listen", f"127.0.0.1:{ports['ops'][i]}",
@@ -381,8 +365,7 @@ class Cluster:
                 "--config", g / "gpuguard.yaml", "--policies", REPO / "policies", "--lua", REPO / "lua",
                 "--kubeconfig", g / "kubeconfig", "--threads", "2"])
         self.start("keeper", [sys.executable, HERE / "keeper.py", self.dir])
-        for i in range(replicas):
-            name = "gpuguard" if replicas == 1 else f"gpuguard-{i}"
+        for i, name in enumerate(names):
             self.wait(f"{name} /readyz", lambda i=i: urllib.request.urlopen(
                 f"http://127.0.0.1:{ports['ops'][i]}/readyz", timeout=2).status == 200, name=name)
 
@@ -398,7 +381,7 @@ class Cluster:
             return r.returncode == 0
         # With several processes the keeper's forwarder is what the API server reaches.
         self.wait("the webhooks (a dry-run pod admitted through gpuguard)", answered,
-                  name="gpuguard" if self.state["replicas"] == 1 else "keeper")
+                  name="keeper" if self.state["replicas"] > 1 else "gpuguard")
 
     # ---- up and down --------------------------------------------------------------------
 
@@ -444,9 +427,12 @@ class Cluster:
             return
         with self.changing():
             pass  # the state as the last writer left it
-        for name in reversed(list(self.state.get("pids", {}))):
-            if name not in spare:
-                self.stop(name)
+        names = [n for n in self.state.get("pids", {}) if n not in spare]
+        # The API server's clients together, then the API server, then etcd: an API server whose
+        # etcd is gone takes its whole grace to stop.
+        self.stop(*(n for n in names if n not in SERVERS))
+        for server in SERVERS:
+            self.stop(*(n for n in names if n == server))
         # Whatever was started without being recorded (a test killed between the two): every
         # component of this cluster names its directory in its arguments.
         for pid in self.strays({os.getpid()} if spare else ()):
@@ -481,6 +467,7 @@ class Cluster:
 
 
 def merge(into, extra):
+    """extra's keys into into, mappings merged key by key, everything else replaced."""
     for k, v in extra.items():
         if isinstance(v, dict) and isinstance(into.get(k), dict):
             merge(into[k], v)
