@@ -19,9 +19,11 @@ Configuration keys (see deploy/gpuguard.yaml for a complete example):
       device_classes: [gpu.nvidia.com]  # DRA pods whose claims use these classes run here
       node_selector: {gpuguard.io/pool: a100-mig}
       taints: [{key: nvidia.com/gpu, value: a100-mig, effect: NoSchedule}]
+      cost: 1                    # what a GPU costs against the others (rightsizing; default 1)
   classes:                       # workload class -> sharing modes it may use, preferred first
     inference: {sharing: [mig, time-slicing, exclusive]}   # whole GPUs: exclusive (see choose)
     interactive: {sharing: [time-slicing], max_runtime: 8h, namespaces: [notebooks, team-*]}
+    training: {sharing: [exclusive], pools: [h100-train]}   # its pools, preferred first
   default_class: batch
   exclusive: {fractions: round-up}   # round-up (with a warning) | deny
 
@@ -152,6 +154,9 @@ local function check_pool(p, i, catalog, seen)
     end
     check_string_map(p.node_selector, at .. ".node_selector")
     check_taints(p.taints, at .. ".taints")
+    if p.cost ~= nil and (type(p.cost) ~= "number" or p.cost <= 0) then
+        fail(at .. ".cost", "must be a number above 0: what a GPU of this pool costs against the others (default 1)")
+    end
     if p.placement ~= nil and p.placement ~= "kueue" then
         fail(at .. ".placement", "must be kueue (Kueue's ResourceFlavors place the pods) or absent")
     end
@@ -390,50 +395,65 @@ local function pools_of(cfg, class)
     return M.pools(cfg), false
 end
 
--- The pool a class gets when nothing else decides: the first of its own pools when it names
--- them, else the fleet's first pool of its first mode that has one; and that pool's mode.
-local function preferred(modes, pools, named)
+-- The pools a class may use in order of preference, each with its mode: its own pools when it
+-- names them, else the fleet's pools of its first mode, then of its second, and so on.
+local function preference(modes, pools, named)
+    local out = {}
     if named then
-        return pools[1], pools[1].sharing -- checked: a mode of the class
+        for i, p in ipairs(pools) do
+            out[i] = { pool = p, mode = p.sharing } -- checked: a mode of the class
+        end
+        return out
     end
     for _, m in ipairs(modes) do
-        local pool = first_of_mode(pools, m)
-        if pool then
-            return pool, m
+        for _, p in ipairs(pools) do
+            if p.sharing == m then
+                out[#out + 1] = { pool = p, mode = m }
+            end
         end
     end
-    return nil
+    return out
+end
+
+-- The entries of list whose mode is mode, in order.
+local function of_mode(list, mode)
+    local out = {}
+    for _, c in ipairs(list) do
+        if c.mode == mode then
+            out[#out + 1] = c
+        end
+    end
+    return out
 end
 
 --[[
-Choose the sharing mode and pool for a class: the mode asked for (when the class allows it); else,
-for a request of whole GPUs only (whole is true), exclusive when the class allows it and a pool
-offers it, since no share holds several GPUs and one GPU is better given whole; else, when the
-class names its pools (classes.<name>.pools), the first of them; else the class's first mode the
-fleet has a pool for.  The pools are the class's own when it names them, else the fleet's, in
-order.  Returns pool, mode, and true when the size of the request decided (exclusive is not what
-the class would have got otherwise); or nil and a message that says what to change.
+The pools a pod of class may go to, in the order they are tried: { {pool, mode, sized}, ... }.
+With a sharing mode asked for (gpuguard.io/sharing), the class's pools of that mode.  For a
+request of whole GPUs only (whole is true), the class's exclusive pools first, since no share
+holds several GPUs and one GPU is better given whole (sized: the size of the request put the pool
+ahead of the one the class prefers), then the others.  Otherwise the class's pools in order of
+preference: its own list when it names its pools (classes.<name>.pools), else the fleet's pools
+of its first mode, then of the next.  The caller takes the first one that the pod's own choice
+allows and, when the class names its pools (the list's field named is true), that can hold the
+request; a class without pools gets the first one the choice allows, as it always has.  nil and
+a message that says what to change when the class has none.
 ]]
-function M.choose(cfg, class, asked, whole)
+function M.candidates(cfg, class, asked, whole)
     local modes = modes_of(cfg, class)
     local pools, named = pools_of(cfg, class)
-    if asked == nil and whole then
-        local pool = holds(modes, "exclusive") and first_of_mode(pools, "exclusive")
-        if pool then
-            return pool, "exclusive", preferred(modes, pools, named) ~= pool
-        end
-    end
+    local order = preference(modes, pools, named)
+    order.named = named
     if asked ~= nil then
         if not holds(modes, asked) then
             return nil, string.format("class %s may use %s, not %s; remove gpuguard.io/sharing or ask for one of those",
                 class, table.concat(modes, ", "), asked)
         end
-        local pool = first_of_mode(pools, asked)
-        if not pool then
+        local list = of_mode(order, asked)
+        if #list == 0 then
             -- Suggest only what the class may use and the fleet has.
             local offered = {}
             for _, m in ipairs(modes) do
-                if first_of_mode(pools, m) then
+                if #of_mode(order, m) > 0 then
                     offered[#offered + 1] = m
                 end
             end
@@ -444,13 +464,27 @@ function M.choose(cfg, class, asked, whole)
             return nil, string.format("no GPU pool offers %s; remove gpuguard.io/sharing or ask for %s", asked,
                 table.concat(offered, " or "))
         end
-        return pool, asked
+        list.named = named
+        return list
     end
-    local pool, mode = preferred(modes, pools, named)
-    if pool then
-        return pool, mode
+    if #order == 0 then
+        return nil, string.format("no GPU pool offers the sharing modes of class %s (%s)", class,
+            table.concat(modes, ", "))
     end
-    return nil, string.format("no GPU pool offers the sharing modes of class %s (%s)", class, table.concat(modes, ", "))
+    if not whole or not holds(modes, "exclusive") then
+        return order
+    end
+    local list = of_mode(order, "exclusive")
+    list.named = named
+    for _, c in ipairs(list) do
+        c.sized = c ~= order[1]
+    end
+    for _, c in ipairs(order) do
+        if c.mode ~= "exclusive" then
+            list[#list + 1] = c
+        end
+    end
+    return list
 end
 
 --- Every taint of every pool, and every node selector entry of every pool (placement checks,
@@ -513,8 +547,8 @@ end
 
 local NONE = {}
 
--- The terms of spec's required node affinity (a list, maybe empty).
-local function required_terms(spec)
+--- The terms of spec's required node affinity (a list, maybe empty; do not edit it).
+function M.required_terms(spec)
     local na = type(spec.affinity) == "table" and spec.affinity.nodeAffinity
     local req = type(na) == "table" and na.requiredDuringSchedulingIgnoredDuringExecution
     local terms = type(req) == "table" and req.nodeSelectorTerms
@@ -547,7 +581,7 @@ function M.gpu_ties(spec, cfg)
             out[#out + 1] = { what = "nodeSelector", key = s.key, value = s.value, pool = s.pool }
         end
     end
-    for _, term in ipairs(required_terms(spec)) do
+    for _, term in ipairs(M.required_terms(spec)) do
         local exprs = type(term) == "table" and term.matchExpressions or NONE
         for _, s in ipairs(selectors) do
             for _, e in ipairs(type(exprs) == "table" and exprs or NONE) do

@@ -106,6 +106,7 @@ end
 -- Profiles: { name, max instances per GPU, memory slices (eighths; quarters on A30),
 --             usable GiB from nvidia-smi as the reference quotes it (or nil),
 --             driver = minimum driver branch when the guide gives one }.
+-- Family: GFD nvidia.com/gpu.family (the architecture).
 -- Products: GFD nvidia.com/gpu.product values of the whole GPU (NVML name, blanks as "-"); the
 -- first is the default for MIG product labels.  "NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-NVL" and
 -- "Tesla-T4" are quoted in the reference; the others follow NVML's device names of current
@@ -131,7 +132,7 @@ end
 
 local BUILTIN = {
     {
-        name = "A30-24GB", memory_gb = 24, slices = 4, memory_slices = 4,
+        name = "A30-24GB", family = "ampere", memory_gb = 24, slices = 4, memory_slices = 4,
         products = { "NVIDIA-A30" },
         aliases = { "A30", "A30-PCIE-24GB" },
         profiles = {
@@ -143,7 +144,7 @@ local BUILTIN = {
         },
     },
     {
-        name = "A100-40GB", memory_gb = 40, slices = 7, memory_slices = 8,
+        name = "A100-40GB", family = "ampere", memory_gb = 40, slices = 7, memory_slices = 8,
         products = { "NVIDIA-A100-SXM4-40GB", "NVIDIA-A100-PCIE-40GB" },
         aliases = { "A100-40GB-PCIe", "A100-40GB-SXM4", "A800-40GB", "A800-SXM4-40GB" },
         profiles = {
@@ -159,28 +160,28 @@ local BUILTIN = {
         },
     },
     {
-        name = "A100-80GB", memory_gb = 80, slices = 7, memory_slices = 8,
+        name = "A100-80GB", family = "ampere", memory_gb = 80, slices = 7, memory_slices = 8,
         products = { "NVIDIA-A100-SXM4-80GB", "NVIDIA-A100-80GB-PCIe" },
         aliases = { "A100-PCIE-80GB", "A100-80GB-SXM4", "A800-80GB", "A800-SXM4-80GB",
                     "A800-80GB-PCIe" },
         profiles = seven(10, 20, 20, 40, 40, 80),
     },
     {
-        name = "H100-80GB", memory_gb = 80, slices = 7, memory_slices = 8,
+        name = "H100-80GB", family = "hopper", memory_gb = 80, slices = 7, memory_slices = 8,
         products = { "NVIDIA-H100-80GB-HBM3", "NVIDIA-H100-PCIe" },
         aliases = { "H100-SXM5-80GB", "H100-PCIe-80GB", "H100-80GB-PCIe", "H100-SXM",
                     "H100-PCIe", "H800-80GB", "H800-SXM5-80GB", "H800-PCIe-80GB" },
         profiles = seven(10, 20, 20, 40, 40, 80, { "9.75", "19.62", "39.50", "79.25" }),
     },
     {
-        name = "H100-94GB", memory_gb = 94, slices = 7, memory_slices = 8,
+        name = "H100-94GB", family = "hopper", memory_gb = 94, slices = 7, memory_slices = 8,
         products = { "NVIDIA-H100-NVL" },
         aliases = { "H100-NVL", "H100-NVL-94GB", "H100-SXM5-94GB", "H100-PCIe-94GB",
                     "H800-NVL" },
         profiles = seven(12, 24, 24, 47, 47, 94, { "10.75", "21.62", "46.38", "93.12" }),
     },
     {
-        name = "H100-96GB", memory_gb = 96, slices = 7, memory_slices = 8,
+        name = "H100-96GB", family = "hopper", memory_gb = 96, slices = 7, memory_slices = 8,
         note = "the H100 of GH200 480GB (96GB HBM3); the guide lists H20 (96GB) with the "
             .. "same profiles",
         products = { "NVIDIA-GH200-480GB", "NVIDIA-H20" },
@@ -188,19 +189,19 @@ local BUILTIN = {
         profiles = seven(12, 24, 24, 48, 48, 96),
     },
     {
-        name = "H200-141GB", memory_gb = 141, slices = 7, memory_slices = 8,
+        name = "H200-141GB", family = "hopper", memory_gb = 141, slices = 7, memory_slices = 8,
         products = { "NVIDIA-H200", "NVIDIA-H200-NVL" },
         aliases = { "H200", "H200-SXM5-141GB", "H200-NVL", "H200-NVL-141GB" },
         profiles = seven(18, 35, 35, 71, 71, 141),
     },
     {
-        name = "B200-180GB", memory_gb = 180, slices = 7, memory_slices = 8,
+        name = "B200-180GB", family = "blackwell", memory_gb = 180, slices = 7, memory_slices = 8,
         products = { "NVIDIA-B200" },
         aliases = { "B200", "B200-SXM6-180GB" },
         profiles = seven(23, 45, 45, 90, 90, 180),
     },
     {
-        name = "GH200-144GB", memory_gb = 144, slices = 7, memory_slices = 8, uncertain = true,
+        name = "GH200-144GB", family = "hopper", memory_gb = 144, slices = 7, memory_slices = 8, uncertain = true,
         note = "not in the MIG User Guide's tables: profiles and counts from the GPU "
             .. "Operator's default mig-parted config, memory fractions assumed to follow Hopper",
         products = { "NVIDIA-GH200-144G-HBM3e" },
@@ -208,7 +209,7 @@ local BUILTIN = {
         profiles = seven(18, 36, 36, 72, 72, 144),
     },
     {
-        name = "GB200-186GB", memory_gb = 186, slices = 7, memory_slices = 8, uncertain = true,
+        name = "GB200-186GB", family = "blackwell", memory_gb = 186, slices = 7, memory_slices = 8, uncertain = true,
         note = "listed by the MIG User Guide (7 instances) without a profile table: profiles "
             .. "and counts from the GPU Operator's default mig-parted config; that config also "
             .. "names a 7g.189gb profile without saying for which GPU",
@@ -216,10 +217,13 @@ local BUILTIN = {
         aliases = { "GB200", "GB200-HGX" },
         profiles = seven(23, 47, 47, 93, 93, 186),
     },
-    { name = "L4", memory_gb = 24, products = { "NVIDIA-L4" }, aliases = { "L4-24GB" } },
-    { name = "L40S", memory_gb = 48, products = { "NVIDIA-L40S" }, aliases = { "L40S-48GB" } },
-    { name = "A10", memory_gb = 24, products = { "NVIDIA-A10" }, aliases = { "A10-24GB" } },
-    { name = "T4", memory_gb = 16, products = { "Tesla-T4" },
+    { name = "L4", family = "ada-lovelace", memory_gb = 24, products = { "NVIDIA-L4" },
+      aliases = { "L4-24GB" } },
+    { name = "L40S", family = "ada-lovelace", memory_gb = 48, products = { "NVIDIA-L40S" },
+      aliases = { "L40S-48GB" } },
+    { name = "A10", family = "ampere", memory_gb = 24, products = { "NVIDIA-A10" },
+      aliases = { "A10-24GB" } },
+    { name = "T4", family = "turing", memory_gb = 16, products = { "Tesla-T4" },
       aliases = { "T4-16GB", "NVIDIA-T4" } },
 }
 
@@ -272,6 +276,7 @@ end
 local function builtin_model(row)
     local m = {
         name = row.name,
+        family = row.family,
         memory_mib = row.memory_gb * 1024,
         memory_milli = row.memory_gb * GIB * 1000,
         slices = row.slices,
@@ -379,8 +384,9 @@ for k, v in pairs(AMBIGUOUS) do
     BUILT.ambiguous[k] = v
 end
 
--- The model a name means in cat (raw, not copied), or nil and a message.
-local function lookup(cat, name)
+-- What a name means in cat: the canonical name of its model, or nil and the candidates of an
+-- ambiguous name, or nothing.
+local function meaning(cat, name)
     local key = norm(name)
     -- GFD product label values: "<product>-MIG-<profile>" (single strategy), "<product>-SHARED".
     key = key:gsub("%-mig%-%d+g%..*$", ""):gsub("%-shared$", "")
@@ -388,16 +394,27 @@ local function lookup(cat, name)
     for _, k in ipairs(tries) do
         local canonical = cat.keys[k]
         if canonical then
-            return cat.models[canonical]
+            return canonical
         end
     end
     for _, k in ipairs(tries) do
         local choices = cat.ambiguous[k]
         if choices then
-            return nil, string.format("GPU model %s is ambiguous: it may be %s; name the memory "
-                                      .. "size, such as %s", show(name),
-                                      table.concat(choices, " or "), choices[#choices])
+            return nil, choices
         end
+    end
+    return nil
+end
+
+-- The model a name means in cat (raw, not copied), or nil and a message.
+local function lookup(cat, name)
+    local canonical, choices = meaning(cat, name)
+    if canonical then
+        return cat.models[canonical]
+    elseif choices then
+        return nil, string.format("GPU model %s is ambiguous: it may be %s; name the memory "
+                                  .. "size, such as %s", show(name),
+                                  table.concat(choices, " or "), choices[#choices])
     end
     return nil, string.format("unknown GPU model %s; known models: %s (add others under "
                               .. "gpu_models in the configuration)", show(name),
@@ -542,7 +559,8 @@ local function cfg_strings(path, v)
 end
 
 local MODEL_KEYS = { name = true, memory = true, slices = true, profiles = true,
-                     aliases = true, products = true, uncertain = true, note = true }
+                     aliases = true, products = true, uncertain = true, note = true,
+                     family = true }
 local PROFILE_KEYS = { name = true, memory = true, slices = true, max = true, me = true,
                        usable = true }
 
@@ -626,6 +644,13 @@ local function cfg_model(path, e)
             cfg_fail(path .. ".uncertain", "must be true or false, got %s", show(e.uncertain))
         end
         m.uncertain = e.uncertain
+    end
+    if e.family ~= nil then
+        if type(e.family) ~= "string" or not e.family:match("^[a-z][-a-z0-9]*$") then
+            cfg_fail(path .. ".family", "must be the nvidia.com/gpu.family label value, such as "
+                     .. "hopper or ada-lovelace, got %s", show(e.family))
+        end
+        m.family = e.family
     end
     if e.note ~= nil then
         if type(e.note) ~= "string" then
@@ -719,6 +744,7 @@ function M.catalog(cfg)
             if #m.products == 0 then
                 m.products, m.product = copy_list(old.products), old.product
             end
+            m.family = m.family or old.family
             cat.models[replaced] = m
         else
             local key = norm(m.name)
@@ -772,6 +798,21 @@ function M.model(name, catalog)
         return nil, err
     end
     return copy_model(m)
+end
+
+--- The canonical names of the models name may mean in catalog (from gpu.catalog): the one of
+--- a known name, alias or product, every candidate of an ambiguous name ("A100": A100-40GB and
+--- A100-80GB), none for an unknown name.  A fresh list.
+function M.models_named(name, catalog)
+    if type(name) ~= "string" or type(catalog) ~= "table" or type(catalog.keys) ~= "table" then
+        fail(2, "models_named", "takes a model name and a catalog from gpu.catalog(cfg), got %s "
+             .. "and %s", what(name), what(catalog))
+    end
+    local canonical, choices = meaning(catalog, name)
+    if canonical then
+        return { canonical }
+    end
+    return copy_list(choices or {})
 end
 
 --- The profile of model (a model table or name) named name, as a fresh table; nil and a message

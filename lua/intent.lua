@@ -186,7 +186,8 @@ local function accepts(pool)
     return string.format("%s (%s)", pool.name, table.concat(what, "; "))
 end
 
-local DIALECT_WORDS = { dra = "DRA claims", kai = "KAI annotations", hami = "HAMi resources",
+--- What each dialect is called in messages ("DRA claims").
+M.DIALECT_WORDS = { dra = "DRA claims", kai = "KAI annotations", hami = "HAMi resources",
                         volcano = "Volcano vGPU resources" }
 
 --[[
@@ -205,7 +206,7 @@ function M.serving_pool(cfg, dialect, classes)
         names[#names + 1] = accepts(p)
     end
     local wanted = dialect == "dra" and #(classes or NONE) > 0
-        and "DRA device classes " .. table.concat(classes, ", ") or DIALECT_WORDS[dialect]
+        and "DRA device classes " .. table.concat(classes, ", ") or M.DIALECT_WORDS[dialect]
     return nil, string.format("no GPU pool runs %s; the pools are %s; ask for a GPU in a form one of them "
         .. "accepts", wanted, table.concat(names, ", "))
 end

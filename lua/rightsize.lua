@@ -135,6 +135,37 @@ function M.allocation(model, mode, pool, memory_milli)
         memory_milli = share * model.memory_milli // 1000, charge = share }
 end
 
+--[[
+Where memory_milli runs: over candidates (fleet.candidates' { pool, mode } entries, those the
+pod's own choice allows), the allocation on the first one that holds it, or, with cheapest, the
+one of least cost: its charge times the pool's cost per GPU (pools[].cost, default 1), the first
+of equal cost.  A class without pools of its own (the list's named is false) is routed to its
+first candidate alone.  memory_milli may be a function of the pool's model (what a fraction or a
+whole GPU asks for there).  The allocation gains pool, mode, cost and asked (the memory held);
+nil when none holds it.
+]]
+function M.placed(cfg, candidates, memory_milli, cheapest)
+    local best
+    for i, c in ipairs(candidates) do
+        if i > 1 and not candidates.named and not cheapest then
+            break
+        end
+        local model = fleet.model(cfg, c.pool)
+        local asked = type(memory_milli) == "function" and memory_milli(model) or memory_milli
+        local a = M.allocation(model, c.mode, c.pool, asked)
+        if a then
+            a.pool, a.mode, a.cost, a.asked = c.pool, c.mode, a.charge * (c.pool.cost or 1), asked
+            if not cheapest then
+                return a
+            end
+            if not best or a.cost < best.cost then
+                best = a
+            end
+        end
+    end
+    return best
+end
+
 --- The GPU memory an intent entry asks for on model, in milli-bytes: its memory, its fraction
 --- of the model's memory, or its whole GPUs, whichever is most (as the sharing policy counts).
 function M.asked_memory(e, model)

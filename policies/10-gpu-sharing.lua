@@ -4,9 +4,13 @@
 A pod says what it needs: whole GPUs (nvidia.com/gpu), or a fraction or an amount of GPU memory
 (gpuguard.io/gpu-fraction, gpuguard.io/gpu-memory, per container with .<container>), and
 optionally a workload class (label gpuguard.io/workload-class) and a sharing mode
-(annotation gpuguard.io/sharing).  This policy picks the sharing mode the class gets (whole GPUs
-go to exclusive when the class allows it) and the pool that offers it (fleet.choose), rewrites
-the containers into the backend's own resource names, and records on the pod:
+(annotation gpuguard.io/sharing), and optionally a pool of its own choice (a pool or GPU
+Feature Discovery label it selects, gpuguard.io/gpu-model: choice.lua).  This policy takes the
+class's pools in order (fleet.candidates: whole GPUs to exclusive pools first when the class
+allows it), keeps those the pod's choice allows (a choice none satisfies is denied with the
+pools that would), and picks the first whose backend can hold every container (a class without
+pools of its own: the first, as it always has).  It rewrites the containers into that backend's
+own resource names, and records on the pod:
 
   gpuguard.io/decision  what was chosen and why, for people
   gpuguard.io/pool      the pool (20-gpu-placement adds its selector and tolerations)
@@ -17,7 +21,8 @@ A pod already written in a backend's own dialect (DRA claims, KAI annotations, H
 vGPU resources; see intent.lua) is passed through: charged, checked and given the pool that
 runs that dialect (a pool's device_classes or scheduler_name), with its scheduler name set.
 A pod that names a pool's own device plugin resource (nvidia.com/mig-<profile> of a mixed-MIG
-pool's model, a time-slicing or MPS pool's shared_resource) keeps it and gets that pool.
+pool's model, a time-slicing or MPS pool's shared_resource) keeps it and gets that pool.  Either
+is denied when its own choice of pool names labels that pool's nodes lack.
 
 Backends:
   exclusive     nvidia.com/gpu: N whole GPUs (a fraction above 1 rounds up, or is denied)
@@ -31,7 +36,7 @@ Backends:
   kai           the gpu-fraction or gpu-memory annotation and schedulerName kai-scheduler
 
 Config keys: pools, classes (with classes.<name>.namespaces: workload.class_allowed, and
-classes.<name>.pools: fleet.choose),
+classes.<name>.pools: fleet.candidates),
 default_class, exclusive.fractions, gpu_models (see fleet.lua).
 Idempotent: everything is recomputed from the pod's own request annotations and set, never
 appended, so a pod it already rewrote comes out unchanged.
@@ -43,26 +48,48 @@ local quota = require "quota"
 local fleet = require "fleet"
 local workload = require "workload"
 local intent = require "intent"
+local choice = require "choice"
 
 local DECISION = intent.DECISION
 local POOL = intent.POOL
 local CHARGE = intent.CHARGE
 local MIB_MILLI = 1024 * 1024 * 1000
-local OWN = { DECISION, POOL, CHARGE } -- the annotations this policy owns
+local OWN = { DECISION, POOL, CHARGE, choice.OWN_SELECTOR } -- the annotations this policy owns
+-- The kinds of gpu.requested resources the backends write, besides nvidia.com/gpu, which each
+-- backend sets or drops itself.
+local REWRITTEN = { mig = true, shared = true, hami = true }
 
 local function ceil_div(a, b)
     return (a + b - 1) // b
 end
 
--- Set a GPU resource in requests and limits alike (extended resources must be equal).
-local function set_gpu(c, name, value)
-    k8s.set_resource(c, "limits", name, value)
-    k8s.set_resource(c, "requests", name, value)
+--[[
+The writes a backend wants, kept in an edit (a list of calls) until a pool is chosen: a pool that
+cannot hold one container must leave no trace on the pod while the next pool is tried.
+]]
+local function put(edit, fn, ...)
+    edit[#edit + 1] = table.pack(fn, ...)
 end
 
-local function drop_gpu(c, name)
-    k8s.remove_resource(c, "limits", name)
-    k8s.remove_resource(c, "requests", name)
+local function apply(edit)
+    for _, call in ipairs(edit) do
+        call[1](table.unpack(call, 2, call.n))
+    end
+end
+
+-- Set a GPU resource in requests and limits alike (extended resources must be equal).
+local function set_gpu(edit, c, name, value)
+    put(edit, k8s.set_resource, c, "limits", name, value)
+    put(edit, k8s.set_resource, c, "requests", name, value)
+end
+
+local function drop_gpu(edit, c, name)
+    put(edit, k8s.remove_resource, c, "limits", name)
+    put(edit, k8s.remove_resource, c, "requests", name)
+end
+
+local function set_scheduler(pod, name)
+    k8s.pod_spec(pod).schedulerName = name
 end
 
 -- The share of one GPU an intent asks for, in milli-GPU (memory counts against the model).
@@ -79,7 +106,7 @@ end
 
 local backends = {}
 
-function backends.exclusive(e, pool, model, cfg, notes)
+function backends.exclusive(e, pool, model, cfg, notes, _, edit)
     local n = e.whole or 0
     n = math.max(n, ceil_div(share_of(e, model), 1000))
     local asked_fraction = e.fraction_milli or (e.memory_milli and share_of(e, model))
@@ -92,11 +119,11 @@ function backends.exclusive(e, pool, model, cfg, notes)
         notes[#notes + 1] = string.format("%s rounded up to %d whole GPU%s", quota.format_gpus(asked_fraction), n,
             n == 1 and "" or "s")
     end
-    set_gpu(e.container, "nvidia.com/gpu", tostring(n))
+    set_gpu(edit, e.container, "nvidia.com/gpu", tostring(n))
     return { charge = n * 1000, detail = string.format("%d whole %s", n, model.name) }
 end
 
-function backends.mig(e, pool, model)
+function backends.mig(e, pool, model, _, _, _, edit)
     if e.whole and e.whole > 1 and not e.fraction_milli and not e.memory_milli then
         return nil, "a MIG slice is at most one GPU; ask for a fraction or an amount of GPU memory, or use a training class for several GPUs"
     end
@@ -130,10 +157,10 @@ function backends.mig(e, pool, model)
                 profile.name, why)
         end
         profile = slot
-        set_gpu(c, "nvidia.com/gpu", "1")
+        set_gpu(edit, c, "nvidia.com/gpu", "1")
     else
-        drop_gpu(c, "nvidia.com/gpu")
-        set_gpu(c, profile.resource, "1") -- gpu.mig_resource(profile), already in the profile
+        drop_gpu(edit, c, "nvidia.com/gpu")
+        set_gpu(edit, c, profile.resource, "1") -- gpu.mig_resource(profile), already in the profile
     end
     return {
         charge = profile.charge_milli, -- gpu.charge_milli(model, profile.name), without the lookup
@@ -144,7 +171,7 @@ function backends.mig(e, pool, model)
 end
 
 local function shared(mode)
-    return function(e, pool, model)
+    return function(e, pool, model, _, _, _, edit)
         local share = share_of(e, model)
         if share > 1000 then
             return nil, string.format("a %s GPU is shared, one replica at most; ask for at most 1 GPU or use a class with exclusive GPUs",
@@ -153,13 +180,13 @@ local function shared(mode)
         local c = e.container
         local resource = pool.shared_resource or "nvidia.com/gpu"
         if resource ~= "nvidia.com/gpu" then
-            drop_gpu(c, "nvidia.com/gpu")
+            drop_gpu(edit, c, "nvidia.com/gpu")
         end
-        set_gpu(c, resource, "1")
+        set_gpu(edit, c, resource, "1")
         if mode == "mps" and pool.mps_env then
-            k8s.set_env(c, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", tostring(ceil_div(share, 10)))
+            put(edit, k8s.set_env, c, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", tostring(ceil_div(share, 10)))
             if e.memory_milli then
-                k8s.set_env(c, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+                put(edit, k8s.set_env, c, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
                     "0=" .. ceil_div(e.memory_milli, MIB_MILLI) .. "M")
             end
         end
@@ -174,45 +201,87 @@ end
 backends["time-slicing"] = shared("time-slicing")
 backends.mps = shared("mps")
 
-function backends.hami(e, pool, model)
+function backends.hami(e, pool, model, _, _, _, edit)
     local share = share_of(e, model)
     if share > 1000 then
         return nil, "a HAMi share is at most one GPU; ask for at most 1 GPU"
     end
     local c = e.container
-    set_gpu(c, "nvidia.com/gpu", "1")
+    set_gpu(edit, c, "nvidia.com/gpu", "1")
     local mib = e.memory_milli and ceil_div(e.memory_milli, MIB_MILLI) or ceil_div(model.memory_mib * share, 1000)
-    set_gpu(c, "nvidia.com/gpumem", tostring(mib))
-    set_gpu(c, "nvidia.com/gpucores", tostring(ceil_div(share, 10)))
+    set_gpu(edit, c, "nvidia.com/gpumem", tostring(mib))
+    set_gpu(edit, c, "nvidia.com/gpucores", tostring(ceil_div(share, 10)))
     return { charge = share, detail = string.format("%d MiB and %d%% of a %s", mib, ceil_div(share, 10), model.name) }
 end
 
-function backends.kai(e, pool, model, _, _, pod)
+function backends.kai(e, pool, model, _, _, pod, edit)
     local share = share_of(e, model)
     if share > 1000 then
         return nil, "a KAI fraction is at most one GPU; ask for at most 1 GPU"
     end
     local c = e.container
     if share == 1000 then
-        set_gpu(c, "nvidia.com/gpu", "1")
+        set_gpu(edit, c, "nvidia.com/gpu", "1")
     else
-        drop_gpu(c, "nvidia.com/gpu")
+        drop_gpu(edit, c, "nvidia.com/gpu")
         if e.memory_milli and not e.fraction_milli then
-            k8s.set_annotation(pod, "gpu-memory", tostring(ceil_div(e.memory_milli, MIB_MILLI)))
+            put(edit, k8s.set_annotation, pod, "gpu-memory", tostring(ceil_div(e.memory_milli, MIB_MILLI)))
         else
-            k8s.set_annotation(pod, "gpu-fraction", quota.format_milli(share))
+            put(edit, k8s.set_annotation, pod, "gpu-fraction", quota.format_milli(share))
         end
     end
-    k8s.pod_spec(pod).schedulerName = pool.scheduler_name or "kai-scheduler"
+    put(edit, set_scheduler, pod, pool.scheduler_name or "kai-scheduler")
     return { charge = share, detail = string.format("%s of %s through KAI", quota.format_gpus(share), model.name) }
 end
 
--- Write down the decision, pool and charge on the pod, and audit the decision.
-local function record(req, pod, decision, pool, total)
+-- The nodeSelector entries the pod gets for pool: the backend's (selector, may be nil) and the
+-- pool's own, which 20-gpu-placement writes; none for a pool gpuguard does not place.
+local function selector_writes(pool, selector)
+    if not fleet.places(pool) then
+        return {}
+    end
+    local out = {}
+    for k, v in pairs(pool.node_selector or {}) do
+        out[k] = v
+    end
+    for k, v in pairs(selector or {}) do
+        out[k] = v
+    end
+    return out
+end
+
+-- Write down the decision, pool and charge on the pod, and the nodeSelector entries gpuguard
+-- adds (own: choice.own_entries, worked out before they are written), and audit the decision.
+local function record(req, pod, decision, pool, total, own)
     k8s.set_annotation(pod, DECISION, decision)
     k8s.set_annotation(pod, POOL, pool.name)
     k8s.set_annotation(pod, CHARGE, tostring(total))
+    if own then
+        k8s.set_annotation(pod, choice.OWN_SELECTOR, own)
+    else
+        k8s.remove_annotation(pod, choice.OWN_SELECTOR)
+    end
     req:audit("decision", decision)
+    return true
+end
+
+-- A pod whose dialect or resource only one pool runs may still choose (choice.lua): a choice
+-- that pool does not satisfy is refused here, before its selector is written over it.  Returns
+-- true when the pod may go to pool.
+local function chose_otherwise(req, pod, cfg, pool, what)
+    local spec = k8s.pod_spec(pod)
+    choice.forget_own(pod, spec)
+    local ch, msg = choice.of(pod, spec, cfg)
+    if ch == nil or (ch and choice.allows(ch, spec, cfg, pool)) then
+        return false
+    end
+    if ch then
+        local others = choice.pools_that_would(ch, spec, cfg)
+        msg = string.format("%s runs on pool %s, and the pod asks for %s, which it does not have; %s", what, pool.name,
+            ch.says, others and "pools that do: " .. others .. "; ask for a GPU in a form one of them runs"
+                or "no pool has it; remove it")
+    end
+    req:deny(msg)
     return true
 end
 
@@ -233,6 +302,9 @@ local function pass_through(req, pod, cfg, dialect)
         req:deny(msg)
         return
     end
+    if chose_otherwise(req, pod, cfg, pool, intent.DIALECT_WORDS[dialect]) then
+        return
+    end
     local scheduler = dialect ~= "dra" and intent.pool_scheduler(pool)
     if scheduler then
         local spec = k8s.pod_spec(pod)
@@ -248,7 +320,8 @@ local function pass_through(req, pod, cfg, dialect)
     total, breakdown = intent.charge(pod, cfg, opts)
     local decision = string.format("%s on pool %s (passed through): %s", dialect, pool.name,
         quota.describe(total, breakdown))
-    return record(req, pod, decision, pool, total)
+    local own = choice.own_entries(k8s.pod_spec(pod), selector_writes(pool))
+    return record(req, pod, decision, pool, total, own)
 end
 
 -- The pool that serves a device plugin resource a container names itself: the first mixed-MIG
@@ -283,7 +356,7 @@ local function place_by_resource(req, pod, cfg)
             pool, named = pool or p, named or (p and r.resource)
         end
     end
-    if not pool then
+    if not pool or chose_otherwise(req, pod, cfg, pool, named) then
         return
     end
     local total, breakdown = intent.charge(pod, cfg, { pool = pool, namespace = req.namespace })
@@ -293,7 +366,75 @@ local function place_by_resource(req, pod, cfg)
     end
     local decision = string.format("%s on pool %s (asked for by resource): %s", named, pool.name,
         quota.describe(total, breakdown))
-    return record(req, pod, decision, pool, total)
+    local own = choice.own_entries(k8s.pod_spec(pod), selector_writes(pool))
+    return record(req, pod, decision, pool, total, own)
+end
+
+--[[
+What the pod gets on a candidate pool (fleet.candidates' { pool, mode }): { edit, total, parts,
+notes, selector, shares } with the writes not yet made; or nil and why the pool cannot hold it (a
+stray replica, several whole GPUs on a shared GPU, a container the backend cannot fit).
+whole_only: the pod asks for whole GPUs only and names no sharing mode.
+]]
+local function plan_for(pod, asks, candidate, cfg, class, whole_only)
+    local pool, mode = candidate.pool, candidate.mode
+    local stray = workload.stray_replicas(pod, asks, pool)
+    if stray then
+        return nil, stray
+    end
+    if whole_only and mode ~= "exclusive" then
+        -- Whole GPUs on a pool that shares: one GPU is a full share; more needs exclusive GPUs.
+        for _, e in ipairs(asks) do
+            if e.whole > 1 then
+                return nil, string.format("class %s shares GPUs (%s) and %s asks for %d; ask for at most 1 GPU, a fraction, or use a class with exclusive GPUs",
+                    class, table.concat(fleet.class_modes(cfg, class), ", "), e.container.name, e.whole)
+            end
+        end
+    end
+    local model = fleet.model(cfg, pool)
+    local plan = { edit = {}, total = 0, parts = {}, notes = {} }
+    plan.shares = (mode == "time-slicing" or mode == "mps") and {} or nil
+    for _, e in ipairs(asks) do
+        if e.fraction_milli or e.memory_milli then
+            -- gpuguard's annotation is the request: device plugin resources beside it are what an
+            -- earlier decision wrote (a template whose request changed), and give way to this one.
+            for _, r in ipairs(gpu.requested(e.container)) do
+                if REWRITTEN[r.kind] then
+                    drop_gpu(plan.edit, e.container, r.resource)
+                end
+            end
+        end
+        local got, err = backends[mode](e, pool, model, cfg, plan.notes, pod, plan.edit)
+        if not got then
+            return nil, string.format("container %s: %s", e.container.name, err)
+        end
+        plan.total = plan.total + got.charge
+        if plan.shares then
+            plan.shares[tostring(e.container.name)] = got.charge
+        end
+        plan.parts[#plan.parts + 1] = e.container.name .. " gets " .. got.detail
+        if got.selector then
+            plan.selector = plan.selector or {}
+            for k, v in pairs(got.selector) do
+                plan.selector[k] = v
+            end
+        end
+    end
+    return plan
+end
+
+-- The denial when no pool of the class can hold the pod: each pool tried and why not, or the
+-- reason alone when it is the same for each.
+local function cannot_hold(class, failures)
+    local each, same = {}, true
+    for i, f in ipairs(failures) do
+        each[i] = string.format("pool %s: %s", f.pool.name, f.err)
+        same = same and f.err == failures[1].err
+    end
+    if same then
+        return failures[1].err
+    end
+    return string.format("no pool of class %s can hold the pod: %s", class, table.concat(each, "; "))
 end
 
 local function decide(req, pod, cfg)
@@ -332,70 +473,68 @@ local function decide(req, pod, cfg)
         whole_gpus = whole_gpus + (e.whole or 0)
     end
     local asked = workload.asked_sharing(pod)
-    local pool, mode, sized = fleet.choose(cfg, class, asked, not fractional)
-    if not pool then
-        req:deny(mode)
+    local candidates, none = fleet.candidates(cfg, class, asked, not fractional)
+    if not candidates then
+        req:deny(none)
         return
     end
-    local stray = workload.stray_replicas(pod, asks, pool)
-    if stray then
-        req:deny(stray)
+    local spec = k8s.pod_spec(pod)
+    choice.forget_own(pod, spec)
+    local picked, why_not = choice.pick(pod, spec, cfg, candidates, class)
+    if not picked then
+        req:deny(why_not)
         return
     end
-    if not asked and not fractional and mode ~= "exclusive" then
-        -- Whole GPUs on a class that shares: one GPU is a full share; more needs exclusive GPUs.
-        for _, e in ipairs(asks) do
-            if e.whole > 1 then
-                req:deny(string.format("class %s shares GPUs (%s) and %s asks for %d; ask for at most 1 GPU, a fraction, or use a class with exclusive GPUs",
-                    class, table.concat(fleet.class_modes(cfg, class), ", "), e.container.name, e.whole))
-                return
-            end
+    local plan, pool, mode
+    local failures = {}
+    for i, c in ipairs(picked) do
+        if i > 1 and not picked.named then
+            break -- a class without pools of its own: the first pool, whether it holds the pod or not
+        end
+        local err
+        plan, err = plan_for(pod, asks, c, cfg, class, not asked and not fractional)
+        if plan then
+            pool, mode = c.pool, c.mode
+            plan.sized = c.sized
+            break
+        end
+        failures[#failures + 1] = { pool = c.pool, err = err }
+    end
+    if not plan then
+        req:deny(cannot_hold(class, failures))
+        return
+    end
+    apply(plan.edit)
+    local selector = {}
+    for k, v in pairs(plan.selector or {}) do -- none for mixed MIG, exclusive, HAMi or KAI
+        if not choice.keeps(spec, cfg, pool, k) then
+            selector[k] = v
         end
     end
-    local model = fleet.model(cfg, pool)
-    local total, parts, notes, selector = 0, {}, {}, nil -- selector made when a backend gives one
-    local shares = (mode == "time-slicing" or mode == "mps") and {} or nil
-    for _, e in ipairs(asks) do
-        local got, err = backends[mode](e, pool, model, cfg, notes, pod)
-        if not got then
-            req:deny(string.format("container %s: %s", e.container.name, err))
-            return
-        end
-        total = total + got.charge
-        if shares then
-            shares[tostring(e.container.name)] = got.charge
-        end
-        parts[#parts + 1] = e.container.name .. " gets " .. got.detail
-        if got.selector then
-            selector = selector or {}
-            for k, v in pairs(got.selector) do
-                selector[k] = v
-            end
-        end
-    end
-    if selector and fleet.places(pool) then -- not for mixed MIG, exclusive, HAMi or KAI
-        local spec = k8s.pod_spec(pod)
+    local writes = selector_writes(pool, selector)
+    local own = choice.own_entries(spec, writes)
+    if fleet.places(pool) then
         for k, v in pairs(selector) do
             k8s.set_node_selector(spec, k, v)
         end
     end
-    for _, note in ipairs(notes) do
+    for _, note in ipairs(plan.notes) do
         req:warn(note)
     end
-    if shares then
+    local total = plan.total
+    if plan.shares then
         -- The quota holds the pod's replicas against the charge recorded here: it must cover
         -- the whole pod (another container's MIG devices or DRA requests too), not only the
         -- replicas decided above.
-        local msg
-        total, msg = intent.charge(pod, cfg, { pool = pool, namespace = req.namespace, shares = shares })
+        total, msg = intent.charge(pod, cfg, { pool = pool, namespace = req.namespace, shares = plan.shares })
         if not total then
             req:deny(msg)
             return
         end
     end
     local decision = string.format("%s on pool %s for class %s (%s): %s", mode, pool.name, class, why,
-        table.concat(parts, "; "))
-    if sized then -- the size of the request, not the class's first mode, chose exclusive GPUs
+        table.concat(plan.parts, "; "))
+    if plan.sized then -- the size of the request, not the class's first pool, chose exclusive GPUs
         decision = string.format("%d whole GPU%s: %s", whole_gpus, whole_gpus == 1 and "" or "s", decision)
     end
     if mode ~= "exclusive" then
@@ -407,7 +546,7 @@ local function decide(req, pod, cfg)
             end
         end
     end
-    return record(req, pod, decision, pool, total)
+    return record(req, pod, decision, pool, total, own)
 end
 
 --[[

@@ -7,7 +7,9 @@ mutate:   a GPU pod placed in a pool by 10-gpu-sharing (annotation gpuguard.io/p
           plugin adds one for nvidia.com/gpu on some clusters; MIG resource names never get it).
           With placement.spot, a pod marked gpuguard.io/checkpointable: "true" also tolerates
           the spot taint and prefers spot nodes.
-validate: a pod that asks for no GPU but tolerates a GPU pool's taint or selects GPU nodes
+validate: a GPU pod that no node of its pool can run (a nodeSelector, required node affinity or
+          gpuguard.io/gpu-model of its own that the pool's nodes do not match: choice.lua) is
+          denied.  A pod that asks for no GPU but tolerates a GPU pool's taint or selects GPU nodes
           (nodeSelector, or a required node affinity term) would hold a GPU node's CPU and
           memory; it is denied (or warned, placement.non_gpu_pods: warn).  Pods in
           placement.exempt_namespaces or running as one of placement.exempt_service_accounts
@@ -23,6 +25,7 @@ local k8s = require "k8s"
 local fleet = require "fleet"
 local workload = require "workload"
 local intent = require "intent"
+local choice = require "choice"
 
 local POOL = intent.POOL
 local CHECKPOINTABLE = "gpuguard.io/checkpointable"
@@ -119,9 +122,23 @@ local function gpu_ties(spec, cfg)
         string.format("affinity selects GPU nodes (%s=%s)", tie.key, tie.value)
 end
 
+-- A GPU pod placed in a pool must be one a node of that pool can run (choice.runnable): a
+-- selector, affinity or gpu-model of its own that the pool's nodes do not match would leave it
+-- Pending for ever, with nothing to say why.
+local function check_runnable(req, pod, cfg)
+    local pool = fleet.pool(cfg, k8s.annotation(pod, POOL))
+    if not pool then
+        return
+    end
+    local ok, msg = choice.runnable(pod, k8s.pod_spec(pod), cfg, pool)
+    if not ok then
+        req:deny(msg)
+    end
+end
+
 local function check(req, pod, cfg)
     if workload.wants_gpu(pod, cfg, req.namespace) then -- first: settled for a GPU pod, which needs no pod_spec call
-        return
+        return check_runnable(req, pod, cfg)
     end
     local spec = k8s.pod_spec(pod)
     if not spec or workload.exempt(pod, req.namespace, cfg) then

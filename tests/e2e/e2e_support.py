@@ -89,6 +89,7 @@ class Gpuguard:
     def __init__(self, cluster):
         self.cluster = cluster
         self.config = cluster.dir / "gpuguard" / "gpuguard.yaml"
+        self.binary = os.environ.get("GPUGUARD_BIN", str(REPO / "build" / "gpuguard"))
 
     def metrics(self):
         text = ""
@@ -124,8 +125,7 @@ class Gpuguard:
 
     def check(self, manifest_text, namespace, *flags):
         """gpuguard check on the same configuration as the server: (returncode, stdout, stderr)."""
-        r = subprocess.run([os.environ.get("GPUGUARD_BIN", str(REPO / "build" / "gpuguard")),
-                            "check", "--config", str(self.config), "--policies",
+        r = subprocess.run([self.binary, "check", "--config", str(self.config), "--policies",
                             str(REPO / "policies"), "--lua", str(REPO / "lua"),
                             "--namespace", namespace, *flags, "-"],
                            input=manifest_text, capture_output=True, text=True, timeout=60)

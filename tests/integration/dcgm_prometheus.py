@@ -20,6 +20,7 @@ in MiB, one sample a minute, ending two minutes ago):
   research/embed-0: another namespace's embed, 70000
 """
 
+import contextlib
 import signal
 import socket
 import subprocess
@@ -201,3 +202,18 @@ class Prometheus:
 
     def stop(self):
         procs.stop(self.proc, signal.SIGTERM)
+
+
+@contextlib.contextmanager
+def serving(tmp):
+    """A Prometheus with its exporter (as .exporter) in tmp, stopped on the way out (continued
+    first, should a test have stopped it)."""
+    exporter = Exporter()
+    p = Prometheus(tmp, exporter)
+    p.exporter = exporter
+    try:
+        yield p
+    finally:
+        p.proc.send_signal(signal.SIGCONT)
+        p.stop()
+        exporter.close()

@@ -723,11 +723,11 @@ def shipped(binary, *args, config=REPO / "deploy" / "gpuguard.yaml"):
 
 @pytest.mark.parametrize("manifest,index,pod,want", [
     ("lws-vllm.yaml", 1, "lws-vllm-worker.yaml",
-     ("exclusive", "h100-train", "inference", "LeaderWorkerSet")),
+     ("exclusive", "l4-infer", "inference", "LeaderWorkerSet")),
     ("rayservice-llm.yaml", 1, "rayservice-worker.yaml",
-     ("exclusive", "h100-train", "inference", "RayService")),
+     ("exclusive", "l4-infer", "inference", "RayService")),
     ("kserve-isvc.yaml", 0, "kserve-predictor.yaml",
-     ("exclusive", "h100-train", "inference", "InferenceService")),
+     ("exclusive", "l4-infer", "inference", "InferenceService")),
     ("pytorchjob-ddp.yaml", 1, "pytorchjob-worker.yaml",
      ("exclusive", "h100-train", "training", "PyTorchJob")),
     ("notebook.yaml", 0, "notebook-pod.yaml",

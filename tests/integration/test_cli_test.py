@@ -230,6 +230,10 @@ def test_idempotence_failure_is_detected(suites):
      "  expect: {allowed: true}\n", ":2:", "want List or PodList"),
     ("name: x\npolicies: nowhere\ncases:\n- name: a\n  object: {kind: Pod}\n"
      "  expect: {allowed: true}\n", "", "cannot load the policies"),
+    ("name: x\nusage: state.json\ncases:\n- name: a\n  object: {kind: Pod}\n"
+     "  expect: {allowed: true}\n", ":2:", "state.json: not a usage file"),
+    ("name: x\nusage: [usage.json]\ncases:\n- name: a\n  object: {kind: Pod}\n"
+     "  expect: {allowed: true}\n", ":2:", "usage: must be a string"),
 ])
 def test_broken_suite_exits_2_with_file_and_line(suites, content, where, message):
     suites.write("state.json", '{"kind": "Deployment"}')

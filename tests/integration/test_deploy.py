@@ -972,11 +972,14 @@ def materialize(docs, root, certs):
     return args
 
 
-BIG_TEMPLATE = {"metadata": {"labels": {"team": "a", "gpuguard.io/workload-class": "inference"},
+# More GPU memory than any GPU of the fleet has, in class interactive, whose one pool (l4-shared)
+# gives a time-sliced share of one L4: no pool of the class holds it.  (Class inference would: its
+# pool l4-infer rounds it up to whole L4s.)
+BIG_TEMPLATE = {"metadata": {"labels": {"team": "a", "gpuguard.io/workload-class": "interactive"},
                              "annotations": {"gpuguard.io/gpu-memory": "90Gi"}},
                 "spec": {"containers": [{"name": "main", "image": "vllm"}]}}
-BIG_DENIAL = ("gpu-sharing: container main: no MIG profile of A100-80GB has 90Gi of memory; "
-              "the largest is 7g.80gb (80Gi); ask for less or use another class")
+BIG_DENIAL = ("gpu-sharing: container main: a time-slicing GPU is shared, one replica at most; "
+              "ask for at most 1 GPU or use a class with exclusive GPUs")
 
 
 @needs_kubectl

@@ -100,17 +100,18 @@ def test_cluster_state_mixes_kinds_and_counts_the_others(binary, tmp_path):
 
 
 def test_a_forged_charge_annotation_frees_nothing(binary, tmp_path):
+    # team-sandbox: a namespace the training class is for (team-*) with the default quota, 4.
     state = tmp_path / "state.json"
     running = {"apiVersion": "v1", "kind": "Pod",
-               "metadata": {"name": "big", "namespace": "ml-sandbox", "uid": "u-1",
+               "metadata": {"name": "big", "namespace": "team-sandbox", "uid": "u-1",
                             "annotations": {"gpuguard.io/charge": "0"}},
                "spec": {"containers": [{"name": "c", "resources": {
                    "limits": {"nvidia.com/gpu": "4"}}}]},
                "status": {"phase": "Running"}}
     state.write_text(json.dumps({"kind": "List", "items": [running]}))
     pod = tmp_path / "pod.yaml"
-    pod.write_text(yaml.safe_dump(training_pod("p", "ml-sandbox", 1)))
+    pod.write_text(yaml.safe_dump(training_pod("p", "team-sandbox", 1)))
     out = check(binary, "--cluster-state", state, pod)
     assert out.returncode == 1
-    assert ("gpu-quota: namespace ml-sandbox would use 5 of 4 GPUs (in use 4, this pod 1); "
+    assert ("gpu-quota: namespace team-sandbox would use 5 of 4 GPUs (in use 4, this pod 1); "
             "ask for fewer GPUs or free GPUs") in out.stdout

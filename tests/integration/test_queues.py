@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 from conftest import REPO, start_server
-from test_workloads import deployment, job, jobset, pytorchjob, template, workload_review
+from test_workloads import (MEMORY_DENIAL, TOO_BIG, deployment, job, jobset, pytorchjob,
+                            template, workload_review)
 
 KUEUE = "kueue.x-k8s.io/queue-name"
 KAI = "kai.scheduler/queue"
@@ -203,9 +204,12 @@ def test_kueues_updates_of_suspended_workloads_are_allowed(kueue):
     _, _, admitted = call(kueue, job())
     admitted["spec"]["suspend"] = True
     flavored = copy.deepcopy(admitted)
-    # Kueue injects the flavor's node labels, which the pod policies would refuse to share.
-    flavored["spec"]["template"]["metadata"]["annotations"]["gpuguard.io/gpu-memory"] = "90Gi"
-    flavored["spec"]["template"]["spec"]["nodeSelector"] = {"cloud.example/flavor": "h100"}
+    # Kueue injects the flavor's node labels; the template here also asks for more GPU memory
+    # than any pool of its class holds (TOO_BIG), which the pod policies would refuse.
+    tpl = flavored["spec"]["template"]
+    tpl["metadata"]["annotations"]["gpuguard.io/gpu-memory"] = TOO_BIG["memory"]
+    tpl["metadata"]["labels"]["gpuguard.io/workload-class"] = TOO_BIG["cls"]
+    tpl["spec"]["nodeSelector"] = {"cloud.example/flavor": "h100"}
     flavored["spec"]["suspend"] = False
     for path in ("/mutate", "/validate"):
         resp, patch, _ = call(kueue, flavored, path=path, operation="UPDATE", old=admitted,
@@ -213,7 +217,7 @@ def test_kueues_updates_of_suspended_workloads_are_allowed(kueue):
         assert resp == {"uid": resp["uid"], "allowed": True} and patch == []
     resp, _, _ = call(kueue, flavored, operation="UPDATE", old=admitted, user="alice")
     assert resp["allowed"] is False
-    assert resp["status"]["message"].startswith("spec.template: gpu-sharing: ")
+    assert resp["status"]["message"] == "spec.template: " + MEMORY_DENIAL
 
 
 def test_kueues_gate_and_labels_are_kept_on_reinvocation(kueue):

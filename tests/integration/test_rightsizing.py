@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from conftest import REPO
-from dcgm_prometheus import Exporter, Prometheus
+from dcgm_prometheus import serving
 from fake_apiserver import FakeApiServer, gpu_pod
 from test_inventory_sync import no_proxy_env, write_kubeconfig
 from test_server import metric
@@ -29,25 +29,36 @@ from conftest import start_server, wait_for
 # they all run on one worker, which starts it once.
 pytestmark = pytest.mark.xdist_group("prometheus")
 
-CHAT = ("rightsizing: used at most 7.1 GiB of 80 over 26 hours; mig-1g.10gb would hold it: "
+# Class inference runs on a100-mig (A100-80GB MIG slices, cost 2 per GPU), l4-infer (whole L4s
+# of 24 GiB) and l4-shared (time-sliced L4s), in that order; a pod asking for one whole GPU gets a
+# whole L4 on l4-infer.  The cheapest allocation that holds peak x headroom, by charge x cost: a
+# 1g.10gb slice (0.143 x 2) for 9Gi, a 1g.20gb slice for 13Gi or 19Gi, but 0.167 of a shared L4
+# (0.167 x 1) for 4Gi, where a 4Gi request alone would go to a100-mig, the first pool of the
+# class that holds it: the recommendation names the pool.
+CHAT = ("rightsizing: used at most 7.1 GiB of 24 over 26 hours; mig-1g.10gb would hold it: "
         "set gpuguard.io/gpu-memory: 9Gi")
 EMBED = ("rightsizing: used at most 14.6 GiB of 40 over 20 hours; mig-1g.20gb would hold it: "
          "set gpuguard.io/gpu-memory: 19Gi")
-VEC = ("rightsizing: used at most 2.9 GiB of 80 over 5 hours; mig-1g.10gb would hold it: "
-       "set gpuguard.io/gpu-memory: 4Gi")
-VEC_AFTER = ("rightsizing: used at most 29.3 GiB of 80 over 5 hours; mig-3g.40gb would hold it: "
-             "set gpuguard.io/gpu-memory: 37Gi")
+VEC = ("rightsizing: used at most 2.9 GiB of 24 over 5 hours; 0.167 of a L4 on pool l4-shared "
+       "would hold it: set gpuguard.io/gpu-memory: 4Gi and nodeSelector gpuguard.io/pool: "
+       "l4-shared")
+# After vec's pod peaks at 10000 MiB: 13Gi, on a MIG slice of the class's first pool again.
+VEC_PEAK_AFTER = 10000
+VEC_AFTER = ("rightsizing: used at most 9.8 GiB of 24 over 5 hours; mig-1g.20gb would hold it: "
+             "set gpuguard.io/gpu-memory: 13Gi")
+
+
+def told(text):
+    """What a pod is told for a finding: (its warnings, its recommendation annotation).  The
+    warning as the API server keeps it: 120 characters at most, the last an ellipsis."""
+    warning = text if len(text) <= 120 else text[:119] + "\u2026"
+    return [warning], text[len("rightsizing: "):]
 
 
 @pytest.fixture(scope="module")
 def prom(tmp_path_factory):
-    exporter = Exporter()
-    p = Prometheus(tmp_path_factory.mktemp("prometheus"), exporter)
-    p.exporter = exporter
-    yield p
-    p.proc.send_signal(signal.SIGCONT)  # in case a test stopped it
-    p.stop()
-    exporter.close()
+    with serving(tmp_path_factory.mktemp("prometheus")) as p:
+        yield p
 
 
 def write_config(tmp_path, prom_url, mode="recommend", **extra):
@@ -111,6 +122,12 @@ def rightsizing_warnings(server, obj):
     return [w for w in mutate(server, obj)[0] if w.startswith("rightsizing:")]
 
 
+def rightsizing_of(server, obj):
+    """(the rightsizing warnings, the recommendation annotation) of obj's /mutate answer."""
+    warnings, patch = mutate(server, obj)
+    return [w for w in warnings if w.startswith("rightsizing:")], recommendation(patch)
+
+
 def recommendation(patch):
     for op in patch:
         if op["path"] == "/metadata/annotations":
@@ -135,10 +152,10 @@ def test_recommendations_on_pods_from_prometheus_history(binary, certs, tmp_path
         warnings, patch = mutate(server, CHAT_POD)
         assert [w for w in warnings if w.startswith("rightsizing:")] == [CHAT]
         assert recommendation(patch) == CHAT[len("rightsizing: "):]
-        # A pod is never resized on its own: it keeps its whole GPU (exclusive on the H100 pool).
+        # A pod is never resized on its own: it keeps its whole GPU (exclusive on the whole L4s).
         after = jsonpatch.apply_patch(CHAT_POD, patch)
         assert after["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
-        assert after["spec"]["nodeSelector"] == {"gpuguard.io/pool": "h100-train"}
+        assert after["spec"]["nodeSelector"] == {"gpuguard.io/pool": "l4-infer"}
         assert "gpuguard.io/gpu-memory" not in after["metadata"]["annotations"]
         # A StatefulSet's pod on a MIG instance, its name reused after a gap; another
         # namespace's embed-0 (70000 MiB) does not count.
@@ -171,12 +188,13 @@ def test_recommendations_on_pods_from_prometheus_history(binary, certs, tmp_path
 def test_new_data_is_picked_up_after_refresh(binary, certs, tmp_path, prom):
     server = serve(binary, certs, tmp_path, prom.url)
     try:
-        assert wait_for(lambda: rightsizing_warnings(server, VEC_POD) == [VEC])
-        prom.exporter.set("vec-6b7c8d9f5-k2k2k", 30000)
+        assert wait_for(lambda: rightsizing_of(server, VEC_POD) == told(VEC)), \
+            (rightsizing_of(server, VEC_POD), readyz_line(server))
+        prom.exporter.set("vec-6b7c8d9f5-k2k2k", VEC_PEAK_AFTER)
         # The queries see the history a minute at a time (subqueries [window:1m]): at the next
         # whole minute after a scrape (1 s), and a refresh (2 s) later, the new peak decides.
-        assert wait_for(lambda: rightsizing_warnings(server, VEC_POD) == [VEC_AFTER]), \
-            (rightsizing_warnings(server, VEC_POD), readyz_line(server))
+        assert wait_for(lambda: rightsizing_of(server, VEC_POD) == told(VEC_AFTER)), \
+            (rightsizing_of(server, VEC_POD), readyz_line(server))
     finally:
         prom.exporter.set("vec-6b7c8d9f5-k2k2k", 3000)
         assert server.stop() == 0
@@ -186,8 +204,9 @@ def test_the_inventory_folds_pods_by_their_owner(binary, certs, tmp_path, prom):
     """serve-0-1, a LeaderWorkerSet's pod, folds into "serve-0" by its name; with the inventory
     synced from the API server, its controller owner says "serve"."""
     lws_pod = pod("LeaderWorkerSet", "serve", name="serve-1-0")
-    want = ["rightsizing: used at most 2.9 GiB of 80 over 3 hours; mig-1g.10gb would hold it: "
-            "set gpuguard.io/gpu-memory: 4Gi"]
+    want = told("rightsizing: used at most 2.9 GiB of 24 over 3 hours; 0.167 of a L4 on pool "
+                "l4-shared would hold it: set gpuguard.io/gpu-memory: 4Gi and nodeSelector "
+                "gpuguard.io/pool: l4-shared")
     (tmp_path / "alone").mkdir()
     (tmp_path / "inventory").mkdir()
     server = serve(binary, certs, tmp_path / "alone", prom.url)
@@ -206,7 +225,8 @@ def test_the_inventory_folds_pods_by_their_owner(binary, certs, tmp_path, prom):
         kubeconfig = write_kubeconfig(tmp_path, api.url)
         server = serve(binary, certs, tmp_path / "inventory", prom.url, kubeconfig=kubeconfig)
         try:
-            assert wait_for(lambda: rightsizing_warnings(server, lws_pod) == want)
+            assert wait_for(lambda: rightsizing_of(server, lws_pod) == want), \
+                rightsizing_of(server, lws_pod)
         finally:
             assert server.stop() == 0
     finally:
@@ -302,10 +322,11 @@ CHAT_TEMPLATE_AFTER = {
         "annotations": {
             "gpuguard.io/gpu-memory": "9Gi",
             "gpuguard.io/recommendation": "applied gpuguard.io/gpu-memory: 9Gi: used at most 7.1 GiB "
-                                          "of 80 over 26 hours, mig-1g.10gb holds it",
+                                          "of 24 over 26 hours, mig-1g.10gb holds it",
             "gpuguard.io/decision": "mig on pool a100-mig for class inference (label "
                                     "gpuguard.io/workload-class): server gets 1g.10gb, the "
                                     "smallest A100-80GB profile with 9Gi",
+            "gpuguard.io/node-selector": "gpuguard.io/pool=a100-mig",
             "gpuguard.io/pool": "a100-mig",
             "gpuguard.io/charge": "143"}},
     "spec": {
@@ -361,7 +382,7 @@ def test_check_replays_saved_usage_and_applies_on_templates(binary, tmp_path, pr
     chat = json.loads(r.stdout.splitlines()[0])
     assert CHAT in chat["warnings"]
     assert {"op": "add", "path": "/spec/nodeSelector",
-            "value": {"gpuguard.io/pool": "h100-train"}} in chat["patch"]
+            "value": {"gpuguard.io/pool": "l4-infer"}} in chat["patch"]
     assert {"op": "add", "path": "/spec/containers/0/resources/requests",
             "value": {"nvidia.com/gpu": "1"}} in chat["patch"]  # the same whole GPU, mirrored
     # A file that is not a usage file is an input error naming it.
@@ -447,7 +468,7 @@ def test_apply_at_workload_admission_in_the_webhook(binary, certs, tmp_path, pro
         assert annotations[0]["value"]["gpuguard.io/gpu-memory"] == "9Gi"
         assert all(op["path"].startswith("/spec/template/") for op in patch), patch
         assert any(w.startswith("spec.template: rightsizing: applied gpuguard.io/gpu-memory: 9Gi: "
-                                "used at most 7.1 GiB of 80 over 26 hours") for w in resp["warnings"])
+                                "used at most 7.1 GiB of 24 over 26 hours") for w in resp["warnings"])
         mutated = jsonpatch.apply_patch(deployment, patch)
         assert mutated["spec"]["template"] == CHAT_TEMPLATE_AFTER
         assert mutated == emitted  # what `gpuguard check --usage ... --emit-mutated` gives

@@ -21,9 +21,10 @@ NS = "team-a"
 USER = {"username": "alice", "groups": ["system:authenticated"]}
 
 
-def template(memory="18Gi", gpus=None, labels=None):
-    """An inference pod asking for GPU memory, or a training pod asking for whole GPUs."""
-    cls = "training" if gpus else "inference"
+def template(memory="18Gi", gpus=None, labels=None, cls=None):
+    """An inference pod asking for GPU memory, or a training pod asking for whole GPUs (or a
+    pod of class cls)."""
+    cls = cls or ("training" if gpus else "inference")
     meta = {"labels": dict({"team": "a", "gpuguard.io/workload-class": cls}, **(labels or {}))}
     container = {"name": "main", "image": "trainer"}
     if gpus:
@@ -33,11 +34,11 @@ def template(memory="18Gi", gpus=None, labels=None):
     return {"metadata": meta, "spec": {"restartPolicy": "Never", "containers": [container]}}
 
 
-def deployment(memory="18Gi", replicas=2):
+def deployment(memory="18Gi", replicas=2, cls=None):
     return {"apiVersion": "apps/v1", "kind": "Deployment",
             "metadata": {"name": "infer", "namespace": NS},
             "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": "infer"}},
-                     "template": template(memory, labels={"app": "infer"})}}
+                     "template": template(memory, labels={"app": "infer"}, cls=cls)}}
 
 
 def job():
@@ -53,13 +54,14 @@ def pytorchjob():
                 "Worker": {"replicas": 3, "template": template(gpus=2)}}}}
 
 
-def jobset(second_memory="18Gi"):
-    def rj(name, memory):
+def jobset(second_memory="18Gi", second_class=None):
+    def rj(name, memory, cls=None):
         return {"name": name, "replicas": 2,
-                "template": {"spec": {"parallelism": 1, "template": template(memory)}}}
+                "template": {"spec": {"parallelism": 1, "template": template(memory, cls=cls)}}}
     return {"apiVersion": "jobset.x-k8s.io/v1alpha2", "kind": "JobSet",
             "metadata": {"name": "js", "namespace": NS},
-            "spec": {"replicatedJobs": [rj("driver", "18Gi"), rj("workers", second_memory)]}}
+            "spec": {"replicatedJobs": [rj("driver", "18Gi"),
+                                        rj("workers", second_memory, second_class)]}}
 
 
 def leaderworkerset():
@@ -160,20 +162,25 @@ def test_deployment_patch_sets_the_template_not_the_object(policy_server):
     assert tpl["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/mig-1g.20gb": "1"}
 
 
-MEMORY_DENIAL = ("gpu-sharing: container main: no MIG profile of A100-80GB has 90Gi of memory; "
-                 "the largest is 7g.80gb (80Gi); ask for less or use another class")
+# Too big for every pool: 90Gi is more than any GPU of the fleet has, asked in class interactive,
+# whose one pool (l4-shared) gives a time-sliced share of one L4.  (Class inference would hold it:
+# its pool l4-infer rounds it up to 4 whole L4s.)
+TOO_BIG = {"memory": "90Gi", "cls": "interactive"}
+MEMORY_DENIAL = ("gpu-sharing: container main: a time-slicing GPU is shared, one replica at most; "
+                 "ask for at most 1 GPU or use a class with exclusive GPUs")
 
 
 @pytest.mark.parametrize("path", ["/mutate", "/validate"])
 def test_a_template_too_big_for_every_pool_is_denied_at_the_deployment(policy_server, path):
-    resp, patch = answer(policy_server, deployment(memory="90Gi"), path=path)
+    resp, patch = answer(policy_server, deployment(**TOO_BIG), path=path)
     assert resp["allowed"] is False and patch is None
     assert resp["status"]["code"] == 403
     assert resp["status"]["message"] == "spec.template: " + MEMORY_DENIAL
 
 
 def test_a_denial_names_the_template_path_of_the_jobset(policy_server):
-    resp, _ = answer(policy_server, jobset(second_memory="90Gi"))
+    resp, _ = answer(policy_server,
+                     jobset(second_memory=TOO_BIG["memory"], second_class=TOO_BIG["cls"]))
     assert resp["allowed"] is False
     message = resp["status"]["message"]
     assert message == "spec.replicatedJobs[1].template.spec.template: " + MEMORY_DENIAL
@@ -181,8 +188,9 @@ def test_a_denial_names_the_template_path_of_the_jobset(policy_server):
 
 def test_update_that_leaves_the_templates_alone_runs_nothing(policy_server):
     # The old template would be denied: allowed anyway, as nothing a pod gets changed.
-    old = deployment(memory="90Gi", replicas=2)
-    new = deployment(memory="90Gi", replicas=5)
+    old = deployment(replicas=2, **TOO_BIG)
+    new = deployment(replicas=5, **TOO_BIG)
+    assert answer(policy_server, old)[0]["allowed"] is False
     new["metadata"]["annotations"] = {"deployment.kubernetes.io/revision": "3"}
     for path in ("/mutate", "/validate"):
         resp, patch = answer(policy_server, new, path=path, operation="UPDATE", old=old)
@@ -192,7 +200,7 @@ def test_update_that_leaves_the_templates_alone_runs_nothing(policy_server):
 
 def test_update_that_changes_a_template_is_reviewed(policy_server):
     old = deployment()
-    new = deployment(memory="90Gi")
+    new = deployment(**TOO_BIG)
     resp, _ = answer(policy_server, new, operation="UPDATE", old=old)
     assert resp["allowed"] is False
     assert resp["status"]["message"] == "spec.template: " + MEMORY_DENIAL
@@ -215,7 +223,7 @@ def test_validate_mode_checks_workloads_without_patching(validate_server):
                if w.startswith("spec.template: workloads.mode is validate, so the pods get")]
     assert changes, resp["warnings"]
     assert any("/spec/template/spec/nodeSelector" in w for w in changes), changes
-    resp, patch = answer(validate_server, deployment(memory="90Gi"))
+    resp, patch = answer(validate_server, deployment(**TOO_BIG))
     assert resp["allowed"] is False
     assert resp["status"]["message"] == "spec.template: " + MEMORY_DENIAL
 

@@ -355,6 +355,13 @@ class Cluster:
     def start_gpuguard(self):
         g, ports = self.dir / "gpuguard", self.state["ports"]
         self.write_kubeconfig(g / "kubeconfig", {"tokenFile": str(g / "token")}, ports["api"])
+        self.serve()
+        self.start("keeper", [sys.executable, HERE / "keeper.py", self.dir])
+        self.wait_ready()
+
+    def serve(self):
+        """Start the gpuguard processes on gpuguard/gpuguard.yaml."""
+        g, ports = self.dir / "gpuguard", self.state["ports"]
         names = self.gpuguard_names()
         for i, name in enumerate(names):
             listen = ports["webhook"] if len(names) == 1 else ports["replicas"][i]
@@ -364,10 +371,20 @@ class Cluster:
                 "--tls-cert", g / "tls.crt", "--tls-key", g / "tls.key",
                 "--config", g / "gpuguard.yaml", "--policies", REPO / "policies", "--lua", REPO / "lua",
                 "--kubeconfig", g / "kubeconfig", "--threads", "2"])
-        self.start("keeper", [sys.executable, HERE / "keeper.py", self.dir])
-        for i, name in enumerate(names):
+
+    def wait_ready(self):
+        ports = self.state["ports"]
+        for i, name in enumerate(self.gpuguard_names()):
             self.wait(f"{name} /readyz", lambda i=i: urllib.request.urlopen(
                 f"http://127.0.0.1:{ports['ops'][i]}/readyz", timeout=2).status == 200, name=name)
+
+    def restart_gpuguard(self, config_text):
+        """gpuguard again on another configuration (what it reads once at start, such as the
+        rightsizing source, changes only so); the keeper and its forwarder stay."""
+        write_atomic(self.dir / "gpuguard" / "gpuguard.yaml", config_text, 0o644)
+        self.stop(*self.gpuguard_names())
+        self.serve()
+        self.wait_ready()
 
     def wait_webhooks(self):
         """Until the API server calls gpuguard: a dry-run pod in a matched namespace is decided."""

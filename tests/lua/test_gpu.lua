@@ -629,7 +629,7 @@ T["configuration errors name the key path"] = function()
         { models({ name = "X", memory = "48" }),
           'gpu_models[1].memory: "48" is less than 1Mi; write the unit, such as 48Gi' },
         { models({ name = "X", memory = "48Gi", memroy = "1" }),
-          "gpu_models[1].memroy: unknown key (known: aliases, memory, name, note, products, "
+          "gpu_models[1].memroy: unknown key (known: aliases, family, memory, name, note, products, "
           .. "profiles, slices, uncertain)" },
         { models({ name = "X", memory = "48Gi", slices = 9 }),
           "gpu_models[1].slices: must be a whole number from 1 to 8, got the integer 9" },

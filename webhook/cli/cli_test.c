@@ -16,6 +16,7 @@
 #include "engine/dryrun.h"
 #include "util/gpuguard.h"
 #include "kube/inventory.h"
+#include "kube/rsstore.h"
 #include "codec/jsonpatch.h"
 #include "util/log.h"
 #include "codec/manifest.h"
@@ -43,7 +44,7 @@ struct suite {
     json_t *doc;
     json_t *lines; /* pointer -> line */
     char name[256];
-    char *config, *policies, *lua, *cluster_state;
+    char *config, *policies, *lua, *cluster_state, *usage;
 };
 
 /* The engine of the previous suite, kept while the paths stay the same. */
@@ -352,14 +353,16 @@ static void suite_clear(struct suite *s)
     free(s->policies);
     free(s->lua);
     free(s->cluster_state);
+    free(s->usage);
     memset(s, 0, sizeof(*s));
 }
 
 static enum gg_status suite_load(const struct test_run *r, const char *file, struct suite *s,
                                  struct gg_err *err)
 {
-    static const char *const keys[] = {"name",          "description", "config", "policies", "lua",
-                                       "cluster_state", "namespace",   "cases",  NULL};
+    static const char *const keys[] = {
+        "name",          "description", "config",    "policies", "lua",
+        "cluster_state", "usage",       "namespace", "cases",    NULL};
     struct yd_limits limits;
     char *text = NULL, *copy = NULL;
     size_t len = 0;
@@ -386,10 +389,11 @@ static enum gg_status suite_load(const struct test_run *r, const char *file, str
     free(copy);
     if (!json_is_object(s->doc))
         return bad(s, "", err, "a suite must be a mapping with name and cases");
-    static const char *const strings[] = {"name", "description",   "config",   "policies",
-                                          "lua",  "cluster_state", "namespace"};
+    static const char *const strings[] = {"name", "description",   "config", "policies",
+                                          "lua",  "cluster_state", "usage",  "namespace"};
     st = check_keys(s, s->doc, "", keys,
-                    "name, description, config, policies, lua, cluster_state, namespace, cases",
+                    "name, description, config, policies, lua, cluster_state, usage, namespace, "
+                    "cases",
                     err);
     for (size_t i = 0; st == GG_OK && i < sizeof(strings) / sizeof(strings[0]); i++)
         st = check_type(s, s->doc, "", strings[i], V_STRING, err);
@@ -419,12 +423,14 @@ static enum gg_status suite_load(const struct test_run *r, const char *file, str
     const char *policies = json_string_value(json_object_get(s->doc, "policies"));
     const char *lua = json_string_value(json_object_get(s->doc, "lua"));
     const char *state = json_string_value(json_object_get(s->doc, "cluster_state"));
+    const char *usage = json_string_value(json_object_get(s->doc, "usage"));
     s->config = config ? suite_path(s, config) : r->o.config ? strdup(r->o.config) : NULL;
     s->policies = policies ? suite_path(s, policies) : strdup(r->o.policies);
     s->lua = lua ? suite_path(s, lua) : strdup(r->o.lua);
     s->cluster_state = state ? suite_path(s, state) : NULL;
+    s->usage = usage ? suite_path(s, usage) : NULL;
     if ((config && !s->config) || (r->o.config && !s->config) || !s->policies || !s->lua ||
-        (state && !s->cluster_state))
+        (state && !s->cluster_state) || (usage && !s->usage))
         return gg_fail(err, GG_ERR_NOMEM, "out of memory");
     return GG_OK;
 }
@@ -867,6 +873,25 @@ static enum gg_status suite_state(struct test_run *r, const struct suite *s, str
     return bad(s, "/cluster_state", err, "%s", inner.msg);
 }
 
+/*
+ * The suite's usage history (a file `gpuguard usage -o` wrote) for the rightsizing policy, as
+ * `gpuguard check --usage` reads it; without one, rightsizing has no data.  Errors point at usage.
+ */
+static enum gg_status suite_usage(const struct suite *s, struct gg_err *err)
+{
+    rss_reset();
+    if (!s->usage)
+        return GG_OK;
+    struct rs_data usage = {0};
+    if (rs_file_load(s->usage, &usage, err) != GG_OK) {
+        struct gg_err inner = *err;
+        return bad(s, "/usage", err, "%s", inner.msg);
+    }
+    rss_set_source("file");
+    rss_publish(&usage, 0); /* a saved snapshot never goes stale */
+    return GG_OK;
+}
+
 static void run_suite(struct test_run *r, const char *file)
 {
     struct suite s;
@@ -885,7 +910,7 @@ static void run_suite(struct test_run *r, const char *file)
         suite_clear(&s);
         return;
     }
-    if (suite_state(r, &s, engine, &charger, &err) != GG_OK) {
+    if (suite_state(r, &s, engine, &charger, &err) != GG_OK || suite_usage(&s, &err) != GG_OK) {
         fprintf(stderr, "gpuguard test: %s\n", err.msg);
         r->broken++;
         suite_clear(&s);
@@ -951,6 +976,7 @@ int cli_test(int argc, char **argv)
     fflush(stdout);
     engine_free(r.cache.engine);
     inv_free(r.inventory);
+    rss_reset();
     free(r.cache.key);
     cli_files_clear(&files);
     return r.broken ? 2 : r.failed ? 1 : 0;

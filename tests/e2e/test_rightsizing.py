@@ -1,0 +1,139 @@
+"""Right-sizing in the cluster, from a real Prometheus (Debian's, its history backfilled by
+tests/integration/dcgm_prometheus.py: the chat Deployment of namespace ml peaked at 7,270 MiB on
+a whole GPU over 26 hours).  gpuguard runs on the e2e fleet with a rightsizing: section pointing
+at it, restarted for each mode (the usage source is read at start), and on its own configuration
+again afterwards.
+
+Under deploy/gpuguard.yaml the class inference gives a whole GPU as a whole L4 (l4-infer); 9 GiB
+is cheapest as a 1g.10gb slice on a100-mig (0.143 x cost 2, against 0.375 of a shared L4):
+recommend says so and leaves the pods on the L4s; apply patches the template as `gpuguard check
+--usage FILE --emit-mutated` does, and the pods it makes run on the A100 MIG nodes."""
+
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+import yaml
+
+from e2e_support import REPO, node_pool, wait_for
+
+sys.path.insert(0, str(REPO / "tests" / "integration"))
+from dcgm_prometheus import serving  # noqa: E402
+
+NAMESPACE = "ml"  # the namespace of the backfilled history
+CLASS = "gpuguard.io/workload-class"
+
+CHAT = {
+    "apiVersion": "apps/v1", "kind": "Deployment",
+    "metadata": {"name": "chat", "labels": {"team": "ml"}},
+    "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "chat"}},
+             "template": {"metadata": {"labels": {"app": "chat", "team": "ml", CLASS: "inference"}},
+                          "spec": {"containers": [{"name": "server", "image": "vllm/vllm-openai:v0.6.3",
+                                                   "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}},
+}
+RECOMMENDATION = ("used at most 7.1 GiB of 24 over 26 hours; mig-1g.10gb would hold it: set "
+                  "gpuguard.io/gpu-memory: 9Gi")
+APPLIED = ("applied gpuguard.io/gpu-memory: 9Gi: used at most 7.1 GiB of 24 over 26 hours, "
+           "mig-1g.10gb holds it")
+
+
+@pytest.fixture(scope="module")
+def prom(tmp_path_factory):
+    with serving(tmp_path_factory.mktemp("prometheus")) as p:
+        yield p
+
+
+@pytest.fixture(scope="module")
+def ml(kube):
+    """Namespace ml, which the history names; deleted after the module."""
+    wait_for("namespace ml gone from an earlier run", lambda: kube.run(
+        "get", "namespace", NAMESPACE, check=False).returncode != 0)
+    kube.run("create", "namespace", NAMESPACE)
+    wait_for("namespace ml's default ServiceAccount", lambda: kube.run(
+        "get", "serviceaccount", "default", "-n", NAMESPACE, check=False).returncode == 0)
+    yield NAMESPACE
+    kube.run("delete", "namespace", NAMESPACE, "--wait=false", check=False)
+
+
+def readyz(cluster):
+    texts = []
+    for port in cluster.state["ports"]["ops"]:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as r:
+            texts.append(r.read().decode())
+    return texts
+
+
+@pytest.fixture(scope="module")
+def rightsizing(cluster, gpuguard, prom):
+    """A function that restarts gpuguard with rightsizing in a mode, once its data is in; the
+    cluster's own configuration again after the module."""
+    original = gpuguard.config.read_text()
+
+    def run(mode):
+        cfg = yaml.safe_load(original)
+        cfg["rightsizing"].update(prometheus={"url": prom.url, "timeout": "2s"}, mode=mode,
+                                  refresh="2s")
+        cluster.restart_gpuguard(yaml.safe_dump(cfg, sort_keys=False))
+        wait_for("gpuguard's rightsizing data", lambda: all(
+            any(line.startswith("rightsizing: ok") for line in t.splitlines())
+            for t in readyz(cluster)))
+    yield run
+    cluster.restart_gpuguard(original)
+
+
+def template_warnings(stderr):
+    """The rightsizing warnings kubectl printed for the Deployment's template."""
+    prefix = "Warning: spec.template: "
+    return [line[len(prefix):] for line in stderr.splitlines()
+            if line.startswith(prefix + "rightsizing:")]
+
+
+def shows(shown, full):
+    """Is shown the message full, or full cut to the API server's length with an ellipsis?"""
+    return shown == full or (shown.endswith("…") and full.startswith(shown[:-1]))
+
+
+def pods_running_on(kube, pool):
+    pods = kube.items("pods", NAMESPACE, "app=chat")
+    if len(pods) != 2 or not all(p.get("status", {}).get("phase") == "Running" for p in pods):
+        return None
+    assert {node_pool(kube, p["spec"]["nodeName"]) for p in pods} == {pool}
+    return pods
+
+
+def test_recommend_then_apply_moves_the_deployment_onto_a100_slices(kube, gpuguard, ml, rightsizing,
+                                                                   prom, tmp_path, ignored_namespace):
+    # recommend: a warning on the Deployment and on each pod; the pods stay on whole L4s.
+    rightsizing("recommend")
+    saved = tmp_path / "usage.json"  # what check replays below, on the same configuration
+    r = subprocess.run([gpuguard.binary, "usage", "--config", str(gpuguard.config), "-o", str(saved)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    r = kube.run("apply", "-n", ml, "-f", "-", input=CHAT)
+    shown = template_warnings(r.stderr)
+    assert len(shown) == 1 and shows(shown[0], "rightsizing: " + RECOMMENDATION), r.stderr
+    pods = wait_for("chat's pods running on l4-infer", lambda: pods_running_on(kube, "l4-infer"))
+    for p in pods:
+        assert p["metadata"]["annotations"]["gpuguard.io/recommendation"] == RECOMMENDATION
+        assert p["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/gpu": "1"}
+    kube.run("delete", "deployment", "chat", "-n", ml, "--wait=true")
+    wait_for("chat's pods gone", lambda: not kube.items("pods", ml, "app=chat"))
+
+    # apply: the template as check --usage writes it, and pods on the A100 MIG nodes.
+    rightsizing("apply")
+    emitted = gpuguard.check(yaml.safe_dump(CHAT), NAMESPACE, "--usage", str(saved), "--emit-mutated")
+    assert emitted.returncode == 0, emitted.stderr
+    want = yaml.safe_load(emitted.stdout)
+    assert want["spec"]["template"]["metadata"]["annotations"]["gpuguard.io/recommendation"] == APPLIED
+    want["metadata"].pop("namespace", None)
+    defaulted = kube.create(want, ignored_namespace)  # the API server's defaults of check's answer
+    r = kube.run("apply", "-n", ml, "-f", "-", input=CHAT)
+    shown = template_warnings(r.stderr)
+    assert len(shown) == 1 and shows(shown[0], "rightsizing: " + APPLIED), r.stderr
+    stored = kube.get("deployment", "chat", ml)
+    assert stored["spec"]["template"] == defaulted["spec"]["template"]
+    pods = wait_for("chat's pods running on a100-mig", lambda: pods_running_on(kube, "a100-mig"))
+    for p in pods:
+        assert p["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/mig-1g.10gb": "1"}
+        assert p["metadata"]["annotations"]["gpuguard.io/pool"] == "a100-mig"
