@@ -13,7 +13,8 @@ Configuration keys (see deploy/gpuguard.yaml for a complete example):
       mig_strategy: mixed        # mig only: mixed (default) | single
       replicas: 4                # mps / time-slicing: replicas per GPU (default 1)
       shared_resource: nvidia.com/gpu.shared   # mps / time-slicing (default nvidia.com/gpu)
-      mps_env: true              # mps only: set CUDA_MPS_* from the fraction and memory
+      mps_env: true              # mps only: set CUDA_MPS_* from the fraction and memory (then a
+                                 #   replica is charged its share, else at least its slot, 1/R)
       scheduler_name: kai-scheduler  # pods written for this scheduler (KAI annotations, HAMi or
                                  #   Volcano vGPU resources) run here (kai, hami: their default)
       device_classes: [gpu.nvidia.com]  # DRA pods whose claims use these classes run here
@@ -30,8 +31,11 @@ Configuration keys (see deploy/gpuguard.yaml for a complete example):
 State: what it derives from a configuration (its GPU catalog, the models its pools name, the
 taints and node selectors of all pools) is built the first time it is asked for and kept per
 configuration table, weak-keyed.  Safe because a loaded configuration never changes: a reload
-brings a new table (and a new VM).
-Must not: write into the configuration (it is a read-only table).
+brings a new table (and a new VM).  What it keeps is shared by every request the VM serves, so
+it is handed out read-only (gpuguard.readonly), as the configuration is: a policy that wrote
+into a model or a pool would change what every later request reads.
+Must not: write into the configuration (it is a read-only table); hand out a table it keeps
+other than read-only.
 ]]
 
 local gg = require "gpuguard"
@@ -168,29 +172,42 @@ function M.places(pool)
     return pool.placement ~= "kueue"
 end
 
--- Catalogs built from a configuration, once per VM: building one walks every model.
---- A function of a configuration that gives build(cfg), built once per configuration table
---- (weakly kept: it goes with the configuration) and shared by every caller: do not edit it.
---- A loaded configuration never changes, so what is worked out from it alone holds.
-function M.per_config(build)
+-- What is worked out from a configuration, once per VM (a catalog: building one walks every
+-- model), kept per configuration table, weakly (it goes with the configuration): build(cfg) the
+-- first time, as it came when frozen is false (for what never leaves this module), else its
+-- read-only view.
+local function cached(build, frozen)
     local built = setmetatable({}, { __mode = "k" })
     return function(cfg)
         local v = built[cfg]
         if v == nil then
             v = build(cfg)
+            if frozen then
+                v = gg.readonly(v)
+            end
             built[cfg] = v
         end
         return v
     end
 end
 
---- The GPU catalog of cfg (gpu.catalog), built once and shared: do not edit it.
+--- A function of a configuration that gives build(cfg), built once per configuration table
+--- (weakly kept: it goes with the configuration) and shared by every caller, so read-only: a
+--- table comes back as a read-only view (gpuguard.readonly; nested tables too), and writing
+--- into it raises.  build must not change what it returned afterwards.  A loaded
+--- configuration never changes, so what is worked out from it alone holds.
+function M.per_config(build)
+    return cached(build, true)
+end
+
+--- The GPU catalog of cfg (gpu.catalog), built once and shared: read-only.
 M.catalog = M.per_config(gpu.catalog)
 
 -- Models by name, per catalog: a lookup normalises the name through several patterns.
 local found = setmetatable({}, { __mode = "k" })
 
---- The model a pool (or a model name) names, from the configuration's catalog.
+--- The model a pool (or a model name) names, from the configuration's catalog: the catalog's
+--- own table, read-only (gpu.model(name) gives a copy of one of your own).
 function M.model(cfg, pool_or_name)
     local name = type(pool_or_name) == "table" and pool_or_name.model or pool_or_name
     local catalog = M.catalog(cfg)
@@ -317,8 +334,9 @@ function M.find_pool(cfg, matches, arg)
     return nil
 end
 
--- Pools by name, per configuration: policies ask for a pool by name on every review.
-local pools_by_name = M.per_config(function(cfg)
+-- Pools by name, per configuration: policies ask for a pool by name on every review.  Kept
+-- as built: only the configuration's own pools leave this module.
+local pools_by_name = cached(function(cfg)
     local pools = {}
     for _, p in ipairs(M.pools(cfg)) do
         if p.name ~= nil and pools[p.name] == nil then
@@ -326,7 +344,7 @@ local pools_by_name = M.per_config(function(cfg)
         end
     end
     return pools
-end)
+end, false)
 
 --- The pool named name (the first, if several are), or nil.
 function M.pool(cfg, name)
@@ -343,12 +361,9 @@ local function modes_of(cfg, class)
 end
 
 --- The sharing modes a class may use, preferred first: an unknown class gets the default
---- class's modes, and every mode only when the configuration has no classes.
+--- class's modes, and every mode only when the configuration has no classes.  A fresh list.
 function M.class_modes(cfg, class)
     local modes = modes_of(cfg, class)
-    if modes == M.MODES then
-        return modes
-    end
     local out = {}
     for i, m in ipairs(modes) do
         out[i] = m
@@ -371,8 +386,9 @@ function M.pool_for_mode(cfg, mode)
 end
 
 -- The pools a class may use, preferred first: its pools list when it has one (checked), else
--- every pool of the fleet; and whether the class named them.
-local class_pools = M.per_config(function(cfg)
+-- every pool of the fleet; and whether the class named them.  Kept as built: preference
+-- copies the lists.
+local class_pools = cached(function(cfg)
     local out = {}
     for name, c in pairs(cfg.classes or {}) do
         if c.pools then
@@ -384,7 +400,7 @@ local class_pools = M.per_config(function(cfg)
         end
     end
     return out
-end)
+end, false)
 
 local function pools_of(cfg, class)
     local named = class_pools(cfg)
@@ -488,7 +504,7 @@ function M.candidates(cfg, class, asked, whole)
 end
 
 --- Every taint of every pool, and every node selector entry of every pool (placement checks,
---- on every review): built once per configuration and shared: do not edit them.
+--- on every review): built once per configuration and shared, so read-only.
 M.gpu_taints = M.per_config(function(cfg)
     local out = {}
     for _, p in ipairs(M.pools(cfg)) do
@@ -545,9 +561,11 @@ local function picks(expr, s)
     return false
 end
 
-local NONE = {}
+-- An empty list handed out for every spec without terms: read-only, as it is shared.
+local NONE = gg.readonly({})
 
---- The terms of spec's required node affinity (a list, maybe empty; do not edit it).
+--- The terms of spec's required node affinity (a list, maybe empty): the spec's own, or a
+--- shared read-only empty list.
 function M.required_terms(spec)
     local na = type(spec.affinity) == "table" and spec.affinity.nodeAffinity
     local req = type(na) == "table" and na.requiredDuringSchedulingIgnoredDuringExecution

@@ -19,7 +19,9 @@ Conventions:
     (gpu.catalog) raise error(msg, 0) with the key path.
   * Integer arithmetic only.
 Must not: keep state between calls (beyond a bounded memo of what each resource name means), or
-hand out its own tables (everything returned is a fresh copy the caller may keep or edit).
+hand out its own tables (everything returned is a fresh copy the caller may keep or edit; a
+catalog's model is the catalog's, read-only when the catalog is shared: fleet.catalog).
+Everything here reads models, profiles and catalogs only, so they may be read-only views.
 ]]
 
 local gg = require "gpuguard"
@@ -781,8 +783,9 @@ end
 --- The model that name means: canonical names, aliases and GFD product names, case-insensitive
 --- ("a100-sxm4-80gb", "NVIDIA A100-SXM4-80GB", "NVIDIA-A100-SXM4-80GB-MIG-1g.10gb" all give
 --- A100-80GB), looked up in catalog (from gpu.catalog) or the built-in catalog.  Returns the
---- model table (a copy for the built-in catalog; catalog's own table otherwise), or nil and a
---- message ("unknown GPU model ...", "GPU model "A100" is ambiguous ...").
+--- model table (a copy for the built-in catalog; catalog's own table otherwise, read-only for
+--- the shared catalog of fleet.catalog), or nil and a message ("unknown GPU model ...", "GPU
+--- model "A100" is ambiguous ...").
 function M.model(name, catalog)
     if type(name) ~= "string" or name == "" then
         fail(2, "model", "name must be a model name such as \"A100-80GB\", got %s", what(name))

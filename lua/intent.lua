@@ -26,7 +26,9 @@ fractions belong to the pod and are added to it.
 The pool of a pod is the one whose node_selector its spec.nodeSelector holds (immutable once
 the pod exists), never an annotation.  A shared replica is the only charge the spec leaves
 open: its charge is the pool's N/R when the pool is known, else the whole device; the
-gpuguard.io/charge annotation may set it between 1 milli-GPU per replica and the whole device.
+gpuguard.io/charge annotation may set it between the replica's slot (1/R: time-slicing and MPS
+without limits isolate nothing; 1 milli-GPU on an MPS pool with mps_env, see isolates; on an
+unknown pool the fleet's smallest slot) and the whole device.
 Everything else is computed from the spec, whatever the annotations say.
 
 DRA objects (ResourceClaimTemplate, ResourceClaim) come from gpuguard.dra(kind, namespace, name)
@@ -232,8 +234,10 @@ local PROFILE_TERM = "^device%.attributes%[([\"'])gpu%.nvidia%.com%1%]%.profile%
 
 -- The top-level '&&' terms of a CEL expression, or nil when it is anything but a conjunction at
 -- the top level ('||' or '?' outside brackets and literals, unbalanced brackets, a literal this
--- reading could get wrong: raw or triple-quoted strings, escapes).  A device that satisfies the
--- expression satisfies each term.
+-- reading could get wrong: raw or triple-quoted strings, escapes), or when it has a comment: CEL
+-- ignores '//' to the end of the line, so what follows it (a profile pin, a quote that would
+-- hide a '||' line from this reading) is no part of the expression.  A device that satisfies
+-- the expression satisfies each term.
 local function conjuncts(expr)
     if expr:find("\\", 1, true) or expr:find("'''", 1, true) or expr:find('"""', 1, true) then
         return nil
@@ -249,6 +253,8 @@ local function conjuncts(expr)
             if not i then
                 return nil
             end
+        elseif c == 47 and expr:byte(i + 1) == 47 then -- a comment
+            return nil
         elseif c == 40 or c == 91 or c == 123 then -- ( [ {
             depth = depth + 1
         elseif c == 41 or c == 93 or c == 125 then
@@ -691,6 +697,30 @@ function M.gpu_means(pool)
     return "whole"
 end
 
+--- Does pool hold each replica to its share?  MPS with mps_env (gpuguard sets the replica's
+--- compute and memory limits) does; time-slicing isolates neither memory nor compute, and MPS
+--- without those limits lets a replica take the GPU, so a replica there holds one of the R slots
+--- of its GPU whatever it asked for, and is charged at least that.
+function M.isolates(pool)
+    return pool ~= nil and pool.sharing == "mps" and pool.mps_env == true
+end
+
+-- The replicas per GPU that bound a replica's charge from below when its pool is not known (a
+-- pool Kueue places has no nodeSelector of gpuguard's): the most of any pool whose replicas
+-- hold a slot, its slot being the fleet's smallest; nil when some pool holds replicas to their
+-- share (its floor is 1 milli-GPU).
+local unknown_pool_replicas = fleet.per_config(function(cfg)
+    local most = 1
+    for _, p in ipairs(fleet.pools(cfg)) do
+        if M.isolates(p) then
+            return { replicas = nil }
+        elseif p.sharing == "time-slicing" or p.sharing == "mps" then
+            most = math.max(most, p.replicas or 1)
+        end
+    end
+    return { replicas = most }
+end)
+
 -- quota.pod_charge's context for a pod on pool (nil: unknown), replicas charged at R.
 local function context(cfg, pool, memory_mib, replicas)
     local mig = pool and pool.sharing == "mig" and pool or fleet.pool_for_mode(cfg, "mig")
@@ -781,12 +811,22 @@ function M.charge(pod, cfg, opts)
         return nil, breakdown
     end
     if has_replicas(breakdown) and not opts.shares then
-        -- Open: the annotation may refine it between 1 milli per replica and the whole device.
+        -- Open: the annotation may refine it between the floor per replica (its slot, 1 milli
+        -- where the pool holds replicas to their share) and the whole device.
         local note = k8s.annotation(pod, M.CHARGE)
         local milli = type(note) == "string" and #note <= 12 and note:match("^%d+$") and math.tointeger(tonumber(note))
         if milli then
-            ctx.replicas = nil
-            ctx.replica_milli = 1
+            local slots -- the replicas per GPU whose slot is the floor; nil: 1 milli-GPU
+            if pool then
+                slots = not M.isolates(pool) and (pool.replicas or 1) or nil
+            else
+                slots = unknown_pool_replicas(cfg).replicas
+            end
+            if slots then
+                ctx.replicas = slots
+            else
+                ctx.replicas, ctx.replica_milli = nil, 1
+            end
             local floor = quota.pod_charge(spec, ctx)
             ctx.replica_milli, ctx.replicas = nil, 1
             local ceiling = quota.pod_charge(spec, ctx)

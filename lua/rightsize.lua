@@ -20,6 +20,7 @@ local k8s = require "k8s"
 local gpu = require "gpu"
 local quota = require "quota"
 local fleet = require "fleet"
+local intent = require "intent"
 
 local M = {}
 
@@ -131,18 +132,23 @@ function M.allocation(model, mode, pool, memory_milli)
     if share > 1000 then
         return nil, string.format("a %s share is at most one %s", mode, model.name)
     end
+    if (mode == "time-slicing" or mode == "mps") and not intent.isolates(pool) then
+        -- A replica there holds one of the GPU's slots, and is charged so (10-gpu-sharing).
+        share = math.max(share, ceil_div(1000, pool.replicas or 1))
+    end
     return { name = string.format("%s of a %s", quota.format_gpus(share), model.name),
         memory_milli = share * model.memory_milli // 1000, charge = share }
 end
 
 --[[
 Where memory_milli runs: over candidates (fleet.candidates' { pool, mode } entries, those the
-pod's own choice allows), the allocation on the first one that holds it, or, with cheapest, the
-one of least cost: its charge times the pool's cost per GPU (pools[].cost, default 1), the first
-of equal cost.  A class without pools of its own (the list's named is false) is routed to its
-first candidate alone.  memory_milli may be a function of the pool's model (what a fraction or a
-whole GPU asks for there).  The allocation gains pool, mode, cost and asked (the memory held);
-nil when none holds it.
+pod's own choice allows), the allocation on the first one that holds it; or, with
+cheapest = { max_charge = milli-GPU }, the one of least cost among those charged at most
+max_charge: its charge times the pool's cost per GPU (pools[].cost, default 1), the first of
+equal cost.  A class without pools of its own (the list's named is false) is routed to its first
+candidate alone.  memory_milli may be a function of the pool's model (what a fraction or a whole
+GPU asks for there).  The allocation gains pool, mode, cost and asked (the memory held); nil when
+none holds it.
 ]]
 function M.placed(cfg, candidates, memory_milli, cheapest)
     local best
@@ -158,7 +164,7 @@ function M.placed(cfg, candidates, memory_milli, cheapest)
             if not cheapest then
                 return a
             end
-            if not best or a.cost < best.cost then
+            if a.charge <= cheapest.max_charge and (not best or a.cost < best.cost) then
                 best = a
             end
         end

@@ -43,6 +43,33 @@ local GIB_MILLI = 1024 * rightsize.MIB_MILLI
 -- rightsize.settings per configuration (nothing here writes into them): every pod review asks.
 local settings_for = fleet.per_config(rightsize.settings)
 
+-- A selector_words for the pool, defined below.
+local selector_words
+
+--[[
+The options a recommendation may name: a memory request on an exclusive pool is denied under
+exclusive.fractions: deny; and a pool the pod must be pinned to (not the one the smaller request
+would be routed to) needs a node selector of its own, or a model no other option has, for the
+pin to say which pool.
+]]
+local function reachable(options, routed, cfg)
+    local deny = cfg.exclusive and cfg.exclusive.fractions == "deny"
+    local out = { named = options.named }
+    for _, c in ipairs(options) do
+        local model_of_others = 0
+        for _, o in ipairs(options) do
+            if o.pool ~= c.pool and o.pool.model == c.pool.model then
+                model_of_others = model_of_others + 1
+            end
+        end
+        local pinnable = (routed and routed.pool == c.pool) or selector_words(c.pool) or model_of_others == 0
+        if pinnable and not (deny and c.mode == "exclusive") then
+            out[#out + 1] = c
+        end
+    end
+    return out
+end
+
 -- The allocation the pod gets now and the cheapest one its usage needs, or nil when it is not
 -- ours.  pin: the pool of the better one must be written down, since the smaller request alone
 -- would be routed elsewhere.
@@ -59,7 +86,11 @@ local function compare(req, pod, cfg, settings)
         return nil
     end
     local e, spec, mode = asks[1], k8s.pod_spec(pod), workload.asked_sharing(pod)
-    local now = fleet.candidates(cfg, class, mode, not e.fraction_milli and not e.memory_milli)
+    local whole = not e.fraction_milli and not e.memory_milli
+    if whole and e.whole > 1 then
+        return nil -- several GPUs are asked for more than their memory (tensor parallelism)
+    end
+    local now = fleet.candidates(cfg, class, mode, whole)
     local options = fleet.candidates(cfg, class, mode, false)
     now = now and choice.pick(pod, spec, cfg, now, class)
     options = options and choice.pick(pod, spec, cfg, options, class)
@@ -71,19 +102,22 @@ local function compare(req, pod, cfg, settings)
         return nil
     end
     local current = rightsize.placed(cfg, now, function(model) return rightsize.asked_memory(e, model) end)
-    local need = rightsize.needed_memory(usage.peak_mib, settings.headroom)
-    local better = rightsize.placed(cfg, options, need, true)
-    if not current or not better then
+    if not current then
         return nil
     end
+    local need = rightsize.needed_memory(usage.peak_mib, settings.headroom)
     local routed = rightsize.placed(cfg, options, need)
+    local better = rightsize.placed(cfg, reachable(options, routed, cfg), need, { max_charge = current.charge })
+    if not better then
+        return nil
+    end
     return { usage = usage, current = current, better = better, need = need, entry = e,
         pin = not routed or routed.pool ~= better.pool }
 end
 
 -- A pool's node selector as "key: value, ..." (sorted), or nil when gpuguard does not place the
 -- pool's pods (placement: kueue) or it has none.
-local function selector_words(pool)
+function selector_words(pool)
     local sel = fleet.places(pool) and pool.node_selector
     if not sel or next(sel) == nil then
         return nil
@@ -114,6 +148,7 @@ local function pin(pod, pool, cfg)
         for k, v in pairs(pool.node_selector) do
             k8s.set_node_selector(spec, k, v)
         end
+        choice.disown(pod, pool.node_selector) -- a choice now, which no later decision undoes
     else
         k8s.set_annotation(pod, choice.MODEL_ANNOTATION, fleet.model(cfg, pool).name)
     end

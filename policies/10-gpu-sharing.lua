@@ -31,7 +31,8 @@ Backends:
                 and a nodeSelector on the MIG product label
   time-slicing, mps
                 one replica of the pool's shared resource and a nodeSelector on
-                nvidia.com/gpu.sharing-strategy; for mps with mps_env, CUDA_MPS_* variables
+                nvidia.com/gpu.sharing-strategy; for mps with mps_env, CUDA_MPS_* variables;
+                charged at least the replica's slot (1/R) unless mps_env holds it to its share
   hami          nvidia.com/gpu: 1, nvidia.com/gpumem (MiB), nvidia.com/gpucores (percent)
   kai           the gpu-fraction or gpu-memory annotation and schedulerName kai-scheduler
 
@@ -184,15 +185,25 @@ local function shared(mode)
         end
         set_gpu(edit, c, resource, "1")
         if mode == "mps" and pool.mps_env then
+            -- The limits that hold the replica to its share: compute, and memory (asked for, or
+            -- the share of the GPU's).
             put(edit, k8s.set_env, c, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", tostring(ceil_div(share, 10)))
-            if e.memory_milli then
-                put(edit, k8s.set_env, c, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
-                    "0=" .. ceil_div(e.memory_milli, MIB_MILLI) .. "M")
-            end
+            local mib = e.memory_milli and ceil_div(e.memory_milli, MIB_MILLI) or ceil_div(model.memory_mib * share, 1000)
+            put(edit, k8s.set_env, c, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=" .. mib .. "M")
+        end
+        local replicas = pool.replicas or 1
+        local slot = ceil_div(1000, replicas)
+        if intent.isolates(pool) or share >= slot then
+            return {
+                charge = share,
+                detail = string.format("a %s replica of %s, charged %s", mode, model.name, quota.format_gpus(share)),
+                selector = { ["nvidia.com/gpu.sharing-strategy"] = mode },
+            }
         end
         return {
-            charge = share,
-            detail = string.format("a %s replica of %s, charged %s", mode, model.name, quota.format_gpus(share)),
+            charge = slot,
+            detail = string.format("a %s replica of %s, charged %s: a replica holds one of the GPU's %d %s slots whatever it asks (asked %s)",
+                mode, model.name, quota.format_gpus(slot), replicas, mode, quota.format_gpus(share)),
             selector = { ["nvidia.com/gpu.sharing-strategy"] = mode },
         }
     end
@@ -270,13 +281,13 @@ end
 -- true when the pod may go to pool.
 local function chose_otherwise(req, pod, cfg, pool, what)
     local spec = k8s.pod_spec(pod)
-    choice.forget_own(pod, spec)
+    choice.forget_own(pod, spec, cfg)
     local ch, msg = choice.of(pod, spec, cfg)
-    if ch == nil or (ch and choice.allows(ch, spec, cfg, pool)) then
+    if ch == nil or (ch and choice.allows(ch, cfg, pool)) then
         return false
     end
     if ch then
-        local others = choice.pools_that_would(ch, spec, cfg)
+        local others = choice.pools_that_would(ch, cfg)
         msg = string.format("%s runs on pool %s, and the pod asks for %s, which it does not have; %s", what, pool.name,
             ch.says, others and "pools that do: " .. others .. "; ask for a GPU in a form one of them runs"
                 or "no pool has it; remove it")
@@ -479,7 +490,7 @@ local function decide(req, pod, cfg)
         return
     end
     local spec = k8s.pod_spec(pod)
-    choice.forget_own(pod, spec)
+    choice.forget_own(pod, spec, cfg)
     local picked, why_not = choice.pick(pod, spec, cfg, candidates, class)
     if not picked then
         req:deny(why_not)

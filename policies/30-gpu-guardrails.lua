@@ -8,6 +8,10 @@ validate, at pod CREATE:
     container every GPU of its node), except the values "void" and "none" and the ConfigMap
     references of guardrails.gpu_env_config_maps (KAI's for its fraction pods); no envFrom with
     a prefix that could spell one of them (NVIDIA_...);
+  * on a HAMi or Volcano vGPU: no container sets the variables HAMi-core reads for the share's
+    limits (CUDA_DISABLE_CONTROL, CUDA_DEVICE_MEMORY_LIMIT[_<n>], CUDA_DEVICE_SM_LIMIT), nor
+    takes envFrom with a prefix that could spell one (cooperative: a command that exports them
+    defeats it; the node enforces nothing of the kind);
   * no hostPath volume that is, holds or lies under a GPU device or driver path
     (guardrails.host_paths), the path normalised first (/dev/./nvidia0 is /dev/nvidia0);
   * no spec.nodeName (it skips the scheduler and every taint) unless the requester is in
@@ -29,6 +33,8 @@ validate, at pod UPDATE (guardrails.update_allowed may do all of it, e.g. Kueue'
   * the update may not change a gpuguard.io/ label or annotation;
   * on a scheduling-gated pod it may not add a toleration of a GPU pool's taint, a nodeSelector
     entry of a pool or a required node affinity term that selects a pool;
+  * on any other pod that asks for no GPU it may not add a toleration of a GPU pool's taint
+    (the plumbing exempt, as at CREATE);
   * pods/ephemeralcontainers: each new ephemeral container gets the container rules above.
 mutate, at CREATE:
   * pods of a class with max_runtime and no activeDeadlineSeconds get it set to max_runtime;
@@ -59,6 +65,11 @@ local GPU_ENV = { NVIDIA_VISIBLE_DEVICES = true, NVIDIA_DRIVER_CAPABILITIES = tr
 local GPU_ENV_PREFIX = "NVIDIA_"
 -- Values that say "no GPU".
 local NO_GPU_VALUES = { void = true, none = true }
+-- The variables HAMi-core (the vGPU limits of HAMi and Volcano) reads in the container: set by
+-- the device plugin, and a pod's own switch its limits off (CUDA_DISABLE_CONTROL) or override
+-- them.  CUDA_DEVICE_MEMORY_LIMIT_<n> is the limit of the n-th device.
+local VGPU_ENV = { "CUDA_DISABLE_CONTROL", "CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT" }
+local VGPU_SHARING = { hami = true, volcano = true }
 
 -- GPU device and driver paths on the host when guardrails.host_paths is not set; a "*" ends the
 -- last part of a path.  /, /dev, /run, /var/run, /usr/lib... hold one of these and are denied
@@ -80,6 +91,33 @@ local EPHEMERAL = { ephemeral = true }
 local function new_ctx(req, pod, spec, cfg)
     return { req = req, pod = pod, spec = spec, cfg = cfg,
         gpu = workload.wants_gpu(pod, cfg, req.namespace) }
+end
+
+-- Is the pod on a vGPU of HAMi or Volcano, whose limits HAMi-core enforces in the container?
+-- Its pool (gpuguard.io/pool, gpu-sharing's, written over whatever the pod brought), else the
+-- dialect it is written in.
+local function vgpu(ctx)
+    if ctx.vgpu == nil then
+        local pool = fleet.pool(ctx.cfg, k8s.annotation(ctx.pod, intent.POOL))
+        local d = not pool and intent.dialects(ctx.pod) or NONE
+        ctx.vgpu = (pool and VGPU_SHARING[pool.sharing]) or d.hami or d.volcano or false
+    end
+    return ctx.vgpu
+end
+
+-- Is name one of HAMi-core's variables?
+local function is_vgpu_env(name)
+    return k8s.contains(VGPU_ENV, name) or name:match("^CUDA_DEVICE_MEMORY_LIMIT_%d+$") ~= nil
+end
+
+-- Could an envFrom prefix p complete to one of them with a ConfigMap's key?
+local function spells_vgpu_env(p)
+    for _, name in ipairs(VGPU_ENV) do
+        if name:sub(1, #p) == p or p:sub(1, #name) == name then
+            return true
+        end
+    end
+    return false
 end
 
 local function shared(ctx)
@@ -149,6 +187,10 @@ end
 local function env_rules(ctx, c, kind, index)
     for i = 1, #gg.fields(c, "env") do
         local name = gg.peek(c, "env", i, "name")
+        if type(name) == "string" and name:sub(1, 5) == "CUDA_" and is_vgpu_env(name) and vgpu(ctx) then
+            ctx.req:deny(string.format("container %s sets %s, which HAMi-core reads to limit this pod's vGPU share (and CUDA_DISABLE_CONTROL switches the limits off); remove it: the device plugin sets the share's limits",
+                c.name, name))
+        end
         local e = GPU_ENV[name] and c.env[i]
         if e and not NO_GPU_VALUES[e.value] and not configured_ref(ctx, c, kind, index, e) then
             if ctx.gpu then
@@ -168,6 +210,10 @@ local function env_rules(ctx, c, kind, index)
         if type(p) == "string" and p ~= "" and
             (p:sub(1, #GPU_ENV_PREFIX) == GPU_ENV_PREFIX or GPU_ENV_PREFIX:sub(1, #p) == p) then
             deny_unless_exempt(ctx, string.format("container %s takes envFrom with prefix %s, which can set NVIDIA_VISIBLE_DEVICES; use a prefix that does not start with NVIDIA_",
+                c.name, p))
+        end
+        if type(p) == "string" and p ~= "" and spells_vgpu_env(p) and vgpu(ctx) then
+            ctx.req:deny(string.format("container %s takes envFrom with prefix %s, which can set HAMi-core's limits of this pod's vGPU share (CUDA_DEVICE_*, CUDA_DISABLE_CONTROL); use a prefix that cannot spell them",
                 c.name, p))
         end
     end
@@ -455,20 +501,48 @@ local function metadata_update_rules(req, pod, old)
     end
 end
 
-local function gated_update_rules(req, spec, old_spec, cfg)
-    local gates = old_spec.schedulingGates
-    if type(gates) ~= "table" or #gates == 0 then
-        return
-    end
-    local had = {}
+-- What ties the pod to GPU nodes after the update and did not before (fleet.gpu_ties entries).
+local function added_ties(spec, old_spec, cfg)
+    local had, out = {}, {}
     for _, t in ipairs(fleet.gpu_ties(old_spec, cfg)) do
         had[tie_text(t)] = true
     end
     for _, t in ipairs(fleet.gpu_ties(spec, cfg)) do
-        local text = tie_text(t)
-        if not had[text] then
-            req:deny(string.format("the pod is scheduling-gated and the update adds %s; remove it: only the queueing controller (guardrails.update_allowed) places gated pods",
-                text))
+        if not had[tie_text(t)] then
+            out[#out + 1] = t
+        end
+    end
+    return out
+end
+
+local function gated(spec)
+    local gates = spec.schedulingGates
+    return type(gates) == "table" and #gates > 0
+end
+
+local function gated_update_rules(req, spec, old_spec, cfg)
+    if not gated(old_spec) then
+        return
+    end
+    for _, t in ipairs(added_ties(spec, old_spec, cfg)) do
+        req:deny(string.format("the pod is scheduling-gated and the update adds %s; remove it: only the queueing controller (guardrails.update_allowed) places gated pods",
+            tie_text(t)))
+    end
+end
+
+-- A pod without a GPU that an update gives a toleration of a GPU pool's taint (tolerations are
+-- the one placement field Kubernetes lets an update add to a pod that is not gated): denied as
+-- at CREATE, since a pending pod could then be scheduled onto a GPU node.  The GPU plumbing is
+-- exempt, as there.
+local function toleration_update_rules(req, pod, spec, old_spec, cfg)
+    if gated(old_spec) -- gated_update_rules'
+        or workload.wants_gpu(pod, cfg, req.namespace) or workload.exempt(pod, req.namespace, cfg) then
+        return
+    end
+    for _, t in ipairs(added_ties(spec, old_spec, cfg)) do
+        if t.what == "toleration" then
+            req:deny(string.format("the update adds %s to a pod that asks for no GPU; remove it: a pod without a GPU stays off GPU nodes%s",
+                tie_text(t), workload.EXEMPT_HINT))
         end
     end
 end
@@ -502,6 +576,7 @@ local function update_rules(req, pod, spec, cfg)
     end
     metadata_update_rules(req, pod, old or NONE)
     gated_update_rules(req, spec, old_spec, cfg)
+    toleration_update_rules(req, pod, spec, old_spec, cfg)
 end
 
 local function validate(req, pod, cfg)

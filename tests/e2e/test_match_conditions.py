@@ -48,6 +48,9 @@ POD_UPDATES = [
     ("a gated pod's gate lifted with a pool nodeSelector", {"gates": True},
      lambda p: spec(ungate(p), nodeSelector=POOL), True),
     ("a gated pod gets node affinity", {"gates": True}, lambda p: spec(p, affinity=AFFINITY), True),
+    ("a pod that is not gated gets a toleration", {},
+     lambda p: spec(p, tolerations=p["spec"]["tolerations"] + [
+         {"key": "example.com/maintenance", "operator": "Exists", "effect": "NoSchedule"}]), True),
     ("other labels and annotations edited", {"labels": {"team": "a"}, "annotations": DECISION},
      lambda p: meta(p, labels={"team": "b", "owner": "alice"}, annotations={**DECISION, "note": "x"}),
      False),
@@ -122,3 +125,21 @@ def test_a_claim_update_reaches_gpuguard_only_when_it_marks_the_claim(kube, gpug
         assert (settled_requests(gpuguard) > before) is sent, what
         if not sent:
             assert r.returncode == 0, r.stderr
+
+
+def test_a_gpu_toleration_added_to_a_running_pod_without_a_gpu_is_refused(kube, gpuguard, namespace):
+    kube.create(new_pod({}), namespace)
+    running = wait_for("the pod running", lambda: (lambda p: p if p["status"].get("phase") == "Running" else None)(
+        kube.get("pod", "p", namespace)))
+    assert running["spec"]["nodeName"] == "cpu-0"
+    toleration = {"key": "nvidia.com/gpu", "operator": "Equal", "value": "h100-train", "effect": "NoSchedule"}
+    patch = json.dumps({"spec": {"tolerations": running["spec"]["tolerations"] + [toleration]}})
+    r = kube.run("patch", "pod", "p", "-n", namespace, "--type=merge", "-p", patch, check=False)
+    assert r.returncode == 1
+    assert r.stderr.strip() == (
+        'Error from server (Forbidden): admission webhook "validate.gpuguard.io" denied the request: '
+        "gpu-guardrails: the update adds a toleration of the GPU taint nvidia.com/gpu (pool h100-train) "
+        "to a pod that asks for no GPU; remove it: a pod without a GPU stays off GPU nodes; GPU plumbing "
+        "(drivers, device plugins, exporters) belongs in a namespace of placement.exempt_namespaces or "
+        "runs as one of placement.exempt_service_accounts")
+    assert toleration not in kube.get("pod", "p", namespace)["spec"]["tolerations"]

@@ -733,7 +733,7 @@ def shipped(binary, *args, config=REPO / "deploy" / "gpuguard.yaml"):
     ("notebook.yaml", 0, "notebook-pod.yaml",
      ("time-slicing", "l4-shared", "interactive", "Kubeflow Notebook")),
     ("deployment-2gpu.yaml", 0, "deployment-pod.yaml",
-     ("exclusive", "h100-train", "batch", "default class")),
+     ("exclusive", "l4-infer", "batch", "default class")),
 ])
 def test_check_and_the_cluster_pod_get_the_same_class(binary, manifest, index, pod, want):
     built, out = shipped(binary, WORKLOADS / "manifests" / manifest)

@@ -29,17 +29,18 @@ from conftest import start_server, wait_for
 # they all run on one worker, which starts it once.
 pytestmark = pytest.mark.xdist_group("prometheus")
 
-# Class inference runs on a100-mig (A100-80GB MIG slices, cost 2 per GPU), l4-infer (whole L4s
-# of 24 GiB) and l4-shared (time-sliced L4s), in that order; a pod asking for one whole GPU gets a
-# whole L4 on l4-infer.  The cheapest allocation that holds peak x headroom, by charge x cost: a
-# 1g.10gb slice (0.143 x 2) for 9Gi, a 1g.20gb slice for 13Gi or 19Gi, but 0.167 of a shared L4
-# (0.167 x 1) for 4Gi, where a 4Gi request alone would go to a100-mig, the first pool of the
-# class that holds it: the recommendation names the pool.
+# Class inference runs on a100-mig (A100-80GB MIG slices, cost 2 per GPU), l4-shared (L4s
+# time-sliced 4 ways) and l4-infer (whole L4s of 24 GiB), in that order; a pod asking for one
+# whole GPU gets a whole L4 on l4-infer.  The cheapest allocation that holds peak x headroom, by
+# charge x cost: a 1g.10gb slice (0.143 x 2) for 9Gi, a 1g.20gb slice for 13Gi or 19Gi, but a
+# shared L4's slot (0.25 x 1: a replica holds one of the GPU's 4 slots) for 4Gi, where a 4Gi
+# request alone would go to a100-mig, the first pool of the class that holds it: the
+# recommendation names the pool.
 CHAT = ("rightsizing: used at most 7.1 GiB of 24 over 26 hours; mig-1g.10gb would hold it: "
         "set gpuguard.io/gpu-memory: 9Gi")
 EMBED = ("rightsizing: used at most 14.6 GiB of 40 over 20 hours; mig-1g.20gb would hold it: "
          "set gpuguard.io/gpu-memory: 19Gi")
-VEC = ("rightsizing: used at most 2.9 GiB of 24 over 5 hours; 0.167 of a L4 on pool l4-shared "
+VEC = ("rightsizing: used at most 2.9 GiB of 24 over 5 hours; 0.25 of a L4 on pool l4-shared "
        "would hold it: set gpuguard.io/gpu-memory: 4Gi and nodeSelector gpuguard.io/pool: "
        "l4-shared")
 # After vec's pod peaks at 10000 MiB: 13Gi, on a MIG slice of the class's first pool again.
@@ -204,7 +205,7 @@ def test_the_inventory_folds_pods_by_their_owner(binary, certs, tmp_path, prom):
     """serve-0-1, a LeaderWorkerSet's pod, folds into "serve-0" by its name; with the inventory
     synced from the API server, its controller owner says "serve"."""
     lws_pod = pod("LeaderWorkerSet", "serve", name="serve-1-0")
-    want = told("rightsizing: used at most 2.9 GiB of 24 over 3 hours; 0.167 of a L4 on pool "
+    want = told("rightsizing: used at most 2.9 GiB of 24 over 3 hours; 0.25 of a L4 on pool "
                 "l4-shared would hold it: set gpuguard.io/gpu-memory: 4Gi and nodeSelector "
                 "gpuguard.io/pool: l4-shared")
     (tmp_path / "alone").mkdir()

@@ -42,7 +42,7 @@ local function allows(cfg, spec, name, annotations)
     local pod = { metadata = { annotations = annotations }, spec = spec }
     local ch = choice.of(pod, spec, cfg)
     assert(ch, "the pod makes a choice")
-    return (choice.allows(ch, spec, cfg, pool(cfg, name)))
+    return (choice.allows(ch, cfg, pool(cfg, name)))
 end
 
 local function affinity(...)
@@ -116,7 +116,9 @@ end
 T["runnable: a taint not tolerated, a selector the pool's nodes lack"] = function()
     local cfg = fleet_cfg()
     local h100 = pool(cfg, "h100")
-    local pod = { spec = { nodeSelector = { ["gpuguard.io/pool"] = "h100" } } }
+    -- gpuguard placed it in h100 (and says so): that entry is no choice of the pod's
+    local pod = { metadata = { annotations = { ["gpuguard.io/node-selector"] = "gpuguard.io/pool=h100" } },
+        spec = { nodeSelector = { ["gpuguard.io/pool"] = "h100" } } }
     local ok, msg = choice.runnable(pod, pod.spec, cfg, h100)
     eq(ok, false, "no toleration")
     eq(msg, "no node of pool h100 can run the pod: it does not tolerate the taint nvidia.com/gpu=h100:NoSchedule",
@@ -154,17 +156,20 @@ T["candidates: a class's own pools in order, whole GPUs to its exclusive ones fi
 end
 
 T["placed: the first pool that holds it, or the cheapest by charge x cost"] = function()
+    local ANY = { max_charge = 1000000 }
     local cfg = fleet_cfg()
     local list = fleet.candidates(cfg, "inference", nil, false)
     local first = rightsize.placed(cfg, list, 9 * GIB)
     eq(first.pool.name .. " " .. first.name, "a100-mig mig-1g.10gb", "routed")
-    local cheapest = rightsize.placed(cfg, list, 9 * GIB, true)
+    local cheapest = rightsize.placed(cfg, list, 9 * GIB, ANY)
     eq(cheapest.pool.name, "a100-mig", "0.143 x 2 beats an L4 share of 0.375")
     eq(cheapest.cost, 286, "its cost")
     cfg.pools[2].cost = 3 -- 0.429: the L4 share is cheaper now
-    cheapest = rightsize.placed(cfg, list, 9 * GIB, true)
+    cheapest = rightsize.placed(cfg, list, 9 * GIB, ANY)
     eq(cheapest.pool.name .. " " .. cheapest.name, "l4-ts 0.375 of a L4", "the share")
-    eq(rightsize.placed(cfg, list, 200 * GIB, true).name, "9 whole L4", "only whole L4s hold 200 GiB")
+    eq(rightsize.placed(cfg, list, 200 * GIB, ANY).name, "9 whole L4", "only whole L4s hold 200 GiB")
+    cfg.pools[2].cost = 1
+    eq(rightsize.placed(cfg, list, 9 * GIB, { max_charge = 100 }), nil, "never more than max_charge")
 end
 
 return T

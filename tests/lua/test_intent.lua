@@ -35,6 +35,8 @@ T["class_unit: a MIG request is charged the profile its selector pins"] = functi
         "device.attributes['gpu.nvidia.com'].productName == 'A || B' && " .. PROFILE .. " == '1g.5gb'",
         "(device.capacity['gpu.nvidia.com'].memory.compareTo(quantity('4Gi')) >= 0) && "
             .. PROFILE .. " == '1g.5gb'",
+        -- '//' inside a literal is no comment
+        "device.attributes['gpu.nvidia.com'].productName != 'a//b' && " .. PROFILE .. " == '1g.5gb'",
     }) do
         eq(unit(expr), small, expr)
     end
@@ -61,6 +63,12 @@ T["class_unit: a profile the expression does not pin charges a whole GPU"] = fun
         "'unterminated && " .. PROFILE .. " == '1g.5gb'",
         "f(a && " .. PROFILE .. " == '1g.5gb' && b)",
         "a) && (" .. PROFILE .. " == '1g.5gb'",
+        -- CEL ignores a comment: the pin after '//' is no part of the expression, and a quote in
+        -- a comment hides nothing
+        'device.driver == "gpu.nvidia.com" // && ' .. PROFILE .. ' == "1g.5gb"',
+        "device.driver == 'gpu.nvidia.com' // && " .. PROFILE .. " == '1g.5gb'",
+        PROFILE .. " == '1g.5gb' // it's pinned\n|| true && x == 'it's'",
+        PROFILE .. " == '1g.5gb' //\n|| true",
     }) do
         eq(unit(expr), 1000, expr)
     end

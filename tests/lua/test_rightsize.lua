@@ -54,10 +54,15 @@ end
 function T.shares_and_whole_gpus()
     local l4 = assert(gpu.model("L4"))
     local h100 = assert(gpu.model("H100-80GB"))
-    local got = rightsize.allocation(l4, "time-slicing", { name = "l4" }, 6 * GIB)
+    local ts = { name = "l4", sharing = "time-slicing", replicas = 8 }
+    local got = rightsize.allocation(l4, "time-slicing", ts, 6 * GIB)
     eq(got.name, "0.25 of a L4", "6 GiB of a 24 GB L4")
     eq(got.charge, 250, "charged a quarter")
-    local none = rightsize.allocation(l4, "mps", { name = "l4" }, 25 * GIB)
+    -- a replica holds one of the GPU's slots, as 10-gpu-sharing charges it: 1 GiB is 1/8 here
+    eq(rightsize.allocation(l4, "time-slicing", ts, 1 * GIB).charge, 125, "1 GiB: the slot")
+    eq(rightsize.allocation(l4, "mps", { name = "m", sharing = "mps", replicas = 8, mps_env = true }, 1 * GIB).charge,
+        42, "1 GiB under MPS limits: the share")
+    local none = rightsize.allocation(l4, "mps", { name = "l4", sharing = "mps" }, 25 * GIB)
     eq(none, nil, "25 GiB share of a 24 GB L4")
     eq(rightsize.allocation(h100, "exclusive", {}, 9 * GIB).name, "1 whole H100-80GB", "9 GiB")
     eq(rightsize.allocation(h100, "exclusive", {}, 81 * GIB).charge, 2000, "81 GiB: two GPUs")

@@ -1465,6 +1465,45 @@ end }
     assert "attempt to modify a read-only table" in v["message"]
 
 
+def test_readonly_views_of_what_a_library_keeps_across_requests(engine):
+    # What a library keeps for every request of the VM (fleet.per_config) is handed out through
+    # gpuguard.readonly: a write raises the configuration's error, every request reads what was
+    # built, and a view placed in the object is encoded like any table.
+    engine.module("keep", """
+local gg = require "gpuguard"
+local M = {}
+local kept
+function M.get()
+  kept = kept or gg.readonly({ n = 1, sel = gg.object({ pool = "a100" }), list = gg.array({ 1, 2 }) })
+  return kept
+end
+return M
+""")
+    engine.policy("10-keep.lua", """
+local gg = require "gpuguard"
+local keep = require "keep"
+local seen = 0
+return { name = "keep", mutate = function(req, pod)
+  seen = seen + 1
+  local k = keep.get()
+  local ok, err = pcall(function() k.sel.pool = "mine" .. seen end)
+  req:warn(tostring(ok) .. " " .. (err:match("^(.-) %(shared configuration or library%)") or err))
+  ok = pcall(table.insert, k.list, 3)
+  req:warn(string.format("%s %d %s %d %s %s %s", tostring(ok), k.n, k.sel.pool, #k.list,
+    tostring(gg.is_object(k.sel)), tostring(rawequal(gg.readonly(k), k)), tostring(gg.readonly(7))))
+  pod.spec.nodeSelector = k.sel
+  local labels = gg.readonly(pod.metadata.labels)
+  req:warn(tostring(labels.app) .. " " .. tostring(pcall(function() labels.app = "y" end)))
+end }
+""")
+    v = engine.run(review(pod(labels={"app": "x"})), phases="mutate", repeat=3)
+    assert v["warnings"] == [
+        "keep: false policies/10-keep.lua:8: attempt to modify a read-only table",
+        "keep: false 1 a100 2 true true 7",
+        "keep: x false"]
+    assert v["patch"] == [{"op": "add", "path": "/spec/nodeSelector", "value": {"pool": "a100"}}]
+
+
 WALK_CONFIG = """
 pools:
   - name: a100

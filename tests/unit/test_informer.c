@@ -31,7 +31,8 @@ static const char *const pods[] = {
      "[{\"resources\":{\"limits\":{\"cpu\":1},\"requests\":{\"nvidia.com/gpu\":2}}},{}],"
      "\"initContainers\":[{\"resources\":{\"limits\":{\"nvidia.com/mig-3g.40gb\":3}}}]}}"),
     /* escaped keys, nulls where objects go, a generateName; a shared replica on no known pool,
-     * whose charge the annotation sets. */
+     * whose charge the annotation sets, no lower than the fleet's smallest slot (250: the
+     * 4 replicas of l4-shared). */
     ("{\"metadata\":{\"uid\":\"u-3\",\"namespace\":\"ns\",\"name\":\"web-x\",\"generateName\":"
      "\"web-\",\"labels\":null,\"annotations\":{\"gpuguard.io\\/charge\":\"125\"}},\"spec\":{"
      "\"nodeSelector\":null,\"containers\":[{\"name\":\"w\",\"restartPolicy\":null,\"resources\":{"
@@ -418,12 +419,12 @@ static void test_stage_swaps_in_and_settles_reservations(void **state)
     assert_int_equal(inv_usage(inv, "ns", NULL), 1125);
     inv_stage_commit(inv, stage);
     /* web-x (generateName web-) settled its reservation; "other" still counts. */
-    assert_int_equal(inv_usage(inv, "ns", NULL), 1000 + 2000 + 125 + 1000 + 1000);
+    assert_int_equal(inv_usage(inv, "ns", NULL), 1000 + 2000 + 250 + 1000 + 1000);
     assert_int_equal(inv_usage(inv, "ns", "training"), 1000);
     struct inv_ns_usage *list;
     assert_int_equal(inv_usage_by_namespace(inv, &list), 1);
     assert_string_equal(list[0].ns, "ns");
-    assert_int_equal(list[0].milli, 1000 + 2000 + 125 + 1000);
+    assert_int_equal(list[0].milli, 1000 + 2000 + 250 + 1000);
     free(list);
     charging_stop(&model);
     inv_free(inv);

@@ -738,6 +738,7 @@ int cli_check(int argc, char **argv)
     if (r.o.usage_path) { /* a saved snapshot never goes stale */
         struct rs_data usage = {0};
         if (rs_file_load(r.o.usage_path, &usage, &err) != GG_OK) {
+            rs_data_clear(&usage); /* what was folded before the error */
             fprintf(stderr, "gpuguard check: --usage: %s\n", err.msg);
             goto out;
         }

@@ -884,6 +884,7 @@ static enum gg_status suite_usage(const struct suite *s, struct gg_err *err)
         return GG_OK;
     struct rs_data usage = {0};
     if (rs_file_load(s->usage, &usage, err) != GG_OK) {
+        rs_data_clear(&usage); /* what was folded before the error */
         struct gg_err inner = *err;
         return bad(s, "/usage", err, "%s", inner.msg);
     }

@@ -68,6 +68,23 @@ static int l_frozen(lua_State *L)
     return 1;
 }
 
+/*
+ * gpuguard.readonly(t): a read-only view of t, the kind the configuration
+ * and library modules are (reads as t, any write raises, nested tables
+ * behind views of their own).  Made once per table and kept: the same view
+ * for every call, whose reads are plain table lookups.  What a library
+ * keeps for all requests of the VM (per configuration caches) is handed
+ * out this way.  The view shows t as it is now (a table of the object is
+ * filled first): t must not change afterwards.  A value that is not a
+ * table, or a read-only view already, is returned as is.
+ */
+static int l_readonly(lua_State *L)
+{
+    luaL_checkany(L, 1);
+    lb_push_readonly(L, 1);
+    return 1;
+}
+
 static enum shape arg_shape(lua_State *L)
 {
     lua_settop(L, 1);
@@ -227,6 +244,7 @@ void lb_module_open(lua_State *L)
                                      {"is_array", l_is_array},
                                      {"is_object", l_is_object},
                                      {"frozen", l_frozen},
+                                     {"readonly", l_readonly},
                                      {"peek", lb_peek},
                                      {"fields", lb_fields},
                                      {"quantity", l_quantity},

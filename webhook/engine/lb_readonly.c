@@ -1,6 +1,7 @@
 /*
  * lb_readonly.c - read-only views of tables: the shared ones (the
- * configuration, library modules, req) and validate's frozen object.
+ * configuration, library modules, req, what libraries keep across requests
+ * through gpuguard.readonly) and validate's frozen object.
  *
  * A plain Lua table cannot be read-only (__newindex fires only for absent
  * keys), so a view is an empty proxy whose metatable refuses writes.  For a
@@ -190,7 +191,8 @@ void lb_ro_point(lua_State *L, int proxy, int shadow)
  * then plain table lookups inside the VM, with no C call, which matters
  * because policies read the configuration and the library on every request.
  * The copy is made once; the table must not change afterwards (modules are
- * complete when require returns, the configuration never changes).
+ * complete when require returns, the configuration never changes, and what
+ * a library hands to gpuguard.readonly it has finished building).
  */
 static void push_readonly_at(lua_State *L, int idx, int depth)
 {
@@ -211,6 +213,8 @@ static void push_readonly_at(lua_State *L, int idx, int depth)
     }
     lua_pop(L, 2);
     luaL_checkstack(L, 10, "read-only table too deep");
+    /* A table of the object (gpuguard.readonly of one) is shown as it reads: filled. */
+    lb_materialize_if_lazy(L, idx);
     lua_newtable(L); /* the proxy */
     int proxy = lua_gettop(L);
     lua_newtable(L); /* the shadow, keeping the array/object mark */
