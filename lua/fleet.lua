@@ -573,12 +573,43 @@ function M.required_terms(spec)
     return type(terms) == "table" and terms or NONE
 end
 
+-- Is key one of the labels NVIDIA's GPU Feature Discovery and GPU Operator put on GPU nodes
+-- (nvidia.com/gpu.present, .product, .deploy.*, nvidia.com/mig.capable, nvidia.com/mig-<p>.count)?
+local function gfd_key(key)
+    local head = type(key) == "string" and key:sub(1, 15)
+    return head == "nvidia.com/gpu." or head == "nvidia.com/mig." or head == "nvidia.com/mig-"
+end
+
+-- Requirements that select nodes by a label's presence or value, not its absence.
+local SELECTS = { In = true, Exists = true, Gt = true, Lt = true }
+
+-- Append to out the nodeSelector entries (ns) and required node affinity terms of spec that pick
+-- nodes by a GPU node label (pool nil): a GPU pool's nodes, whatever the configuration names.
+local function gfd_ties(spec, ns, out)
+    for k, v in pairs(ns) do
+        if gfd_key(k) then
+            out[#out + 1] = { what = "nodeSelector", key = k, value = tostring(v) }
+        end
+    end
+    for _, term in ipairs(M.required_terms(spec)) do
+        for _, e in ipairs(type(term) == "table" and type(term.matchExpressions) == "table" and term.matchExpressions or NONE) do
+            if type(e) == "table" and gfd_key(e.key) and SELECTS[e.operator] then
+                local v = type(e.values) == "table" and e.values[1]
+                out[#out + 1] = { what = "nodeAffinity", key = e.key, value = v and tostring(v) or e.operator }
+                break
+            end
+        end
+    end
+end
+
 --[[
 What ties a PodSpec to GPU nodes: a list of { what = "toleration" | "nodeSelector" |
 "nodeAffinity", key, value, pool }, in that order: a toleration of a pool's taint (key and value
 of the taint), a nodeSelector entry of a pool's node_selector, a term of the required node
 affinity with an In (holding the pool's value) or Exists requirement on a pool's node_selector
-key.  Empty when nothing does.
+key; then, with pool nil, a nodeSelector entry or required affinity term on a GPU node label of
+GFD or the GPU Operator (nvidia.com/gpu.*, nvidia.com/mig.*, nvidia.com/mig-*: In, Exists, Gt,
+Lt).  Empty when nothing does.
 ]]
 function M.gpu_ties(spec, cfg)
     local out = {}
@@ -611,6 +642,7 @@ function M.gpu_ties(spec, cfg)
             end
         end
     end
+    gfd_ties(spec, ns, out)
     return out
 end
 

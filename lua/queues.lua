@@ -11,6 +11,7 @@ goes.  Pure: the configuration's `queues:` section and the object in, a decision
         queue: team-a-queue
         classes: {training: team-a-train}
         allowed: [team-a-queue, team-a-train]  # queues the namespace may name (absent: any)
+        allowed_priority_classes: [low]        # Kueue priority classes it may name (absent: any)
     priority_classes: {inference: high}      # Kueue only: kueue.x-k8s.io/priority-class
     controller_accounts: [...]               # users whose workload UPDATEs pass unreviewed
 
@@ -47,9 +48,15 @@ M.KUEUE_READS = {
     ["/Pod"] = true,
 }
 
+--- "<group>/<kind>" of the controllers whose objects belong to a workload Kueue manages: the
+--- kinds it reads the label from, and the ReplicaSets of Deployments and the Jobs of CronJobs.
+--- An object owned by anything else (a ConfigMap of the tenant's own) is its own workload.
+M.KUEUE_OWNERS = setmetatable({ ["apps/ReplicaSet"] = true, ["batch/CronJob"] = true },
+    { __index = M.KUEUE_READS })
+
 local KEYS = { system = true, default = true, classes = true, namespaces = true,
                priority_classes = true, controller_accounts = true }
-local NS_KEYS = { queue = true, classes = true, allowed = true }
+local NS_KEYS = { queue = true, classes = true, allowed = true, allowed_priority_classes = true }
 
 local function is_name(v)
     -- A queue name is a label value and a Kubernetes object name.
@@ -136,18 +143,25 @@ function M.check(cfg)
         if n.allowed ~= nil then
             check_list(path .. ".allowed", n.allowed, check_name)
         end
+        if n.allowed_priority_classes ~= nil then
+            if q.system ~= "kueue" then
+                error(path .. ".allowed_priority_classes: Kueue's WorkloadPriorityClass; only with system: kueue", 0)
+            end
+            check_list(path .. ".allowed_priority_classes", n.allowed_priority_classes, check_name)
+        end
     end
 end
 
 --- Is the object one the configured system reads the queue label from?  group_kind is
---- "<group>/<kind>"; owned tells whether a controller owns the object.
-function M.labels_here(system, group_kind, owned)
+--- "<group>/<kind>"; owner is the "<group>/<kind>" of its controller owner, or nil.
+function M.labels_here(system, group_kind, owner)
     if system == "kai" then
         return true
     end
     -- Kueue reads the top-level object: a Job of a JobSet or CronJob, a RayCluster of a RayJob
-    -- and the pods of any of them belong to their owner's workload.
-    return not owned and M.KUEUE_READS[group_kind] == true
+    -- and the pods of any of them belong to their owner's workload; an owner of another kind
+    -- (an ownerReference is whatever its writer put) makes no workload of Kueue's.
+    return not (owner and M.KUEUE_OWNERS[owner]) and M.KUEUE_READS[group_kind] == true
 end
 
 local function allowed_list(q, namespace)
@@ -161,6 +175,17 @@ function M.choose(q, namespace, class)
     local n = q.namespaces and q.namespaces[namespace]
     return (n and n.classes and n.classes[class]) or (n and n.queue)
         or (q.classes and q.classes[class]) or q.default
+end
+
+--- nil when namespace may name the Kueue priority class, else the denial (naming those it may).
+function M.priority_refusal(q, namespace, class)
+    local n = q.namespaces and q.namespaces[namespace]
+    local allowed = n and n.allowed_priority_classes
+    if not allowed or k8s.contains(allowed, class) then
+        return nil
+    end
+    return ("priority class %q may not be used in namespace %s; use one of: %s"):format(class, namespace,
+        table.concat(allowed, ", "))
 end
 
 --- nil when namespace may name queue, else the denial (naming the queues it may use).

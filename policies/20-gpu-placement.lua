@@ -10,8 +10,9 @@ mutate:   a GPU pod placed in a pool by 10-gpu-sharing (annotation gpuguard.io/p
 validate: a GPU pod that no node of its pool can run (a nodeSelector, required node affinity or
           gpuguard.io/gpu-model of its own that the pool's nodes do not match: choice.lua) is
           denied.  A pod that asks for no GPU but tolerates a GPU pool's taint or selects GPU nodes
-          (nodeSelector, or a required node affinity term) would hold a GPU node's CPU and
-          memory; it is denied (or warned, placement.non_gpu_pods: warn).  Pods in
+          (nodeSelector, or a required node affinity term, on a pool's label or on a GPU node
+          label of GFD or the GPU Operator: nvidia.com/gpu.*, nvidia.com/mig*) would hold a GPU
+          node's CPU and memory; it is denied (or warned, placement.non_gpu_pods: warn).  Pods in
           placement.exempt_namespaces or running as one of placement.exempt_service_accounts
           are left alone.
 
@@ -107,17 +108,18 @@ local function gpu_ties(spec, cfg)
     if not tie then
         return nil
     end
+    -- which GPU nodes: a pool's, or any node with a GPU label of GFD or the GPU Operator
+    local whose = tie.pool and "pool " .. tie.pool or "a GPU node label"
     if tie.what == "toleration" then
         return string.format("it tolerates the GPU taint %s of pool %s", tie.key, tie.pool),
             "remove that toleration",
             string.format("tolerates GPU taint %s (pool %s)", tie.key, tie.pool)
     elseif tie.what == "nodeSelector" then
-        return string.format("it selects GPU nodes (%s=%s, pool %s)", tie.key, tie.value, tie.pool),
+        return string.format("it selects GPU nodes (%s=%s, %s)", tie.key, tie.value, whose),
             "remove that nodeSelector",
             string.format("selects GPU nodes (%s=%s)", tie.key, tie.value)
     end
-    return string.format("its required node affinity selects GPU nodes (%s=%s, pool %s)", tie.key, tie.value,
-            tie.pool),
+    return string.format("its required node affinity selects GPU nodes (%s=%s, %s)", tie.key, tie.value, whose),
         "remove that affinity term",
         string.format("affinity selects GPU nodes (%s=%s)", tie.key, tie.value)
 end

@@ -483,12 +483,13 @@ end
 
 -- A tie of fleet.gpu_ties as a word for messages and comparisons.
 local function tie_text(t)
+    local whose = t.pool and "pool " .. t.pool or "a GPU node label"
     if t.what == "toleration" then
         return string.format("a toleration of the GPU taint %s (pool %s)", t.key, t.pool)
     elseif t.what == "nodeSelector" then
-        return string.format("the nodeSelector %s=%s (pool %s)", t.key, t.value, t.pool)
+        return string.format("the nodeSelector %s=%s (%s)", t.key, t.value, whose)
     end
-    return string.format("a required node affinity term on %s=%s (pool %s)", t.key, t.value, t.pool)
+    return string.format("a required node affinity term on %s=%s (%s)", t.key, t.value, whose)
 end
 
 local function metadata_update_rules(req, pod, old)

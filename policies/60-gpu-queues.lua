@@ -9,7 +9,9 @@ mutate:   on CREATE, a GPU workload that names no queue gets the queue label of 
           on the objects that system reads it from; with Kueue, the priority-class label of
           queues.priority_classes for its class too.  A queue already named is kept.
 validate: a workload naming a queue its namespace may not use (queues.namespaces.<ns>.allowed)
-          is denied with the queues it may use.
+          is denied with the queues it may use; with Kueue, so is one naming a priority class
+          its namespace may not use (queues.namespaces.<ns>.allowed_priority_classes).  An object
+          is left to its owner's workload only when that owner is of a kind Kueue manages.
 
 Config keys: queues (docs/queues.md).
 ]]
@@ -51,8 +53,9 @@ local function queue_label(req, obj, q)
     if not q then
         return nil -- no queues configured: the object's owner is not read
     end
-    local owned = k8s.owner_kind(obj) ~= nil
-    if queues.labels_here(q.system, req.group .. "/" .. req.kind, owned) then
+    local kind, ref = k8s.owner_kind(obj)
+    local owner = kind and (type(ref.apiVersion) == "string" and ref.apiVersion:match("^(.*)/") or "") .. "/" .. kind
+    if queues.labels_here(q.system, req.group .. "/" .. req.kind, owner) then
         return queues.LABEL[q.system]
     end
     return nil
@@ -87,6 +90,11 @@ local function validate(req, obj, cfg)
     local why = named and queues.refusal(q, req.namespace, named)
     if why then
         req:deny(string.format("%s; set the label %s to one of them or remove it", why, key))
+    end
+    local priority = key and q.system == "kueue" and k8s.label(obj, queues.PRIORITY_LABEL)
+    why = priority and queues.priority_refusal(q, req.namespace, priority)
+    if why then
+        req:deny(string.format("%s; set the label %s to one of them or remove it", why, queues.PRIORITY_LABEL))
     end
 end
 

@@ -17,6 +17,11 @@ DENIED = {
         "metadata": {"name": "env", "labels": {"team": "e2e"}},
         "spec": {"containers": [{"name": "main", "image": "registry.example/cuda:12",
                                  "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]}]}},
+    "gpu-node-label-without-gpu": {
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "scraper", "labels": {"team": "e2e"}},
+        "spec": {"nodeSelector": {"nvidia.com/gpu.present": "true"},
+                 "containers": [{"name": "main", "image": "registry.example/app:1"}]}},
     "no-team-label": {
         "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "nolabel"},
         "spec": {"containers": [{"name": "main", "image": "registry.example/cuda:12",

@@ -34,16 +34,19 @@ queues:
       queue: team-a-queue
       classes: {{training: team-a-train}}
       allowed: [team-a-queue, team-a-train, gpu-default]
+{namespaces}
   {extra}
 """
+# Kueue only: priority classes a namespace may name.
+TEAM_C = "    team-c:\n      allowed_priority_classes: [low]"
 
 
-def config_text(system, extra=""):
+def config_text(system, extra="", namespaces=""):
     base = (REPO / "deploy" / "gpuguard.yaml").read_text()
     # The training pool is placed by Kueue's ResourceFlavors.
     base = base.replace("  - name: h100-train\n", "  - name: h100-train\n    placement: kueue\n")
     assert "placement: kueue" in base
-    return base + QUEUES.format(system=system, extra=extra)
+    return base + QUEUES.format(system=system, extra=extra, namespaces=namespaces)
 
 
 def serve(binary, certs, tmp, text):
@@ -58,7 +61,8 @@ def serve(binary, certs, tmp, text):
 @pytest.fixture(scope="module")
 def kueue(binary, certs, tmp_path_factory):
     srv = serve(binary, certs, tmp_path_factory.mktemp("kueue"), config_text(
-        "kueue", "priority_classes: {inference: high}\n  controller_accounts: [%s]" % KUEUE_SA))
+        "kueue", "priority_classes: {inference: high}\n  controller_accounts: [%s]" % KUEUE_SA,
+        TEAM_C))
     yield srv
     assert srv.stop() == 0
 
@@ -162,6 +166,34 @@ def test_a_queue_the_namespace_may_not_use_is_denied(kueue, path):
         "remove it")
 
 
+@pytest.mark.parametrize("path", ["/mutate", "/validate"])
+def test_a_priority_class_the_namespace_may_not_use_is_denied(kueue, path):
+    obj = in_ns(job(), "team-c")
+    obj["metadata"]["labels"] = {KUEUE: "gpu-default", PRIORITY: "high"}
+    resp, _, _ = call(kueue, obj, namespace="team-c", path=path)
+    assert resp["allowed"] is False
+    assert resp["status"]["message"] == (
+        'gpu-queues: priority class "high" may not be used in namespace team-c; use one of: low; '
+        f"set the label {PRIORITY} to one of them or remove it")
+    obj["metadata"]["labels"][PRIORITY] = "low"
+    resp, _, _ = call(kueue, obj, namespace="team-c", path=path)
+    assert resp["allowed"] is True
+
+
+def test_a_pod_owned_by_what_kueue_does_not_manage_is_checked_as_its_own(kueue):
+    """An ownerReference is whatever its writer put: a ConfigMap of the tenant's own makes the
+    pod no part of a Kueue workload, so its queue is its own and checked."""
+    p = in_ns(pod(lbls={KUEUE: "team-b-queue"}), "team-a")
+    p["metadata"]["ownerReferences"] = [{"apiVersion": "v1", "kind": "ConfigMap", "name": "mine",
+                                         "uid": "u-2", "controller": True}]
+    resp, _, _ = call(kueue, p, path="/validate")
+    assert resp["allowed"] is False
+    assert resp["status"]["message"].startswith('gpu-queues: queue "team-b-queue" may not be used')
+    resp, _, _ = call(kueue, in_ns(pod(owner="Job", lbls={KUEUE: "team-b-queue"}), "team-a"),
+                      path="/validate")
+    assert resp["allowed"] is True  # a Job's pod: the Job's queue is the one checked
+
+
 def test_plain_pod_gets_the_queue_and_owned_pod_is_left_alone(kueue):
     _, _, after = call(kueue, pod(), namespace="team-b")
     assert labels(after)[KUEUE] == "gpu-default"
@@ -259,6 +291,8 @@ def test_kai_class_queue(kai):
     ("system: kueue\n  colour: blue", "queues.colour: unknown key"),
     ("system: kueue\n  namespaces: {a: {allowed: [ok, BAD]}}",
      "queues.namespaces.a.allowed[1]: must be a queue name"),
+    ("system: kai\n  namespaces: {a: {allowed_priority_classes: [low]}}",
+     "queues.namespaces.a.allowed_priority_classes: Kueue's WorkloadPriorityClass; only with system: kueue"),
 ])
 def test_bad_queue_configuration_is_refused(binary, tmp_path, extra, message):
     config = tmp_path / "c.yaml"
