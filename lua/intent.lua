@@ -19,6 +19,8 @@ charge in integer milli-GPU (1000 = one GPU).
   volcano        volcano.sh/vgpu-number, vgpu-memory, vgpu-cores as hami
   gpuguard       gpuguard.io/gpu-fraction, gpuguard.io/gpu-memory rewritten by 10-gpu-sharing
                                                                  into one of the above
+  other vendors  other_gpus.resources (amd.com/gpu, ...)         N, every container (or denied:
+                                                                 other_gpus.mode deny)
 
 Containers combine as the scheduler combines them (quota.pod_charge); DRA devices and KAI
 fractions belong to the pod and are added to it.
@@ -103,7 +105,38 @@ end
 ---   dra:
 ---     classes: {example.com-gpu: 1}   # GPU-equivalents per device of other GPU classes
 ---     allocation_all: deny            # deny (default), or the GPUs to charge such a request
+-- GPUs of other vendors by default (other_gpus.resources): gpuguard neither places nor splits
+-- them, and charges each device a whole GPU (other_gpus.mode: charge) or denies them (deny).
+local DEFAULT_OTHER_GPUS = { "amd.com/gpu", "gpu.intel.com/i915", "gpu.intel.com/xe" }
+
+local function check_other_gpus(o)
+    if type(o) ~= "table" or gg.is_array(o) then
+        error("other_gpus: must be a mapping (resources, mode)", 0)
+    end
+    for k in pairs(o) do
+        if k ~= "resources" and k ~= "mode" then
+            error(string.format("other_gpus.%s: unknown key (mode, resources)", tostring(k)), 0)
+        end
+    end
+    if o.mode ~= nil and o.mode ~= "charge" and o.mode ~= "deny" then
+        error("other_gpus.mode: must be charge (a whole GPU per device) or deny", 0)
+    end
+    if o.resources ~= nil then
+        if type(o.resources) ~= "table" or not gg.is_array(o.resources) then
+            error("other_gpus.resources: must be a list of resource names such as amd.com/gpu", 0)
+        end
+        for i, r in ipairs(o.resources) do
+            if type(r) ~= "string" or not r:match("^[%w.-]+/[%w._-]+$") or r:sub(1, 11) == "nvidia.com/" then
+                error(string.format("other_gpus.resources[%d]: must be another vendor's extended resource name such as amd.com/gpu", i), 0)
+            end
+        end
+    end
+end
+
 function M.check(cfg)
+    if cfg.other_gpus ~= nil then
+        check_other_gpus(cfg.other_gpus)
+    end
     local d = cfg.dra
     if d == nil then
         return
@@ -772,6 +805,32 @@ local function with_extended_classes(breakdown, classes)
     return out
 end
 
+-- The devices of other vendors' GPUs the pod's containers ask for, as breakdown items, and
+-- their charge (a whole GPU each, every container counted: more than the scheduler reserves for
+-- init containers, never less); or nil and a message for a request that is not a whole number
+-- or, under other_gpus.mode: deny, any request.
+local function other_gpus(spec, cfg)
+    local o = cfg.other_gpus or NONE
+    local items, total = {}, 0
+    for c in k8s.containers(spec) do
+        for _, r in ipairs(o.resources or DEFAULT_OTHER_GPUS) do
+            local ok, milli = pcall(k8s.request_milli, c, r)
+            if not ok or (milli and milli % 1000 ~= 0) then
+                return nil, string.format("container %s: %s must be a whole number of devices", tostring(c.name), r)
+            elseif milli and milli > 0 then
+                if o.mode == "deny" then
+                    return nil, string.format("container %s asks for %s, a GPU of another vendor that gpuguard does not run here (other_gpus.mode: deny); ask for nvidia.com/gpu or gpuguard.io/gpu-fraction",
+                        tostring(c.name), r)
+                end
+                items[#items + 1] = { resource = r, count = milli // 1000, each = 1000, charge = milli,
+                                      rule = "another vendor's GPU" }
+                total = total + milli
+            end
+        end
+    end
+    return total, items
+end
+
 --[[
 The charge of a pod in milli-GPU and a breakdown (as quota.pod_charge's, plus "pod" entries for
 DRA claims and KAI annotations); nil and a message saying what to change for a value that is
@@ -839,7 +898,13 @@ function M.charge(pod, cfg, opts)
     if dra > 0 or #dra_items > 0 then
         breakdown[#breakdown + 1] = { kind = "pod", charge = dra, items = dra_items }
     end
-    return total + dra, breakdown, with_extended_classes(breakdown, classes)
+    local other, other_items = other_gpus(spec, cfg)
+    if not other then
+        return nil, other_items
+    elseif other > 0 then
+        breakdown[#breakdown + 1] = { kind = "pod", charge = other, items = other_items }
+    end
+    return total + dra + other, breakdown, with_extended_classes(breakdown, classes)
 end
 
 -- The requests of a claim's spec whose device classes its pod was not charged for as extended
@@ -904,6 +969,11 @@ end
 --- a DRA claim that cannot be read).
 function M.wants_gpu(pod, cfg, namespace)
     local d = M.dialects(pod)
+    local spec = k8s.pod_spec(pod)
+    local other = spec and other_gpus(spec, cfg)
+    if other ~= 0 then
+        return true -- another vendor's GPU, or a request for one that is denied
+    end
     if not d.dra then
         return next(d) ~= nil
     end
