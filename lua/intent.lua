@@ -480,6 +480,24 @@ function M.claim_charged_elsewhere(claim)
 end
 
 -- The DRA part of a pod: its charge, items for the breakdown, GPU classes; or nil and a message.
+--[[
+The ResourceClaim made for the pod's claim named name from its template, as the pod's
+status.resourceClaimStatuses names it and lookup finds it, and its name; nil while there is none
+(at admission; before the resourceclaim controller made it; not found).
+]]
+local function generated_claim(pod, name, ns, lookup)
+    local status = type(pod.status) == "table" and pod.status.resourceClaimStatuses
+    for _, st in ipairs(list(status)) do
+        if type(st) == "table" and st.name == name and type(st.resourceClaimName) == "string" then
+            local claim = lookup("ResourceClaim", ns, st.resourceClaimName)
+            if type(claim) == "table" and type(claim.spec) == "table" then
+                return claim, st.resourceClaimName
+            end
+        end
+    end
+    return nil
+end
+
 local function pod_dra(pod, spec, cfg, pool, lookup, namespace)
     local refs = list(spec.resourceClaims)
     if #refs == 0 then
@@ -495,7 +513,26 @@ local function pod_dra(pod, spec, cfg, pool, lookup, namespace)
         end
         local tname = type(ref) == "table" and ref.resourceClaimTemplateName
         local cname = type(ref) == "table" and ref.resourceClaimName
+        local generated, gname
         if type(tname) == "string" then
+            generated, gname = generated_claim(pod, ref.name, ns, lookup)
+        end
+        if generated then
+            -- What the pod holds: the claim made for it from the template, which a template
+            -- deleted or made again under its name since changes nothing of.
+            local c, got = M.claim_charge(cfg, generated.spec, "ResourceClaim " .. gname, pool)
+            if not c then
+                return nil, got
+            end
+            if #got > 0 then
+                total = total + c
+                items[#items + 1] = { resource = "ResourceClaim " .. gname, count = 1, each = c,
+                                      charge = c, rule = "DRA claim made for the pod" }
+                for _, class in ipairs(got) do
+                    classes[#classes + 1] = class
+                end
+            end
+        elseif type(tname) == "string" then
             local t, why = lookup("ResourceClaimTemplate", ns, tname)
             if not t and why then
                 return nil, string.format("resourceClaims %s: ResourceClaimTemplate %s/%s could not be read (%s); "

@@ -85,3 +85,28 @@ def test_a_dra_pods_claim_is_made_allocated_and_charged_once(kube, namespace):
     # Quota 4 (the default): the pod and its claim are 2 GPUs, not 4.
     message = denial(kube, namespace, gpu_pod("three", 3))
     assert f"namespace {namespace} would use 5 of 4 GPUs (in use 2, this pod 3)" in message
+
+
+def test_a_dra_pod_stays_charged_when_its_template_is_swapped(kube, gpuguard, namespace):
+    """A pod is charged from the claim made for it (its status names it), never from its template
+    looked up again by name: deleting the template and making it again under that name with a
+    device that is no GPU, then any event of the pod, changes nothing of its charge."""
+    kube.create(claim_template("swap", devices=2), namespace)
+    kube.create(claim_pod("dra", "swap"), namespace)
+    wait_for("the DRA pod running", lambda: pod_running(kube, namespace, "dra"))
+    kube.run("delete", "resourceclaimtemplate", "swap", "-n", namespace)
+    kube.create({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                 "metadata": {"name": "swap"},
+                 "spec": {"spec": {"devices": {"requests": [
+                     {"name": "gpus", "exactly": {"deviceClassName": "rdma.example.com"}}]}}}},
+                namespace)
+    kube.run("label", "pod", "dra", "-n", namespace, "touched=yes")
+    # The watch delivers events in order: once a pod created after the label edit has come and
+    # gone in the inventory, the edit was charged again.
+    pods = gpuguard.metric("gpuguard_inventory_pods")
+    kube.create(gpu_pod("marker", 1), namespace)  # a pod holding a GPU: the inventory counts it
+    wait_for("the marker pod in the inventory", lambda: gpuguard.metric("gpuguard_inventory_pods") > pods)
+    kube.run("delete", "pod", "marker", "-n", namespace, "--grace-period=0", "--force")
+    wait_for("the marker pod gone from the inventory", lambda: gpuguard.metric("gpuguard_inventory_pods") == pods)
+    message = denial(kube, namespace, gpu_pod("three", 3))  # quota 4, the default
+    assert f"namespace {namespace} would use 5 of 4 GPUs (in use 2, this pod 3)" in message

@@ -40,13 +40,16 @@ static const char *const pods[] = {
     ("{\"metadata\":{\"uid\":\"u-4\",\"namespace\":\"ns\"},\"spec\":{\"containers\":[{"
      "\"resources\":"
      "{\"limits\":{\"nvidia.com/gpu.shared\":\"1\"}}}]},\"status\":{\"phase\":\"Succeeded\"}}"),
-    /* what the charge reads besides resources: claims, the selector, a sidecar, KAI keys. */
+    /* what the charge reads besides resources: claims and the ones made for the pod, the
+     * selector, a sidecar, KAI keys. */
     ("{\"metadata\":{\"uid\":\"u-5\",\"namespace\":\"ns\",\"name\":\"k\",\"annotations\":{"
      "\"gpu-fraction\":\"0.5\",\"gpu-memory\":\"100\",\"gpu-fraction-num-devices\":\"2\","
      "\"x\":\"y\"}},\"spec\":{\"nodeSelector\":{\"gpuguard.io/pool\":\"l4-shared\"},"
      "\"resourceClaims\":[{\"name\":\"gpu\",\"resourceClaimTemplateName\":\"one\"}],"
      "\"initContainers\":[{\"name\":\"s\",\"restartPolicy\":\"Always\",\"image\":\"i\"}],"
-     "\"containers\":[{\"name\":\"c\",\"resources\":{\"claims\":[{\"name\":\"gpu\"}]}}]}}"),
+     "\"containers\":[{\"name\":\"c\",\"resources\":{\"claims\":[{\"name\":\"gpu\"}]}}]},"
+     "\"status\":{\"phase\":\"Running\",\"hostIP\":\"10.0.0.1\",\"resourceClaimStatuses\":[{"
+     "\"name\":\"gpu\",\"resourceClaimName\":\"k-gpu-x7k2p\"}]}}"),
     "{}",
 };
 
@@ -71,7 +74,9 @@ static const char *const trimmed[] = {
      "\"gpu-fraction\":\"0.5\",\"gpu-memory\":\"100\",\"gpu-fraction-num-devices\":\"2\"}},"
      "\"spec\":{\"nodeSelector\":{\"gpuguard.io/pool\":\"l4-shared\"},\"resourceClaims\":[{"
      "\"name\":\"gpu\",\"resourceClaimTemplateName\":\"one\"}],\"initContainers\":[{\"name\":"
-     "\"s\",\"restartPolicy\":\"Always\"}],\"containers\":[{\"name\":\"c\",\"resources\":{}}]}}"),
+     "\"s\",\"restartPolicy\":\"Always\"}],\"containers\":[{\"name\":\"c\",\"resources\":{}}]},"
+     "\"status\":{\"phase\":\"Running\",\"resourceClaimStatuses\":[{\"name\":\"gpu\","
+     "\"resourceClaimName\":\"k-gpu-x7k2p\"}]}}"),
     "{}",
 };
 

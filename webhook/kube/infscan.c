@@ -325,7 +325,8 @@ static const char *const kept_labels[] = {GG_KEY_WORKLOAD_CLASS, NULL};
 static const char *const kept_annotations[] = {GG_KEY_CHARGE, "gpu-fraction", "gpu-memory",
                                                "gpu-fraction-num-devices", NULL};
 
-/* A value kept whole, parsed from its text (spec.resourceClaims, spec.nodeSelector). */
+/* A value kept whole, parsed from its text (spec.resourceClaims, spec.nodeSelector,
+ * status.resourceClaimStatuses). */
 static bool take_raw(struct inf_scan *s, json_t *obj, const char *key)
 {
     const char *start = s->p;
@@ -454,10 +455,16 @@ static bool spec_member(struct inf_scan *s, json_t *spec, const char *key, void 
     return inf_scan_skip(s);
 }
 
+/* status.phase, and status.resourceClaimStatuses: the claims made for the pod, which it is
+ * charged from (not from a template looked up again by name). */
 static bool status_member(struct inf_scan *s, json_t *status, const char *key, void *ctx)
 {
     (void)ctx;
-    return strcmp(key, "phase") ? inf_scan_skip(s) : take_string(s, status, key);
+    if (!strcmp(key, "phase"))
+        return take_string(s, status, key);
+    if (!strcmp(key, "resourceClaimStatuses"))
+        return take_raw(s, status, key);
+    return inf_scan_skip(s);
 }
 
 /* ctx: as for metadata_member. */
