@@ -4,6 +4,7 @@ Lua contract, JSON round trips, patches, modes, failures and the sandbox."""
 import copy
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -73,9 +74,9 @@ class Engine:
         if self.config:
             cmd += ["--config", str(self.config)]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-        assert out.returncode == expect_rc, out.stderr
+        assert expect_rc is None or out.returncode == expect_rc, out.stderr
         self.stderr = out.stderr
-        return json.loads(out.stdout) if expect_rc == 0 else out.stderr
+        return json.loads(out.stdout) if out.returncode == 0 else out.stderr
 
 
 @pytest.fixture
@@ -1045,15 +1046,163 @@ end }
     assert v["warnings"][1] == "look: labels nil"
 
 
-def test_failed_mutation_drops_all_edits(engine):
-    engine.policy("10-add-label.lua", ADD_LABEL)
-    engine.policy("20-boom.lua", """
-return { name = "boom", failure = "allow", mutate = function(req, pod)
-  pod.metadata.name = "half-done"; error("kaboom", 0) end }
+# Three mutate policies around one that may fail open: A scrubs a forged annotation and labels
+# the pod, B (failure as given) edits and then fails as given, C labels the pod and reports what
+# validate sees.
+SCRUB_A = """
+local gg = require "gpuguard"
+return { name = "a", mutate = function(req, pod)
+  pod.metadata.annotations["gpuguard.io/charge"] = nil
+  pod.metadata.labels = gg.object({ a = "yes" })
+end }
+"""
+
+HALF_B = """
+return { name = "b", failure = "%s", mutate = function(req, pod)
+  pod.metadata.labels.b = "yes"
+  pod.metadata.annotations["gpuguard.io/charge"] = "4"
+  pod.spec.containers[1].image = "evil"
+  %s
+end }
+"""
+
+LABEL_C = """
+local gg = require "gpuguard"
+return { name = "c", failure = "%s",
+  mutate = function(req, pod) pod.metadata.labels.c = "yes" end,
+  validate = function(req, pod)
+    local labels = {}
+    for k in pairs(pod.metadata.labels or {}) do labels[#labels + 1] = k end
+    table.sort(labels)
+    req:warn(("labels %%s, charge %%s, image %%s"):format(table.concat(labels, ","),
+      tostring(pod.metadata.annotations["gpuguard.io/charge"]), pod.spec.containers[1].image))
+  end }
+"""
+
+FORGED = pod(annotations={"gpuguard.io/charge": "4", "keep": "x"})
+A_AND_C = [{"op": "remove", "path": "/metadata/annotations/gpuguard.io~1charge"},
+           {"op": "add", "path": "/metadata/labels", "value": {"a": "yes", "c": "yes"}}]
+
+
+def three_policies(engine, b_failure, b_end, c_failure="deny"):
+    engine.policy("10-a.lua", SCRUB_A)
+    engine.policy("20-b.lua", HALF_B % (b_failure, b_end))
+    engine.policy("30-c.lua", LABEL_C % c_failure)
+
+
+def test_an_allowed_failure_drops_only_its_own_edits(engine):
+    """B's edits go; A's scrub before it and C's label after it stay, and validate sees the
+    object the patch makes (issue 35, finding 12: a forged charge passed the quota)."""
+    three_policies(engine, "allow", 'error("b broke", 0)')
+    for phases in ("mutate", "both"):
+        v = engine.run(review(FORGED), phases=phases)
+        assert v["allowed"] is True
+        assert v["patch"] == A_AND_C
+        assert v["mutated"] == apply(FORGED, A_AND_C)
+        assert v["warnings"][0] == "b: policy error: b broke (ignored: failure allow)"
+    assert v["warnings"][1:] == ["c: labels a,c, charge nil, image busybox"]
+
+
+def test_an_allowed_failure_in_the_first_policy_and_the_last(engine):
+    engine.policy("05-b.lua", """
+return { name = "b0", failure = "allow", mutate = function(req, pod)
+  pod.metadata.annotations.keep = "changed"; pod.spec.containers[1].image = "evil"; error("first", 0)
+end }
 """)
-    v = engine.run(review(pod()), phases="mutate")
-    assert v["allowed"] is True and v["patch"] == []
-    assert v["warnings"] == ["boom: policy error: kaboom (ignored: failure allow)"]
+    three_policies(engine, "allow", 'error("b broke", 0)')
+    engine.policy("40-b.lua", HALF_B.replace('"b"', '"b2"') % ("allow", "error('last', 0)"))
+    v = engine.run(review(FORGED), phases="both")
+    assert v["allowed"] is True and v["patch"] == A_AND_C
+    assert v["warnings"] == ["b0: policy error: first (ignored: failure allow)",
+                             "b: policy error: b broke (ignored: failure allow)",
+                             "b2: policy error: last (ignored: failure allow)",
+                             "c: labels a,c, charge nil, image busybox"]
+
+
+def test_a_failure_in_warn_mode_drops_only_its_own_edits(engine):
+    three_policies(engine, "deny", 'error("b broke", 0)')
+    engine.configure("enforcement:\n  policies:\n    b:\n      mode: warn\n")
+    v = engine.run(review(FORGED), phases="both")
+    assert v["allowed"] is True and v["patch"] == A_AND_C
+    assert v["warnings"] == ["b: policy error: b broke",
+                             "c: labels a,c, charge nil, image busybox"]
+
+
+def test_a_denied_failure_stays_a_denial_without_edits(engine):
+    three_policies(engine, "deny", 'error("b broke", 0)')
+    v = engine.run(review(FORGED), phases="both")
+    assert v["allowed"] is False and v["patch"] == []
+    assert v["message"] == "b: policy error: b broke"
+    # Validate starts again from the object as it came.
+    assert v["warnings"] == ["c: labels , charge 4, image busybox"]
+
+
+def test_an_allowed_failure_that_stops_the_vm_keeps_the_edits_before_it(engine):
+    """No Lua runs after the stop: the patch is what the policies before it left, and the
+    policies after it fail at once with their own verdicts."""
+    engine.configure("engine:\n  instructions: 200000\n")
+    three_policies(engine, "allow", "while true do end", c_failure="allow")
+    v = engine.run(review(FORGED), phases="both")
+    assert v["allowed"] is True
+    scrubbed = [{"op": "remove", "path": "/metadata/annotations/gpuguard.io~1charge"},
+                {"op": "add", "path": "/metadata/labels", "value": {"a": "yes"}}]
+    assert v["patch"] == scrubbed and v["mutated"] == apply(FORGED, scrubbed)
+    stopped = "c: policy error: the Lua VM was stopped earlier in this request (ignored: failure allow)"
+    assert v["warnings"] == [
+        "b: policy stopped: instruction budget exhausted (ignored: failure allow)", stopped]
+    three_policies(engine, "allow", "while true do end", c_failure="deny")
+    v = engine.run(review(FORGED), phases="mutate")
+    assert v["allowed"] is False and v["patch"] == []
+
+
+def test_an_allowed_failure_after_edits_that_are_not_json_denies(engine):
+    engine.policy("10-a.lua", """
+return { name = "a", mutate = function(req, pod) pod.spec.tolerations = {} end }
+""")
+    engine.policy("20-b.lua", HALF_B % ("allow", 'error("b broke", 0)'))
+    v = engine.run(review(FORGED), phases="both")
+    assert v["allowed"] is False and v["patch"] == []
+    assert v["message"] == ("the edited object cannot be JSON: an empty table is ambiguous: use "
+                            "gpuguard.array() or gpuguard.object() at /spec/tolerations")
+
+
+def test_two_allowed_failures_on_a_reused_vm(engine):
+    three_policies(engine, "allow", 'error("b broke", 0)')
+    engine.policy("40-again.lua", """
+return { name = "again", failure = "allow", mutate = function(req, pod)
+  pod.metadata.labels.again = "yes"; pod.metadata.labels.a = nil; error("again", 0)
+end }
+""")
+    v = engine.run(review(FORGED), phases="both", repeat=3)
+    assert v["patch"] == A_AND_C
+    assert v["warnings"][-1] == "c: labels a,c, charge nil, image busybox"
+
+
+def test_an_allowed_failure_of_a_shipped_set_keeps_the_scrub_of_a_forged_charge(engine):
+    """The shipped policies with one more that fails open after gpu-sharing: gpu-sharing's
+    charge, pool and selector stay, and validate (gpu-quota) reads them."""
+    for f in (REPO / "policies").glob("*.lua"):
+        engine.policy(f.name, f.read_text())
+    engine.policy("15-flaky.lua", """
+return { name = "flaky", failure = "allow",
+  mutate = function(req, pod) pod.metadata.annotations["gpuguard.io/charge"] = "1"; error("flaky", 0) end,
+  validate = function(req, pod) req:warn("charge " .. pod.metadata.annotations["gpuguard.io/charge"]) end }
+""")
+    engine.lua = REPO / "lua"
+    engine.config = REPO / "deploy" / "gpuguard.yaml"
+    sneaky = pod(name="sneaky", labels={"team": "vision"},
+                 annotations={"gpuguard.io/charge": "1", "gpuguard.io/pool": "h100-train"},
+                 containers=[{"name": "main", "image": "vllm/vllm-openai:v0.6.3",
+                              "resources": {"limits": {"nvidia.com/mig-3g.40gb": "1"},
+                                            "requests": {"nvidia.com/mig-3g.40gb": "1"}}}])
+    v = engine.run(review(sneaky, namespace="team-a"), phases="both")
+    assert "flaky: policy error: flaky (ignored: failure allow)" in v["warnings"]
+    assert "flaky: charge 429" in v["warnings"]
+    annotations = v["mutated"]["metadata"]["annotations"]
+    assert annotations["gpuguard.io/charge"] == "429"
+    assert annotations["gpuguard.io/pool"] == "a100-mig"
+    assert v["mutated"]["spec"]["nodeSelector"] == {"gpuguard.io/pool": "a100-mig"}
+    assert v["mutated"] == apply(sneaky, v["patch"])
 
 
 # ---- garbage ---------------------------------------------------------------
@@ -1671,7 +1820,158 @@ end }
     assert w.count("w: dup") == 1
     assert all(len(x) <= 120 and not any(ord(c) < 32 for c in x) for x in w)
     assert sum(len(x.encode()) for x in w) < 4096
-    assert w[-1].startswith("gpuguard: ") and w[-1].endswith("more warnings left out (see the logs)")
+    assert re.fullmatch(r"gpuguard: \d+ more warnings left out", w[-1])
+
+
+# ---- reports past their limits (issue 35, finding 13) ---------------------
+
+def test_a_hundred_thousand_warnings_keep_a_hundred_and_say_how_many_more(engine):
+    engine.policy("10-many.lua", """
+return { name = "many", validate = function(req)
+  for i = 1, 100000 do req:warn(("warning %06d"):format(i)) end
+end }
+""")
+    v = engine.run(review(pod()), phases="validate")
+    assert v["allowed"] is True
+    assert v["warnings"] == (["many: warning %06d" % i for i in range(1, 101)] +
+                             ["gpuguard: 99900 more warnings left out"])
+    assert v["fired"] == ["many"]
+
+
+def test_a_long_warning_is_cut_to_what_the_api_server_shows(engine):
+    engine.policy("10-long.lua", """
+return { name = "long", validate = function(req)
+  req:warn(string.rep("\\u{e9}", 1024 * 1024))
+end }
+""")
+    v = engine.run(review(pod()), phases="validate")
+    assert v["warnings"] == ["long: " + "\u00e9" * 113 + "\u2026"]
+
+
+def test_a_twenty_megabyte_denial_is_cut_with_a_note(engine):
+    engine.configure("engine:\n  memory: 64Mi\n")
+    engine.policy("10-big.lua", """
+return { name = "big", validate = function(req)
+  req:deny(string.rep("x", 20 * 1024 * 1024))
+end }
+""")
+    v = engine.run(review(pod()), phases="validate")
+    assert v["allowed"] is False
+    assert v["message"] == "big: " + "x" * 4096 + "\u2026 (20967424 more bytes)"
+
+
+def test_an_error_of_twenty_megabytes_is_cut_in_the_log_too(engine):
+    engine.configure("engine:\n  memory: 64Mi\n")
+    engine.policy("10-big.lua", """
+return { name = "big", validate = function(req) error(string.rep("x", 20 * 1024 * 1024), 0) end }
+""")
+    v = engine.run(review(pod()), phases="validate")
+    assert v["message"] == "big: policy error: " + "x" * 255
+    failed = [json.loads(line) for line in engine.stderr.splitlines()
+              if '"policy failed"' in line]
+    assert failed[0]["traceback"].startswith("x" * 4096 + "\u2026 (20967424 more bytes)\n"
+                                             "stack traceback:\n")
+    assert len(failed[0]["traceback"]) < 8192
+
+
+def test_a_denial_is_cut_where_a_character_ends(engine):
+    engine.policy("10-big.lua", """
+return { name = "big", validate = function(req) req:deny("xx" .. string.rep("\\u{20ac}", 2000)) end }
+""")
+    v = engine.run(review(pod()), phases="validate")
+    assert v["message"] == "big: xx" + "\u20ac" * 1364 + "\u2026 (1908 more bytes)"
+
+
+def test_a_hundred_thousand_denials_keep_64_kib_and_say_how_many_more(engine):
+    engine.policy("10-many.lua", """
+return { name = "many", validate = function(req)
+  for i = 1, 100000 do req:deny(("no %06d"):format(i)) end
+end }
+""")
+    engine.policy("20-more.lua", """
+return { name = "more", validate = function(req) req:deny("and me") end }
+""")
+    v = engine.run(review(pod()), phases="validate")
+    assert v["allowed"] is False
+    lines = v["message"].split("\n")
+    assert lines[:-1] == ["many: no %06d" % i for i in range(1, 4097)]
+    assert lines[-1] == "gpuguard: 95905 more denials left out"
+    assert len(v["message"].encode()) < 64 * 1024 + 64
+
+
+def test_denials_left_out_in_warn_mode_are_warnings_left_out(engine):
+    engine.policy("10-many.lua", """
+return { name = "many", mode = "warn", validate = function(req)
+  for i = 1, 100000 do req:deny(("no %06d"):format(i)) end
+end }
+""")
+    v = engine.run(review(pod()), phases="validate")
+    assert v["allowed"] is True
+    assert v["warnings"] == (["many: no %06d" % i for i in range(1, 101)] +
+                             ["gpuguard: 99900 more warnings left out"])
+
+
+def test_a_hundred_thousand_audit_annotations_keep_32_and_say_how_many_more(engine):
+    engine.policy("10-many.lua", """
+return { name = "many", validate = function(req)
+  for i = 1, 100000 do req:audit(("k%06d"):format(i), "v") end
+  req:audit("k000001", string.rep("y", 1024 * 1024))
+  req:audit(string.rep("z", 1024 * 1024), "long key")
+end }
+""")
+    v = engine.run(review(pod()), phases="validate")
+    audit = v["audit"]
+    kept = {"many.k%06d" % i: "v" for i in range(1, 33)}
+    kept["many.k000001"] = "y" * 4096 + "\u2026 (1044480 more bytes)"
+    assert {k: audit[k] for k in audit if k.startswith("many.")} == kept
+    assert audit["audit-left-out"] == "99969"
+    assert audit["verdict"] == "allowed" and audit["policies"] == "many (enforce)"
+
+
+def test_reports_past_the_limits_of_mutate_and_validate_add_up(engine):
+    engine.policy("10-both.lua", """
+return { name = "both",
+  mutate = function(req) for i = 1, 80 do req:warn(("m%03d"):format(i)) end end,
+  validate = function(req) for i = 1, 80 do req:warn(("v%03d"):format(i)) end end }
+""")
+    w = engine.run(review(pod()), phases="both")["warnings"]
+    assert w == (["both: m%03d" % i for i in range(1, 81)] +
+                 ["both: v%03d" % i for i in range(1, 21)] +
+                 ["gpuguard: 60 more warnings left out"])
+
+
+def test_what_a_call_reports_counts_against_the_memory_budget(engine):
+    """32 audit values of 4 KiB hold some 130 KiB while the call runs: a VM with 64 KiB to
+    spare for the same call without them is stopped by them."""
+    engine.policy("10-r.lua", """
+return { name = "r", validate = function(req)
+  local v = string.rep("y", 4096)
+  for i = 1, 32 do
+    local k = ("k%02d"):format(i)
+    if req.namespace == "report" then req:audit(k, v) end
+  end
+  req:warn("done")
+end }
+""")
+
+    def run(memory, namespace):
+        engine.configure(f"engine:\n  memory: {memory}\n")
+        return engine.run(review(pod(), namespace=namespace), phases="validate", expect_rc=None)
+
+    def fits(memory):
+        v = run(memory, "quiet")
+        return isinstance(v, dict) and v["warnings"] == ["r: done"]
+
+    low, high = 1024, 4 << 20  # the least memory the call needs without reports, to 1 KiB
+    assert fits(high)
+    while high - low > 1024:
+        mid = (low + high) // 2
+        low, high = (low, mid) if fits(mid) else (mid, high)
+    assert fits(high + 65536)
+    v = run(high + 65536, "report")
+    assert v["allowed"] is False
+    assert v["message"] == "r: policy stopped: memory limit exceeded"
+    assert run(high + 262144, "report")["warnings"] == ["r: done"]
 
 
 def test_audit_keys_are_valid_qualified_names(engine):

@@ -1,6 +1,7 @@
 /*
  * lb_budget.c - a VM's budgets: instructions and wall clock through a count
- * hook, memory through Lua's allocator.
+ * hook, memory through Lua's allocator (and lb_budget_hold for what a call's
+ * report keeps outside Lua).
  *
  * Budgets follow Redis: a count hook checks the budget every LB_HOOK_STEP
  * instructions; once a budget is broken the hook fires on every instruction
@@ -116,6 +117,29 @@ void lb_budget_close(struct lb_vm *vm)
     if (vm->watchdog)
         watchdog_disarm(vm->watchdog);
     lua_sethook(vm->L, NULL, 0, 0);
+}
+
+/*
+ * Count bytes the VM holds outside Lua's heap (a call's report) against its
+ * memory, as the allocator counts Lua's own; false, with the kill armed
+ * inside a call, when they do not fit.
+ */
+bool lb_budget_hold(struct lb_vm *vm, size_t bytes)
+{
+    if (bytes > vm->limits.memory || vm->mem > vm->limits.memory - bytes) {
+        if (vm->running)
+            arm_kill(vm, LB_OUT_OF_MEMORY);
+        return false;
+    }
+    vm->mem += bytes;
+    if (vm->mem > vm->mem_peak)
+        vm->mem_peak = vm->mem;
+    return true;
+}
+
+void lb_budget_release(struct lb_vm *vm, size_t bytes)
+{
+    vm->mem -= bytes;
 }
 
 static void *new_block(struct lb_vm *vm, size_t size)

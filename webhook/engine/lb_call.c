@@ -4,17 +4,30 @@
  * check), and running a Lua test file.
  */
 #include "engine/lb_internal.h"
+#include "engine/sanitize.h"
 #include "util/clock.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+/* The error and where it was raised; an error of megabytes is cut, as a denial is. */
 static int traceback_handler(lua_State *L)
 {
-    const char *msg = lua_tostring(L, 1);
-    if (!msg)
+    size_t len;
+    const char *msg = lua_tolstring(L, 1, &len);
+    if (!msg) {
         msg = lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
+    } else if (len > LB_REPORT_TEXT_MAX) {
+        size_t keep = sanitize_prefix(msg, len, LB_REPORT_TEXT_MAX, SIZE_MAX);
+        char mark[64];
+        snprintf(mark, sizeof(mark), SANITIZE_CUT_MARK, len - keep);
+        lua_pushlstring(L, msg, keep);
+        lua_pushstring(L, mark);
+        lua_concat(L, 2);
+        msg = lua_tostring(L, -1);
+    }
     luaL_traceback(L, L, msg, 1);
     return 1;
 }

@@ -319,6 +319,11 @@ static int patch_protected(lua_State *L)
     lua_settop(L, 0);
     lua_rawgeti(L, LUA_REGISTRYINDEX, lb_vm_of(L)->obj_ref);
     enum shape shape = lb_shape_of(L, -1);
+    const struct jf_node *source = shape == SHAPE_LAZY_OBJECT ? lb_stub_source(L, -1) : NULL;
+    if (source && source != c->original) {
+        lb_materialize(L, -1, shape); /* a stub of another object (lb_request_rewind) */
+        shape = SHAPE_OBJECT;
+    }
     if (shape == SHAPE_OBJECT)
         c->st = diff_object(L, -1, c->original, c->w);
     else if (shape != SHAPE_LAZY_OBJECT) /* a stub: no policy looked at it */

@@ -14,7 +14,7 @@
  *   lb_json.c      JSON -> Lua and Lua -> JSON
  *   lb_lazy.c      the request's object as stubs filled on first use
  *   lb_call.c      loading and calling policy and test files under the budgets
- *   lb_request.c   a request: the req table, policy calls, reports
+ *   lb_request.c   a request: the req table, policy calls, reports, the object rebuilt
  *   lb_diff.c      the JSON patch from the original object to the edited one
  */
 #ifndef GG_LB_INTERNAL_H
@@ -76,6 +76,8 @@ struct lb_vm {
     int frozen_cache_hint;         /* and in the last one: the next cache's size */
     const struct adm_request *req; /* the current request; NULL between requests */
     struct lb_report report;       /* the current call's report */
+    size_t report_held;            /* its bytes, counted in mem while the call runs */
+    size_t report_denied;          /* the bytes of its denials */
     bool report_lost;              /* a req:deny failed: the call fails, even if it went on */
 };
 
@@ -110,6 +112,8 @@ void lb_budget_open(struct lb_vm *vm, int64_t deadline_us);
 void lb_budget_close(struct lb_vm *vm);
 bool lb_budget_spend(struct lb_vm *vm, int64_t instructions);
 const char *lb_kill_message(enum lb_outcome kill);
+bool lb_budget_hold(struct lb_vm *vm, size_t bytes);
+void lb_budget_release(struct lb_vm *vm, size_t bytes);
 
 /* lb_sandbox.c */
 void lb_sandbox_open(lua_State *L);

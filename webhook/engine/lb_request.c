@@ -1,11 +1,16 @@
 /*
  * lb_request.c - one request in a VM: the req table policies get, calls of
- * their mutate and validate, what they report, and the clean-up after.
+ * their mutate and validate, what they report (within the LB_REPORT_
+ * limits), the object rebuilt when a call's edits are dropped, and the
+ * clean-up after.
  */
 #include "engine/lb_internal.h"
+#include "engine/sanitize.h"
 #include "util/jsonfast.h"
 
 #include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static const char key_req_proxy;     /* req: one read-only proxy per VM */
@@ -119,44 +124,115 @@ static struct lb_report *current_report(lua_State *L)
     return r;
 }
 
-/* Messages must be valid UTF-8: they end up in JSON. */
-static json_t *checked_string(lua_State *L, int idx, const char *what)
+/* The VM's memory a kept string of len bytes is counted as (jansson's value around it too). */
+static size_t held_bytes(size_t len)
 {
-    size_t len;
-    const char *s = luaL_checklstring(L, idx, &len);
-    if (!jf_utf8_valid(s, len))
+    return len + 64;
+}
+
+/* Messages must be valid UTF-8: they end up in JSON. */
+static const char *checked_text(lua_State *L, int idx, const char *what, size_t *len)
+{
+    const char *s = luaL_checklstring(L, idx, len);
+    if (!jf_utf8_valid(s, *len))
         luaL_error(L, "%s is not valid UTF-8", what);
-    json_t *v = json_stringn_nocheck(s, len);
-    if (!v)
-        luaL_error(L, "out of memory");
+    return s;
+}
+
+/*
+ * s[0..len) cut to max bytes (SANITIZE_CUT_MARK), as a string the report
+ * holds against the VM's memory; NULL when it does not fit or is out of
+ * memory.
+ */
+static json_t *kept_string(struct lb_vm *vm, const char *s, size_t len, size_t max)
+{
+    size_t n = len;
+    char *cut = len > max ? sanitize_cut(s, len, max, &n) : NULL;
+    const char *text = len > max ? cut : s;
+    json_t *v = NULL;
+    if (text && lb_budget_hold(vm, held_bytes(n))) {
+        v = json_stringn_nocheck(text, n);
+        if (v)
+            vm->report_held += held_bytes(n);
+        else
+            lb_budget_release(vm, held_bytes(n));
+    }
+    free(cut);
     return v;
 }
 
-/* A denial that cannot be recorded fails the call even when pcall catches the error. */
+/*
+ * A denial that cannot be recorded fails the call even when pcall catches
+ * the error.  Past LB_REPORT_DENIALS_MAX bytes (the first always fits) a
+ * denial is counted instead: the review is denied all the same.
+ */
 static int l_req_deny(lua_State *L)
 {
     struct lb_vm *vm = lb_vm_of(L);
     bool lost = vm->report_lost;
     vm->report_lost = true;
-    json_t *msg = checked_string(L, 2, "req:deny message");
-    if (json_array_append_new(current_report(L)->denials, msg) != 0)
-        return luaL_error(L, "req:deny: out of memory recording the denial");
+    size_t len;
+    const char *s = checked_text(L, 2, "req:deny message", &len);
+    struct lb_report *r = current_report(L);
+    size_t n = len < LB_REPORT_TEXT_MAX ? len : LB_REPORT_TEXT_MAX;
+    if (json_array_size(r->denials) > 0 && vm->report_denied + n > LB_REPORT_DENIALS_MAX) {
+        r->denials_left_out++;
+    } else {
+        json_t *msg = kept_string(vm, s, len, LB_REPORT_TEXT_MAX);
+        if (!msg || json_array_append_new(r->denials, msg) != 0)
+            return luaL_error(L, "req:deny: out of memory recording the denial");
+        vm->report_denied += json_string_length(msg);
+    }
     vm->report_lost = lost;
     return 0;
 }
 
 static int l_req_warn(lua_State *L)
 {
-    json_array_append_new(current_report(L)->warnings, checked_string(L, 2, "req:warn message"));
+    size_t len;
+    const char *s = checked_text(L, 2, "req:warn message", &len);
+    struct lb_report *r = current_report(L);
+    if (json_array_size(r->warnings) >= LB_REPORT_WARNINGS) {
+        r->warnings_left_out++;
+        return 0;
+    }
+    json_t *msg = kept_string(lb_vm_of(L), s, len, LB_REPORT_TEXT_MAX);
+    if (!msg || json_array_append_new(r->warnings, msg) != 0)
+        return luaL_error(L, "req:warn: not enough memory");
     return 0;
 }
 
+/* Only the start of a key can reach the annotation (sanitize_audit_key). */
 static int l_req_audit(lua_State *L)
 {
-    const char *key = luaL_checkstring(L, 2);
-    json_t *value = checked_string(L, 3, "req:audit value");
-    json_object_set_new(current_report(L)->audit, key, value);
+    struct lb_vm *vm = lb_vm_of(L);
+    size_t klen, len;
+    const char *key = luaL_checklstring(L, 2, &klen);
+    const char *s = checked_text(L, 3, "req:audit value", &len);
+    struct lb_report *r = current_report(L);
+    char k[LB_REPORT_KEY_MAX + 1];
+    snprintf(k, sizeof(k), "%.*s", (int)(klen < LB_REPORT_KEY_MAX ? klen : LB_REPORT_KEY_MAX), key);
+    json_t *old = json_object_get(r->audit, k);
+    if (!old && json_object_size(r->audit) >= LB_REPORT_AUDIT) {
+        r->audit_left_out++;
+        return 0;
+    }
+    json_t *value = kept_string(vm, s, len, LB_REPORT_TEXT_MAX);
+    if (!value)
+        return luaL_error(L, "req:audit: not enough memory");
+    size_t replaced = old ? held_bytes(json_string_length(old)) : 0;
+    if (json_object_set_new(r->audit, k, value) != 0)
+        return luaL_error(L, "req:audit: not enough memory");
+    lb_budget_release(vm, replaced);
+    vm->report_held -= replaced;
     return 0;
+}
+
+/* The call's report leaves the VM: its bytes no longer count against the memory. */
+static void report_handed_over(struct lb_vm *vm)
+{
+    lb_budget_release(vm, vm->report_held);
+    vm->report_held = vm->report_denied = 0;
 }
 
 static void set_string(lua_State *L, const char *key, const char *value)
@@ -274,7 +350,41 @@ enum lb_outcome lb_policy_call(struct lb_vm *vm, int index, enum lb_phase phase,
     }
     *report = vm->report;
     memset(&vm->report, 0, sizeof(vm->report));
+    report_handed_over(vm);
     return outcome;
+}
+
+/* lb_request_rewind's work, in protected mode (the stub and the view allocate). */
+static int rewind_object(lua_State *L)
+{
+    struct lb_vm *vm = lb_vm_of(L);
+    const struct jf_node *object = lua_touserdata(L, 1);
+    lua_settop(L, 0);
+    lb_push_lazy(L, object);
+    lua_pushvalue(L, -1);
+    lb_freeze(L);
+    lua_rawseti(L, LUA_REGISTRYINDEX, vm->frozen_ref);
+    lua_rawseti(L, LUA_REGISTRYINDEX, vm->obj_ref);
+    return 0;
+}
+
+/*
+ * A new table, not the old one refilled: what a library remembers of the
+ * old one by its view (workload.lua's answers) may come from the dropped
+ * edits, and is worked out afresh.
+ */
+enum gg_status lb_request_rewind(struct lb_vm *vm, const struct jf_node *object, struct gg_err *err)
+{
+    lua_State *L = vm->L;
+    lua_pushcfunction(L, rewind_object);
+    lua_pushlightuserdata(L, (void *)object);
+    if (lua_pcall(L, 1, 0, 0) != LUA_OK) {
+        const char *msg = lua_tostring(L, -1);
+        enum gg_status st = gg_fail(err, GG_ERR_NOMEM, "%s", msg ? msg : "out of memory");
+        lua_pop(L, 1);
+        return st;
+    }
+    return GG_OK;
 }
 
 /* Growth past twice the settled size plus this triggers a full collection. */
@@ -301,6 +411,7 @@ void lb_request_end(struct lb_vm *vm)
         vm->frozen_cache_hint = vm->frozen_made;
     vm->frozen_made = 0;
     lb_report_clear(&vm->report);
+    report_handed_over(vm);
     /* A big object (a 10 MB annotation) is copied into the VM, and once the
      * generational collector has aged the copy only a major collection frees
      * it, which may not come for thousands of requests: each worker's VM

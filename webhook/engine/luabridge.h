@@ -55,11 +55,25 @@ enum lb_outcome {
     LB_OUT_OF_TIME,   /* ran past the request's deadline */
 };
 
+/*
+ * What one call (and, in policy.c, one review) keeps of req:deny, req:warn
+ * and req:audit, far above what the shipped policies report
+ * (policies/README.md, "Reports").  Past these, reports are counted and left
+ * out, never kept: what is kept counts against the VM's memory while the
+ * call runs.
+ */
+#define LB_REPORT_TEXT_MAX 4096     /* bytes of a denial, a warning, an audit value; more is cut */
+#define LB_REPORT_DENIALS_MAX 65536 /* bytes of the denials together */
+#define LB_REPORT_WARNINGS 100      /* warnings (a review keeps what the API server shows) */
+#define LB_REPORT_AUDIT 32          /* audit annotations (a policy's keys) */
+#define LB_REPORT_KEY_MAX 63        /* bytes of an audit key that can reach the annotation */
+
 /* What a policy reported through req:deny / req:warn / req:audit. */
 struct lb_report {
-    json_t *denials;  /* array of strings */
-    json_t *warnings; /* array of strings */
-    json_t *audit;    /* object: key -> string */
+    json_t *denials;                                            /* array of strings */
+    json_t *warnings;                                           /* array of strings */
+    json_t *audit;                                              /* object: key -> string */
+    size_t denials_left_out, warnings_left_out, audit_left_out; /* past the limits above */
 };
 
 /* The declarative part of a loaded policy. */
@@ -126,6 +140,15 @@ enum lb_outcome lb_policy_call(struct lb_vm *vm, int index, enum lb_phase phase,
  */
 enum gg_status lb_request_patch(struct lb_vm *vm, const struct jf_node *original, json_t **patch,
                                 struct gg_err *err);
+
+/*
+ * Make object (which must outlive the request) the request's object from
+ * now on, for mutate and validate alike, in place of the one the policies
+ * have edited so far (policy.c drops a failed call's edits so).  The budgets
+ * go on as they were; the patch is still taken against the original.
+ */
+enum gg_status lb_request_rewind(struct lb_vm *vm, const struct jf_node *object,
+                                 struct gg_err *err);
 void lb_request_end(struct lb_vm *vm);
 
 /*

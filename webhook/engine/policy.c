@@ -16,11 +16,13 @@
 #include "codec/quantity.h"
 #include "util/log.h"
 #include "engine/luabridge.h"
+#include "util/jsonfast.h"
 #include "util/metrics.h"
 
 #include <dirent.h>
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -643,19 +645,56 @@ int engine_overdue(void)
 
 /* ---- verdicts --------------------------------------------------------- */
 
+/* An object rebuilt after a failed call's edits were dropped: alive until the request ends. */
+struct rebuilt {
+    json_t *json;
+    struct jf_doc doc; /* its nodes, pointing into json */
+};
+
 /* What the evaluation has gathered so far. */
 struct gather {
     json_t *denials, *warnings, *audit, *fired;
-    json_t *modes;        /* fired policy -> the mode it ran in */
-    bool failed_mutation; /* a mutate call failed: its edits are not trusted */
+    json_t *modes; /* fired policy -> the mode it ran in */
+    size_t denied; /* bytes of the denials */
+    size_t denials_left_out, warnings_left_out, audit_left_out; /* past the LB_REPORT_ limits */
+    json_t *checkpoint;         /* the patch before the last mutate call that may fail open */
+    char checkpoint_error[256]; /* why there is none (its edits are not JSON) */
+    json_t *stopped;            /* the patch once a call that failed open stopped the VM */
+    struct rebuilt *rebuilt;
+    size_t n_rebuilt;
+    bool failed_mutation; /* a mutate call failed closed, or an edit is not JSON: no edits */
     bool lost;            /* a denial could not be recorded: the verdict is a denial */
 };
 
-/* Record an enforced denial; a failure to record it is itself a denial. */
+/*
+ * Record an enforced denial; a failure to record it is itself a denial.
+ * Past LB_REPORT_DENIALS_MAX bytes it is only counted (the first always fits).
+ */
 static void deny(struct gather *g, const char *text)
 {
+    size_t len = strlen(text) + 1;
+    if (json_array_size(g->denials) > 0 && g->denied + len > LB_REPORT_DENIALS_MAX) {
+        g->denials_left_out++;
+        return;
+    }
     if (json_array_append_new(g->denials, json_string(text)) != 0)
         g->lost = true;
+    else
+        g->denied += len;
+}
+
+/* A warning, kept as far as the API server shows it (sanitize_warnings marks the cut). */
+static void add_warning(struct gather *g, const char *policy, const char *msg, const char *suffix)
+{
+    if (json_array_size(g->warnings) >= LB_REPORT_WARNINGS) {
+        g->warnings_left_out++;
+        return;
+    }
+    char *text = NULL;
+    int shown = (int)sanitize_prefix(msg, strlen(msg), SIZE_MAX, SANITIZE_WARNING_MAX);
+    if (asprintf(&text, "%s: %.*s%s", policy, shown, msg, suffix) >= 0)
+        json_array_append_new(g->warnings, json_string(text));
+    free(text);
 }
 
 static void add_fired(struct gather *g, const char *name, int mode)
@@ -671,27 +710,29 @@ static void add_audit(struct gather *g, const char *policy, const char *key, jso
     char full[160], valid[64];
     snprintf(full, sizeof(full), "%s.%s", policy, key);
     sanitize_audit_key(full, valid, sizeof(valid));
-    json_object_set(g->audit, valid, value);
+    if (json_object_size(g->audit) >= LB_REPORT_AUDIT && !json_object_get(g->audit, valid))
+        g->audit_left_out++;
+    else
+        json_object_set(g->audit, valid, value);
 }
 
 /* A denial, as the mode says: deny, warn, or only an audit annotation. */
 static void add_denial(struct gather *g, const char *policy, int mode, const char *msg)
 {
-    char *text = NULL;
-    if (asprintf(&text, "%s: %s", policy, msg) < 0) {
-        g->lost = g->lost || mode == POLICY_ENFORCE;
-        return;
-    }
-    if (mode == POLICY_ENFORCE)
-        deny(g, text);
-    else if (mode == POLICY_WARN)
-        json_array_append_new(g->warnings, json_string(text));
-    else {
+    if (mode == POLICY_ENFORCE) {
+        char *text = NULL;
+        if (asprintf(&text, "%s: %s", policy, msg) < 0)
+            g->lost = true;
+        else
+            deny(g, text);
+        free(text);
+    } else if (mode == POLICY_WARN) {
+        add_warning(g, policy, msg, "");
+    } else {
         json_t *value = json_string(msg); /* add_audit takes its own reference */
         add_audit(g, policy, "would-deny", value);
         json_decref(value);
     }
-    free(text);
     add_fired(g, policy, mode);
 }
 
@@ -702,19 +743,19 @@ static void take_report(struct gather *g, const struct policy *p, int mode,
     json_t *item;
     const char *key;
     json_array_foreach(r->denials, i, item) add_denial(g, p->name, mode, json_string_value(item));
-    json_array_foreach(r->warnings, i, item)
-    {
-        char *text = NULL;
-        if (asprintf(&text, "%s: %s", p->name, json_string_value(item)) >= 0)
-            json_array_append_new(g->warnings, json_string(text));
-        free(text);
+    json_array_foreach(r->warnings, i, item) add_warning(g, p->name, json_string_value(item), "");
+    json_object_foreach(r->audit, key, item) add_audit(g, p->name, key, item);
+    /* A denial left out in warn mode is a warning left out; in audit mode, would-deny is one
+     * annotation however many there were. */
+    if (mode == POLICY_ENFORCE)
+        g->denials_left_out += r->denials_left_out;
+    else if (mode == POLICY_WARN)
+        g->warnings_left_out += r->denials_left_out;
+    g->warnings_left_out += r->warnings_left_out;
+    g->audit_left_out += r->audit_left_out;
+    if (json_array_size(r->warnings) || json_object_size(r->audit) || r->warnings_left_out ||
+        r->audit_left_out)
         add_fired(g, p->name, mode);
-    }
-    json_object_foreach(r->audit, key, item)
-    {
-        add_audit(g, p->name, key, item);
-        add_fired(g, p->name, mode);
-    }
 }
 
 static const char *kill_reason(enum lb_outcome o)
@@ -745,10 +786,7 @@ static void take_failure(struct gather *g, const struct policy *p, int mode, int
     if (failure == POLICY_FAIL_DENY) {
         add_denial(g, p->name, mode, text);
     } else {
-        char *warning = NULL;
-        if (asprintf(&warning, "%s: %s (ignored: failure allow)", p->name, text) >= 0)
-            json_array_append_new(g->warnings, json_string(warning));
-        free(warning);
+        add_warning(g, p->name, text, " (ignored: failure allow)");
         add_fired(g, p->name, mode);
     }
 }
@@ -758,7 +796,7 @@ static enum metrics_policy_result policy_result(enum lb_outcome outcome, int mod
 {
     switch (outcome) {
     case LB_DONE:
-        if (json_array_size(r->denials) == 0)
+        if (json_array_size(r->denials) == 0 && r->denials_left_out == 0)
             return MET_POLICY_OK;
         return mode == POLICY_ENFORCE ? MET_POLICY_DENIED : MET_POLICY_WARNED;
     case LB_OUT_OF_BUDGET:
@@ -772,6 +810,115 @@ static enum metrics_policy_result policy_result(enum lb_outcome outcome, int mod
     }
 }
 
+/* Whether a failure of the policy lets the request through: its verdict is no enforced denial. */
+static bool fails_open(int mode, int failure)
+{
+    return failure == POLICY_FAIL_ALLOW || mode != POLICY_ENFORCE;
+}
+
+/*
+ * Before a mutate call that may fail open: the patch of the edits so far,
+ * which stay if the call fails (drop_edits).  A checkpoint costs a diff of
+ * what the policies touched; calls that fail closed need none.
+ */
+static void take_checkpoint(struct lb_vm *vm, const struct adm_request *req, struct gather *g)
+{
+    struct gg_err err = {{0}};
+    json_decref(g->checkpoint);
+    g->checkpoint = NULL;
+    if (lb_request_patch(vm, req->object, &g->checkpoint, &err) != GG_OK)
+        snprintf(g->checkpoint_error, sizeof(g->checkpoint_error), "%s", err.msg);
+}
+
+/* The request's object with the checkpoint's edits, as the policies' object from now on. */
+static enum gg_status rebuild(struct lb_vm *vm, const struct adm_request *req, struct gather *g,
+                              struct gg_err *err)
+{
+    struct rebuilt *more = realloc(g->rebuilt, (g->n_rebuilt + 1) * sizeof(*more));
+    if (!more)
+        return gg_fail(err, GG_ERR_NOMEM, "out of memory");
+    g->rebuilt = more;
+    struct rebuilt *r = &more[g->n_rebuilt];
+    memset(r, 0, sizeof(*r));
+    json_t *original = jf_to_json(req->object);
+    enum gg_status st = original ? jp_apply_copy(original, g->checkpoint, &r->json, err)
+                                 : gg_fail(err, GG_ERR_NOMEM, "out of memory");
+    json_decref(original);
+    if (st == GG_OK && jf_from_json(r->json, &r->doc) != 0)
+        st = gg_fail(err, GG_ERR_NOMEM, "out of memory");
+    g->n_rebuilt++; /* freed with the request, whatever happened */
+    return st == GG_OK ? lb_request_rewind(vm, r->doc.root, err) : st;
+}
+
+static void free_rebuilt(struct gather *g)
+{
+    for (size_t i = 0; i < g->n_rebuilt; i++) {
+        jf_doc_free(&g->rebuilt[i].doc);
+        json_decref(g->rebuilt[i].json);
+    }
+    free(g->rebuilt);
+    g->rebuilt = NULL;
+    g->n_rebuilt = 0;
+}
+
+/*
+ * A mutate call failed open: its edits go, those before it (the checkpoint)
+ * stay, and the policies after it edit on from there.  A VM the call
+ * stopped runs nothing more: the checkpoint is the patch.  Edits that
+ * cannot be kept apart deny, as edits that are not JSON do at the end.
+ */
+static void drop_edits(struct lb_vm *vm, const struct adm_request *req, const struct policy *p,
+                       struct gather *g)
+{
+    struct gg_err err = {{0}};
+    if (!g->checkpoint) {
+        deny(g, g->checkpoint_error);
+    } else if (lb_vm_broken(vm)) {
+        json_decref(g->stopped);
+        g->stopped = json_incref(g->checkpoint);
+        return;
+    } else if (rebuild(vm, req, g, &err) != GG_OK) {
+        char text[400];
+        snprintf(text, sizeof(text), "gpuguard: the edits of %s cannot be dropped: %s", p->name,
+                 err.msg);
+        deny(g, text);
+    } else {
+        return;
+    }
+    g->failed_mutation = true;
+}
+
+/* One policy's call in a phase, its report and its failure verdict. */
+static void run_policy(struct lb_vm *vm, const struct policy_set *set, size_t i,
+                       const struct adm_request *req, enum lb_phase phase, struct gather *g)
+{
+    const struct policy *p = &set->policies[i];
+    int mode = p->mode, failure = p->failure;
+    cfg_enforcement_for(set->config, p->name, req->namespace, &mode, &failure);
+    /* A call on a stopped VM, or without an object, fails at once: no edits to keep apart. */
+    bool apart =
+        phase == LB_MUTATE && fails_open(mode, failure) && req->object && !lb_vm_broken(vm);
+    if (apart)
+        take_checkpoint(vm, req, g);
+    struct lb_report report;
+    struct gg_err err = {{0}};
+    char *traceback = NULL;
+    int64_t start = gg_now_ns();
+    enum lb_outcome outcome = lb_policy_call(vm, (int)i, phase, &report, &err, &traceback);
+    metrics_policy_observe(p->metric_slot, policy_result(outcome, mode, &report),
+                           (gg_now_ns() - start) / 1e9);
+    take_report(g, p, mode, &report);
+    lb_report_clear(&report);
+    if (outcome != LB_DONE) {
+        take_failure(g, p, mode, failure, outcome, err.msg, traceback, req);
+        if (apart)
+            drop_edits(vm, req, p, g);
+        else if (phase == LB_MUTATE && !fails_open(mode, failure))
+            g->failed_mutation = true;
+    }
+    free(traceback);
+}
+
 /*
  * Run one phase over the matching policies; false when the VM broke.  The
  * policies after a break still get their turn: each fails at once and its
@@ -782,25 +929,8 @@ static bool run_phase(struct lb_vm *vm, const struct policy_set *set, const stru
 {
     for (size_t i = 0; i < set->n; i++) {
         const struct policy *p = &set->policies[i];
-        if (!(phase == LB_MUTATE ? p->has_mutate : p->has_validate) || !policy_matches(p, req))
-            continue;
-        int mode = p->mode, failure = p->failure;
-        cfg_enforcement_for(set->config, p->name, req->namespace, &mode, &failure);
-        struct lb_report report;
-        struct gg_err err = {{0}};
-        char *traceback = NULL;
-        int64_t start = gg_now_ns();
-        enum lb_outcome outcome = lb_policy_call(vm, (int)i, phase, &report, &err, &traceback);
-        metrics_policy_observe(p->metric_slot, policy_result(outcome, mode, &report),
-                               (gg_now_ns() - start) / 1e9);
-        take_report(g, p, mode, &report);
-        lb_report_clear(&report);
-        if (outcome != LB_DONE) {
-            take_failure(g, p, mode, failure, outcome, err.msg, traceback, req);
-            if (phase == LB_MUTATE)
-                g->failed_mutation = true;
-        }
-        free(traceback);
+        if ((phase == LB_MUTATE ? p->has_mutate : p->has_validate) && policy_matches(p, req))
+            run_policy(vm, set, i, req, phase, g);
     }
     return !lb_vm_broken(vm);
 }
@@ -824,15 +954,22 @@ static char *join_lines(const json_t *list)
     return out;
 }
 
+/*
+ * The patch of the mutate phase (and with PHASE_KEEP_MUTATED the object it
+ * makes).  On a VM that broke (alive false) it is the checkpoint kept when
+ * a call that failed open stopped it; a call that failed closed denies.
+ */
 static enum gg_status finish_mutation(struct lb_vm *vm, const struct adm_request *req,
-                                      unsigned phases, struct gather *g, struct policy_verdict *out,
-                                      struct gg_err *err)
+                                      unsigned phases, bool alive, struct gather *g,
+                                      struct policy_verdict *out, struct gg_err *err)
 {
-    if (g->failed_mutation || !req->object) {
+    if (g->failed_mutation || !req->object || (!alive && !g->stopped)) {
         out->patch = json_array();
         return GG_OK;
     }
-    if (lb_request_patch(vm, req->object, &out->patch, err) != GG_OK) {
+    if (!alive) {
+        out->patch = json_incref(g->stopped);
+    } else if (lb_request_patch(vm, req->object, &out->patch, err) != GG_OK) {
         /* A policy built something that is not JSON: its edit is refused. */
         deny(g, err->msg);
         g->failed_mutation = true;
@@ -847,6 +984,20 @@ static enum gg_status finish_mutation(struct lb_vm *vm, const struct adm_request
     json_decref(original);
     /* A patch that does not apply to its own source is a bug: GG_ERR_INVALID. */
     return st == GG_OK || st == GG_ERR_NOMEM ? st : GG_ERR_INVALID;
+}
+
+/* The denials one a line, and how many were left out (LB_REPORT_DENIALS_MAX). */
+static char *denial_message(const struct gather *g)
+{
+    if (json_array_size(g->denials) == 0)
+        return strdup(POLICY_LOST_DENIAL);
+    char *joined = join_lines(g->denials), *out = NULL;
+    if (!joined || g->denials_left_out == 0)
+        return joined;
+    if (asprintf(&out, "%s\ngpuguard: %zu more denials left out", joined, g->denials_left_out) < 0)
+        out = NULL;
+    free(joined);
+    return out;
 }
 
 /*
@@ -877,12 +1028,15 @@ static void audit_summary(struct gather *g, const struct policy_verdict *out)
     }
     if (used)
         json_object_set_new(g->audit, "policies", json_string(list));
+    if (g->audit_left_out)
+        json_object_set_new(g->audit, "audit-left-out", json_sprintf("%zu", g->audit_left_out));
 }
 
 /*
- * Validate sees the object as mutate left it, read-only.  When the mutate
- * edits were dropped (a mutate call failed, or its edit is not JSON), it
- * starts again from the object as it came, as the API server would send it.
+ * Validate sees the object as mutate left it, read-only: the object the
+ * patch makes (a call that failed open took its edits with it, drop_edits).
+ * When all the edits were dropped (a mutate call failed closed, or an edit
+ * is not JSON: a denial), it starts again from the object as it came.
  * An object the policies may not see is a denial, as at the start, and
  * *validate is cleared.
  */
@@ -950,8 +1104,11 @@ static enum gg_status evaluate(struct engine *e, const struct adm_request *req, 
     int64_t lua_deadline = t0 / 1000 + set->limits.timeout_us;
     if (lua_deadline > deadline_us - DEADLINE_MARGIN_US)
         lua_deadline = deadline_us - DEADLINE_MARGIN_US;
-    struct gather g = {json_array(),  json_array(), json_object(), json_array(),
-                       json_object(), false,        false};
+    struct gather g = {.denials = json_array(),
+                       .warnings = json_array(),
+                       .audit = json_object(),
+                       .fired = json_array(),
+                       .modes = json_object()};
     g.lost = !g.denials || !g.warnings || !g.audit || !g.fired || !g.modes;
     if (lb_request_begin(vm, req, req->object, lua_deadline, err) != GG_OK) {
         /* The object itself is beyond what policies may see (too deep, too big). */
@@ -967,10 +1124,7 @@ static enum gg_status evaluate(struct engine *e, const struct adm_request *req, 
             alive = run_phase(vm, set, req, LB_MUTATE, &g);
             t0 = gg_now_ns();
             out->timing.mutate = t0 - t1;
-            if (alive)
-                st = finish_mutation(vm, req, phases, &g, out, err);
-            else
-                out->patch = json_array();
+            st = finish_mutation(vm, req, phases, alive, &g, out, err);
             t1 = gg_now_ns();
             out->timing.diff = t1 - t0;
         }
@@ -982,6 +1136,7 @@ static enum gg_status evaluate(struct engine *e, const struct adm_request *req, 
             out->timing.validate = gg_now_ns() - t1;
         }
         lb_request_end(vm);
+        free_rebuilt(&g); /* after the end: no stub reads them any more */
         metrics_lua_memory(lb_vm_memory_peak(vm));
     }
     if (st == GG_OK && (phases & PHASE_MUTATE) && !out->patch)
@@ -989,10 +1144,9 @@ static enum gg_status evaluate(struct engine *e, const struct adm_request *req, 
     if (st == GG_OK && g.lost)
         deny(&g, POLICY_LOST_DENIAL);
     if (st == GG_OK) {
-        out->allowed = !g.lost && json_array_size(g.denials) == 0;
+        out->allowed = !g.lost && json_array_size(g.denials) == 0 && g.denials_left_out == 0;
         if (!out->allowed) {
-            out->message =
-                json_array_size(g.denials) ? join_lines(g.denials) : strdup(POLICY_LOST_DENIAL);
+            out->message = denial_message(&g);
             if (!out->message)
                 st = gg_fail(err, GG_ERR_NOMEM, "out of memory writing a denial");
         }
@@ -1003,7 +1157,7 @@ static enum gg_status evaluate(struct engine *e, const struct adm_request *req, 
             out->patch = json_array();
         }
         audit_summary(&g, out);
-        out->warnings = sanitize_warnings(g.warnings);
+        out->warnings = sanitize_warnings(g.warnings, g.warnings_left_out);
         out->audit = json_incref(g.audit);
         out->fired = json_incref(g.fired);
         reserve(e, req, phases, out);
@@ -1013,6 +1167,8 @@ static enum gg_status evaluate(struct engine *e, const struct adm_request *req, 
     json_decref(g.audit);
     json_decref(g.fired);
     json_decref(g.modes);
+    json_decref(g.checkpoint);
+    json_decref(g.stopped);
     policy_set_release(set);
     if (st != GG_OK)
         policy_verdict_clear(out);

@@ -1,11 +1,12 @@
 /*
  * sanitize.c - policy text made acceptable to the API server: warnings as it
- * keeps them and audit annotation keys it accepts.
+ * keeps them, reports cut to a length, and audit annotation keys it accepts.
  */
 #include "engine/sanitize.h"
 #include "util/gpuguard.h"
 
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,10 +40,10 @@ static char *clean_warning(const char *in, size_t max)
     return out;
 }
 
-json_t *sanitize_warnings(const json_t *warnings)
+json_t *sanitize_warnings(const json_t *warnings, size_t left_out)
 {
     json_t *out = json_array();
-    size_t total = 0, i, dropped = 0;
+    size_t total = 0, i, dropped = left_out;
     json_t *item;
     json_array_foreach(warnings, i, item)
     {
@@ -67,10 +68,37 @@ json_t *sanitize_warnings(const json_t *warnings)
     }
     if (dropped) {
         char note[96];
-        snprintf(note, sizeof(note), "gpuguard: %zu more warnings left out (see the logs)",
-                 dropped);
+        snprintf(note, sizeof(note), "gpuguard: %zu more warnings left out", dropped);
         json_array_append_new(out, json_string(note));
     }
+    return out;
+}
+
+size_t sanitize_prefix(const char *s, size_t len, size_t max_bytes, size_t max_chars)
+{
+    size_t at = 0;
+    for (size_t chars = 0; at < len && chars < max_chars; chars++) {
+        size_t n = gg_utf8_len((unsigned char)s[at]);
+        if (n > len - at || at + n > max_bytes)
+            break;
+        at += n;
+    }
+    return at;
+}
+
+char *sanitize_cut(const char *s, size_t len, size_t max, size_t *out_len)
+{
+    size_t keep = len <= max ? len : sanitize_prefix(s, len, max, SIZE_MAX);
+    char mark[64] = "";
+    if (keep < len)
+        snprintf(mark, sizeof(mark), SANITIZE_CUT_MARK, len - keep);
+    size_t n = strlen(mark);
+    char *out = malloc(keep + n + 1);
+    if (!out)
+        return NULL;
+    memcpy(out, s, keep);
+    memcpy(out + keep, mark, n + 1);
+    *out_len = keep + n;
     return out;
 }
 

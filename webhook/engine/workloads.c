@@ -5,6 +5,7 @@
 #include "engine/workloads.h"
 
 #include "engine/config.h"
+#include "engine/luabridge.h"
 #include "engine/sanitize.h"
 #include "codec/jsonpatch.h"
 
@@ -136,6 +137,7 @@ static void warn_changes(json_t *warnings, const char *path, const char *what, c
 struct gather {
     json_t *patch, *warnings, *audit, *fired;
     char *denials;
+    size_t denials_left_out; /* past LB_REPORT_DENIALS_MAX bytes (the first always fits) */
     bool lost;        /* a denial could not be recorded: the verdict is a denial all the same */
     long long charge; /* milli-GPU-equivalents of all the pods, GG_KEY_CHARGE x count */
     char charges[WL_CHARGE_TEXT];
@@ -149,8 +151,25 @@ enum changes { CHANGES_PATCH, CHANGES_WARN, CHANGES_NONE };
 static void add_denial(struct gather *g, const char *path, const char *message)
 {
     char *joined = NULL;
+    if (g->denials && strlen(g->denials) + strlen(message) > LB_REPORT_DENIALS_MAX) {
+        g->denials_left_out++;
+        return;
+    }
     if (asprintf(&joined, "%s%s%s%s%s", g->denials ? g->denials : "", g->denials ? "; " : "",
                  path ? path : "", path ? ": " : "", message) < 0) {
+        g->lost = true;
+        return;
+    }
+    free(g->denials);
+    g->denials = joined;
+}
+
+/* How many denials were left out, after those kept. */
+static void left_out_note(struct gather *g)
+{
+    char *joined = NULL;
+    if (asprintf(&joined, "%s; gpuguard: %zu more denials left out", g->denials,
+                 g->denials_left_out) < 0) {
         g->lost = true;
         return;
     }
@@ -330,7 +349,8 @@ enum gg_status wl_review(struct engine *engine, const struct adm_request *req,
     }
     *handled = true;
     memset(out, 0, sizeof(*out));
-    struct gather g = {json_array(), json_array(), json_object(), json_array(), NULL, false, 0, ""};
+    struct gather g = {
+        json_array(), json_array(), json_object(), json_array(), NULL, 0, false, 0, ""};
     struct settings cfg;
     json_t *patched = NULL;
     if (!g.patch || !g.warnings || !g.audit || !g.fired) {
@@ -385,6 +405,8 @@ enum gg_status wl_review(struct engine *engine, const struct adm_request *req,
     }
     if (g.lost)
         add_denial(&g, NULL, POLICY_LOST_DENIAL);
+    if (g.denials_left_out)
+        left_out_note(&g);
     out->allowed = g.denials == NULL && !g.lost;
     out->message = g.denials;
     g.denials = NULL;
@@ -393,7 +415,7 @@ enum gg_status wl_review(struct engine *engine, const struct adm_request *req,
         goto out;
     }
     out->patch = g.patch;
-    out->warnings = sanitize_warnings(g.warnings);
+    out->warnings = sanitize_warnings(g.warnings, 0);
     out->audit = g.audit;
     out->fired = g.fired;
     g.patch = g.audit = g.fired = NULL;
