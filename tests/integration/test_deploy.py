@@ -877,49 +877,35 @@ def test_self_managed_overlay_with_generated_patch(repo_copy, tmp_path, binary, 
         assert res.returncode == 0, res.stdout + res.stderr
 
 
-# ---------------------------------------------------------------- the NetworkPolicy component
+# ---------------------------------------------------------------- the NetworkPolicy
 
 NETPOL = DEPLOY / "components" / "network-policy"
+MONITORING = {"kubernetes.io/metadata.name": "monitoring"}
 
 
-def documented_netpol_overlay():
-    """The overlay lines the component's kustomization.yaml tells users to add (its
-    comment lines indented by three spaces), with a control-plane CIDR filled in."""
-    lines = [l[4:] for l in (NETPOL / "kustomization.yaml").read_text().splitlines()
-             if l.startswith("#   ")]
-    assert lines and lines[0] == "components:", lines
+def documented_lines(path):
+    """The YAML a file's comment tells users to put in their overlay: its comment lines
+    indented by three spaces."""
+    lines = [l[4:] for l in path.read_text().splitlines() if l.startswith("#   ")]
+    assert lines, f"{path} documents no overlay lines"
     return "\n".join(lines) + "\n"
 
 
-def test_no_render_has_a_network_policy(render):
-    """The NetworkPolicy is opt-in: the base and both overlays are unchanged by it."""
-    assert not find(render, "NetworkPolicy")
+def documented_netpol_overlay():
+    """The overlay lines the component's kustomization.yaml tells users to add, with a
+    control-plane CIDR filled in."""
+    text = documented_lines(NETPOL / "kustomization.yaml")
+    assert text.startswith("components:\n"), text
+    return text
 
 
-def test_network_policy_placeholder_is_refused():
-    """As shipped, the component's CIDR is no CIDR: the API server refuses the
-    NetworkPolicy instead of cutting the webhook off from the API server."""
-    docs = [d for d in yaml.safe_load_all((NETPOL / "networkpolicy.yaml").read_text()) if d]
-    cidr = docs[0]["spec"]["ingress"][0]["from"][0]["ipBlock"]["cidr"]
-    with pytest.raises(ValueError):
-        ipaddress.ip_network(cidr)
+def ingress_ports(rule, ctr):
+    return {resolve_port(p["port"], ctr) for p in rule["ports"]}
 
 
-@needs_kubectl
-def test_network_policy_component(repo_copy, serve_help):
-    """Added to an overlay as documented, the component adds one NetworkPolicy
-    that selects the webhook's pods and admits the webhook port from the
-    control-plane CIDR and the ops port from the monitoring namespace, the
-    ports being those the Deployment's flags serve on."""
-    overlays = repo_copy / "deploy" / "overlays"
-    mine = overlays / "mine"
-    mine.mkdir()
-    (mine / "kustomization.yaml").write_text(
-        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
-        "resources:\n  - ../self-managed\n" + documented_netpol_overlay())
-    docs = kustomize(mine)
-    without = kustomize(overlays / "self-managed")
-    assert [d for d in docs if d["kind"] != "NetworkPolicy"] == without
+def check_network_policy(docs, serve_help):
+    """The shipped NetworkPolicy: selects the webhook's pods, ingress only (egress stays open
+    for the inventory), and exactly two rules, on the ports the Deployment's flags serve."""
     policy = one(docs, "NetworkPolicy", SERVICE)
     assert policy["metadata"]["namespace"] == NAMESPACE
     dep = one(docs, "Deployment", SERVICE)
@@ -928,16 +914,89 @@ def test_network_policy_component(repo_copy, serve_help):
     assert set(selector) == {"matchLabels"}
     assert selector["matchLabels"].items() <= pod_labels.items()
     assert policy["spec"]["policyTypes"] == ["Ingress"], "egress stays open: the inventory"
-    flags = split_flags(container(docs)["args"])
+    ctr = container(docs)
+    flags = split_flags(ctr["args"])
     webhook_port, ops_port = port_of(flags["--listen"]), port_of(flags["--ops-listen"])
     assert (webhook_port, ops_port) == (serve_help["webhook_port"], serve_help["ops_port"])
-    assert policy["spec"]["ingress"] == [
-        {"from": [{"ipBlock": {"cidr": "10.0.0.0/24"}}],
-         "ports": [{"protocol": "TCP", "port": webhook_port}]},
-        {"from": [{"namespaceSelector": {
-            "matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
-         "ports": [{"protocol": "TCP", "port": ops_port}]},
-    ]
+    rules = policy["spec"]["ingress"]
+    assert [ingress_ports(r, ctr) for r in rules] == [{webhook_port}, {ops_port}]
+    for rule in rules:
+        assert all(p.get("protocol", "TCP") == "TCP" for p in rule["ports"])
+    # Every port the pod serves, and every port the Service sends to, has a rule.
+    served = {p["containerPort"] for p in ctr["ports"]}
+    service = one(docs, "Service", SERVICE)
+    targets = {resolve_port(p["targetPort"], ctr) for p in service["spec"]["ports"]}
+    assert served | targets <= {webhook_port, ops_port}
+    # The probes are on the ops port, which admits the node (always) and monitoring only.
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert resolve_port(ctr[probe]["httpGet"]["port"], ctr) == ops_port
+    return policy, rules
+
+
+@needs_bin
+def test_network_policy_is_shipped(render, serve_help):
+    """Base and both overlays: the webhook port from anywhere (the API server's address is not
+    known in general, and a policy that blocked it would stop pod creation cluster-wide: only
+    the optional component narrows it), the ops port from the monitoring namespace only."""
+    _, rules = check_network_policy(render, serve_help)
+    assert "from" not in rules[0], "the webhook port must stay open to the API server"
+    assert rules[1]["from"] == [{"namespaceSelector": {"matchLabels": MONITORING}}]
+
+
+@needs_kubectl
+@needs_bin
+def test_network_policy_monitoring_selector_as_documented(repo_copy, serve_help):
+    """The patch deploy/base/networkpolicy.yaml documents for Prometheus in another namespace
+    changes the ops port's namespace selector, and nothing else."""
+    overlays = repo_copy / "deploy" / "overlays"
+    mine = overlays / "mine"
+    mine.mkdir()
+    (mine / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        "resources:\n  - ../self-managed\n"
+        + documented_lines(DEPLOY / "base" / "networkpolicy.yaml"))
+    docs = kustomize(mine)
+    without = kustomize(overlays / "self-managed")
+    assert [d for d in docs if d["kind"] != "NetworkPolicy"] == \
+        [d for d in without if d["kind"] != "NetworkPolicy"]
+    _, rules = check_network_policy(docs, serve_help)
+    assert "from" not in rules[0]
+    assert rules[1]["from"] == [{"namespaceSelector": {
+        "matchLabels": {"kubernetes.io/metadata.name": "observability"}}}]
+
+
+def test_network_policy_placeholder_is_refused():
+    """As shipped, the component's CIDR is no CIDR: the API server refuses the
+    NetworkPolicy instead of cutting the webhook off from the API server."""
+    ops = yaml.safe_load((NETPOL / "webhook-from-control-plane.yaml").read_text())
+    added = [op for op in ops if op["op"] == "add" and op["path"] == "/spec/ingress/0/from"]
+    assert len(added) == 1
+    cidr = added[0]["value"][0]["ipBlock"]["cidr"]
+    with pytest.raises(ValueError):
+        ipaddress.ip_network(cidr)
+
+
+@needs_kubectl
+@needs_bin
+def test_network_policy_component(repo_copy, serve_help):
+    """Added to an overlay as documented, the component narrows the shipped
+    NetworkPolicy's webhook rule to the control-plane CIDR, and leaves the ops
+    port's rule and every other object as they were."""
+    overlays = repo_copy / "deploy" / "overlays"
+    mine = overlays / "mine"
+    mine.mkdir()
+    (mine / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        "resources:\n  - ../self-managed\n" + documented_netpol_overlay())
+    docs = kustomize(mine)
+    without = kustomize(overlays / "self-managed")
+    assert [d for d in docs if d["kind"] != "NetworkPolicy"] == \
+        [d for d in without if d["kind"] != "NetworkPolicy"]
+    _, rules = check_network_policy(docs, serve_help)
+    webhook_port = serve_help["webhook_port"]
+    assert rules[0] == {"from": [{"ipBlock": {"cidr": "10.0.0.0/24"}}],
+                        "ports": [{"protocol": "TCP", "port": webhook_port}]}
+    assert rules[1] == one(without, "NetworkPolicy", SERVICE)["spec"]["ingress"][1]
 
 
 # ---------------------------------------------------------------- the pod, run for real

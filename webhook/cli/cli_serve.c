@@ -54,6 +54,7 @@ struct serve_opts {
     unsigned max_connections;
     unsigned shutdown_grace_s;
     unsigned request_timeout_s;
+    unsigned ops_per_peer;
     int inventory; /* -1: on when in a cluster or with --kubeconfig; 0: off; 1: on */
     const char *kubeconfig;
 };
@@ -83,6 +84,10 @@ static void serve_usage(FILE *out)
                  "  --request-timeout SECONDS time for a request's headers and body [10]\n"
                  "                            (a late request's connection is closed; between\n"
                  "                            requests, kept-alive connections wait 120 s)\n"
+                 "  --ops-max-per-peer N      ops port connections one address may hold waiting\n"
+                 "                            for its request (a new one closes its oldest),\n"
+                 "                            and again being answered; probes are answered\n"
+                 "                            as soon as they arrive, whatever the count [8]\n"
                  "  --shutdown-grace SECONDS  on SIGTERM, time for requests in flight [30]\n"
                  "  --inventory on|off        GPU usage per namespace from the API server's pods\n"
                  "                            (list + watch) for quota policies [on in a cluster\n"
@@ -126,6 +131,7 @@ enum {
     OPT_MAX_CONN,
     OPT_GRACE,
     OPT_REQUEST_TIMEOUT,
+    OPT_OPS_PER_PEER,
     OPT_INVENTORY,
     OPT_KUBECONFIG,
 };
@@ -141,6 +147,7 @@ static const struct option long_options[] = {
     {"max-connections", required_argument, NULL, OPT_MAX_CONN},
     {"shutdown-grace", required_argument, NULL, OPT_GRACE},
     {"request-timeout", required_argument, NULL, OPT_REQUEST_TIMEOUT},
+    {"ops-max-per-peer", required_argument, NULL, OPT_OPS_PER_PEER},
     {"inventory", required_argument, NULL, OPT_INVENTORY},
     {"kubeconfig", required_argument, NULL, OPT_KUBECONFIG},
     {NULL, 0, NULL, 0},
@@ -169,6 +176,11 @@ static int parse_number_flag(int opt, const char *arg, struct serve_opts *o)
         if (parse_uint("--request-timeout", arg, 1, 3600, &v))
             return -1;
         o->request_timeout_s = (unsigned)v;
+        return 0;
+    case OPT_OPS_PER_PEER:
+        if (parse_uint("--ops-max-per-peer", arg, 1, OPS_ANSWERING, &v))
+            return -1;
+        o->ops_per_peer = (unsigned)v;
         return 0;
     default: /* OPT_GRACE */
         if (parse_uint("--shutdown-grace", arg, 0, 3600, &v))
@@ -224,6 +236,7 @@ static bool parse_flags(int argc, char **argv, struct serve_opts *o, int *exit_c
                              .max_connections = 4096,
                              .shutdown_grace_s = 30,
                              .request_timeout_s = 10,
+                             .ops_per_peer = OPS_PER_PEER,
                              .inventory = -1};
     static const struct eo_command serve_command = {
         .name = "gpuguard serve",
@@ -244,7 +257,7 @@ static bool parse_flags(int argc, char **argv, struct serve_opts *o, int *exit_c
     return true;
 }
 
-/* Every connection is a file descriptor: lift the soft limit to fit them. */
+/* Every connection is a file descriptor: lift the soft limit to fit them (both ports'). */
 static void raise_fd_limit(unsigned connections)
 {
     struct rlimit rl;
@@ -256,7 +269,9 @@ static void raise_fd_limit(unsigned connections)
         setrlimit(RLIMIT_NOFILE, &rl);
     }
     if (rl.rlim_cur < want)
-        log_msg(LOG_WARN, "open file limit %llu is below --max-connections %u plus headroom",
+        log_msg(LOG_WARN,
+                "open file limit %llu is below --max-connections plus the ops port's %u, "
+                "plus headroom",
                 (unsigned long long)rl.rlim_cur, connections);
 }
 
@@ -426,7 +441,7 @@ int cli_serve(int argc, char **argv)
     sigaddset(&set, SIGINT);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
-    raise_fd_limit(o.max_connections);
+    raise_fd_limit(o.max_connections + OPS_MAX_FDS);
 
     struct gg_err err = {{0}};
     struct engine *engine = NULL;
@@ -452,6 +467,7 @@ int cli_serve(int argc, char **argv)
                              .max_connections = o.max_connections,
                              .idle_timeout_s = 120,
                              .request_timeout_s = o.request_timeout_s,
+                             .ops_per_peer = o.ops_per_peer,
                              .engine = engine,
                              .ready_note = inventory_note,
                              .ready_note_ctx = informers[N_INFORMERS - 1]}; /* pods' */

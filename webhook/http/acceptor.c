@@ -25,7 +25,7 @@ struct acceptor {
     pthread_t thread;
 };
 
-static int listen_on(const struct sockaddr_storage *addr)
+int acc_listen(const struct sockaddr_storage *addr)
 {
     int fd = socket(addr->ss_family, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
     if (fd < 0)
@@ -95,7 +95,7 @@ enum gg_status acc_start(const struct sockaddr_storage *addr, const char *where,
     a->wake_fd = -1;
     struct sockaddr_storage bound;
     socklen_t len = sizeof(bound);
-    a->listen_fd = listen_on(addr);
+    a->listen_fd = acc_listen(addr);
     if (a->listen_fd < 0 || getsockname(a->listen_fd, (struct sockaddr *)&bound, &len) != 0) {
         int saved = errno;
         if (a->listen_fd >= 0)

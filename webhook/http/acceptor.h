@@ -33,6 +33,12 @@ typedef void (*acc_handoff)(void *ctx, int fd, const struct sockaddr *addr, sock
 enum gg_status acc_start(const struct sockaddr_storage *addr, const char *where,
                          acc_handoff handoff, void *ctx, uint16_t *port, struct acceptor **out,
                          struct gg_err *err);
+/*
+ * A listening socket on addr, non-blocking (SO_REUSEADDR, IPv6 only for an
+ * IPv6 address, backlog SOMAXCONN); -1 with errno set when it cannot be had.
+ * The ops port's door (opsdoor.h) listens through it too.
+ */
+int acc_listen(const struct sockaddr_storage *addr);
 /* Stop accepting and close the listening socket; new connections are refused. */
 void acc_stop(struct acceptor *a);
 

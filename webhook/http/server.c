@@ -23,6 +23,11 @@
  * the workers while /healthz said 200).
  * A slot is held no longer than --request-timeout by a request that is
  * late (sweeper.h), however slowly its bytes trickle in.
+ *
+ * The ops port is a daemon of its own without a listening socket either:
+ * its front door (opsdoor.h) accepts, answers the kubelet's probes itself
+ * the moment their request is in, and hands the daemon the other requests
+ * (/metrics), within a per-address cap (--ops-max-per-peer).
  */
 #include "http/server.h"
 #include "util/duration.h"
@@ -32,6 +37,7 @@
 #include "util/log.h"
 #include "util/metrics.h"
 #include "http/acceptor.h"
+#include "http/opsdoor.h"
 #include "http/review.h"
 #include "http/sweeper.h"
 #include "http/tlscreds.h"
@@ -80,7 +86,9 @@ struct srv {
     unsigned n_workers;
     atomic_uint next_worker; /* where the acceptor's round starts */
     uint16_t port;
-    struct MHD_Daemon *ops;
+    struct MHD_Daemon *ops; /* answers what the door hands it (opsdoor.h) */
+    struct ops_door *door;  /* the ops port: its socket, the probes, the per-peer cap */
+    uint16_t ops_port;
     size_t max_body;
     unsigned max_connections;
     atomic_uint open_connections; /* handed to a worker and not yet closed */
@@ -370,6 +378,45 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     engine_collect(s->engine);
 }
 
+/*
+ * The answer to /healthz or /readyz: its status, its text in out; 0 for
+ * another path.  The door (opsdoor.h) answers the probes the kubelet sends
+ * with it, on its own thread; on_ops the requests it hands over.
+ */
+static unsigned probe_text(struct srv *s, const char *path, char *out, size_t size)
+{
+    if (strcmp(path, "/healthz") == 0) {
+        int stuck = engine_overdue(); /* no budget reaches them: restart the process */
+        if (!stuck) {
+            snprintf(out, size, "ok\n");
+            return MHD_HTTP_OK;
+        }
+        snprintf(out, size, "stuck: %d evaluations past their deadline\n", stuck);
+        return MHD_HTTP_SERVICE_UNAVAILABLE;
+    }
+    if (strcmp(path, "/readyz") != 0)
+        return 0;
+    char note[700] = "";
+    if (s->ready_note) /* a second line, e.g. "inventory: ready (12 pods)" */
+        s->ready_note(s->ready_note_ctx, note, sizeof(note));
+    if (atomic_load(&s->ready)) {
+        char last[256];
+        engine_last_reload(s->engine, last, sizeof(last));
+        snprintf(out, size, "ready: policy generation %llu, last reload: %s\n%s%s",
+                 (unsigned long long)engine_generation(s->engine), last, note, *note ? "\n" : "");
+        return MHD_HTTP_OK;
+    }
+    pthread_mutex_lock(&s->reason_lock);
+    snprintf(out, size, "not ready: %s\n%s%s", s->not_ready_reason, note, *note ? "\n" : "");
+    pthread_mutex_unlock(&s->reason_lock);
+    return MHD_HTTP_SERVICE_UNAVAILABLE;
+}
+
+static unsigned door_probe(void *ctx, const char *path, char *out, size_t size)
+{
+    return probe_text(ctx, path, out, size);
+}
+
 static enum MHD_Result on_ops(void *cls, struct MHD_Connection *c, const char *url,
                               const char *method, const char *version, const char *upload_data,
                               size_t *upload_data_size, void **con_cls)
@@ -384,31 +431,10 @@ static enum MHD_Result on_ops(void *cls, struct MHD_Connection *c, const char *u
     *upload_data_size = 0;
     if (strcmp(method, MHD_HTTP_METHOD_GET) != 0 && strcmp(method, MHD_HTTP_METHOD_HEAD) != 0)
         return send_text(c, MHD_HTTP_METHOD_NOT_ALLOWED, "use GET\n");
-    if (strcmp(url, "/healthz") == 0) {
-        int stuck = engine_overdue(); /* no budget reaches them: restart the process */
-        char line[96];
-        snprintf(line, sizeof(line), "stuck: %d evaluations past their deadline\n", stuck);
-        return stuck ? send_text(c, MHD_HTTP_SERVICE_UNAVAILABLE, line)
-                     : send_text(c, MHD_HTTP_OK, "ok\n");
-    }
-    if (strcmp(url, "/readyz") == 0) {
-        char line[1200], note[700] = "";
-        if (s->ready_note) /* a second line, e.g. "inventory: ready (12 pods)" */
-            s->ready_note(s->ready_note_ctx, note, sizeof(note));
-        if (atomic_load(&s->ready)) {
-            char last[256];
-            engine_last_reload(s->engine, last, sizeof(last));
-            snprintf(line, sizeof(line), "ready: policy generation %llu, last reload: %s\n%s%s",
-                     (unsigned long long)engine_generation(s->engine), last, note,
-                     *note ? "\n" : "");
-            return send_text(c, MHD_HTTP_OK, line);
-        }
-        pthread_mutex_lock(&s->reason_lock);
-        snprintf(line, sizeof(line), "not ready: %s\n%s%s", s->not_ready_reason, note,
-                 *note ? "\n" : "");
-        pthread_mutex_unlock(&s->reason_lock);
-        return send_text(c, MHD_HTTP_SERVICE_UNAVAILABLE, line);
-    }
+    char line[1200];
+    unsigned status = probe_text(s, url, line, sizeof(line));
+    if (status)
+        return send_text(c, status, line);
     if (strcmp(url, "/metrics") == 0) {
         struct buf out;
         buf_init(&out, 16 << 20);
@@ -656,39 +682,77 @@ static void stop_workers(struct srv *s)
 }
 
 /*
- * An ops connection's clock runs from its accept to its close (one request
- * per connection, see closes_connection): a slow client cannot hold the
- * ops port's connections, which the kubelet's probes need, past the request
- * deadline.
+ * An ops connection's clock runs from its accept (by the door) to its close
+ * (one request per connection, see closes_connection): a slow client cannot
+ * hold the connections this daemon answers past the request deadline.  The
+ * door counts the connection against its address until the CLOSED notice,
+ * which comes before the socket is closed.
  */
 static void on_ops_connection(void *cls, struct MHD_Connection *c, void **socket_context,
                               enum MHD_ConnectionNotificationCode toe)
 {
     struct srv *s = cls;
+    const union MHD_ConnectionInfo *fd =
+        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     if (toe != MHD_CONNECTION_NOTIFY_STARTED) {
         sw_close(*socket_context);
         *socket_context = NULL;
+        if (fd)
+            door_closed(s->door, fd->connect_fd);
         return;
     }
-    const union MHD_ConnectionInfo *fd =
-        MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     if (!fd) /* cannot happen: every connection has its socket */
         return;
-    *socket_context = sw_open(s->sweeper, fd->connect_fd);
+    *socket_context =
+        sw_open_at(s->sweeper, fd->connect_fd, door_accepted_at(s->door, fd->connect_fd));
     if (!*socket_context)
         shutdown(fd->connect_fd, SHUT_RDWR); /* no deadline, no connection */
 }
 
-static struct MHD_Daemon *start_ops(struct srv *s, struct sockaddr_storage *addr)
+/* On the door's thread: a request that is not a probe, for the ops daemon. */
+static bool hand_to_ops(void *ctx, int fd, const struct sockaddr *addr, socklen_t len)
 {
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_USE_ERROR_LOG;
-    if (addr->ss_family == AF_INET6)
-        flags |= MHD_USE_IPv6;
-    return MHD_start_daemon(flags, 0, NULL, NULL, on_ops, s, MHD_OPTION_SOCK_ADDR,
-                            (struct sockaddr *)addr, MHD_OPTION_CONNECTION_LIMIT, 64,
+    struct srv *s = ctx;
+    return MHD_add_connection(s->ops, fd, addr, len) == MHD_YES;
+}
+
+/*
+ * The ops daemon has no socket of its own: the door accepts, answers the
+ * probes and hands it the rest, at most OPS_ANSWERING at once (the door's
+ * count; the library's limit is above it, never reached: see the top of
+ * this file).
+ */
+static struct MHD_Daemon *start_ops(struct srv *s)
+{
+    unsigned flags =
+        MHD_USE_POLL_INTERNAL_THREAD | MHD_USE_ITC | MHD_USE_NO_LISTEN_SOCKET | MHD_USE_ERROR_LOG;
+    return MHD_start_daemon(flags, 0, NULL, NULL, on_ops, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
+                            MHD_OPTION_CONNECTION_LIMIT, OPS_ANSWERING + 1,
                             MHD_OPTION_CONNECTION_TIMEOUT, 30, MHD_OPTION_NOTIFY_CONNECTION,
-                            on_ops_connection, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
-                            MHD_OPTION_END);
+                            on_ops_connection, s, MHD_OPTION_END);
+}
+
+/* The ops daemon, then the door that feeds it. */
+static enum gg_status start_ops_port(struct srv *s, const struct srv_config *cfg,
+                                     const struct sockaddr_storage *addr, struct gg_err *err)
+{
+    s->ops = start_ops(s);
+    if (!s->ops)
+        return gg_fail(err, GG_ERR_IO, "cannot start the ops port's HTTP server");
+    struct door_config dc = {.per_peer = cfg->ops_per_peer ? cfg->ops_per_peer : OPS_PER_PEER,
+                             .pending_max = OPS_WAITING,
+                             .handed_max = OPS_ANSWERING,
+                             .sweeper = s->sweeper};
+    struct door_hooks hooks = {.probe = door_probe, .handoff = hand_to_ops, .ctx = s};
+    return door_start(addr, cfg->ops_listen, &dc, &hooks, &s->ops_port, &s->door, err);
+}
+
+static void stop_ops_port(struct srv *s)
+{
+    door_stop(s->door); /* no more hand-offs */
+    if (s->ops)
+        MHD_stop_daemon(s->ops); /* its CLOSED notices reach the door */
+    door_free(s->door);
 }
 
 enum gg_status srv_start(const struct srv_config *cfg, struct srv **out, struct gg_err *err)
@@ -712,29 +776,19 @@ enum gg_status srv_start(const struct srv_config *cfg, struct srv **out, struct 
     snprintf(s->not_ready_reason, sizeof(s->not_ready_reason), "starting");
     if ((st = sw_new((int64_t)cfg->request_timeout_s * 1000, &s->sweeper, err)) != GG_OK)
         goto fail;
-    if ((st = start_webhook(s, cfg, &hook_addr, err)) != GG_OK)
+    if ((st = start_webhook(s, cfg, &hook_addr, err)) != GG_OK ||
+        (st = start_ops_port(s, cfg, &ops_addr, err)) != GG_OK)
         goto fail;
-    s->ops = start_ops(s, &ops_addr);
-    if (!s->ops) {
-        st = gg_fail(err, GG_ERR_IO, "cannot serve the ops port on %s (address in use?)",
-                     cfg->ops_listen);
-        goto fail;
-    }
     *out = s;
     return GG_OK;
 fail:
     acc_stop(s->acceptor);
+    stop_ops_port(s);
     stop_workers(s);
     sw_free(s->sweeper);
     pthread_mutex_destroy(&s->reason_lock);
     free(s);
     return st;
-}
-
-static uint16_t bound_port(struct MHD_Daemon *d)
-{
-    const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
-    return info ? info->port : 0;
 }
 
 uint16_t srv_port(const struct srv *s)
@@ -744,7 +798,7 @@ uint16_t srv_port(const struct srv *s)
 
 uint16_t srv_ops_port(const struct srv *s)
 {
-    return bound_port(s->ops);
+    return s->ops_port;
 }
 
 void srv_set_ready(struct srv *s, bool ready, const char *reason)
@@ -776,7 +830,7 @@ void srv_stop(struct srv *s, int64_t grace_ms)
         log_msg(LOG_WARN, "shutdown: %ld requests still in flight after %lld ms",
                 metrics_inflight(), (long long)grace_ms);
     stop_workers(s);
-    MHD_stop_daemon(s->ops);
+    stop_ops_port(s);
     sw_free(s->sweeper);
     pthread_mutex_destroy(&s->reason_lock);
     free(s);

@@ -2,7 +2,8 @@
  * server.h - the HTTPS webhook endpoint and the plain-HTTP ops endpoint.
  *
  * The webhook answers POST /mutate and POST /validate with AdmissionReviews;
- * the ops port serves /healthz, /readyz and /metrics.  HTTP status codes are
+ * the ops port serves /healthz, /readyz and /metrics (its socket, the probes
+ * and the per-peer cap are opsdoor.h's).  HTTP status codes are
  * decided here and nowhere else.  The serving certificate comes from
  * tlscreds.h at every handshake: load it there before srv_start.
  */
@@ -16,6 +17,19 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/*
+ * The ops port (opsdoor.h): connections one address may hold waiting for
+ * their request, and again being answered (--ops-max-per-peer's default);
+ * connections waiting, all addresses; requests other than the probes
+ * answered at once.  The probes need none of these: the door answers a
+ * probe as soon as its request is in.
+ */
+#define OPS_PER_PEER 8
+#define OPS_WAITING 512
+#define OPS_ANSWERING 64
+/* Descriptors the ops port may hold at most. */
+#define OPS_MAX_FDS (OPS_WAITING + OPS_ANSWERING + 2)
+
 struct srv_config {
     const char *listen;        /* "ADDR:PORT" or "[V6ADDR]:PORT"; port 0 picks one */
     const char *ops_listen;    /* same form, plain HTTP */
@@ -26,9 +40,10 @@ struct srv_config {
     unsigned idle_timeout_s; /* keep-alive idle timeout, above the client's 90 s */
     /* A request's headers and body must arrive within this, else its connection is closed. */
     unsigned request_timeout_s;
+    unsigned ops_per_peer; /* see OPS_PER_PEER; 0: that */
     struct engine *engine; /* evaluates the reviews; also reported by /readyz */
     /* Writes a second /readyz line (e.g. the inventory's state); NULL: none.  Called on the
-     * ops thread: it must be quick and must not block. */
+     * ops port's threads (the door's, for the probes): it must be quick and must not block. */
     void (*ready_note)(void *ctx, char *out, size_t size);
     void *ready_note_ctx;
 };

@@ -129,12 +129,17 @@ void sw_free(struct sweeper *sw)
 
 struct sw_conn *sw_open(struct sweeper *sw, int fd)
 {
+    return sw_open_at(sw, fd, gg_now_us());
+}
+
+struct sw_conn *sw_open_at(struct sweeper *sw, int fd, int64_t start_us)
+{
     struct sw_conn *c = calloc(1, sizeof(*c));
     if (!c)
         return NULL;
     c->sw = sw;
     c->fd = fd;
-    atomic_init(&c->start_us, gg_now_us());
+    atomic_init(&c->start_us, start_us > 0 ? start_us : gg_now_us());
     pthread_mutex_lock(&sw->lock);
     c->next = sw->head;
     if (sw->head)

@@ -46,6 +46,8 @@ void sw_free(struct sweeper *sw);
  * deadline).
  */
 struct sw_conn *sw_open(struct sweeper *sw, int fd);
+/* The same, its clock started at start_us (gg_now_us's clock): a connection accepted earlier. */
+struct sw_conn *sw_open_at(struct sweeper *sw, int fd, int64_t start_us);
 /* Stop tracking, before the socket is closed; NULL is a no-op. */
 void sw_close(struct sw_conn *c);
 
