@@ -10,7 +10,8 @@ Configuration (rightsizing:, checked by M.check):
   min_history  at least this span of samples before acting, e.g. 1h, 2d (default 1h)
   classes      workload classes it acts on (default inference, interactive, batch: never
                training unless listed)
-  prometheus, window, refresh, metric, labels   read by the server's usage source (rightsize.h)
+  prometheus, window, refresh, metric, labels, max_series   read by the server's usage source
+               (rightsize.h; max_series, the most series one answer may have, checked here too)
 
 Must not: keep state, or change the pod.
 ]]
@@ -67,6 +68,10 @@ function M.check(cfg)
     end
     if rs.min_history ~= nil and (fleet.seconds(rs.min_history) or 0) == 0 then
         error("rightsizing.min_history: must be a duration such as 1h or 2d", 0)
+    end
+    local ms = rs.max_series
+    if ms ~= nil and (math.type(ms) ~= "integer" or ms < 1 or ms > 1000000) then
+        error("rightsizing.max_series: must be a whole number from 1 to 1000000", 0)
     end
     if rs.classes ~= nil then
         if type(rs.classes) ~= "table" then
@@ -185,8 +190,9 @@ function M.asked_memory(e, model)
     return m
 end
 
---- Peak MiB x headroom rounded up to whole GiB (at least 1 GiB: an idle GPU's peak is 0), in
---- milli-bytes: what gpu-memory is set to.
+--- Peak MiB x headroom rounded up to whole GiB (at least 1 GiB, a guard: the server leaves out
+--- workloads whose peak is below 1 GiB, no evidence of a small one), in milli-bytes: what
+--- gpu-memory is set to.
 function M.needed_memory(peak_mib, headroom)
     local mib = math.max(1, math.ceil(peak_mib * headroom))
     return ceil_div(mib, 1024) * GIB_MILLI

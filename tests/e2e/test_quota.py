@@ -4,6 +4,7 @@ inventory relists (410 Gone) and counts the same.  And DRA: the resourceclaim co
 pod's claim from its template, the scheduler allocates it, and the inventory charges it once."""
 
 import json
+import re
 import time
 
 from e2e_support import REPO, claim_pod, claim_template, pod_running, wait_for
@@ -17,6 +18,18 @@ def gpu_pod(name, gpus=1, **spec):
             "metadata": {"name": name, "labels": {"team": "e2e", "gpuguard.io/workload-class": "training"}},
             "spec": {"containers": [{"name": "main", "image": "registry.example/cuda:12",
                                      "resources": {"limits": {"nvidia.com/gpu": gpus}}}], **spec}}
+
+
+def usage(gpuguard, namespace):
+    """The GPUs each gpuguard process's inventory counts in namespace, as a set."""
+    return {float(v) for v in re.findall(
+        rf'^gpuguard_inventory_usage_gpus\{{namespace="{re.escape(namespace)}"\}} (\S+)$',
+        gpuguard.metrics(), re.M)}
+
+
+def pod_counts(gpuguard):
+    """The GPU pods each gpuguard process's inventory holds, in process order."""
+    return [float(v) for v in re.findall(r"^gpuguard_inventory_pods (\S+)$", gpuguard.metrics(), re.M)]
 
 
 def denial(kube, namespace, pod):
@@ -100,13 +113,17 @@ def test_a_dra_pod_stays_charged_when_its_template_is_swapped(kube, gpuguard, na
                  "spec": {"spec": {"devices": {"requests": [
                      {"name": "gpus", "exactly": {"deviceClassName": "rdma.example.com"}}]}}}},
                 namespace)
+    wait_for("the pod charged 2 GPUs", lambda: usage(gpuguard, namespace) == {2.0})
+    # The watch delivers events in order: once a GPU pod created after the label edit is in
+    # every process's inventory, each has charged the edited pod again.  Pods of earlier tests'
+    # namespaces must be gone first, or their deletion would hide the marker in the count.
+    wait_for("no namespace terminating", lambda: not [
+        n for n in kube.json("get", "namespaces")["items"] if n["status"].get("phase") == "Terminating"])
+    before = pod_counts(gpuguard)
     kube.run("label", "pod", "dra", "-n", namespace, "touched=yes")
-    # The watch delivers events in order: once a pod created after the label edit has come and
-    # gone in the inventory, the edit was charged again.
-    pods = gpuguard.metric("gpuguard_inventory_pods")
-    kube.create(gpu_pod("marker", 1), namespace)  # a pod holding a GPU: the inventory counts it
-    wait_for("the marker pod in the inventory", lambda: gpuguard.metric("gpuguard_inventory_pods") > pods)
-    kube.run("delete", "pod", "marker", "-n", namespace, "--grace-period=0", "--force")
-    wait_for("the marker pod gone from the inventory", lambda: gpuguard.metric("gpuguard_inventory_pods") == pods)
+    kube.create(gpu_pod("marker", 1), namespace)
+    wait_for("the marker pod in every inventory",
+             lambda: pod_counts(gpuguard) == [n + 1 for n in before])
+    assert usage(gpuguard, namespace) == {3.0}  # 2 for the DRA pod, 1 for the marker
     message = denial(kube, namespace, gpu_pod("three", 3))  # quota 4, the default
-    assert f"namespace {namespace} would use 5 of 4 GPUs (in use 2, this pod 3)" in message
+    assert f"namespace {namespace} would use 6 of 4 GPUs (in use 3, this pod 3)" in message

@@ -17,10 +17,13 @@ in MiB, one sample a minute, ending two minutes ago):
   vec    Deployment on a whole A100 for 5.5 h (3000, live too)
   serve  LeaderWorkerSet's pod serve-0-1 on a whole A100 for 3.5 h (3000): by its name alone
          it folds into "serve-0"; the inventory knows its owner
+  idle   Deployment on a whole A100 for 10 h, every sample 0 (an idle GPU, or an exporter
+         that reports nothing): no evidence of a small workload, left out
   research/embed-0: another namespace's embed, 70000
 """
 
 import contextlib
+import json
 import signal
 import socket
 import subprocess
@@ -54,6 +57,7 @@ SHARED = device(2, "GPU-2c3d4e5f")
 C = device(3, "GPU-3f4a5b6c")
 V = device(4, "GPU-4b5c6d7e")
 W = device(5, "GPU-6a7b8c9d")
+IDLE = device(6, "GPU-7d8e9f0a")
 R = device(0, "GPU-5d6e7f8a", host="gpu-node-2")
 
 LIVE = {  # what the exporter serves now: pod -> (device, namespace, container, MiB)
@@ -85,6 +89,7 @@ def history(now):
         (pod(C, "ml", "sweep-k7k7k", "trial"), span(now - 2400, end, lambda t: 3000)),
         (pod(V, "ml", "vec-6b7c8d9f5-k2k2k", "index"), span(now - 5 * h - 1800, end, lambda t: 3000)),
         (pod(W, "ml", "serve-0-1", "vllm"), span(now - 3 * h - 1800, end, lambda t: 3000)),
+        (pod(IDLE, "ml", "idle-5c6d7f8b9-m2m2m", "server"), span(now - 10 * h, end, lambda t: 0)),
         (pod(R, "research", "embed-0", "model"), span(now - 20 * h, end, lambda t: 70000)),
     ]
 
@@ -101,29 +106,36 @@ def openmetrics(now, target):
     return "\n".join(out) + "\n"
 
 
+def loopback_server(body_of, content_type):
+    """A threaded HTTP server on 127.0.0.1 whose every GET answers 200 with body_of(path) (str or
+    bytes) as content_type; the server, already serving."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = body_of(self.path)
+            body = body.encode() if isinstance(body, str) else body
+            self.send_response(200)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return httpd
+
+
 class Exporter:
     """The loopback exporter: GET /metrics serves LIVE-shaped samples."""
 
     def __init__(self):
         self.live = {k: list(v) for k, v in LIVE.items()}
         self.lock = threading.Lock()
-        exporter = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_GET(self):
-                body = exporter.text().encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "text/plain; version=0.0.4")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, *args):
-                pass
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.httpd = loopback_server(lambda _: self.text(), "text/plain; version=0.0.4")
         self.target = f"127.0.0.1:{self.httpd.server_address[1]}"
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
     def set(self, pod, mib):
         with self.lock:
@@ -217,3 +229,48 @@ def serving(tmp):
         p.proc.send_signal(signal.SIGCONT)
         p.stop()
         exporter.close()
+
+
+# ---- a stand-in Prometheus: fixed answers, for what a real one will not send ------------------
+
+def vector_answer(samples, t=1795526098.47):
+    """The body of an instant-vector answer: samples are (labels, value) pairs."""
+    rows = ",".join('{"metric":%s,"value":[%.3f,"%s"]}'
+                    % (json.dumps(labels, separators=(",", ":")), t, value)
+                    for labels, value in samples)
+    return '{"status":"success","data":{"resultType":"vector","result":[%s]}}' % rows
+
+
+def many_pods(n, namespaces=100):
+    """n pods of n workloads (Jobs' pods, one a workload), each with a peak, in a generated
+    cluster: the answers Prometheus sends for a large fleet over the window.  The peak answer has
+    n series; the history two per pod for the first 40 % of them (0.8 n series: its series are
+    longer), so that both stay under the 32 MiB bound up to about 330,000 pods."""
+    pods = [(f"ns-{i % namespaces}", f"job-{i}-bcdfg") for i in range(n)]
+    peak = vector_answer(({"namespace": ns, "pod": p}, 2048 + i % 50000)
+                         for i, (ns, p) in enumerate(pods))
+    edges = []
+    for ns, p in pods[:n * 2 // 5]:
+        edges.append(({"edge": "first", "namespace": ns, "pod": p}, 1795400000))
+        edges.append(({"edge": "last", "namespace": ns, "pod": p}, 1795526040))
+    return peak, vector_answer(edges)
+
+
+class FakePrometheus:
+    """GET /api/v1/query on 127.0.0.1: the peak query's answer is .peak, the history query's
+    (the one with label_replace) .history, both bodies (str or bytes) a test may change."""
+
+    def __init__(self, peak, history):
+        self.peak, self.history = peak, history
+        self.queries = 0
+        self.httpd = loopback_server(self.answer, "application/json")
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+
+    def answer(self, path):
+        text = urllib.parse.parse_qs(urllib.parse.urlparse(path).query).get("query", [""])[0]
+        self.queries += 1
+        return self.history if "label_replace" in text else self.peak
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()

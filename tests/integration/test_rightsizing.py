@@ -7,10 +7,12 @@ over TLS; `gpuguard usage` saving the two answers and `gpuguard check
 
 import base64
 import json
+import os
 import re
 import signal
 import statistics
 import subprocess
+import sys
 import time
 import uuid
 
@@ -19,11 +21,12 @@ import pytest
 import yaml
 
 from conftest import REPO
-from dcgm_prometheus import serving
+from dcgm_prometheus import FakePrometheus, many_pods, serving, vector_answer
 from fake_apiserver import FakeApiServer, gpu_pod
 from test_inventory_sync import no_proxy_env, write_kubeconfig
 from test_server import metric
 from conftest import start_server, wait_for
+from test_faults import SANITIZED
 
 # The tests share one Prometheus (the prom fixture, six seconds to start): under pytest-xdist
 # they all run on one worker, which starts it once.
@@ -352,7 +355,8 @@ def test_check_replays_saved_usage_and_applies_on_templates(binary, tmp_path, pr
                         str(write_config(tmp_path, "http://127.0.0.1:1")), "-o", str(saved)],
                        capture_output=True, text=True, env=no_proxy_env(), timeout=60)
     assert r.returncode == 0, r.stderr
-    assert r.stderr == f"gpuguard usage: 6 workloads saved to {saved}\n"
+    assert r.stderr == (f"gpuguard usage: 6 workloads saved to {saved}; 1 more left out: a peak "
+                        "below 1 GiB is no evidence\n")  # idle
     doc = json.loads(saved.read_text())
     assert doc["version"] == 1 and doc["window"] == "7d"
     assert doc["labels"] == {"namespace": "namespace", "pod": "pod"}
@@ -360,6 +364,7 @@ def test_check_replays_saved_usage_and_applies_on_templates(binary, tmp_path, pr
              for s in doc["peak"]["data"]["result"]}
     assert peaks[("ml", "chat-5d8f7c9b4-x2x7z")] == 7270
     assert peaks[("ml", "embed-0")] == 15000
+    assert peaks[("ml", "idle-5c6d7f8b9-m2m2m")] == 0  # saved as Prometheus sent it
     assert not any(pod.startswith("lab-") for _, pod in peaks)  # the shared device's
     manifests = tmp_path / "apps.yaml"
     manifests.write_text(DEPLOYMENT)
@@ -488,5 +493,163 @@ def test_apply_at_workload_admission_in_the_webhook(binary, certs, tmp_path, pro
         text = server.ops("/metrics")[1]
         assert metric(text, "gpuguard_rightsizing_recommendations_total", action="apply") == 1
         assert metric(text, "gpuguard_rightsizing_recommendations_total", action="recommend") == 2
+    finally:
+        assert server.stop() == 0
+
+
+IDLE_POD = pod("ReplicaSet", "idle-5c6d7f8b9")
+
+
+def test_a_history_of_zeros_is_no_evidence(binary, certs, tmp_path, prom):
+    """idle's pod held its GPU for 10 hours and the exporter said 0 MiB all along: that is an
+    idle GPU or a broken exporter, not a workload that fits in 1 GiB.  No recommendation, and
+    the workload is counted."""
+    server = serve(binary, certs, tmp_path, prom.url)
+    try:
+        assert wait_for(lambda: readyz_line(server).startswith("rightsizing: ok (6 workloads"))
+        assert rightsizing_of(server, IDLE_POD) == ([], None)
+        assert rightsizing_of(server, CHAT_POD) == told(CHAT)  # the others as ever
+        text = server.ops("/metrics")[1]
+        assert metric(text, "gpuguard_rightsizing_no_evidence_workloads") == 1
+        assert metric(text, "gpuguard_rightsizing_workloads") == 6
+    finally:
+        assert server.stop() == 0
+
+
+def chat_answers(now):
+    """The stand-in's answers for chat alone: 7270 MiB at most over 26 hours."""
+    pods = [{"namespace": "ml", "pod": "chat-5d8f7c9b4-x2x7z"}]
+    peak = vector_answer([(pods[0], 7270)])
+    history = vector_answer([(dict(pods[0], edge="first"), now - 26 * 3600),
+                             (dict(pods[0], edge="last"), now)])
+    return peak, history
+
+
+def test_an_answer_past_max_series_is_refused_and_the_last_data_kept(binary, certs, tmp_path):
+    fake = FakePrometheus(*chat_answers(int(time.time())))
+    server = serve(binary, certs, tmp_path, fake.url, max_series=50)
+    try:
+        assert wait_for(lambda: readyz_line(server).startswith("rightsizing: ok (1 workloads"))
+        assert rightsizing_of(server, CHAT_POD) == told(CHAT)
+        # 60 pods: past the bound.  The refresh is refused, what policies see stays.
+        fake.peak = many_pods(60)[0]
+        refused = (r"rightsizing: failing, policies see the last data \(1 workloads, updated "
+                   r"\d+s ago\): peak query: more than 50 series \(rightsizing\.max_series\): "
+                   r"refused")
+        assert wait_for(lambda: re.fullmatch(refused, readyz_line(server))), readyz_line(server)
+        assert rightsizing_of(server, CHAT_POD) == told(CHAT)
+        text = server.ops("/metrics")[1]
+        assert metric(text, "gpuguard_rightsizing_refused_total", limit="series") >= 1
+        assert metric(text, "gpuguard_rightsizing_refused_total", limit="bytes") == 0
+        assert metric(text, "gpuguard_rightsizing_refreshes_total", result="error") >= 1
+        assert metric(text, "gpuguard_rightsizing_max_series") == 50
+        assert metric(text, "gpuguard_rightsizing_series", query="peak") == 1
+        assert metric(text, "gpuguard_rightsizing_source_up") == 1
+        assert any(r.get("msg", "").startswith("rightsizing: usage answer refused, past a bound")
+                   and "more than 50 series" in r.get("error", "") for r in server.log_lines())
+        # Back under the bound: the data is refreshed again.
+        fake.peak = chat_answers(int(time.time()))[0]
+        assert wait_for(lambda: readyz_line(server).startswith("rightsizing: ok (1 workloads"))
+        assert any(r.get("msg") == "rightsizing: usage source recovered"
+                   for r in server.log_lines())
+    finally:
+        assert server.stop() == 0
+        fake.close()
+
+
+# Run from this process, a child's peak RSS would count this one's (a fork is a copy until it
+# runs the program): a fresh interpreter starts it and reports it.
+LAUNCHER = """
+import os, sys
+pid = os.fork()
+if pid == 0:
+    os.execvp(sys.argv[2], sys.argv[2:])
+_, status, usage = os.wait4(pid, 0)
+with open(sys.argv[1], "w") as f:
+    f.write(f"{os.waitstatus_to_exitcode(status)} {usage.ru_maxrss}")
+"""
+
+
+def peak_rss_kb(cmd, tmp_path, stdout=subprocess.DEVNULL, env=None):
+    """Run cmd to its end: (its exit status, its peak resident set in KiB, its stderr)."""
+    report = tmp_path / "rusage"
+    r = subprocess.run([sys.executable, "-c", LAUNCHER, str(report), *cmd], stdout=stdout,
+                       stderr=subprocess.PIPE, env=env, timeout=300)
+    rc, rss = map(int, report.read_text().split())
+    return rc, rss, r.stderr.decode()
+
+
+# 330,000 pods: the issue's figure, both answers near the 32 MiB bound.  Before the answers were
+# read as they arrive, `gpuguard usage` peaked at 937 MB on them and `gpuguard serve` at 968 MB,
+# past the Deployment's 512 Mi; now some 30 and 52 MB.
+LARGE = 330_000
+RSS_BOUND_KB = 128 * 1024
+
+
+@pytest.fixture(scope="module")
+def large():
+    peak, history = many_pods(LARGE)
+    assert len(peak) < 32 << 20 and len(history) < 32 << 20
+    fake = FakePrometheus(peak.encode(), history.encode())
+    yield fake
+    fake.close()
+
+
+def test_usage_holds_the_workloads_not_the_answers(binary, tmp_path, large):
+    saved = tmp_path / "usage.json"
+    cfg = write_config(tmp_path, large.url, max_series=400_000,
+                       prometheus={"url": large.url, "timeout": "30s"})
+    rc, rss, err = peak_rss_kb([binary, "usage", "--config", str(cfg), "-o", str(saved)],
+                               tmp_path, env=no_proxy_env())
+    assert rc == 0, err
+    workloads = int(re.fullmatch(r"gpuguard usage: (\d+) workloads saved to .*\n", err)[1])
+    assert workloads > 300_000
+    if not SANITIZED:
+        assert rss < RSS_BOUND_KB, f"peak RSS {rss} KiB"
+    text = saved.read_bytes()
+    assert large.peak in text and large.history in text  # as Prometheus sent them
+    # check --usage reads it back the same way.
+    pod_file = tmp_path / "pod.yaml"
+    pod_file.write_text(yaml.safe_dump(pod("Job", "job-12", name="job-12-bcdfg", cls="batch",
+                                           ns="ns-12")))
+    with open(tmp_path / "check.out", "wb") as out:
+        rc, rss, err = peak_rss_kb([binary, "check", "--policies", str(REPO / "policies"),
+                                    "--lua", str(REPO / "lua"), "--config", str(cfg), "--usage",
+                                    str(saved), str(pod_file)], tmp_path, stdout=out)
+    assert rc in (0, 1), err
+    if not SANITIZED:
+        assert rss < RSS_BOUND_KB, f"peak RSS {rss} KiB"
+    # job-12 peaked at 2048 + 12 MiB over 35 hours.
+    assert "rightsizing: used at most 2.0 GiB of 24 over 35 hours" in \
+        (tmp_path / "check.out").read_text()
+    # With the default bound (200,000 series), the same answers are refused.
+    rc, _, err = peak_rss_kb([binary, "usage", "--prometheus", large.url, "-o",
+                              str(tmp_path / "refused.json")], tmp_path, env=no_proxy_env())
+    assert (rc, err) == (1, f"gpuguard usage: {large.url}: peak query: more than 200000 series "
+                            "(rightsizing.max_series): refused\n")
+    assert not (tmp_path / "refused.json").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith("refused")] == []
+
+
+def vm_hwm_kb(pid):
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1])
+    return None
+
+
+def test_serve_holds_the_workloads_not_the_answers(binary, certs, tmp_path, large):
+    before = large.queries
+    server = serve(binary, certs, tmp_path, large.url, max_series=400_000,
+                   prometheus={"url": large.url, "timeout": "30s"})
+    try:
+        assert wait_for(lambda: re.match(r"rightsizing: ok \(3\d{5} workloads",
+                                         readyz_line(server))), readyz_line(server)
+        # Three refreshes: each builds its table beside the one policies see.
+        assert wait_for(lambda: large.queries - before >= 6)
+        assert wait_for(lambda: readyz_line(server).startswith("rightsizing: ok ("))
+        hwm = vm_hwm_kb(server.proc.pid)
+        if not SANITIZED:
+            assert hwm < RSS_BOUND_KB, f"VmHWM {hwm} KiB"
     finally:
         assert server.stop() == 0

@@ -17,7 +17,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #define USAGE_HELP_WIDTH 19 /* the flag column of --help */
 
@@ -129,27 +131,47 @@ static int settings_of(const struct usage_opts *o, struct rs_settings *s)
     return 0;
 }
 
-static int write_file(const char *path, const json_t *doc)
+static bool save(void *ctx, const char *data, size_t len)
 {
-    char *text = NULL;
-    size_t len = 0;
-    if (gg_json_dump(doc, JSON_INDENT(1) | JSON_SORT_KEYS, &text, &len) != GG_OK) {
-        fprintf(stderr, "gpuguard usage: out of memory\n");
-        return 1;
+    return fwrite(data, 1, len, ctx) == len;
+}
+
+/* All of f to stdout; false when it cannot be written. */
+static bool copy_out(FILE *f)
+{
+    char chunk[1 << 16];
+    size_t n;
+    rewind(f);
+    while ((n = fread(chunk, 1, sizeof(chunk), f)) > 0)
+        if (fwrite(chunk, 1, n, stdout) != n)
+            return false;
+    return !ferror(f) && fflush(stdout) == 0;
+}
+
+/*
+ * Where the file is written as the answers arrive: a temporary file beside
+ * it, renamed over it once whole (tmp), or for stdout one of tmpfile()
+ * copied out once whole; so a failed query leaves no half file.
+ */
+static FILE *open_output(const char *path, char *tmp, size_t size)
+{
+    if (strcmp(path, "-") == 0)
+        return tmpfile();
+    if ((size_t)snprintf(tmp, size, "%s.XXXXXX", path) >= size) {
+        errno = ENAMETOOLONG;
+        return NULL;
     }
-    bool to_stdout = strcmp(path, "-") == 0;
-    FILE *f = to_stdout ? stdout : fopen(path, "w");
-    bool ok = f && fwrite(text, 1, len, f) == len && fputc('\n', f) != EOF;
-    if (f && !to_stdout)
-        ok = fclose(f) == 0 && ok;
-    else if (f)
-        ok = fflush(f) == 0 && ok;
-    free(text);
-    if (!ok) {
-        fprintf(stderr, "gpuguard usage: cannot write %s: %s\n", path, strerror(errno));
-        return 1;
+    int fd = mkstemp(tmp);
+    if (fd < 0)
+        return NULL;
+    mode_t mask = umask(0);
+    umask(mask);
+    FILE *f = fchmod(fd, 0666 & ~mask) == 0 ? fdopen(fd, "w+") : NULL;
+    if (!f) {
+        close(fd);
+        unlink(tmp);
     }
-    return 0;
+    return f;
 }
 
 int cli_usage(int argc, char **argv)
@@ -165,33 +187,64 @@ int cli_usage(int argc, char **argv)
     }
     struct gg_err err = {{0}};
     struct kc_client *client = NULL;
-    json_t *peak = NULL, *history = NULL, *doc = NULL;
-    int64_t now = (int64_t)time(NULL);
-    if (ps_client_new(&s, &client, &err) != GG_OK ||
-        ps_fetch(client, &s, NULL, &peak, &history, &err) != GG_OK) {
+    struct rs_data d = {0};
+    char tmp[4096] = "";
+    char *head = rs_file_head(&s, (int64_t)time(NULL));
+    FILE *f = NULL;
+    if (!head) {
+        fprintf(stderr, "gpuguard usage: out of memory\n");
+        goto out;
+    }
+    if (ps_client_new(&s, &client, &err) != GG_OK) {
         fprintf(stderr, "gpuguard usage: %s: %s\n", s.url, err.msg);
         goto out;
     }
-    /* Check the answers fold before saving them: check --usage must be able to read the file. */
-    struct rs_data d = {0};
-    enum gg_status st = rs_data_fold(&d, peak, history, s.ns_label, s.pod_label, NULL, &err);
-    size_t workloads = json_object_size(d.workloads);
-    rs_data_clear(&d);
+    if (!(f = open_output(o.output, tmp, sizeof(tmp)))) {
+        fprintf(stderr, "gpuguard usage: cannot write %s: %s\n", o.output, strerror(errno));
+        goto out;
+    }
+    /* The answers as they arrive, each folded as it is saved: check --usage must read it. */
+    struct ps_sink sink = {save, f};
+    bool written = fputs(head, f) != EOF;
+    enum gg_status st = ps_query(client, &s, RS_QUERY_PEAK, NULL, NULL, &sink, &d, NULL, &err);
+    if (st == GG_OK) {
+        written = written && fputs(RS_FILE_BETWEEN, f) != EOF;
+        st = ps_query(client, &s, RS_QUERY_HISTORY, NULL, NULL, &sink, &d, NULL, &err);
+    }
     if (st != GG_OK) {
         fprintf(stderr, "gpuguard usage: %s: %s\n", s.url, err.msg);
         goto out;
     }
-    if (!(doc = rs_file_new(&s, now, peak, history))) {
-        fprintf(stderr, "gpuguard usage: out of memory\n");
+    rs_data_finish(&d);
+    written = written && fputs(RS_FILE_END, f) != EOF && fflush(f) == 0;
+    if (*tmp) {
+        written = fclose(f) == 0 && written;
+        f = NULL;
+        written = written && rename(tmp, o.output) == 0;
+    } else {
+        written = written && copy_out(f);
+    }
+    if (!written) {
+        fprintf(stderr, "gpuguard usage: cannot write %s: %s\n", o.output, strerror(errno));
         goto out;
     }
-    rc = write_file(o.output, doc);
-    if (rc == 0 && strcmp(o.output, "-") != 0)
-        fprintf(stderr, "gpuguard usage: %zu workloads saved to %s\n", workloads, o.output);
+    *tmp = '\0';
+    rc = 0;
+    if (strcmp(o.output, "-") != 0)
+        fprintf(stderr, "gpuguard usage: %zu workloads saved to %s", d.n, o.output);
+    else if (d.no_evidence)
+        fprintf(stderr, "gpuguard usage: %zu workloads", d.n);
+    if (d.no_evidence)
+        fprintf(stderr, "; %zu more left out: a peak below 1 GiB is no evidence", d.no_evidence);
+    if (strcmp(o.output, "-") != 0 || d.no_evidence)
+        fputc('\n', stderr);
 out:
+    if (f)
+        fclose(f);
+    if (*tmp)
+        unlink(tmp);
+    free(head);
+    rs_data_clear(&d);
     kc_free(client);
-    json_decref(peak);
-    json_decref(history);
-    json_decref(doc);
     return rc;
 }

@@ -4,10 +4,10 @@
  */
 #include "kube/promsource.h"
 
-#include "util/buf.h"
 #include "util/log.h"
 #include "kube/rsstore.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,13 +20,36 @@ enum gg_status ps_client_new(const struct rs_settings *s, struct kc_client **out
     return kc_new_endpoint(&ep, out, err);
 }
 
+/* One answer arriving: counted, folded, passed on. */
+struct answer {
+    struct rs_reader *reader;
+    const struct ps_sink *sink;
+    size_t bytes;
+    bool over_bytes;
+    enum gg_status st;
+    struct gg_err err;
+};
+
 static bool on_body(void *ctx, const char *data, size_t len)
 {
-    return buf_append(ctx, data, len) == GG_OK; /* false past RS_MAX_RESPONSE: abort */
+    struct answer *a = ctx;
+    if (len > RS_MAX_RESPONSE - a->bytes) {
+        a->over_bytes = true;
+        return false;
+    }
+    a->bytes += len;
+    if ((a->st = rs_reader_feed(a->reader, data, len, &a->err)) != GG_OK)
+        return false;
+    if (a->sink && !a->sink->write(a->sink->ctx, data, len)) {
+        a->st = gg_fail(&a->err, GG_ERR_IO, "cannot save the answer: %s", strerror(errno));
+        return false;
+    }
+    return true;
 }
 
-static enum gg_status query(struct kc_client *c, const struct rs_settings *s, enum rs_query which,
-                            const atomic_bool *cancel, json_t **out, struct gg_err *err)
+enum gg_status ps_query(struct kc_client *c, const struct rs_settings *s, enum rs_query which,
+                        const atomic_bool *cancel, const json_t *owners, const struct ps_sink *sink,
+                        struct rs_data *d, enum ps_over *over, struct gg_err *err)
 {
     const char *name = which == RS_QUERY_PEAK ? "peak" : "history";
     char promql[RS_QUERY_MAX], escaped[3 * RS_QUERY_MAX], path[3 * RS_QUERY_MAX + 32];
@@ -34,22 +57,32 @@ static enum gg_status query(struct kc_client *c, const struct rs_settings *s, en
         !kc_query_escape(promql, escaped, sizeof(escaped)))
         return gg_fail(err, GG_ERR_TOOBIG, "%s query: too long", name);
     snprintf(path, sizeof(path), "/api/v1/query?query=%s", escaped);
-    struct buf body;
-    buf_init(&body, RS_MAX_RESPONSE);
+    struct rs_fold_opts o = {s->ns_label, s->pod_label, owners, s->max_series};
+    struct answer a = {.reader = rs_reader_new(d, which, &o), .sink = sink};
+    if (!a.reader)
+        return gg_fail(err, GG_ERR_NOMEM, "out of memory");
     struct kc_request rq = {.path = path,
                             .what = "/api/v1/query",
                             .timeout_s = s->timeout_s,
                             .on_body = on_body,
-                            .ctx = &body,
+                            .ctx = &a,
                             .cancel = cancel};
     struct kc_response resp;
     struct gg_err inner = {{0}};
     enum gg_status st = kc_get(c, &rq, &resp, &inner);
-    if (st != GG_OK && resp.aborted)
-        st = gg_fail(err, GG_ERR_TOOBIG, "%s query: answer over %zu bytes", name, RS_MAX_RESPONSE);
-    else if (st != GG_OK)
+    if (st != GG_OK && resp.aborted && a.over_bytes) {
+        st = gg_fail(err, GG_ERR_TOOBIG, "%s query: answer over %zu bytes: refused", name,
+                     RS_MAX_RESPONSE);
+        if (over)
+            *over = PS_OVER_BYTES;
+    } else if (st != GG_OK && resp.aborted) { /* the reader's or the sink's */
+        st = a.st;
+        *err = a.err;
+        if (over && st == GG_ERR_TOOBIG)
+            *over = PS_OVER_SERIES;
+    } else if (st != GG_OK) {
         gg_fail(err, st, "%s query: %s", name, inner.msg);
-    else if (resp.status < 200 || resp.status >= 300) {
+    } else if (resp.status < 200 || resp.status >= 300) {
         json_t *e = resp.body ? json_loads(resp.body, 0, NULL) : NULL;
         const char *why = json_string_value(json_object_get(e, "error"));
         st = gg_fail(err, GG_ERR_IO, "%s query: HTTP %ld: %.160s", name, resp.status,
@@ -58,23 +91,22 @@ static enum gg_status query(struct kc_client *c, const struct rs_settings *s, en
                                  : "");
         json_decref(e);
     } else {
-        json_error_t je;
-        if (!(*out = json_loadb(body.data ? body.data : "", body.len, 0, &je)))
-            st = gg_fail(err, GG_ERR_PARSE, "%s query: the answer is not JSON: %s", name, je.text);
+        st = rs_reader_end(a.reader, err);
     }
     kc_response_clear(&resp);
-    buf_clear(&body);
+    rs_reader_free(a.reader);
     return st;
 }
 
 enum gg_status ps_fetch(struct kc_client *c, const struct rs_settings *s, const atomic_bool *cancel,
-                        json_t **peak, json_t **history, struct gg_err *err)
+                        const json_t *owners, struct rs_data *d, enum ps_over *over,
+                        struct gg_err *err)
 {
-    enum gg_status st = query(c, s, RS_QUERY_PEAK, cancel, peak, err);
-    if (st == GG_OK && (st = query(c, s, RS_QUERY_HISTORY, cancel, history, err)) != GG_OK) {
-        json_decref(*peak);
-        *peak = NULL;
-    }
+    enum gg_status st = ps_query(c, s, RS_QUERY_PEAK, cancel, owners, NULL, d, over, err);
+    if (st == GG_OK)
+        st = ps_query(c, s, RS_QUERY_HISTORY, cancel, owners, NULL, d, over, err);
+    if (st == GG_OK)
+        rs_data_finish(d);
     return st;
 }
 
@@ -97,28 +129,23 @@ static void add_owner(void *ctx, const char *ns, const char *pod, const char *ow
     json_object_set_new(ctx, key, json_string(owner));
 }
 
-/* One refresh: query, fold, publish. */
-static enum gg_status refresh(struct ps_source *p, struct gg_err *err)
+/* One refresh: query and fold, publish. */
+static enum gg_status refresh(struct ps_source *p, enum ps_over *over, struct gg_err *err)
 {
-    json_t *peak = NULL, *history = NULL;
-    enum gg_status st = ps_fetch(p->client, &p->s, &p->stop, &peak, &history, err);
-    if (st != GG_OK)
-        return st;
     json_t *owners = json_object();
     if (p->inv && owners)
         inv_each_owner(p->inv, add_owner, owners);
     struct rs_data d = {.window_s = p->s.window_s, .time_s = (int64_t)time(NULL)};
-    st = rs_data_fold(&d, peak, history, p->s.ns_label, p->s.pod_label, owners, err);
+    enum gg_status st = ps_fetch(p->client, &p->s, &p->stop, owners, &d, over, err);
     json_decref(owners);
-    json_decref(peak);
-    json_decref(history);
     if (st == GG_OK) {
         log_fields(LOG_DEBUG, "rightsizing: usage refreshed",
-                   json_pack("{s:I,s:I}", "workloads", (json_int_t)json_object_size(d.workloads),
-                             "series", (json_int_t)d.series));
+                   json_pack("{s:I,s:I,s:I,s:I}", "workloads", (json_int_t)d.n, "series",
+                             (json_int_t)d.series, "no_evidence", (json_int_t)d.no_evidence,
+                             "max_series", (json_int_t)p->s.max_series));
         rss_publish(&d, 3 * p->s.refresh_s + p->s.timeout_s);
     }
-    rs_data_clear(&d);
+    rs_data_clear(&d); /* what was folded before an error */
     return st;
 }
 
@@ -135,21 +162,31 @@ static void *run(void *arg)
     bool failing = false;
     do {
         struct gg_err err = {{0}};
-        enum gg_status st = refresh(p, &err);
+        enum ps_over over = PS_OVER_NONE;
+        enum gg_status st = refresh(p, &over, &err);
         if (atomic_load(&p->stop))
             break;
-        rss_source_result(st == GG_OK, err.msg);
+        rss_source_result(st == GG_OK              ? RSS_REFRESH_OK
+                          : over == PS_OVER_SERIES ? RSS_REFRESH_OVER_SERIES
+                          : over == PS_OVER_BYTES  ? RSS_REFRESH_OVER_BYTES
+                                                   : RSS_REFRESH_FAILED,
+                          err.msg);
         if (st != GG_OK) {
             log_fields(LOG_WARN,
-                       "rightsizing: usage source failing (policies keep the last data "
-                       "until it is stale, then see none)",
+                       over ? "rightsizing: usage answer refused, past a bound (policies keep "
+                              "the last data until it is stale, then see none)"
+                            : "rightsizing: usage source failing (policies keep the last data "
+                              "until it is stale, then see none)",
                        json_pack("{s:s}", "error", err.msg));
             failing = true;
         } else if (failing) {
             log_msg(LOG_INFO, "rightsizing: usage source recovered");
             failing = false;
         }
-        int64_t wait = st == GG_OK ? refresh_ms : backoff_ms < refresh_ms ? backoff_ms : refresh_ms;
+        /* An answer too large is no smaller a second later: the next try is a refresh away. */
+        int64_t wait = st == GG_OK || over       ? refresh_ms
+                       : backoff_ms < refresh_ms ? backoff_ms
+                                                 : refresh_ms;
         backoff_ms = st == GG_OK ? 1000 : backoff_ms * 2;
         if (!pause_ms(p, wait))
             break;
@@ -177,6 +214,7 @@ enum gg_status ps_start(const struct rs_settings *s, struct inventory *inv, stru
     pthread_cond_init(&p->cond, &attr);
     pthread_condattr_destroy(&attr);
     rss_set_source("prometheus");
+    rss_set_max_series(s->max_series);
     if (pthread_create(&p->thread, NULL, run, p) != 0) {
         rss_set_source("");
         pthread_cond_destroy(&p->cond);
@@ -189,8 +227,9 @@ enum gg_status ps_start(const struct rs_settings *s, struct inventory *inv, stru
     rs_format_duration(s->window_s, window, sizeof(window));
     rs_format_duration(s->refresh_s, every, sizeof(every));
     log_fields(LOG_INFO, "rightsizing: querying usage history",
-               json_pack("{s:s,s:s,s:s,s:s}", "prometheus", s->url, "auth", kc_auth_kind(p->client),
-                         "window", window, "refresh", every));
+               json_pack("{s:s,s:s,s:s,s:s,s:I}", "prometheus", s->url, "auth",
+                         kc_auth_kind(p->client), "window", window, "refresh", every, "max_series",
+                         (json_int_t)s->max_series));
     *out = p;
     return GG_OK;
 }

@@ -7,8 +7,11 @@
  *
  * Off the admission path: admissions only ever read the last published
  * snapshot.  A failing query keeps the last snapshot (until it goes stale,
- * after three refreshes) and retries with backoff, capped at `refresh`.
- * Each answer is bounded by RS_MAX_RESPONSE and by the query timeout.
+ * after three refreshes) and retries with backoff, capped at `refresh`;
+ * an answer refused for its size waits a whole `refresh`.  Each answer is
+ * bounded by RS_MAX_RESPONSE bytes, rightsizing.max_series series and the
+ * query timeout, and is folded as it arrives: what a refresh holds is the
+ * workload table it builds beside the published one.
  */
 #ifndef GG_PROMSOURCE_H
 #define GG_PROMSOURCE_H
@@ -25,13 +28,30 @@
 enum gg_status ps_client_new(const struct rs_settings *s, struct kc_client **out,
                              struct gg_err *err);
 
+/* Which bound an answer passed (the query failed with GG_ERR_TOOBIG). */
+enum ps_over { PS_OVER_NONE, PS_OVER_BYTES, PS_OVER_SERIES };
+
+/* Where an answer's bytes go too, as they arrive (gpuguard usage saves them); false aborts. */
+struct ps_sink {
+    bool (*write)(void *ctx, const char *data, size_t len);
+    void *ctx;
+};
+
 /*
- * Run both queries: *peak and *history are Prometheus' answers (new
- * references).  An HTTP error, a body over RS_MAX_RESPONSE or one that is
- * not JSON fails with err naming the query.
+ * Run one query and fold its answer into d as it arrives (rs_reader_new:
+ * what is held is d, not the answer).  owners as in rs_fold_opts; sink may
+ * be NULL.  An HTTP error, an answer over RS_MAX_RESPONSE bytes or
+ * s->max_series series (*over says which; over may be NULL), not JSON or
+ * not an instant vector fails with err naming the query.
  */
+enum gg_status ps_query(struct kc_client *c, const struct rs_settings *s, enum rs_query which,
+                        const atomic_bool *cancel, const json_t *owners, const struct ps_sink *sink,
+                        struct rs_data *d, enum ps_over *over, struct gg_err *err);
+
+/* Both queries, peak first, then rs_data_finish. */
 enum gg_status ps_fetch(struct kc_client *c, const struct rs_settings *s, const atomic_bool *cancel,
-                        json_t **peak, json_t **history, struct gg_err *err);
+                        const json_t *owners, struct rs_data *d, enum ps_over *over,
+                        struct gg_err *err);
 
 struct ps_source;
 

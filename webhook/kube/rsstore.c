@@ -24,13 +24,16 @@ struct report {
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static struct {
-    struct rs_data data; /* workloads NULL until the first snapshot */
+    struct rs_data data;
+    bool have_data; /* false until the first snapshot */
     int64_t stale_after_s;
     int64_t published_s; /* monotonic seconds of the last publish */
     char source[64];     /* "" while off */
     bool last_ok;
     char last_error[200];
     unsigned long long refreshes_ok, refreshes_failed;
+    unsigned long long refused_series, refused_bytes;
+    size_t max_series;
     unsigned long long recommended, applied;
     struct report *reported; /* open addressing on "ns/workload"; cap a power of two */
     size_t n_reported, cap_reported;
@@ -42,6 +45,7 @@ void rss_publish(struct rs_data *d, int64_t stale_after_s)
     pthread_mutex_lock(&lock);
     old = S.data;
     S.data = *d;
+    S.have_data = true;
     S.stale_after_s = stale_after_s;
     S.published_s = (gg_now_us() / 1000000);
     pthread_mutex_unlock(&lock);
@@ -49,8 +53,9 @@ void rss_publish(struct rs_data *d, int64_t stale_after_s)
     rs_data_clear(&old); /* freed outside the lock */
 }
 
-void rss_source_result(bool ok, const char *error)
+void rss_source_result(enum rss_refresh result, const char *error)
 {
+    bool ok = result == RSS_REFRESH_OK;
     pthread_mutex_lock(&lock);
     S.last_ok = ok;
     snprintf(S.last_error, sizeof(S.last_error), "%s", ok ? "" : error);
@@ -58,6 +63,17 @@ void rss_source_result(bool ok, const char *error)
         S.refreshes_ok++;
     else
         S.refreshes_failed++;
+    if (result == RSS_REFRESH_OVER_SERIES)
+        S.refused_series++;
+    else if (result == RSS_REFRESH_OVER_BYTES)
+        S.refused_bytes++;
+    pthread_mutex_unlock(&lock);
+}
+
+void rss_set_max_series(size_t max_series)
+{
+    pthread_mutex_lock(&lock);
+    S.max_series = max_series;
     pthread_mutex_unlock(&lock);
 }
 
@@ -81,7 +97,7 @@ enum rss_result rss_lookup(const char *ns, const char *workload, struct rs_usage
     pthread_mutex_lock(&lock);
     if (!*S.source)
         r = RSS_OFF;
-    else if (!S.data.workloads)
+    else if (!S.have_data)
         r = RSS_NO_DATA_YET;
     else if (stale_locked(now))
         r = RSS_STALE;
@@ -159,15 +175,14 @@ void rss_describe(char *out, size_t size)
     const char *sep = S.last_error[0] ? ": " : "";
     if (!*S.source)
         *out = '\0';
-    else if (!S.data.workloads)
+    else if (!S.have_data)
         snprintf(out, size, "rightsizing: no data yet%s%.200s", sep, S.last_error);
     else
         snprintf(out, size, "rightsizing: %s (%zu workloads, updated %llds ago)%s%.200s",
                  stale_locked(now) ? "stale, policies see no data"
                  : S.last_ok       ? "ok"
                                    : "failing, policies see the last data",
-                 json_object_size(S.data.workloads), (long long)(now - S.published_s), sep,
-                 S.last_error);
+                 S.data.n, (long long)(now - S.published_s), sep, S.last_error);
     pthread_mutex_unlock(&lock);
 }
 
@@ -199,7 +214,7 @@ enum gg_status rss_render_metrics(struct buf *out)
         pthread_mutex_unlock(&lock);
         return GG_OK;
     }
-    bool fresh = S.data.workloads && !stale_locked(now);
+    bool fresh = S.have_data && !stale_locked(now);
     enum gg_status st = buf_appendf(
         out,
         "# HELP gpuguard_rightsizing_source_up Whether policies see fresh usage history.\n"
@@ -219,9 +234,28 @@ enum gg_status rss_render_metrics(struct buf *out)
         "applied.\n"
         "# TYPE gpuguard_rightsizing_recommendations_total counter\n"
         "gpuguard_rightsizing_recommendations_total{action=\"recommend\"} %llu\n"
-        "gpuguard_rightsizing_recommendations_total{action=\"apply\"} %llu\n",
-        fresh ? 1 : 0, S.data.workloads ? (long long)(now - S.published_s) : -1LL, S.refreshes_ok,
-        S.refreshes_failed, json_object_size(S.data.workloads), S.recommended, S.applied);
+        "gpuguard_rightsizing_recommendations_total{action=\"apply\"} %llu\n"
+        "# HELP gpuguard_rightsizing_no_evidence_workloads Workloads left out of the usage "
+        "history: their peak is below 1 GiB, no evidence of a small workload.\n"
+        "# TYPE gpuguard_rightsizing_no_evidence_workloads gauge\n"
+        "gpuguard_rightsizing_no_evidence_workloads %zu\n"
+        "# HELP gpuguard_rightsizing_series Series of each answer in the usage history policies "
+        "see.\n"
+        "# TYPE gpuguard_rightsizing_series gauge\n"
+        "gpuguard_rightsizing_series{query=\"peak\"} %zu\n"
+        "gpuguard_rightsizing_series{query=\"history\"} %zu\n"
+        "# HELP gpuguard_rightsizing_max_series The most series an answer may have "
+        "(rightsizing.max_series).\n"
+        "# TYPE gpuguard_rightsizing_max_series gauge\n"
+        "gpuguard_rightsizing_max_series %zu\n"
+        "# HELP gpuguard_rightsizing_refused_total Refreshes refused for an answer past a bound "
+        "(the last data is kept until stale).\n"
+        "# TYPE gpuguard_rightsizing_refused_total counter\n"
+        "gpuguard_rightsizing_refused_total{limit=\"series\"} %llu\n"
+        "gpuguard_rightsizing_refused_total{limit=\"bytes\"} %llu\n",
+        fresh ? 1 : 0, S.have_data ? (long long)(now - S.published_s) : -1LL, S.refreshes_ok,
+        S.refreshes_failed, S.data.n, S.recommended, S.applied, S.data.no_evidence,
+        S.data.peak_series, S.data.history_series, S.max_series, S.refused_series, S.refused_bytes);
     json_t *sums = per_namespace_locked();
     pthread_mutex_unlock(&lock);
     static const char *const names[] = {"requested", "needed"};

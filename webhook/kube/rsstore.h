@@ -22,14 +22,26 @@
 #define RSS_MAX_REPORTED 100000
 
 /*
- * Make d the snapshot (its contents are taken and d is zeroed).
+ * Make d (finished) the snapshot (its contents are taken and d is zeroed).
  * stale_after_s: lookups answer RSS_STALE once the snapshot is older than
  * that (0: never, for saved files).
  */
 void rss_publish(struct rs_data *d, int64_t stale_after_s);
 
-/* The source's last refresh: ok, or the error (kept for /readyz, logs and metrics). */
-void rss_source_result(bool ok, const char *error);
+/* How a refresh of the source ended. */
+enum rss_refresh {
+    RSS_REFRESH_OK,
+    RSS_REFRESH_FAILED,
+    RSS_REFRESH_OVER_SERIES, /* refused: an answer past rightsizing.max_series */
+    RSS_REFRESH_OVER_BYTES,  /* refused: an answer past RS_MAX_RESPONSE */
+};
+/*
+ * The source's last refresh: ok, or the error (kept for /readyz, logs and
+ * metrics; a refusal counts as an error and as a refusal).
+ */
+void rss_source_result(enum rss_refresh result, const char *error);
+/* The source's rightsizing.max_series, for the metrics. */
+void rss_set_max_series(size_t max_series);
 /* There is a source (the server's thread) or a file: lookups no longer answer RSS_OFF. */
 void rss_set_source(const char *what);
 
