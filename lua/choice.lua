@@ -148,21 +148,12 @@ local function integer(s)
     return math.type(n) == "integer" and n or nil
 end
 
-local function listed(vals, v)
-    for _, x in ipairs(vals) do
-        if x == v then
-            return true
-        end
-    end
-    return false
-end
-
 -- Does label value v meet requirement r ({ op, vals })?
 local function meets(v, r)
     if r.op == "In" then
-        return listed(r.vals, v)
+        return k8s.contains(r.vals, v)
     elseif r.op == "NotIn" then
-        return not listed(r.vals, v)
+        return not k8s.contains(r.vals, v)
     elseif r.op == "Exists" then
         return true
     elseif r.op == "Gt" or r.op == "Lt" then

@@ -513,43 +513,33 @@ local function pod_dra(pod, spec, cfg, pool, lookup, namespace)
         end
         local tname = type(ref) == "table" and ref.resourceClaimTemplateName
         local cname = type(ref) == "table" and ref.resourceClaimName
-        local generated, gname
         if type(tname) == "string" then
-            generated, gname = generated_claim(pod, ref.name, ns, lookup)
-        end
-        if generated then
-            -- What the pod holds: the claim made for it from the template, which a template
-            -- deleted or made again under its name since changes nothing of.
-            local c, got = M.claim_charge(cfg, generated.spec, "ResourceClaim " .. gname, pool)
-            if not c then
-                return nil, got
-            end
-            if #got > 0 then
-                total = total + c
-                items[#items + 1] = { resource = "ResourceClaim " .. gname, count = 1, each = c,
-                                      charge = c, rule = "DRA claim made for the pod" }
-                for _, class in ipairs(got) do
-                    classes[#classes + 1] = class
+            -- What the pod holds: the claim made for it from the template once there is one (a
+            -- template deleted or made again under its name since changes nothing of it), else
+            -- the template.
+            local claim_spec, what, rule
+            local generated, gname = generated_claim(pod, ref.name, ns, lookup)
+            if generated then
+                claim_spec, what, rule = generated.spec, "ResourceClaim " .. gname, "DRA claim made for the pod"
+            else
+                local t, why = lookup("ResourceClaimTemplate", ns, tname)
+                if not t and why then
+                    return nil, string.format("resourceClaims %s: ResourceClaimTemplate %s/%s could not be read (%s); "
+                        .. "try again", tostring(ref.name), ns, tname, why)
+                elseif not t then
+                    return nil, string.format("resourceClaims %s names ResourceClaimTemplate %s/%s, which does not "
+                        .. "exist; create it first", tostring(ref.name), ns, tname)
                 end
+                claim_spec, what, rule = type(t.spec) == "table" and t.spec.spec, "ResourceClaimTemplate " .. tname,
+                    "DRA template"
             end
-        elseif type(tname) == "string" then
-            local t, why = lookup("ResourceClaimTemplate", ns, tname)
-            if not t and why then
-                return nil, string.format("resourceClaims %s: ResourceClaimTemplate %s/%s could not be read (%s); "
-                    .. "try again", tostring(ref.name), ns, tname, why)
-            elseif not t then
-                return nil, string.format("resourceClaims %s names ResourceClaimTemplate %s/%s, which does not "
-                    .. "exist; create it first", tostring(ref.name), ns, tname)
-            end
-            local spec_of = type(t.spec) == "table" and t.spec.spec
-            local c, got = M.claim_charge(cfg, spec_of, "ResourceClaimTemplate " .. tname, pool)
+            local c, got = M.claim_charge(cfg, claim_spec, what, pool)
             if not c then
                 return nil, got
             end
             if #got > 0 then
                 total = total + c
-                items[#items + 1] = { resource = "ResourceClaimTemplate " .. tname, count = 1, each = c,
-                                      charge = c, rule = "DRA template" }
+                items[#items + 1] = { resource = what, count = 1, each = c, charge = c, rule = rule }
                 for _, class in ipairs(got) do
                     classes[#classes + 1] = class
                 end
@@ -1006,19 +996,19 @@ end
 --- a DRA claim that cannot be read).
 function M.wants_gpu(pod, cfg, namespace)
     local d = M.dialects(pod)
-    local spec = k8s.pod_spec(pod)
-    local other = spec and other_gpus(spec, cfg)
-    if other ~= 0 then
-        return true -- another vendor's GPU, or a request for one that is denied
-    end
     if not d.dra then
-        return next(d) ~= nil
+        if next(d) ~= nil then
+            return true
+        end
+        -- Another vendor's GPU, or a request for one that is refused: asked of the rest only.
+        local spec = k8s.pod_spec(pod)
+        return spec ~= nil and other_gpus(spec, cfg) ~= 0
     end
     if d.kai or d.hami or d.volcano or d.mig or d.shared or d["device-plugin"] or d.gpuguard or d.malformed then
         return true
     end
-    local _, _, classes = M.charge(pod, cfg, { namespace = namespace })
-    return classes == nil or #classes > 0 or classes.shared_claim == true
+    local total, _, classes = M.charge(pod, cfg, { namespace = namespace })
+    return classes == nil or #classes > 0 or classes.shared_claim == true or total > 0
 end
 
 --- True when the pod is on a shared GPU: anything but whole exclusive GPUs (a fraction, a MIG
