@@ -238,19 +238,25 @@ class Cluster:
         self.wait("kube-apiserver", lambda: self.kubectl(
             "get", "--raw", "/readyz", check=False).stdout.strip() == "ok", name="kube-apiserver")
 
-    def restart_apiserver(self):
+    def restart_apiserver(self, compact=False):
         """Stop the API server and start it again with the same flags and ports.  Until it is
         ready its authorizer may refuse what RBAC allows (its caches fill after it serves): the
-        window goes in the state, for tests that read logs."""
+        window goes in the state, for tests that read logs.  With compact, etcd's history is
+        compacted while the API server is down (compact_etcd)."""
         stopped = time.time()
         self.stop("kube-apiserver")
+        if compact:
+            self.compact_etcd()
         self.start_apiserver()
         with self.changing() as st:
             st.setdefault("apiserver_restarts", []).append([stopped, time.time()])
 
     def compact_etcd(self):
-        """Compact etcd's history up to its current revision (its JSON gateway, as etcdctl
-        compact does): watches from an older resourceVersion then get 410 Gone."""
+        """Write a key outside the API server's prefix, then compact etcd's history up to that
+        write (its JSON gateway, as etcdctl put and compact do).  Every resourceVersion a client
+        saw before is then older than the compaction, so its watch gets 410 Gone; without the
+        write a client that had seen the newest revision could resume from it, which is still
+        there.  Call it with the API server stopped, so no client sees the write."""
         url = f"http://127.0.0.1:{self.state['ports']['etcd']}/v3/kv"
 
         def post(path, body):
@@ -258,7 +264,8 @@ class Cluster:
                                          headers={"Content-Type": "application/json"})
             with urllib.request.urlopen(req, timeout=30) as r:
                 return json.loads(r.read())
-        rev = int(post("range", {"key": base64.b64encode(b"/").decode()})["header"]["revision"])
+        marker = base64.b64encode(b"/cluster-test/compaction").decode()
+        rev = int(post("put", {"key": marker, "value": marker})["header"]["revision"])
         post("compaction", {"revision": rev, "physical": True})
         return rev
 
