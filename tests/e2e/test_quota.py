@@ -126,3 +126,24 @@ def test_a_dra_pod_stays_charged_when_its_template_is_swapped(kube, gpuguard, na
     assert usage(gpuguard, namespace) == {3.0}  # 2 for the DRA pod, 1 for the marker
     message = denial(kube, namespace, gpu_pod("three", 3))  # quota 4, the default
     assert f"namespace {namespace} would use 6 of 4 GPUs (in use 3, this pod 3)" in message
+
+
+def test_a_replicaset_scaling_out_gets_exactly_its_room_and_its_pods_settle_reservations(
+        kube, gpuguard, namespace):
+    """The ReplicaSet controller creates pods in parallel: exactly the quota's room is admitted
+    (each review reserves before the quota reads the usage), and once the watch shows the pods,
+    the reservations made under the uids the validating calls saw are settled: the usage a
+    denial names is the pods', not the pods' and their reservations' (twice as much)."""
+    labels = {**gpu_pod("x")["metadata"]["labels"], "app": "burst"}
+    rs = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": "burst"},
+          "spec": {"replicas": 8, "selector": {"matchLabels": {"app": "burst"}},
+                   "template": {"metadata": {"labels": labels}, "spec": gpu_pod("x")["spec"]}}}
+    kube.create(rs, namespace)
+    wait_for("the ReplicaSet's pods denied past the quota", lambda: any(
+        "would use 5 of 4 GPUs" in e.get("message", "")
+        for e in kube.json("get", "events", "-n", namespace)["items"]))
+    wait_for("the admitted pods in the inventory", lambda: usage(gpuguard, namespace) == {4.0})
+    pods = kube.json("get", "pods", "-n", namespace, "-l", "app=burst")["items"]
+    assert len(pods) == 4, [p["metadata"]["name"] for p in pods]
+    message = denial(kube, namespace, gpu_pod("extra", 1))
+    assert f"namespace {namespace} would use 5 of 4 GPUs (in use 4, this pod 1)" in message

@@ -64,10 +64,14 @@ def serve(binary, certs, tmp_path, kubeconfig=None, not_ready="allow", extra=())
     return start_server(binary, certs, tmp_path, *args, *extra, env=no_proxy_env())
 
 
-def new_pod(gpus=1, ns=NS):
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"generateName": "train-", "namespace": ns,
-                         "labels": {"team": "q", "gpuguard.io/workload-class": "training"}},
+def new_pod(gpus=1, ns=NS, uid=None, name=None):
+    """A pod as the API server sends it to a webhook: with uid and name (its generateName's, made
+    up) it is the one the validating webhooks see, which the API server has filled in."""
+    meta = {"generateName": "train-", "namespace": ns,
+            "labels": {"team": "q", "gpuguard.io/workload-class": "training"}}
+    if uid:
+        meta.update(uid=uid, name=name or f"train-{uid[-5:]}")
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta,
             "spec": {"containers": [{"name": "main", "image": "pytorch/pytorch:2.3.0",
                                      "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}]}}
 
@@ -193,14 +197,44 @@ def test_admitted_pod_counts_at_once_until_the_watch_shows_it(running):
     assert wait_for(lambda: allowed(server))
     # A real (not dry-run) admission reserves its GPU: the next one is denied
     # before the watch has shown the first pod.
-    assert admission(server, new_pod(), dry_run=False)[0]
+    assert admission(server, new_pod(uid="u-train-1", name="train-x7k2p"), dry_run=False)[0]
     ok, msg, _, _ = admission(server, new_pod())
     assert not ok and "would use 3 of 2" in msg
-    # The pod shows up (name from its generateName): counted once, not twice.
-    f.add(gpu_pod(NS, "train-x7k2p", cls="training"))
+    # The pod shows up (the uid the validating call saw): counted once, not twice.
+    f.add(gpu_pod(NS, "train-x7k2p", uid="u-train-1", cls="training"))
     assert ready_with(server, 3)
     ok, msg, _, _ = admission(server, new_pod())
     assert not ok and "would use 3 of 2" in msg
+
+
+def test_a_reservation_is_settled_by_its_own_pod_only(running):
+    """Another pod whose name starts like the admitted pod's generateName (an older replica, a
+    pod named train-cpu) leaves the admitted pod counted: only its uid settles it."""
+    f, server = running
+    assert ready_with(server, 3)
+    f.delete(f"uid-{NS}-busy-0")
+    assert wait_for(lambda: allowed(server))
+    assert admission(server, new_pod(uid="u-train-2", name="train-abcde"), dry_run=False)[0]
+    f.add(gpu_pod(NS, "train-cpu", gpus=0))
+    f.add(gpu_pod("team-a", "marker"))  # events come in order: once it counts, train-cpu was seen
+    assert wait_for(lambda: metric(metrics(server), "gpuguard_inventory_pods") == 3)
+    ok, msg, _, _ = admission(server, new_pod(uid="u-train-3"), dry_run=False)
+    assert not ok and "would use 3 of 2" in msg, msg
+
+
+def test_concurrent_creations_take_the_last_room_exactly_once(running):
+    """Of many pods created at once, exactly as many as the quota has room for are admitted:
+    each review reserves before its policies read the usage (quotas.default: 4 GPUs in each
+    fresh namespace, team-* for the training class), in a few rounds, as a race shows only now and then."""
+    from concurrent.futures import ThreadPoolExecutor
+    _, server = running
+    assert ready_with(server, 3)
+    with ThreadPoolExecutor(max_workers=32) as pool:
+        for rnd in range(40):  # a race the old order lost about once in 20 rounds here
+            ns = f"team-burst-{rnd}"
+            pods = [new_pod(ns=ns, uid=f"u-{rnd}-{i:05d}") for i in range(64)]
+            answers = list(pool.map(lambda p: admission(server, p, dry_run=False)[0], pods))
+            assert answers.count(True) == 4, (ns, answers.count(True))
 
 
 def test_a_workloads_template_reserves_nothing(running):

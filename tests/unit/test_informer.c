@@ -410,8 +410,8 @@ static void test_stage_swaps_in_and_settles_reservations(void **state)
     struct inventory *inv = inv_new();
     struct charging model;
     charging_start(&model, inv, "policies", "deploy/gpuguard.yaml");
-    inv_reserve(inv, "ns", "web-", "", 125, 60000);
-    inv_reserve(inv, "ns", "other", "", 1000, 60000);
+    inv_reserve(inv, &(struct inv_hold){"ns", "u-3", "web-x", "", 125}, 60000);
+    inv_reserve(inv, &(struct inv_hold){"ns", "u-other", "other", "", 1000}, 60000);
     struct inv_stage *stage = inv_stage_new(inv);
     for (size_t i = 0; i < sizeof(pods) / sizeof(pods[0]); i++) {
         json_t *p = inf_read_pod(pods[i], strlen(pods[i]), NULL, NULL);
@@ -423,7 +423,7 @@ static void test_stage_swaps_in_and_settles_reservations(void **state)
     assert_int_equal(inv_stage_pods(stage), 4);
     assert_int_equal(inv_usage(inv, "ns", NULL), 1125);
     inv_stage_commit(inv, stage);
-    /* web-x (generateName web-) settled its reservation; "other" still counts. */
+    /* web-x (uid u-3) settled its reservation; "other" still counts. */
     assert_int_equal(inv_usage(inv, "ns", NULL), 1000 + 2000 + 250 + 1000 + 1000);
     assert_int_equal(inv_usage(inv, "ns", "training"), 1000);
     struct inv_ns_usage *list;

@@ -107,29 +107,77 @@ static void test_many_pods_keep_exact_sums(void **state)
     free_inventory(inv);
 }
 
+static uint64_t reserve(struct inventory *inv, const char *uid, const char *name, const char *cls,
+                        int64_t charge, int64_t ttl_ms)
+{
+    struct inv_hold h = {"team-a", uid, name, cls, charge};
+    return inv_reserve(inv, &h, ttl_ms);
+}
+
 static void test_reservations_settle_and_expire(void **state)
 {
     (void)state;
     struct inventory *inv = new_inventory();
-    inv_reserve(inv, "team-a", "web-", "inference", 250, 60000);
-    inv_reserve(inv, "team-a", "train", "training", 1000, 60000);
+    reserve(inv, "u1", "web-x7k2p", "inference", 250, 60000);
+    reserve(inv, NULL, "train", "training", 1000, 60000);
     assert_int_equal(inv_usage(inv, "team-a", NULL), 1250);
     assert_int_equal(inv_usage(inv, "team-a", "training"), 1000);
-    /* The watch shows web-x7k2p (generateName web-): it replaces its reservation. */
+    /* The watch shows the pod of uid u1: it replaces its reservation. */
     json_t *seen = pod("u1", "team-a", "web-x7k2p", "Pending", "{\"nvidia.com/gpu.shared\":\"1\"}",
                        "{\"gpuguard.io/charge\":\"250\"}", "inference");
     inv_upsert(inv, seen);
     assert_int_equal(inv_usage(inv, "team-a", NULL), 1250);
+    /* A reservation made without a uid is settled by its exact name. */
     json_t *train =
         pod("u2", "team-a", "train", "Pending", "{\"nvidia.com/gpu\":\"1\"}", "{}", "training");
     inv_upsert(inv, train);
     assert_int_equal(inv_usage(inv, "team-a", NULL), 1250);
     /* A pod never seen (denied by a later webhook) is released after its TTL. */
-    inv_reserve(inv, "team-a", "ghost", "", 500, 1);
+    reserve(inv, NULL, "ghost", "", 500, 1);
     usleep(5000);
     assert_int_equal(inv_usage(inv, "team-a", NULL), 1250);
     json_decref(seen);
     json_decref(train);
+    free_inventory(inv);
+}
+
+/* Another pod of the same ReplicaSet, or one whose name starts like a reservation's, settles
+ * nothing: only the uid the review saw does. */
+static void test_reservations_settle_by_uid_only(void **state)
+{
+    (void)state;
+    struct inventory *inv = new_inventory();
+    reserve(inv, "u-new", "train-abcde", "", 1000, 60000);
+    reserve(inv, NULL, "train", "", 1000, 60000);
+    json_t *older =
+        pod("u-old", "team-a", "train-abcde", "Running", "{\"nvidia.com/gpu\":\"1\"}", "{}", NULL);
+    json_t *cpu =
+        pod("u-cpu", "team-a", "train-cpu", "Running", "{\"nvidia.com/gpu\":\"1\"}", "{}", NULL);
+    inv_upsert(inv, older);
+    inv_upsert(inv, cpu);
+    assert_int_equal(inv_usage(inv, "team-a", NULL), 4000);
+    json_decref(older);
+    json_decref(cpu);
+    free_inventory(inv);
+}
+
+/* A review reads the reservations of the reviews that reserved before it, not its own nor
+ * later ones; a denied review's reservation is dropped. */
+static void test_reviews_read_earlier_reservations(void **state)
+{
+    (void)state;
+    struct inventory *inv = new_inventory();
+    uint64_t first = reserve(inv, "a", "a", "", 1000, 60000);
+    uint64_t second = reserve(inv, "b", "b", "", 1000, 60000);
+    assert_true(first && second > first);
+    inv_read_before(first);
+    assert_int_equal(inv_usage(inv, "team-a", NULL), 0);
+    inv_read_before(second);
+    assert_int_equal(inv_usage(inv, "team-a", NULL), 1000);
+    inv_read_before(0);
+    assert_int_equal(inv_usage(inv, "team-a", NULL), 2000);
+    inv_unreserve(inv, first);
+    assert_int_equal(inv_usage(inv, "team-a", NULL), 1000);
     free_inventory(inv);
 }
 
@@ -268,6 +316,8 @@ int main(void)
         cmocka_unit_test(test_usage_sums_follow_upserts_and_deletes),
         cmocka_unit_test(test_many_pods_keep_exact_sums),
         cmocka_unit_test(test_reservations_settle_and_expire),
+        cmocka_unit_test(test_reservations_settle_by_uid_only),
+        cmocka_unit_test(test_reviews_read_earlier_reservations),
         cmocka_unit_test(test_snapshot_loading),
         cmocka_unit_test(test_owners_of_gpu_pods),
         cmocka_unit_test(test_claims_and_templates),

@@ -1051,25 +1051,32 @@ static void begin_validate(struct lb_vm *vm, const struct adm_request *req, int6
     }
 }
 
-/* An admitted GPU pod or DRA claim counts against its namespace at once (see inventory.h). */
-static void reserve(struct engine *e, const struct adm_request *req, unsigned phases,
-                    const struct policy_verdict *v)
+/*
+ * A GPU pod or DRA claim under validation counts against its namespace
+ * before the policies read the usage, and stays counted if admitted (see
+ * inventory.h): the reservation's number, or 0 when none was made.
+ */
+static uint64_t reserve(struct engine *e, const struct adm_request *req,
+                        const struct policy_verdict *v)
 {
-    if (!e->inventory || !v->allowed || !(phases & PHASE_VALIDATE) ||
-        (!v->mutated && !req->object) || req->operation != ADM_CREATE || req->dry_run ||
-        (strcmp(req->kind, "Pod") != 0 && strcmp(req->kind, "ResourceClaim") != 0))
-        return;
+    if (!e->inventory || (!v->mutated && !req->object) || req->operation != ADM_CREATE ||
+        req->dry_run || (strcmp(req->kind, "Pod") != 0 && strcmp(req->kind, "ResourceClaim") != 0))
+        return 0;
     struct jf_doc mutated = {NULL, NULL, NULL};
     if (v->mutated && jf_from_json(v->mutated, &mutated) != 0)
-        return; /* out of memory: the reservation is a head start, the informer counts it */
-    const struct jf_node *pod = v->mutated ? mutated.root : req->object;
-    int64_t charge = inv_charge(e->inventory, pod);
-    const struct jf_node *meta = jf_get_str(pod, "metadata");
-    const char *name = *req->name ? req->name : jf_string(jf_get_str(meta, "generateName"));
-    const char *cls = jf_string(jf_get_str(jf_get_str(meta, "labels"), GG_KEY_WORKLOAD_CLASS));
-    if (charge > 0 && name)
-        inv_reserve(e->inventory, req->namespace, name, cls, charge, INV_RESERVATION_TTL_MS);
+        return 0; /* out of memory: the reservation is a head start, the informer counts it */
+    const struct jf_node *obj = v->mutated ? mutated.root : req->object;
+    const struct jf_node *meta = jf_get_str(obj, "metadata");
+    struct inv_hold h = {
+        .ns = req->namespace,
+        .uid = jf_string(jf_get_str(meta, "uid")),
+        .name = req->name,
+        .cls = jf_string(jf_get_str(jf_get_str(meta, "labels"), GG_KEY_WORKLOAD_CLASS)),
+        .charge = inv_charge(e->inventory, obj),
+    };
+    uint64_t seq = h.charge > 0 ? inv_reserve(e->inventory, &h, INV_RESERVATION_TTL_MS) : 0;
     jf_doc_free(&mutated);
+    return seq;
 }
 
 static enum gg_status evaluate(struct engine *e, const struct adm_request *req, unsigned phases,
@@ -1110,6 +1117,7 @@ static enum gg_status evaluate(struct engine *e, const struct adm_request *req, 
                        .fired = json_array(),
                        .modes = json_object()};
     g.lost = !g.denials || !g.warnings || !g.audit || !g.fired || !g.modes;
+    uint64_t reserved = 0;
     if (lb_request_begin(vm, req, req->object, lua_deadline, err) != GG_OK) {
         /* The object itself is beyond what policies may see (too deep, too big). */
         char text[300];
@@ -1132,7 +1140,10 @@ static enum gg_status evaluate(struct engine *e, const struct adm_request *req, 
         if (st == GG_OK && alive && validate && g.failed_mutation)
             begin_validate(vm, req, lua_deadline, &g, &validate, err);
         if (st == GG_OK && validate) {
+            reserved = reserve(e, req, out);
+            inv_read_before(reserved);
             run_phase(vm, set, req, LB_VALIDATE, &g);
+            inv_read_before(0);
             out->timing.validate = gg_now_ns() - t1;
         }
         lb_request_end(vm);
@@ -1160,8 +1171,9 @@ static enum gg_status evaluate(struct engine *e, const struct adm_request *req, 
         out->warnings = sanitize_warnings(g.warnings, g.warnings_left_out);
         out->audit = json_incref(g.audit);
         out->fired = json_incref(g.fired);
-        reserve(e, req, phases, out);
     }
+    if (reserved && (st != GG_OK || !out->allowed))
+        inv_unreserve(e->inventory, reserved);
     json_decref(g.denials);
     json_decref(g.warnings);
     json_decref(g.audit);

@@ -46,10 +46,18 @@ struct record {
     char *name, *owner; /* the pod's name and its controller's "<kind>/<name>" (or "") */
 };
 
+/*
+ * A review's reservation, numbered in the order reviews reserved: a review
+ * reads the usage with the reservations of the reviews that began before it
+ * (see inv_read_before), so two concurrent admissions never both take the
+ * last room.  The pod (or claim) settles it by uid, or by name when the
+ * review had no uid (outside the API server's validating call).
+ */
 struct reservation {
-    char *ns, *name, *cls;
+    char *ns, *uid, *name, *cls;
     int64_t charge;
     int64_t expires_ms;
+    uint64_t seq;
 };
 
 /* The pods and their sums: what a relist replaces as a whole. */
@@ -71,6 +79,7 @@ struct inventory {
     struct state st;
     struct reservation *res;
     size_t n_res, cap_res;
+    uint64_t next_seq; /* the last reservation's number */
     bool ready;
 };
 
@@ -199,14 +208,23 @@ struct inventory *inv_new(void)
     return inv;
 }
 
+/* The reservation this thread's review holds: its usage reads count older ones only. */
+static _Thread_local uint64_t reading_before;
+
+static void drop_reservation(struct inventory *inv, size_t i)
+{
+    struct reservation *r = &inv->res[i];
+    free(r->ns);
+    free(r->uid);
+    free(r->name);
+    free(r->cls);
+    inv->res[i] = inv->res[--inv->n_res];
+}
+
 static void clear_reservations(struct inventory *inv)
 {
-    for (size_t i = 0; i < inv->n_res; i++) {
-        free(inv->res[i].ns);
-        free(inv->res[i].name);
-        free(inv->res[i].cls);
-    }
-    inv->n_res = 0;
+    while (inv->n_res)
+        drop_reservation(inv, inv->n_res - 1);
 }
 
 static void state_clear(struct state *st)
@@ -310,18 +328,23 @@ static int64_t holding(struct inventory *inv, const json_t *obj)
     return charge;
 }
 
-/* A pod the watch shows settles the reservation made when it was admitted. */
-static void settle_reservation(struct inventory *inv, const char *ns, const char *name)
+/* Whether the object (namespace, uid, name) is the one reservation r was made for. */
+static bool reserved_for(const struct reservation *r, const char *ns, const char *uid,
+                         const char *name)
 {
+    if (*r->uid)
+        return strcmp(r->uid, uid) == 0;
+    return *r->name && strcmp(r->ns, ns) == 0 && strcmp(r->name, name) == 0;
+}
+
+/* A pod the watch shows settles the reservation made when it was admitted. */
+static void settle_reservation(struct inventory *inv, const json_t *obj)
+{
+    const char *ns = meta_string(obj, "namespace"), *uid = meta_string(obj, "uid"),
+               *name = meta_string(obj, "name");
     for (size_t i = 0; i < inv->n_res; i++) {
-        struct reservation *r = &inv->res[i];
-        size_t n = strlen(r->name);
-        if (strcmp(r->ns, ns) == 0 && n && strncmp(r->name, name, n) == 0 &&
-            (name[n] == '\0' || r->name[n - 1] == '-')) {
-            free(r->ns);
-            free(r->name);
-            free(r->cls);
-            inv->res[i] = inv->res[--inv->n_res];
+        if (reserved_for(&inv->res[i], ns, uid, name)) {
+            drop_reservation(inv, i);
             return;
         }
     }
@@ -488,7 +511,7 @@ uint64_t inv_dra_relist_begin(struct inventory *inv)
 static void settle_claim(struct inventory *inv, const json_t *claim)
 {
     pthread_mutex_lock(&inv->lock);
-    settle_reservation(inv, meta_string(claim, "namespace"), meta_string(claim, "name"));
+    settle_reservation(inv, claim);
     pthread_mutex_unlock(&inv->lock);
 }
 
@@ -591,7 +614,7 @@ void inv_upsert(struct inventory *inv, const json_t *obj)
         return;
     int64_t charge = holding(inv, obj);
     pthread_mutex_lock(&inv->lock);
-    settle_reservation(inv, meta_string(obj, "namespace"), meta_string(obj, "name"));
+    settle_reservation(inv, obj);
     state_add(&inv->st, obj, charge);
     pthread_mutex_unlock(&inv->lock);
 }
@@ -612,7 +635,7 @@ void inv_delete(struct inventory *inv, const json_t *obj)
 struct inv_stage {
     struct inventory *inv; /* its charger */
     struct state st;
-    struct map names; /* "ns\x1f" "name" and "ns\x1f" "generateName" of the GPU pods */
+    struct map names; /* the uids and "ns\x1f" "name" of the GPU pods */
     size_t seen;
 };
 
@@ -634,11 +657,26 @@ void inv_stage_free(struct inv_stage *stage)
     free(stage);
 }
 
+/* The key of a namespace's name in a stage's names (a uid has no \x1f). */
+static bool name_key(char *key, size_t size, const char *ns, const char *name)
+{
+    return *name && (size_t)snprintf(key, size, "%s\x1f%s", ns, name) < size;
+}
+
 static void stage_name(struct inv_stage *stage, const char *ns, const char *name)
 {
     char key[512];
-    if (*name && (size_t)snprintf(key, sizeof(key), "%s\x1f%s", ns, name) < sizeof(key))
+    if (name_key(key, sizeof(key), ns, name))
         map_put(&stage->names, key);
+}
+
+/* Whether the stage holds the pod reservation r was made for. */
+static bool stage_settles(struct inv_stage *stage, const struct reservation *r)
+{
+    char key[512];
+    if (*r->uid)
+        return map_find(&stage->names, r->uid) != NULL;
+    return name_key(key, sizeof(key), r->ns, r->name) && map_find(&stage->names, key);
 }
 
 void inv_stage_add(struct inv_stage *stage, const json_t *pod)
@@ -647,9 +685,9 @@ void inv_stage_add(struct inv_stage *stage, const json_t *pod)
     if (kind_of(pod) != K_POD || !state_add(&stage->st, pod, holding(stage->inv, pod)))
         return;
     /* Only a pod that holds GPUs can settle a reservation. */
-    const char *ns = meta_string(pod, "namespace");
-    stage_name(stage, ns, meta_string(pod, "name"));
-    stage_name(stage, ns, meta_string(pod, "generateName"));
+    stage_name(stage, meta_string(pod, "namespace"), meta_string(pod, "name"));
+    if (*meta_string(pod, "uid"))
+        map_put(&stage->names, meta_string(pod, "uid"));
 }
 
 size_t inv_stage_pods(const struct inv_stage *stage)
@@ -664,17 +702,10 @@ void inv_stage_commit(struct inventory *inv, struct inv_stage *stage)
     old = inv->st;
     inv->st = stage->st;
     for (size_t i = 0; i < inv->n_res;) {
-        struct reservation *r = &inv->res[i];
-        char key[512];
-        snprintf(key, sizeof(key), "%s\x1f%s", r->ns, r->name);
-        if (map_find(&stage->names, key)) {
-            free(r->ns);
-            free(r->name);
-            free(r->cls);
-            inv->res[i] = inv->res[--inv->n_res];
-            continue;
-        }
-        i++;
+        if (stage_settles(stage, &inv->res[i]))
+            drop_reservation(inv, i);
+        else
+            i++;
     }
     pthread_mutex_unlock(&inv->lock);
     memset(&stage->st, 0, sizeof(stage->st));
@@ -699,23 +730,59 @@ void inv_replace(struct inventory *inv, const json_t *items)
     inv_dra_relist_end(inv, NULL, relist);
 }
 
-void inv_reserve(struct inventory *inv, const char *ns, const char *name, const char *cls,
-                 int64_t charge, int64_t ttl_ms)
+static bool grow_reservations(struct inventory *inv)
+{
+    if (inv->n_res < inv->cap_res)
+        return true;
+    size_t cap = inv->cap_res ? inv->cap_res * 2 : 16;
+    struct reservation *res = realloc(inv->res, cap * sizeof(*res));
+    if (!res)
+        return false;
+    inv->res = res;
+    inv->cap_res = cap;
+    return true;
+}
+
+uint64_t inv_reserve(struct inventory *inv, const struct inv_hold *h, int64_t ttl_ms)
+{
+    struct reservation r = {strdup(h->ns),
+                            strdup(h->uid ? h->uid : ""),
+                            strdup(h->name ? h->name : ""),
+                            strdup(h->cls ? h->cls : ""),
+                            h->charge,
+                            (gg_now_us() / 1000) + ttl_ms,
+                            0};
+    pthread_mutex_lock(&inv->lock);
+    bool kept = r.ns && r.uid && r.name && r.cls && grow_reservations(inv);
+    if (kept) {
+        r.seq = ++inv->next_seq;
+        inv->res[inv->n_res++] = r;
+    }
+    pthread_mutex_unlock(&inv->lock);
+    if (!kept) {
+        free(r.ns);
+        free(r.uid);
+        free(r.name);
+        free(r.cls);
+    }
+    return r.seq;
+}
+
+void inv_unreserve(struct inventory *inv, uint64_t seq)
 {
     pthread_mutex_lock(&inv->lock);
-    if (inv->n_res == inv->cap_res) {
-        size_t cap = inv->cap_res ? inv->cap_res * 2 : 16;
-        struct reservation *res = realloc(inv->res, cap * sizeof(*res));
-        if (!res) {
-            pthread_mutex_unlock(&inv->lock);
-            return;
+    for (size_t i = 0; i < inv->n_res; i++) {
+        if (inv->res[i].seq == seq) {
+            drop_reservation(inv, i);
+            break;
         }
-        inv->res = res;
-        inv->cap_res = cap;
     }
-    inv->res[inv->n_res++] = (struct reservation){strdup(ns), strdup(name), strdup(cls ? cls : ""),
-                                                  charge, (gg_now_us() / 1000) + ttl_ms};
     pthread_mutex_unlock(&inv->lock);
+}
+
+void inv_read_before(uint64_t seq)
+{
+    reading_before = seq;
 }
 
 int64_t inv_usage(struct inventory *inv, const char *ns, const char *cls)
@@ -730,13 +797,11 @@ int64_t inv_usage(struct inventory *inv, const char *ns, const char *cls)
     for (size_t i = 0; i < inv->n_res;) {
         struct reservation *r = &inv->res[i];
         if (r->expires_ms <= now) { /* never seen: a later webhook denied it */
-            free(r->ns);
-            free(r->name);
-            free(r->cls);
-            inv->res[i] = inv->res[--inv->n_res];
+            drop_reservation(inv, i);
             continue;
         }
-        if (strcmp(r->ns, ns) == 0 && (!cls || !*cls || strcmp(r->cls, cls) == 0))
+        if (strcmp(r->ns, ns) == 0 && (!cls || !*cls || strcmp(r->cls, cls) == 0) &&
+            (!reading_before || r->seq < reading_before))
             used += r->charge;
         i++;
     }

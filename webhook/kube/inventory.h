@@ -98,7 +98,7 @@ void inv_replace(struct inventory *inv, const json_t *items);
  * inv_stage_commit() swaps the stage in as the whole state at once and
  * frees it.  Only the compact records are kept, so a caller can free each
  * pod right after adding it.  The commit settles the reservations of pods
- * the stage holds (same namespace and name, or generateName).
+ * the stage holds (by uid, or namespace and name).
  */
 struct inv_stage;
 /* A stage of pods for inv, charged by inv's charger (other kinds are ignored: see
@@ -110,12 +110,31 @@ void inv_stage_add(struct inv_stage *stage, const json_t *pod);
 size_t inv_stage_pods(const struct inv_stage *stage);
 void inv_stage_commit(struct inventory *inv, struct inv_stage *stage);
 
+/* What a pod (or ResourceClaim) under review would hold. */
+struct inv_hold {
+    const char *ns;
+    const char *uid;  /* metadata.uid, which the validating call has; NULL or "": none */
+    const char *name; /* used when there is no uid; NULL or "": generated, not known yet */
+    const char *cls;  /* the workload class label; NULL: none */
+    int64_t charge;
+};
+
 /*
- * Count a pod (or ResourceClaim) this replica just admitted until one with
- * that namespace and name (or generateName prefix) is seen, or ttl_ms passes.
+ * Count a pod (or ResourceClaim) under review until the watch shows the
+ * object of that uid (else that namespace and name), ttl_ms passes, or
+ * inv_unreserve drops it (the review denied it).  Returns the reservation's
+ * number, which orders reviews (inv_read_before); 0 when out of memory.
  */
-void inv_reserve(struct inventory *inv, const char *ns, const char *name, const char *cls,
-                 int64_t charge, int64_t ttl_ms);
+uint64_t inv_reserve(struct inventory *inv, const struct inv_hold *h, int64_t ttl_ms);
+void inv_unreserve(struct inventory *inv, uint64_t seq);
+/*
+ * This thread's inv_usage calls count only reservations numbered below seq,
+ * those of the reviews that reserved before its own (0: all).  A review
+ * that reserves before its policies read the usage then takes room exactly:
+ * of two concurrent reviews, the later sees the earlier's charge, and the
+ * earlier need not see the later's, which saw its own.
+ */
+void inv_read_before(uint64_t seq);
 
 /* Usage of a namespace (and of one workload class in it when cls is not NULL). */
 int64_t inv_usage(struct inventory *inv, const char *ns, const char *cls);
