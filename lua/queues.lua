@@ -27,7 +27,7 @@ local k8s = require "k8s"
 local M = {}
 
 M.LABEL = { kueue = gg.keys.kueue_queue, kai = gg.keys.kai_queue }
-M.PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+M.PRIORITY_LABEL = gg.keys.kueue_priority
 M.KUEUE_CONTROLLER = "system:serviceaccount:kueue-system:kueue-controller-manager"
 
 --- "<group>/<kind>" of the objects Kueue reads the queue label from ("/Pod": the core group).

@@ -143,3 +143,23 @@ def test_a_gpu_toleration_added_to_a_running_pod_without_a_gpu_is_refused(kube, 
         "(drivers, device plugins, exporters) belongs in a namespace of placement.exempt_namespaces or "
         "runs as one of placement.exempt_service_accounts")
     assert toleration not in kube.get("pod", "p", namespace)["spec"]["tolerations"]
+
+
+def test_a_suspended_jobs_queue_relabel_reaches_gpuguard_and_other_labels_do_not(
+        kube, gpuguard, namespace):
+    """Moving a suspended Job to another queue or priority class is a label-only UPDATE: the
+    workloads' validating webhook is sent it (gpu-queues judges it); other label edits are not
+    sent, nor are they to the mutating webhook (counted: one call per UPDATE sent)."""
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "held"},
+           "spec": {"suspend": True, "template": {"metadata": {"labels": {"team": "e2e"}}, "spec": {
+               "restartPolicy": "Never", "containers": [{
+                   "name": "main", "image": "registry.example/cuda:12",
+                   "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}}}
+    kube.create(job, namespace)
+    for what, label, calls in [("another label", "team=b", 0),
+                               ("a Kueue queue", "kueue.x-k8s.io/queue-name=gpu-batch", 1),
+                               ("a Kueue priority class", "kueue.x-k8s.io/priority-class=low", 1),
+                               ("the queue removed", "kueue.x-k8s.io/queue-name-", 1)]:
+        before = settled_requests(gpuguard)
+        kube.run("label", "job", "held", "-n", namespace, label, "--overwrite")
+        assert settled_requests(gpuguard) - before == calls, what

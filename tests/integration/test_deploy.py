@@ -705,11 +705,17 @@ def test_workload_rules(render, kind):
         assert rule["operations"] == ["CREATE", "UPDATE"] and rule["scope"] == "Namespaced"
         assert rule["apiVersions"] == (["v1"] if rule["apiGroups"][0] in ("", "apps", "batch")
                                        else ["*"])
-    # UPDATEs reach gpuguard only when a template changed: the condition compares where each
-    # kind keeps its templates, never the whole object (status, annotations, scaling).
+    # UPDATEs reach gpuguard only when a template changed (and, to be validated, a queue or
+    # priority label): the condition compares where each kind keeps its templates, never the
+    # whole object (status, annotations, scaling).
     [cond] = hook["matchConditions"]
     expr = " ".join(cond["expression"].split())
-    assert expr.startswith("request.operation == 'CREATE' || (")
+    queues = ("['kueue.x-k8s.io/queue-name', 'kueue.x-k8s.io/priority-class', "
+              "'kai.scheduler/queue'].exists(k, ")
+    if kind == "ValidatingWebhookConfiguration":
+        assert expr.startswith("request.operation == 'CREATE' || " + queues), expr
+        expr = expr.replace(expr[:expr.index(")) || (") + 6], "")
+    assert expr.startswith("request.operation == 'CREATE' || (") or expr.startswith("(")
     for part in ("object.spec.jobTemplate != oldObject.spec.jobTemplate",
                  "object.template != oldObject.template",
                  "object.spec.headGroupSpec != oldObject.spec.headGroupSpec",
@@ -1260,9 +1266,10 @@ def test_runtime_packages_cover_the_binary(binary):
                        "which the binary does not link (NOT_LINKED_PKGS says why others are there)"
 
 
-def deployment(template_image="vllm:1", replicas=1, annotations=None, status=None):
+def deployment(template_image="vllm:1", replicas=1, annotations=None, status=None, labels=None):
     obj = {"apiVersion": "apps/v1", "kind": "Deployment",
-           "metadata": {"name": "d", "namespace": "team-a", "annotations": annotations or {}},
+           "metadata": {"name": "d", "namespace": "team-a", "annotations": annotations or {},
+                        **({"labels": labels} if labels is not None else {})},
            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": "d"}},
                     "template": {"metadata": {"labels": {"app": "d"}},
                                  "spec": {"containers": [{"name": "c", "image": template_image}]}}}}
@@ -1271,8 +1278,9 @@ def deployment(template_image="vllm:1", replicas=1, annotations=None, status=Non
     return obj
 
 
-def cronjob(image="train:1", schedule="0 * * * *"):
-    return {"apiVersion": "batch/v1", "kind": "CronJob", "metadata": {"name": "c"},
+def cronjob(image="train:1", schedule="0 * * * *", labels=None):
+    return {"apiVersion": "batch/v1", "kind": "CronJob",
+            "metadata": {"name": "c", **({"labels": labels} if labels is not None else {})},
             "spec": {"schedule": schedule, "jobTemplate": {"spec": {"template": {
                 "spec": {"containers": [{"name": "c", "image": image}]}}}}}}
 
@@ -1303,6 +1311,17 @@ WORKLOAD_REVIEWS = [
      raycluster(), raycluster(replicas=4), False),
     ("a RayCluster's worker template changed", "ray.io", "rayclusters", "UPDATE", raycluster(),
      raycluster("ray:2"), True),
+    # A label-only move to another queue or priority: validated (gpu-queues), not mutated.
+    ("a Deployment moved to another Kueue queue", "apps", "deployments", "UPDATE",
+     deployment(labels={"kueue.x-k8s.io/queue-name": "a"}),
+     deployment(labels={"kueue.x-k8s.io/queue-name": "b"}), "validate"),
+    ("a CronJob given a Kueue priority class", "batch", "cronjobs", "UPDATE", cronjob(),
+     cronjob(labels={"kueue.x-k8s.io/priority-class": "high"}), "validate"),
+    ("a Deployment's KAI queue removed", "apps", "deployments", "UPDATE",
+     deployment(labels={"kai.scheduler/queue": "a"}), deployment(labels={}), "validate"),
+    ("a Deployment's other label changed", "apps", "deployments", "UPDATE",
+     deployment(labels={"kueue.x-k8s.io/queue-name": "a", "team": "x"}),
+     deployment(labels={"kueue.x-k8s.io/queue-name": "a", "team": "y"}), False),
 ]
 
 
@@ -1312,8 +1331,9 @@ WORKLOAD_REVIEWS = [
 def test_workload_conditions_send_only_template_changes(base, kind, what, group, resource,
                                                         operation, old, new, sent):
     """The workload webhooks' condition, evaluated as the API server would: template changes
-    are sent, the controllers' own writes are not, and no condition fails to evaluate (with
-    failurePolicy Fail that would reject the request)."""
+    are sent (queue and priority label changes to the validating webhook), the controllers' own
+    writes are not, and no condition fails to evaluate (with failurePolicy Fail that would
+    reject the request)."""
     env = {"object": new, "oldObject": old, "request": {
         **admission_request(operation, ""),
         "resource": {"group": group, "version": "v1", "resource": resource}}}
@@ -1321,4 +1341,6 @@ def test_workload_conditions_send_only_template_changes(base, kind, what, group,
                for c in workload_hook(base, kind)["matchConditions"]]
     for r in results:
         assert not isinstance(r, CelError), f"{what}: the condition fails: {r}"
+    if sent == "validate":
+        sent = kind == "ValidatingWebhookConfiguration"
     assert all(results) is sent, what

@@ -232,6 +232,38 @@ def test_no_node_selector_on_a_kueue_placed_pool(kueue):
                 "effect": "NoSchedule"} in tpl["spec"]["tolerations"]
 
 
+def test_a_label_only_move_to_another_queue_or_priority_is_judged(kueue):
+    """A suspended Job relabelled to a queue or priority class its namespace may not use is
+    denied though its template is unchanged (the validating webhook is sent such UPDATEs);
+    a move to an allowed queue, and an edit of other labels, are allowed."""
+    _, _, admitted = call(kueue, in_ns(job(), "team-c"), namespace="team-c")
+    admitted["spec"]["suspend"] = True
+    for key, value, message in (
+            (KUEUE, "team-b-queue", None),
+            (PRIORITY, "high", 'gpu-queues: priority class "high" may not be used in namespace '
+             f"team-c; use one of: low; set the label {PRIORITY} to one of them or remove it")):
+        moved = copy.deepcopy(admitted)
+        moved["metadata"].setdefault("labels", {})[key] = value
+        resp, _, _ = call(kueue, moved, namespace="team-c", path="/validate", operation="UPDATE",
+                          old=admitted, user="alice")
+        if message:
+            assert resp["allowed"] is False and resp["status"]["message"] == message
+        else:  # team-c names no allowed queues: any queue is fine
+            assert resp["allowed"] is True
+    moved = copy.deepcopy(admitted)
+    moved["metadata"].setdefault("labels", {})[PRIORITY] = "low"
+    resp, _, _ = call(kueue, moved, namespace="team-c", path="/validate", operation="UPDATE",
+                      old=admitted, user="alice")
+    assert resp["allowed"] is True
+    _, _, admitted = call(kueue, job())
+    moved = copy.deepcopy(admitted)
+    moved["metadata"]["labels"][KUEUE] = "team-b-queue"
+    resp, _, _ = call(kueue, moved, path="/validate", operation="UPDATE", old=admitted,
+                      user="alice")
+    assert resp["allowed"] is False and 'queue "team-b-queue" may not be used' in \
+        resp["status"]["message"]
+
+
 def test_kueues_updates_of_suspended_workloads_are_allowed(kueue):
     _, _, admitted = call(kueue, job())
     admitted["spec"]["suspend"] = True

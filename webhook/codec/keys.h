@@ -10,6 +10,7 @@
 #define GG_KEY_DECISION "gpuguard.io/decision" /* the sharing decision, for people */
 #define GG_KEY_WORKLOAD_CLASS "gpuguard.io/workload-class"
 #define GG_KEY_KUEUE_QUEUE "kueue.x-k8s.io/queue-name" /* set by lua/queues.lua */
+#define GG_KEY_KUEUE_PRIORITY "kueue.x-k8s.io/priority-class"
 #define GG_KEY_KAI_QUEUE "kai.scheduler/queue"
 
 /* The keys by their name in gpuguard.keys: X(name, key) for each. */
@@ -18,6 +19,7 @@
     X("decision", GG_KEY_DECISION)                                                                 \
     X("workload_class", GG_KEY_WORKLOAD_CLASS)                                                     \
     X("kueue_queue", GG_KEY_KUEUE_QUEUE)                                                           \
+    X("kueue_priority", GG_KEY_KUEUE_PRIORITY)                                                     \
     X("kai_queue", GG_KEY_KAI_QUEUE)
 
 #endif

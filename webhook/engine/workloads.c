@@ -103,6 +103,28 @@ static bool templates_unchanged(const struct json_req *req, const struct mf_set 
     return same;
 }
 
+/* The label key's value on obj ("" when absent). */
+static const char *label_of(const json_t *obj, const char *key)
+{
+    const json_t *labels = json_object_get(json_object_get(obj, "metadata"), "labels");
+    const char *v = json_string_value(json_object_get(labels, key));
+    return v ? v : "";
+}
+
+/*
+ * Does the UPDATE move the workload to another queue or Kueue priority
+ * class?  A label-only edit of a suspended Job is how a workload changes
+ * queue: the object's policies judge it though its templates are unchanged.
+ */
+static bool queue_relabelled(const struct json_req *req)
+{
+    static const char *const keys[] = {GG_KEY_KUEUE_QUEUE, GG_KEY_KUEUE_PRIORITY, GG_KEY_KAI_QUEUE};
+    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++)
+        if (strcmp(label_of(req->object, keys[i]), label_of(req->old_object, keys[i])) != 0)
+            return true;
+    return false;
+}
+
 /* "<path>: <text>" as a new JSON string. */
 static json_t *prefixed(const char *path, const char *text)
 {
@@ -302,6 +324,14 @@ enum gg_status wl_object(struct engine *engine, const json_t *obj, const struct 
 }
 
 /* The object itself through the policies that match its kind (queue routing). */
+/* What the review does with the policies' changes to the workload. */
+static enum changes changes_of(enum adm_endpoint endpoint, const struct settings *cfg)
+{
+    if (endpoint != ADM_MUTATING)
+        return CHANGES_NONE;
+    return cfg->mode == CFG_WORKLOADS_MUTATE ? CHANGES_PATCH : CHANGES_WARN;
+}
+
 static enum gg_status review_object(struct engine *engine, const struct adm_request *req,
                                     const struct json_req *j, const struct dr_options *o,
                                     enum changes changes, struct gather *g, json_t **patched,
@@ -374,9 +404,7 @@ enum gg_status wl_review(struct engine *engine, const struct adm_request *req,
         struct dr_options o = {
             .namespace = req->namespace, .deadline_us = deadline_us, .dry_run = true};
         request_user(&j, &o);
-        enum changes changes = endpoint != ADM_MUTATING           ? CHANGES_NONE
-                               : cfg.mode == CFG_WORKLOADS_MUTATE ? CHANGES_PATCH
-                                                                  : CHANGES_WARN;
+        enum changes changes = changes_of(endpoint, &cfg);
         st = review_object(engine, req, &j, &o, changes, &g, &patched, err);
         if (st == GG_OK && patched) {
             /* The templates as they are after the object's own changes. */
@@ -394,6 +422,11 @@ enum gg_status wl_review(struct engine *engine, const struct adm_request *req,
             add_charge(&g, e, patched ? patched : j.object, &r);
             wl_result_clear(&r);
         }
+    } else if (queue_relabelled(&j)) {
+        struct dr_options o = {
+            .namespace = req->namespace, .deadline_us = deadline_us, .dry_run = true};
+        request_user(&j, &o);
+        st = review_object(engine, req, &j, &o, changes_of(endpoint, &cfg), &g, &patched, err);
     }
     if (st != GG_OK)
         goto out;
