@@ -71,6 +71,11 @@ local DRA_CLASSES = {
     ["compute-domain-default-channel.nvidia.com"] = 0,
 }
 local MIG_CLASS = "mig.nvidia.com"
+-- The DRA drivers whose devices are GPUs (dra.gpu_drivers adds more): a DeviceClass of the
+-- cluster whose selectors name one is a GPU class, each of its devices a whole GPU.  Not
+-- compute-domain.nvidia.com: its IMEX channels are no GPUs.
+local GPU_DRIVERS = { "gpu.nvidia.com", "gpu.amd.com", "gpu.intel.com" }
+local MAX_CLASS_SELECTORS = 32 -- as the API caps a DeviceClass's selectors
 
 local HAMI = { ["nvidia.com/gpumem"] = true, ["nvidia.com/gpumem-percentage"] = true,
                ["nvidia.com/gpucores"] = true }
@@ -133,6 +138,8 @@ local function check_other_gpus(o)
     end
 end
 
+local DRA_KEYS = { classes = true, allocation_all = true, gpu_drivers = true }
+
 function M.check(cfg)
     if cfg.other_gpus ~= nil then
         check_other_gpus(cfg.other_gpus)
@@ -143,6 +150,19 @@ function M.check(cfg)
     end
     if type(d) ~= "table" or gg.is_array(d) then
         error("dra: must be a mapping", 0)
+    end
+    for k in pairs(d) do
+        if not DRA_KEYS[k] then
+            error(string.format("dra.%s: unknown key (classes, allocation_all, gpu_drivers)", tostring(k)), 0)
+        end
+    end
+    if d.gpu_drivers ~= nil and (type(d.gpu_drivers) ~= "table" or not gg.is_array(d.gpu_drivers)) then
+        error("dra.gpu_drivers: must be a list of DRA driver names such as gpu.example.com", 0)
+    end
+    for i, name in ipairs(d.gpu_drivers or NONE) do
+        if type(name) ~= "string" or not name:match("^[%l%d][%l%d.-]*%.[%l%d.-]*[%l%d]$") then
+            error(string.format("dra.gpu_drivers[%d]: must be a DRA driver name such as gpu.example.com", i), 0)
+        end
     end
     for class, v in pairs(d.classes or NONE) do
         local _, msg = quota.parse_fraction(v, AMOUNT)
@@ -353,8 +373,80 @@ local function mig_unit(cfg, pool, profile)
     return best or 1000
 end
 
+-- gpuguard.dra when the host provides it (the engine does), else no DRA objects at all.
+local function host_lookup(kind, namespace, name)
+    local f = gg.dra
+    if f then
+        return f(kind, namespace, name) -- the object; or nil, and why when unknown
+    end
+    return nil
+end
+
+-- Whether a string literal of a DeviceClass selector names one of the drivers: it is one of
+-- them, or part of one (device.driver.endsWith("nvidia.com")), or holds one.
+local function names_driver(literal, drivers)
+    if #literal < 3 then
+        return false
+    end
+    for _, d in ipairs(drivers) do
+        if d:find(literal, 1, true) or literal:find(d, 1, true) then
+            return true
+        end
+    end
+    return false
+end
+
+-- The GPU drivers: GPU_DRIVERS and dra.gpu_drivers.
+local function gpu_drivers(cfg)
+    local extra = cfg.dra and cfg.dra.gpu_drivers
+    if not extra then
+        return GPU_DRIVERS
+    end
+    local all = { table.unpack(GPU_DRIVERS) }
+    for _, d in ipairs(extra) do
+        all[#all + 1] = d
+    end
+    return all
+end
+
+-- Whether a DeviceClass's selectors may pick GPUs: one names a GPU driver in a string literal,
+-- or one cannot be read that far (escapes, raw, byte or triple-quoted strings, no expression),
+-- or the class has no selector at all (it selects every device).  Comments are read as code: a
+-- driver named in one counts, on the safe side.
+local function selects_gpus(class_obj, cfg)
+    local selectors = type(class_obj.spec) == "table" and class_obj.spec.selectors
+    if type(selectors) ~= "table" or #selectors == 0 or #selectors > MAX_CLASS_SELECTORS then
+        return true
+    end
+    local drivers = gpu_drivers(cfg)
+    for _, sel in ipairs(selectors) do
+        local expr = type(sel) == "table" and type(sel.cel) == "table" and sel.cel.expression
+        if type(expr) ~= "string" or #expr > 10240 or expr:find("\\", 1, true)
+            or expr:find("'''", 1, true) or expr:find('"""', 1, true) or expr:find("%f[%w_][rRbB]['\"]") then
+            return true
+        end
+        for _, literal in expr:gmatch("(['\"])(.-)%1") do
+            if names_driver(literal, drivers) then
+                return true
+            end
+        end
+    end
+    return false
+end
+
+-- A DeviceClass of the cluster (gpuguard.dra("DeviceClass", "", name)) that selects GPUs: one
+-- whole GPU per device; nil when the class is not known or selects no GPU.
+local function cluster_class_unit(cfg, class)
+    local obj = host_lookup("DeviceClass", "", class)
+    if type(obj) == "table" and selects_gpus(obj, cfg) then
+        return 1000
+    end
+    return nil
+end
+
 --- GPU-equivalents (milli) of one device of a DRA device class; nil for a class that is not a
---- GPU (not gpuguard's business).
+--- GPU (not gpuguard's business): NVIDIA's classes, then dra.classes, then the cluster's own
+--- DeviceClass by its selectors.
 function M.class_unit(cfg, class, sub, pool)
     local unit = DRA_CLASSES[class]
     if unit then
@@ -362,7 +454,7 @@ function M.class_unit(cfg, class, sub, pool)
     elseif class == MIG_CLASS then
         return mig_unit(cfg, pool, sub and selected_profile(sub))
     end
-    return configured_unit(cfg, class)
+    return configured_unit(cfg, class) or cluster_class_unit(cfg, class)
 end
 
 -- A request's alternatives: v1/v1beta2 exactly or firstAvailable, v1beta1 flat fields.
@@ -452,15 +544,6 @@ function M.claim_charge(cfg, claim_spec, what, pool)
         end
     end
     return total, classes
-end
-
--- gpuguard.dra when the host provides it (the engine does), else no DRA objects at all.
-local function host_lookup(kind, namespace, name)
-    local f = gg.dra
-    if f then
-        return f(kind, namespace, name) -- the object; or nil, and why when unknown
-    end
-    return nil
 end
 
 --- The annotation that makes a claim (a ResourceClaim object, or nil) charged to a pod, not on

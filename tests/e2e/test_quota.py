@@ -147,3 +147,27 @@ def test_a_replicaset_scaling_out_gets_exactly_its_room_and_its_pods_settle_rese
     assert len(pods) == 4, [p["metadata"]["name"] for p in pods]
     message = denial(kube, namespace, gpu_pod("extra", 1))
     assert f"namespace {namespace} would use 5 of 4 GPUs (in use 4, this pod 1)" in message
+
+
+def test_a_clusters_own_gpu_device_class_is_charged(kube, gpuguard, namespace):
+    """A DeviceClass the configuration does not name, whose selectors pick NVIDIA's GPUs, is a
+    GPU class: a claim of 2 of its devices is charged 2 GPUs (quota 4, the default), read from
+    the class gpuguard watches; a class for other devices is not."""
+    classes = {"e2e-admin-gpu": 'device.driver == "gpu.nvidia.com"',
+               "e2e-admin-nic": 'device.driver == "rdma.example.com"'}
+    try:
+        for name, expr in classes.items():
+            kube.run("delete", "deviceclass", name, "--ignore-not-found")
+            kube.create({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                         "metadata": {"name": name},
+                         "spec": {"selectors": [{"cel": {"expression": expr}}]}})
+        for name in classes:
+            kube.create({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                         "metadata": {"name": name},
+                         "spec": {"devices": {"requests": [{"name": "r", "exactly": {
+                             "deviceClassName": name, "count": 2}}]}}}, namespace)
+        wait_for("the claim of the GPU class charged", lambda: usage(gpuguard, namespace) == {2.0})
+        message = denial(kube, namespace, gpu_pod("three", 3))
+        assert f"namespace {namespace} would use 5 of 4 GPUs (in use 2, this pod 3)" in message
+    finally:
+        kube.run("delete", "deviceclass", *classes, "--ignore-not-found", check=False)

@@ -9,7 +9,7 @@ GET /api/v1/pods (paginated LIST, WATCH with bookmarks) over HTTP or HTTPS on
 127.0.0.1, with a pod store whose changes become watch events, and knobs a
 test turns to misbehave on purpose: 401s, 410 Gone (as a status or an ERROR
 event), dropped connections mid-event, slow responses, malformed lines.
-ResourceClaims and ResourceClaimTemplates (resource.k8s.io, in the versions
+ResourceClaims, ResourceClaimTemplates and DeviceClasses (resource.k8s.io, in the versions
 of served_versions) are listed and watched alike, and a template can be
 fetched alone (GET .../namespaces/NS/resourceclaimtemplates/NAME), also one
 held back from lists and watches (hidden=True), as one the watch has not
@@ -250,7 +250,8 @@ class _Handler(BaseHTTPRequestHandler):
             return self._status(401)
         if kind == "get":
             return self._get(fake, parts[6], parts[5], parts[7])
-        if dra and len(parts) == 5 and parts[4] in ("resourceclaims", "resourceclaimtemplates"):
+        if dra and len(parts) == 5 and parts[4] in ("resourceclaims", "resourceclaimtemplates",
+                                                    "deviceclasses"):
             resource = parts[4]
         elif url.path == "/api/v1/pods":
             resource = "pods"

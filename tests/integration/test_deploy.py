@@ -232,7 +232,9 @@ def test_rbac_is_least_privilege(render):
                        ("resource.k8s.io", "resourceclaims", "watch"),
                        ("resource.k8s.io", "resourceclaimtemplates", "get"),
                        ("resource.k8s.io", "resourceclaimtemplates", "list"),
-                       ("resource.k8s.io", "resourceclaimtemplates", "watch")}
+                       ("resource.k8s.io", "resourceclaimtemplates", "watch"),
+                       ("resource.k8s.io", "deviceclasses", "list"),
+                       ("resource.k8s.io", "deviceclasses", "watch")}
 
     sa = one(render, "ServiceAccount")
     binding = one(render, "ClusterRoleBinding")

@@ -633,3 +633,50 @@ def test_check_cluster_state_denies_a_namespace_over_quota(binary, tmp_path):
     # Other namespaces are not charged for team-a's pods.
     out = check(binary, tmp_path, in_use, named_pod("ok", "research", 8))
     assert out.returncode == 0, out.stdout.decode()
+
+
+def device_class(name, *expressions):
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name},
+            "spec": {"selectors": [{"cel": {"expression": e}} for e in expressions]}}
+
+
+def own_claim(ns, name, device_class_name, count):
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": ns, "uid": f"uid-{ns}-{name}"},
+            "spec": {"devices": {"requests": [{"name": "r", "exactly": {
+                "deviceClassName": device_class_name, "count": count}}]}}}
+
+
+@pytest.mark.parametrize("expression,gpus", [
+    ('device.driver == "gpu.nvidia.com" && device.attributes["gpu.nvidia.com"].type == "gpu"', 4),
+    ("device.driver.endsWith('nvidia.com') // any of NVIDIA's", 4),
+    ('device.driver == "gpu.amd.com"', 4),
+    ('device.driver == "gpu.example.com"', 4),  # dra.gpu_drivers names it
+    ('device.driver == "gpu\\x2envidia.com"', 4),  # unreadable: a GPU, on the safe side
+    ('device.driver == "compute-domain.nvidia.com"', 0),  # IMEX channels
+    ('device.driver == "rdma.example.com"', 0),
+])
+def test_check_cluster_state_charges_a_clusters_own_gpu_device_class(binary, tmp_path, expression,
+                                                                     gpus):
+    """A DeviceClass of the cluster that dra.classes does not name is a GPU class when its
+    selectors name a GPU driver (NVIDIA's, AMD's, Intel's and dra.gpu_drivers'): a claim of 4
+    of its devices is charged 4 whole GPUs.  team-a: quota 8, 3 GPUs in pods."""
+    cfg = yaml.safe_load((REPO / "deploy" / "gpuguard.yaml").read_text())
+    cfg["dra"]["gpu_drivers"] = ["gpu.example.com"]
+    config = tmp_path / "gpuguard.yaml"
+    config.write_text(yaml.safe_dump(cfg))
+    state = tmp_path / "state.json"
+    state.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": [
+        gpu_pod("team-a", "a", gpus=3), device_class("admin-gpu", expression),
+        own_claim("team-a", "held", "admin-gpu", 4)]}))
+    pod = tmp_path / "pod.yaml"
+    pod.write_text(yaml.safe_dump(named_pod("one-more", "team-a", 2)))
+    out = subprocess.run([binary, "check", "--config", str(config), "--policies",
+                          str(REPO / "policies"), "--lua", str(REPO / "lua"), "--cluster-state",
+                          str(state), "-o", "json", str(pod)], capture_output=True, timeout=60)
+    rec = json.loads(out.stdout.decode().splitlines()[0])
+    if gpus:
+        assert out.returncode == 1 and f"would use {3 + gpus + 2} of 8 GPUs (in use {3 + gpus}" \
+            in rec["message"], rec
+    else:
+        assert out.returncode == 0 and rec["allowed"], rec

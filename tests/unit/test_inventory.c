@@ -149,10 +149,10 @@ static void test_reservations_settle_by_uid_only(void **state)
     struct inventory *inv = new_inventory();
     reserve(inv, "u-new", "train-abcde", "", 1000, 60000);
     reserve(inv, NULL, "train", "", 1000, 60000);
-    json_t *older =
-        pod("u-old", "team-a", "train-abcde", "Running", "{\"nvidia.com/gpu\":\"1\"}", "{}", NULL);
-    json_t *cpu =
-        pod("u-cpu", "team-a", "train-cpu", "Running", "{\"nvidia.com/gpu\":\"1\"}", "{}", NULL);
+    json_t *older = pod("u-old", "team-a", "train-abcde", "Running", "{\"nvidia.com/gpu\":\"1\"}",
+                        "{}", "training");
+    json_t *cpu = pod("u-cpu", "team-a", "train-cpu", "Running", "{\"nvidia.com/gpu\":\"1\"}", "{}",
+                      "training");
     inv_upsert(inv, older);
     inv_upsert(inv, cpu);
     assert_int_equal(inv_usage(inv, "team-a", NULL), 4000);

@@ -87,7 +87,8 @@ static void check_usage(FILE *out)
             "  --namespace NS         namespace for manifests that name none [default]\n"
             "  --user NAME            userInfo.username of the requests [" DR_DEFAULT_USER "]\n"
             "  --cluster-state FILE   pods in use, for quota checks: the JSON of 'kubectl get\n"
-            "                         pods,resourceclaims,resourceclaimtemplates -A -o json'\n"
+            "                         pods,resourceclaims,resourceclaimtemplates,deviceclasses -A "
+            "-o json'\n"
             "                         (other kinds are skipped and counted) [none]\n"
             "  --usage FILE           GPU memory history for rightsizing, as written by\n"
             "                         'gpuguard usage -o FILE' [none: no recommendations]\n"
@@ -489,10 +490,11 @@ static json_t *summary_json(const struct check_run *r, int exit_code)
     const size_t *c = r->state_counts;
     if (r->o.cluster_state_path)
         json_object_set_new(sum, "cluster_state",
-                            json_pack("{s:I,s:I,s:I,s:I}", "pods", (json_int_t)c[MF_STATE_POD],
+                            json_pack("{s:I,s:I,s:I,s:I,s:I}", "pods", (json_int_t)c[MF_STATE_POD],
                                       "resourceclaims", (json_int_t)c[MF_STATE_CLAIM],
                                       "resourceclaimtemplates", (json_int_t)c[MF_STATE_TEMPLATE],
-                                      "skipped", (json_int_t)c[MF_STATE_OTHER]));
+                                      "deviceclasses", (json_int_t)c[MF_STATE_CLASS], "skipped",
+                                      (json_int_t)c[MF_STATE_OTHER]));
     return sum;
 }
 

@@ -332,13 +332,15 @@ static enum gg_status new_client(const struct serve_opts *o, struct kc_client **
                          : kc_new_in_cluster(KC_SA_DIR, client, err);
 }
 
+/* What every charge depends on: the configuration, and the cluster's DeviceClasses. */
 static uint64_t generation(void *engine)
 {
-    return engine_generation(engine);
+    struct inventory *inv = engine_inventory(engine);
+    return engine_generation(engine) + (inv ? inv_class_changes(inv) : 0);
 }
 
 /* The inventory's informers: pods, ResourceClaims, ResourceClaimTemplates (see informer.h). */
-#define N_INFORMERS 3
+#define N_INFORMERS 4
 
 /*
  * The inventory, its charger and its informers when on: --inventory off,
@@ -366,7 +368,9 @@ static enum gg_status start_inventory(const struct serve_opts *o, struct engine 
     if (st != GG_OK)
         return st;
     engine_set_inventory(engine, *inv);
-    static const enum inf_kind kinds[N_INFORMERS] = {INF_TEMPLATES, INF_CLAIMS, INF_PODS};
+    /* Classes and templates first: the charges of claims and pods read them. */
+    static const enum inf_kind kinds[N_INFORMERS] = {INF_CLASSES, INF_TEMPLATES, INF_CLAIMS,
+                                                     INF_PODS};
     for (size_t i = 0; st == GG_OK && i < N_INFORMERS; i++) {
         struct inf_options opts = {
             .kind = kinds[i], .generation = generation, .generation_ctx = engine};

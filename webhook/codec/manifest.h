@@ -194,14 +194,21 @@ size_t mf_line_of(const json_t *lines, const char *pointer);
 
 /*
  * Check a cluster-state snapshot (the JSON of `kubectl get pods,
- * resourceclaims,resourceclaimtemplates -A -o json`): an object with kind
- * List or PodList and an items array of objects with an object metadata, in
- * any order.  Pods (kind Pod or no kind), ResourceClaims and
- * ResourceClaimTemplates are kept; items of other kinds are dropped from
+ * resourceclaims,resourceclaimtemplates,deviceclasses -A -o json`): an object
+ * with kind List or PodList and an items array of objects with an object
+ * metadata, in any order.  Pods (kind Pod or no kind), ResourceClaims,
+ * ResourceClaimTemplates and DeviceClasses are kept; items of other kinds are dropped from
  * *state's items and counted in counts[MF_STATE_OTHER].  *state (a new
  * reference) is the parsed snapshot.  Messages start with source.
  */
-enum mf_state_kind { MF_STATE_POD, MF_STATE_CLAIM, MF_STATE_TEMPLATE, MF_STATE_OTHER, MF_STATE_N };
+enum mf_state_kind {
+    MF_STATE_POD,
+    MF_STATE_CLAIM,
+    MF_STATE_TEMPLATE,
+    MF_STATE_CLASS,
+    MF_STATE_OTHER,
+    MF_STATE_N
+};
 enum gg_status mf_cluster_state(const char *text, size_t len, const char *source, json_t **state,
                                 size_t counts[MF_STATE_N], struct gg_err *err);
 

@@ -376,6 +376,11 @@ void engine_set_inventory(struct engine *e, struct inventory *inventory)
     e->inventory = inventory;
 }
 
+struct inventory *engine_inventory(struct engine *e)
+{
+    return e->inventory;
+}
+
 void engine_collect(struct engine *e)
 {
     struct thread_vm *tv = pthread_getspecific(e->vm_key);

@@ -72,6 +72,7 @@ const struct policy_paths *engine_paths(const struct engine *e);
  */
 struct inventory;
 void engine_set_inventory(struct engine *e, struct inventory *inventory);
+struct inventory *engine_inventory(struct engine *e);
 
 /*
  * Collect the Lua garbage of this thread's evaluations if the collector's

@@ -447,6 +447,7 @@ static const struct {
     [INF_PODS] = {"pods", NULL, "pods"},
     [INF_CLAIMS] = {"ResourceClaims", "ResourceClaim", "resourceclaims"},
     [INF_TEMPLATES] = {"ResourceClaimTemplates", "ResourceClaimTemplate", "resourceclaimtemplates"},
+    [INF_CLASSES] = {"DeviceClasses", "DeviceClass", "deviceclasses"},
 };
 /* resource.k8s.io versions, newest first: v1 since Kubernetes 1.34, v1beta2 1.33, v1beta1 1.32. */
 static const char *const dra_versions[] = {"v1", "v1beta2", "v1beta1"};

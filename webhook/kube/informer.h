@@ -99,11 +99,11 @@ enum gg_status inf_list_finish(struct inf_list_reader *r, struct inf_list_meta *
 
 /*
  * What an informer keeps in sync: pods (/api/v1/pods; they mark the inventory
- * ready), or ResourceClaims or ResourceClaimTemplates (resource.k8s.io v1,
- * else v1beta2, else v1beta1, whichever the API server serves; a cluster
- * with none is retried with the longest backoff).
+ * ready), or ResourceClaims, ResourceClaimTemplates or DeviceClasses
+ * (resource.k8s.io v1, else v1beta2, else v1beta1, whichever the API server
+ * serves; a cluster with none is retried with the longest backoff).
  */
-enum inf_kind { INF_PODS, INF_CLAIMS, INF_TEMPLATES };
+enum inf_kind { INF_PODS, INF_CLAIMS, INF_TEMPLATES, INF_CLASSES };
 
 struct inf_options {
     unsigned page_size;          /* LIST limit; 0: 500 */

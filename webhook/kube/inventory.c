@@ -74,6 +74,7 @@ struct inventory {
     struct map dra;           /* "kind\x1fns\x1fname" -> struct dra_entry */
     struct map dra_sums;      /* ns -> milli-GPU of the claims charged on their own */
     uint64_t dra_relist;      /* numbers relists; entries keep the last that showed them */
+    uint64_t class_changes;   /* DeviceClasses added, changed or removed (inv_class_changes) */
     inv_fetch_fn fetch;       /* a template not kept yet; NULL: none */
     void *fetch_ctx;
     struct state st;
@@ -288,7 +289,7 @@ static const char *meta_string(const json_t *obj, const char *key)
     return s ? s : "";
 }
 
-enum obj_kind { K_POD, K_CLAIM, K_TEMPLATE, K_OTHER };
+enum obj_kind { K_POD, K_CLAIM, K_TEMPLATE, K_CLASS, K_OTHER };
 
 /* Objects without a kind are pods (the informer's trimmed pods carry none). */
 static enum obj_kind kind_of(const json_t *obj)
@@ -298,6 +299,8 @@ static enum obj_kind kind_of(const json_t *obj)
         return K_POD;
     if (strcmp(kind, "ResourceClaim") == 0)
         return K_CLAIM;
+    if (strcmp(kind, "DeviceClass") == 0)
+        return K_CLASS;
     return strcmp(kind, "ResourceClaimTemplate") == 0 ? K_TEMPLATE : K_OTHER;
 }
 
@@ -404,12 +407,15 @@ static bool state_add(struct state *st, const json_t *obj, int64_t charge)
     return true;
 }
 
-/* ---- DRA objects (ResourceClaims, ResourceClaimTemplates) ----------------
+/* ---- DRA objects (ResourceClaims, ResourceClaimTemplates, DeviceClasses) --
  *
  * Apart from the pods, under their own lock: a pod relist never touches them,
  * and each kind is relisted on its own (inv_dra_relist_begin/end).  A claim
- * charged on its own adds to the sums of dra_sums.
+ * charged on its own adds to the sums of dra_sums.  A DeviceClass holds no
+ * charge; it tells the charge model whether its devices are GPUs.
  */
+
+static const char CLASS_PREFIX[] = "DeviceClass\x1f";
 
 static bool dra_key(char *key, size_t size, const char *kind, const char *ns, const char *name)
 {
@@ -468,6 +474,10 @@ static void dra_put(struct inventory *inv, const json_t *obj, uint64_t seen, int
     if (!seen)
         d->seen = inv->dra_relist;
     struct slot *s = map_find(&inv->dra, key);
+    if (strncmp(key, CLASS_PREFIX, sizeof(CLASS_PREFIX) - 1) == 0 &&
+        (!s || !json_equal(json_object_get(((struct dra_entry *)s->ptr)->obj, "spec"),
+                           json_object_get(d->obj, "spec"))))
+        inv->class_changes++;
     if (s)
         dra_drop(inv, s);
     struct slot *sum = charge ? map_put(&inv->dra_sums, ns) : NULL;
@@ -494,9 +504,19 @@ static void dra_remove(struct inventory *inv, const json_t *obj)
         return;
     pthread_mutex_lock(&inv->dra_lock);
     struct slot *s = map_find(&inv->dra, key);
+    if (s && strncmp(key, CLASS_PREFIX, sizeof(CLASS_PREFIX) - 1) == 0)
+        inv->class_changes++;
     if (s)
         dra_drop(inv, s);
     pthread_mutex_unlock(&inv->dra_lock);
+}
+
+uint64_t inv_class_changes(struct inventory *inv)
+{
+    pthread_mutex_lock(&inv->dra_lock);
+    uint64_t n = inv->class_changes;
+    pthread_mutex_unlock(&inv->dra_lock);
+    return n;
 }
 
 uint64_t inv_dra_relist_begin(struct inventory *inv)
@@ -518,7 +538,9 @@ static void settle_claim(struct inventory *inv, const json_t *claim)
 void inv_dra_add(struct inventory *inv, const json_t *obj, uint64_t relist)
 {
     enum obj_kind k = kind_of(obj);
-    if (k == K_CLAIM || k == K_TEMPLATE)
+    if (k == K_CLASS)
+        dra_put(inv, obj, relist, 0);
+    else if (k == K_CLAIM || k == K_TEMPLATE)
         dra_put(inv, obj, relist, holding(inv, obj));
     if (k == K_CLAIM)
         settle_claim(inv, obj);
@@ -539,6 +561,8 @@ void inv_dra_relist_end(struct inventory *inv, const char *kind, uint64_t relist
     }
     for (size_t i = 0; i < count; i++) {
         struct slot *s = map_find(&inv->dra, doomed[i]);
+        if (s && strncmp(doomed[i], CLASS_PREFIX, sizeof(CLASS_PREFIX) - 1) == 0)
+            inv->class_changes++;
         if (s)
             dra_drop(inv, s);
     }
@@ -605,7 +629,7 @@ void inv_upsert(struct inventory *inv, const json_t *obj)
     if (k == K_OTHER)
         return;
     if (k != K_POD) {
-        dra_put(inv, obj, 0, holding(inv, obj));
+        dra_put(inv, obj, 0, k == K_CLASS ? 0 : holding(inv, obj));
         if (k == K_CLAIM)
             settle_claim(inv, obj);
         return;
@@ -721,8 +745,9 @@ void inv_replace(struct inventory *inv, const json_t *items)
     uint64_t relist = inv_dra_relist_begin(inv);
     size_t i;
     json_t *obj;
-    /* Templates first, in whatever order the list holds them: claims' and pods' charges read
-     * them. */
+    /* Classes and templates first, in whatever order the list holds them: claims' and pods'
+     * charges read them. */
+    json_array_foreach(items, i, obj) if (kind_of(obj) == K_CLASS) inv_dra_add(inv, obj, relist);
     json_array_foreach(items, i, obj) if (kind_of(obj) == K_TEMPLATE) inv_dra_add(inv, obj, relist);
     json_array_foreach(items, i, obj) if (kind_of(obj) == K_CLAIM) inv_dra_add(inv, obj, relist);
     json_array_foreach(items, i, obj) inv_stage_add(stage, obj);
@@ -907,7 +932,7 @@ enum gg_status inv_read_snapshot(const char *path, json_t **state, size_t counts
         struct gg_err inner = *err;
         return gg_fail(err, st,
                        "%s (not a pod list: want the JSON of 'kubectl get pods,"
-                       "resourceclaims,resourceclaimtemplates -A -o json')",
+                       "resourceclaims,resourceclaimtemplates,deviceclasses -A -o json')",
                        inner.msg);
     }
     return st;

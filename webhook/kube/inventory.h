@@ -4,16 +4,18 @@
  * yet seen.
  *
  * The server fills it from the API server (list + watch); the CLI from a
- * `kubectl get pods,resourceclaims,resourceclaimtemplates -A -o json`
+ * `kubectl get pods,resourceclaims,resourceclaimtemplates,deviceclasses -A -o json`
  * snapshot (inv_read_snapshot).  Policies read it through
  * gpuguard.usage().  Every function is thread-safe.
  *
  * What a pod or a ResourceClaim holds is its charger's answer (see
  * charger.h: the Lua library's intent.usage_charge, the model admission
  * charges with); the inventory has no charge rules of its own.  Pods that
- * Succeeded or Failed hold nothing.  ResourceClaims and
- * ResourceClaimTemplates are also kept, trimmed, for the charger to read
- * back (inv_dra_get); they are immutable, so a cached one is never stale.
+ * Succeeded or Failed hold nothing.  ResourceClaims,
+ * ResourceClaimTemplates and DeviceClasses are also kept, trimmed, for the
+ * charger to read back (inv_dra_get); claims and templates are immutable, so
+ * a cached one is never stale; a class that changes is counted
+ * (inv_class_changes).
  */
 #ifndef GG_INVENTORY_H
 #define GG_INVENTORY_H
@@ -48,7 +50,7 @@ void inv_set_charger(struct inventory *inv, inv_charge_fn fn, void *ctx);
 int64_t inv_charge(struct inventory *inv, const struct jf_node *obj);
 
 /*
- * Add or update a pod, ResourceClaim or ResourceClaimTemplate (by "kind";
+ * Add or update a pod, ResourceClaim, ResourceClaimTemplate or DeviceClass (by "kind";
  * an object without one is a pod); other kinds are ignored.  Objects that
  * hold no charge keep no usage record.
  */
@@ -56,7 +58,8 @@ void inv_upsert(struct inventory *inv, const json_t *obj);
 void inv_delete(struct inventory *inv, const json_t *obj);
 
 /*
- * A copy of the kept ResourceClaim or ResourceClaimTemplate (kind), or NULL.
+ * A copy of the kept ResourceClaim, ResourceClaimTemplate or DeviceClass
+ * (kind; a class's namespace is ""), or NULL.
  * A template not kept yet is asked of the fetcher, when one is set, and kept
  * when it exists (the API server's answer, not a guess); when the fetcher
  * could not tell, err (may be NULL) says why.  deadline_us (CLOCK_MONOTONIC
@@ -65,7 +68,7 @@ void inv_delete(struct inventory *inv, const json_t *obj);
  */
 json_t *inv_dra_get(struct inventory *inv, const char *kind, const char *ns, const char *name,
                     int64_t deadline_us, struct gg_err *err);
-/* Claims and templates kept. */
+/* Claims, templates and classes kept. */
 size_t inv_dra_count(struct inventory *inv);
 
 /*
@@ -78,10 +81,10 @@ typedef json_t *(*inv_fetch_fn)(void *ctx, const char *kind, const char *ns, con
 void inv_set_fetcher(struct inventory *inv, inv_fetch_fn fn, void *ctx);
 
 /*
- * A relist of claims or templates, apart from the pods': number it with
- * inv_dra_relist_begin, inv_dra_add every object listed, then
+ * A relist of claims, templates or classes, apart from the pods': number it
+ * with inv_dra_relist_begin, inv_dra_add every object listed, then
  * inv_dra_relist_end forgets the objects of kind ("ResourceClaim",
- * "ResourceClaimTemplate"; NULL: both) that it did not show.
+ * "ResourceClaimTemplate", "DeviceClass"; NULL: all) that it did not show.
  */
 uint64_t inv_dra_relist_begin(struct inventory *inv);
 void inv_dra_add(struct inventory *inv, const json_t *obj, uint64_t relist);
@@ -156,6 +159,13 @@ size_t inv_usage_by_namespace(struct inventory *inv, struct inv_ns_usage **out);
 /* Forget every reservation (for callers whose requests are independent, like test cases). */
 void inv_clear_reservations(struct inventory *inv);
 
+/*
+ * How many times a DeviceClass was added, changed (its spec) or removed: the
+ * charges of claims and pods read their classes, so a change calls for
+ * charging every object again (the informers' generation).
+ */
+uint64_t inv_class_changes(struct inventory *inv);
+
 void inv_set_ready(struct inventory *inv, bool ready);
 bool inv_ready(struct inventory *inv);
 
@@ -170,7 +180,7 @@ void inv_each_owner(struct inventory *inv,
 
 /*
  * Read and check the cluster snapshot in file path (`kubectl get pods,
- * resourceclaims,resourceclaimtemplates -A -o json`, at most
+ * resourceclaims,resourceclaimtemplates,deviceclasses -A -o json`, at most
  * MF_MAX_CLUSTER_STATE bytes, see mf_cluster_state): *state (a new
  * reference) keeps its pods, claims and templates, counts its items per
  * kind.  Errors name the file and what is wrong.  The one reader of
