@@ -444,6 +444,36 @@ local function cluster_class_unit(cfg, class)
     return nil
 end
 
+-- A device's string attribute, named plain or qualified with its driver's domain.
+local function device_attribute(attrs, driver, name)
+    local a = attrs[name] or attrs[driver .. "/" .. name]
+    return type(a) == "table" and type(a.string) == "string" and a.string or nil
+end
+
+-- The charge of the devices a claim was allocated (status.allocation.devices.results), as their
+-- ResourceSlices describe them (gpuguard.dra("Device", "<driver>/<pool>", device)): a device of
+-- a GPU driver is a whole GPU, a MIG device the share of its profile.  Devices of other drivers,
+-- adminAccess results and devices no slice shows count nothing here: the claim's spec is
+-- charged too, and the larger of the two counts.
+local function allocated_charge(claim, cfg)
+    local status = type(claim.status) == "table" and claim.status
+    local alloc = status and type(status.allocation) == "table" and status.allocation
+    local devices = alloc and type(alloc.devices) == "table" and alloc.devices
+    local total, drivers = 0, gpu_drivers(cfg)
+    for _, r in ipairs(devices and list(devices.results) or NONE) do
+        local dev = type(r) == "table" and r.adminAccess ~= true and type(r.pool) == "string"
+            and type(r.device) == "string" and k8s.contains(drivers, r.driver)
+            and host_lookup("Device", r.driver .. "/" .. r.pool, r.device)
+        local attrs = type(dev) == "table" and type(dev.attributes) == "table" and dev.attributes
+        if attrs then
+            local profile = device_attribute(attrs, r.driver, "type") == "mig"
+                and device_attribute(attrs, r.driver, "profile")
+            total = total + mig_unit(cfg, nil, profile or nil)
+        end
+    end
+    return total
+end
+
 --- GPU-equivalents (milli) of one device of a DRA device class; nil for a class that is not a
 --- GPU (not gpuguard's business): NVIDIA's classes, then dra.classes, then the cluster's own
 --- DeviceClass by its selectors.
@@ -620,7 +650,10 @@ local function pod_dra(pod, spec, cfg, pool, lookup, namespace)
             if not c then
                 return nil, got
             end
-            if #got > 0 then
+            if generated then -- what it was allocated, once it is, if more
+                c = math.max(c, allocated_charge(generated, cfg))
+            end
+            if #got > 0 or c > 0 then
                 total = total + c
                 items[#items + 1] = { resource = what, count = 1, each = c, charge = c, rule = rule }
                 for _, class in ipairs(got) do
@@ -1050,7 +1083,8 @@ local function claim_usage(claim, cfg)
     local meta = type(claim.metadata) == "table" and claim.metadata or NONE
     local c = M.claim_charge(cfg, spec, "ResourceClaim " .. tostring(meta.name))
     if c then
-        return c
+        -- The scheduler's claim holds devices its pod was charged for too: its spec only.
+        return made_for and c or math.max(c, allocated_charge(claim, cfg))
     end
     local devices = type(spec) == "table" and spec.devices
     return math.max(1, #list(type(devices) == "table" and devices.requests)) * 1000

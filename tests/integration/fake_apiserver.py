@@ -9,7 +9,7 @@ GET /api/v1/pods (paginated LIST, WATCH with bookmarks) over HTTP or HTTPS on
 127.0.0.1, with a pod store whose changes become watch events, and knobs a
 test turns to misbehave on purpose: 401s, 410 Gone (as a status or an ERROR
 event), dropped connections mid-event, slow responses, malformed lines.
-ResourceClaims, ResourceClaimTemplates and DeviceClasses (resource.k8s.io, in the versions
+ResourceClaims, ResourceClaimTemplates, DeviceClasses and ResourceSlices (resource.k8s.io, in the versions
 of served_versions) are listed and watched alike, and a template can be
 fetched alone (GET .../namespaces/NS/resourceclaimtemplates/NAME), also one
 held back from lists and watches (hidden=True), as one the watch has not
@@ -101,8 +101,9 @@ class FakeApiServer:
         return obj
 
     def add_object(self, obj, hidden=False):
-        """A ResourceClaim or ResourceClaimTemplate (by its kind)."""
-        resource = obj["kind"].lower() + "s"
+        """A ResourceClaim, ResourceClaimTemplate, DeviceClass or ResourceSlice (by its kind)."""
+        kind = obj["kind"].lower()
+        resource = kind + ("es" if kind.endswith("s") else "s")
         with self.lock:
             uid = obj["metadata"]["uid"]
             if hidden:
@@ -251,7 +252,7 @@ class _Handler(BaseHTTPRequestHandler):
         if kind == "get":
             return self._get(fake, parts[6], parts[5], parts[7])
         if dra and len(parts) == 5 and parts[4] in ("resourceclaims", "resourceclaimtemplates",
-                                                    "deviceclasses"):
+                                                    "deviceclasses", "resourceslices"):
             resource = parts[4]
         elif url.path == "/api/v1/pods":
             resource = "pods"

@@ -234,7 +234,9 @@ def test_rbac_is_least_privilege(render):
                        ("resource.k8s.io", "resourceclaimtemplates", "list"),
                        ("resource.k8s.io", "resourceclaimtemplates", "watch"),
                        ("resource.k8s.io", "deviceclasses", "list"),
-                       ("resource.k8s.io", "deviceclasses", "watch")}
+                       ("resource.k8s.io", "deviceclasses", "watch"),
+                       ("resource.k8s.io", "resourceslices", "list"),
+                       ("resource.k8s.io", "resourceslices", "watch")}
 
     sa = one(render, "ServiceAccount")
     binding = one(render, "ClusterRoleBinding")

@@ -96,7 +96,7 @@ def test_cluster_state_mixes_kinds_and_counts_the_others(binary, tmp_path):
     out = check(binary, "--cluster-state", STATE, "-o", "json", pod)
     _, summary = records(out)
     assert summary["cluster_state"] == {"pods": 4, "resourceclaims": 3,
-                                        "resourceclaimtemplates": 2, "deviceclasses": 0,
+                                        "resourceclaimtemplates": 2, "deviceclasses": 0, "resourceslices": 0,
                                         "skipped": 2}
 
 

@@ -329,3 +329,30 @@ def test_a_template_nested_too_deep_is_a_denial_and_the_server_lives_on(dra):
         ok, msg, _, _ = admission(server, dra_pod(f"p{i}", ("template", "plain")))
         assert ok, msg
     assert server.proc.poll() is None, "the server died"
+
+
+def test_device_classes_and_slices_are_listed_and_charged(dra):
+    """The server lists and watches DeviceClasses and ResourceSlices: a claim of the cluster's
+    own GPU class is charged its devices, and a claim for one MIG slice that was allocated a
+    whole GPU (its slice says so) is charged the GPU."""
+    from test_inventory_sync import SLICE, device_class, own_claim
+
+    def setup(f):
+        f.add_object({**SLICE, "metadata": {**SLICE["metadata"], "uid": "uid-slice"}})
+        admin = device_class("admin-gpu", 'device.driver == "gpu.nvidia.com"')
+        admin["metadata"]["uid"] = "uid-class"
+        f.add_object(admin)
+        f.add_object(own_claim(NS, "admins", "admin-gpu", 1))
+
+    f, server = dra(setup)
+    assert ready_with(server, 0)
+    assert wait_for(lambda: f.requests_of("watch", f"{DRA}/v1/deviceclasses")
+                    and f.requests_of("watch", f"{DRA}/v1/resourceslices"))
+    assert wait_for(lambda: usage(server) == "1.000")
+    mig = own_claim(NS, "one-slice", "mig.nvidia.com", 1)
+    mig["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [{"cel": {
+        "expression": "device.attributes['gpu.nvidia.com'].profile == '1g.5gb'"}}]
+    mig["status"] = {"allocation": {"devices": {"results": [
+        {"request": "r", "driver": "gpu.nvidia.com", "pool": "node-1", "device": "gpu-0"}]}}}
+    f.add_object(mig)
+    assert wait_for(lambda: usage(server) == "2.000")

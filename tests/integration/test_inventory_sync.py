@@ -680,3 +680,35 @@ def test_check_cluster_state_charges_a_clusters_own_gpu_device_class(binary, tmp
             in rec["message"], rec
     else:
         assert out.returncode == 0 and rec["allowed"], rec
+
+
+SLICE = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+         "metadata": {"name": "node-1-gpu.nvidia.com"},
+         "spec": {"driver": "gpu.nvidia.com", "nodeName": "node-1",
+                  "pool": {"name": "node-1", "generation": 1, "resourceSliceCount": 1},
+                  "devices": [{"name": "gpu-0", "attributes": {"type": {"string": "gpu"}}},
+                              {"name": "gpu-1-mig-0", "attributes": {
+                                  "type": {"string": "mig"}, "profile": {"string": "1g.5gb"}}}]}}
+
+
+@pytest.mark.parametrize("allocated,in_use", [
+    ({"driver": "gpu.nvidia.com", "pool": "node-1", "device": "gpu-0"}, "4"),  # a whole GPU
+    ({"driver": "gpu.nvidia.com", "pool": "node-1", "device": "gpu-1-mig-0"}, "3.143"),
+    ({"driver": "gpu.nvidia.com", "pool": "node-1", "device": "gpu-9"}, "3.143"),  # no slice shows it
+    ({"driver": "gpu.nvidia.com", "pool": "node-1", "device": "gpu-0", "adminAccess": True}, "3.143"),
+    (None, "3.143"),  # not allocated yet
+])
+def test_check_cluster_state_charges_an_allocated_claim_by_its_devices(binary, tmp_path, allocated,
+                                                                      in_use):
+    """A claim is charged what it was allocated when that is more than its spec asks: a claim
+    for one MIG 1g.5gb slice (0.143) allocated a whole GPU (its ResourceSlice says type gpu)
+    counts 1.  team-a: quota 8, 3 GPUs in pods."""
+    claim = own_claim("team-a", "held", "mig.nvidia.com", 1)
+    claim["spec"]["devices"]["requests"][0]["exactly"]["selectors"] = [{"cel": {
+        "expression": "device.attributes['gpu.nvidia.com'].profile == '1g.5gb'"}}]
+    if allocated:
+        claim["status"] = {"allocation": {"devices": {"results": [{"request": "r", **allocated}]}}}
+    out = check(binary, tmp_path, [gpu_pod("team-a", "a", gpus=3), SLICE, claim],
+                named_pod("five", "team-a", 5))
+    rec = json.loads(out.stdout.decode().splitlines()[0])
+    assert out.returncode == 1 and f"(in use {in_use}, this pod 5)" in rec["message"], rec

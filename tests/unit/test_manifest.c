@@ -811,14 +811,15 @@ static void test_cluster_state(void **state)
         const char *text;
         enum gg_status st;
         const char *msg;
-        size_t kept, counts[MF_STATE_N]; /* items left; pods, claims, templates, classes, other */
+        size_t kept, counts[MF_STATE_N]; /* items left; pods, claims, templates, classes, slices,
+                                            other */
     } cases[] = {
         {"{\"apiVersion\":\"v1\",\"kind\":\"List\",\"items\":[{\"apiVersion\":\"v1\",\"kind\":"
          "\"Pod\",\"metadata\":{\"name\":\"a\",\"namespace\":\"n\"},\"spec\":{}}]}",
          GG_OK,
          NULL,
          1,
-         {1, 0, 0, 0, 0}},
+         {1, 0, 0, 0, 0, 0}},
         {"{\"kind\":\"PodList\",\"items\":[]}", GG_OK, NULL, 0, {0}},
         /* kubectl get pods,resourceclaims,resourceclaimtemplates,deviceclasses,services: any
          * order */
@@ -829,7 +830,7 @@ static void test_cluster_state(void **state)
          GG_OK,
          NULL,
          4,
-         {1, 1, 1, 1, 2}},
+         {1, 1, 1, 1, 0, 2}},
         {"{\"kind\":\"List\"}", GG_ERR_INVALID, "items must be an array", 0, {0}},
         {"{\"kind\":\"Pod\",\"items\":[]}", GG_ERR_INVALID, "want List or PodList", 0, {0}},
         {"{\"kind\":\"List\",\"items\":[7]}", GG_ERR_INVALID, "items[0] is not an object", 0, {0}},

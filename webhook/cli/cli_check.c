@@ -489,12 +489,13 @@ static json_t *summary_json(const struct check_run *r, int exit_code)
                   (json_int_t)r->skipped, "errors", (json_int_t)r->errors, "exit_code", exit_code);
     const size_t *c = r->state_counts;
     if (r->o.cluster_state_path)
-        json_object_set_new(sum, "cluster_state",
-                            json_pack("{s:I,s:I,s:I,s:I,s:I}", "pods", (json_int_t)c[MF_STATE_POD],
-                                      "resourceclaims", (json_int_t)c[MF_STATE_CLAIM],
-                                      "resourceclaimtemplates", (json_int_t)c[MF_STATE_TEMPLATE],
-                                      "deviceclasses", (json_int_t)c[MF_STATE_CLASS], "skipped",
-                                      (json_int_t)c[MF_STATE_OTHER]));
+        json_object_set_new(
+            sum, "cluster_state",
+            json_pack("{s:I,s:I,s:I,s:I,s:I,s:I}", "pods", (json_int_t)c[MF_STATE_POD],
+                      "resourceclaims", (json_int_t)c[MF_STATE_CLAIM], "resourceclaimtemplates",
+                      (json_int_t)c[MF_STATE_TEMPLATE], "deviceclasses",
+                      (json_int_t)c[MF_STATE_CLASS], "resourceslices",
+                      (json_int_t)c[MF_STATE_SLICE], "skipped", (json_int_t)c[MF_STATE_OTHER]));
     return sum;
 }
 

@@ -340,7 +340,7 @@ static uint64_t generation(void *engine)
 }
 
 /* The inventory's informers: pods, ResourceClaims, ResourceClaimTemplates (see informer.h). */
-#define N_INFORMERS 4
+#define N_INFORMERS 5
 
 /*
  * The inventory, its charger and its informers when on: --inventory off,
@@ -368,9 +368,9 @@ static enum gg_status start_inventory(const struct serve_opts *o, struct engine 
     if (st != GG_OK)
         return st;
     engine_set_inventory(engine, *inv);
-    /* Classes and templates first: the charges of claims and pods read them. */
-    static const enum inf_kind kinds[N_INFORMERS] = {INF_CLASSES, INF_TEMPLATES, INF_CLAIMS,
-                                                     INF_PODS};
+    /* Classes, slices and templates first: the charges of claims and pods read them. */
+    static const enum inf_kind kinds[N_INFORMERS] = {INF_CLASSES, INF_SLICES, INF_TEMPLATES,
+                                                     INF_CLAIMS, INF_PODS};
     for (size_t i = 0; st == GG_OK && i < N_INFORMERS; i++) {
         struct inf_options opts = {
             .kind = kinds[i], .generation = generation, .generation_ctx = engine};

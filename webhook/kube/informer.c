@@ -448,6 +448,7 @@ static const struct {
     [INF_CLAIMS] = {"ResourceClaims", "ResourceClaim", "resourceclaims"},
     [INF_TEMPLATES] = {"ResourceClaimTemplates", "ResourceClaimTemplate", "resourceclaimtemplates"},
     [INF_CLASSES] = {"DeviceClasses", "DeviceClass", "deviceclasses"},
+    [INF_SLICES] = {"ResourceSlices", "ResourceSlice", "resourceslices"},
 };
 /* resource.k8s.io versions, newest first: v1 since Kubernetes 1.34, v1beta2 1.33, v1beta1 1.32. */
 static const char *const dra_versions[] = {"v1", "v1beta2", "v1beta1"};
@@ -775,7 +776,9 @@ static void handle_line(struct watch_ctx *w, const char *text, size_t len)
     inf_event_clear(&ev);
 }
 
-static bool on_watch_body(void *ctx, const char *data, size_t len)
+/* Whether the charges listed still hold: a new configuration (or DeviceClass) ends the watch
+ * within about a second, data or not, and every object is listed and charged again. */
+static bool watch_current(void *ctx)
 {
     struct watch_ctx *w = ctx;
     struct informer *f = w->f;
@@ -784,6 +787,14 @@ static bool on_watch_body(void *ctx, const char *data, size_t len)
         snprintf(w->error, sizeof(w->error), "the configuration changed: charging every pod again");
         return false;
     }
+    return true;
+}
+
+static bool on_watch_body(void *ctx, const char *data, size_t len)
+{
+    struct watch_ctx *w = ctx;
+    if (!watch_current(w))
+        return false;
     while (len && w->stop_with == DONE) {
         const char *nl = memchr(data, '\n', len);
         size_t n = nl ? (size_t)(nl - data) : len;
@@ -823,6 +834,7 @@ static enum outcome watch(struct informer *f, size_t *events)
     struct kc_request rq = {.path = path,
                             .timeout_s = (long)timeout + 60,
                             .on_body = on_watch_body,
+                            .keep_going = watch_current,
                             .ctx = &w,
                             .cancel = &f->stop};
     struct kc_response resp;

@@ -99,11 +99,12 @@ enum gg_status inf_list_finish(struct inf_list_reader *r, struct inf_list_meta *
 
 /*
  * What an informer keeps in sync: pods (/api/v1/pods; they mark the inventory
- * ready), or ResourceClaims, ResourceClaimTemplates or DeviceClasses
- * (resource.k8s.io v1, else v1beta2, else v1beta1, whichever the API server
- * serves; a cluster with none is retried with the longest backoff).
+ * ready), or ResourceClaims, ResourceClaimTemplates, DeviceClasses or
+ * ResourceSlices (resource.k8s.io v1, else v1beta2, else v1beta1, whichever
+ * the API server serves; a cluster with none is retried with the longest
+ * backoff).
  */
-enum inf_kind { INF_PODS, INF_CLAIMS, INF_TEMPLATES, INF_CLASSES };
+enum inf_kind { INF_PODS, INF_CLAIMS, INF_TEMPLATES, INF_CLASSES, INF_SLICES };
 
 struct inf_options {
     unsigned page_size;          /* LIST limit; 0: 500 */
@@ -114,8 +115,8 @@ struct inf_options {
     /* INF_TEMPLATES: a second client (taken over) for inv's fetcher, the GET of a template the
      * watch has not shown yet; NULL: none. */
     struct kc_client *fetch_client;
-    /* The configuration's generation; when it changes, the watch ends and every object is
-     * listed (so charged) again, at the next watch data (bookmarks come about every minute).
+    /* What the charges depend on (the configuration, the DeviceClasses); when it changes, the
+     * watch ends within about a second and every object is listed (so charged) again.
      * NULL: never. */
     uint64_t (*generation)(void *ctx);
     void *generation_ctx;

@@ -289,7 +289,7 @@ static const char *meta_string(const json_t *obj, const char *key)
     return s ? s : "";
 }
 
-enum obj_kind { K_POD, K_CLAIM, K_TEMPLATE, K_CLASS, K_OTHER };
+enum obj_kind { K_POD, K_CLAIM, K_TEMPLATE, K_CLASS, K_SLICE, K_OTHER };
 
 /* Objects without a kind are pods (the informer's trimmed pods carry none). */
 static enum obj_kind kind_of(const json_t *obj)
@@ -301,6 +301,8 @@ static enum obj_kind kind_of(const json_t *obj)
         return K_CLAIM;
     if (strcmp(kind, "DeviceClass") == 0)
         return K_CLASS;
+    if (strcmp(kind, "ResourceSlice") == 0)
+        return K_SLICE;
     return strcmp(kind, "ResourceClaimTemplate") == 0 ? K_TEMPLATE : K_OTHER;
 }
 
@@ -412,7 +414,11 @@ static bool state_add(struct state *st, const json_t *obj, int64_t charge)
  * Apart from the pods, under their own lock: a pod relist never touches them,
  * and each kind is relisted on its own (inv_dra_relist_begin/end).  A claim
  * charged on its own adds to the sums of dra_sums.  A DeviceClass holds no
- * charge; it tells the charge model whether its devices are GPUs.
+ * charge; it tells the charge model whether its devices are GPUs.  A
+ * ResourceSlice is kept as the names of its devices, and each device as an
+ * entry of kind "Device" named by "<driver>/<pool>" and its name, with its
+ * attributes: what a claim's allocation result names, the charge model looks
+ * up.  A slice's devices come and go with it.
  */
 
 static const char CLASS_PREFIX[] = "DeviceClass\x1f";
@@ -422,7 +428,33 @@ static bool dra_key(char *key, size_t size, const char *kind, const char *ns, co
     return (size_t)snprintf(key, size, "%s\x1f%s\x1f%s", kind, ns, name) < size;
 }
 
-/* What the charge model reads of a claim or template: no status, no managedFields. */
+/* Of an allocated claim's status, the devices allocated: what the charge model reads. */
+static json_t *allocation_trim(const json_t *obj)
+{
+    const json_t *results = json_object_get(
+        json_object_get(json_object_get(json_object_get(obj, "status"), "allocation"), "devices"),
+        "results");
+    if (!json_is_array(results))
+        return NULL;
+    json_t *kept = json_array();
+    size_t i;
+    const json_t *r;
+    json_array_foreach(results, i, r)
+    {
+        json_t *one = json_object();
+        static const char *const keys[] = {"request", "driver", "pool", "device", "adminAccess"};
+        for (size_t k = 0; k < sizeof(keys) / sizeof(keys[0]); k++) {
+            json_t *v = json_object_get(r, keys[k]);
+            if (v)
+                json_object_set_new(one, keys[k], json_deep_copy(v));
+        }
+        json_array_append_new(kept, one);
+    }
+    return json_pack("{s:{s:{s:o}}}", "allocation", "devices", "results", kept);
+}
+
+/* What the charge model reads of a claim, template or class: no managedFields, of the status
+ * only a claim's allocation. */
 static json_t *dra_trim(const json_t *obj)
 {
     const json_t *meta = json_object_get(obj, "metadata");
@@ -440,10 +472,84 @@ static json_t *dra_trim(const json_t *obj)
         if (v)
             json_object_set_new(out, top[i], json_deep_copy(v));
     }
+    json_t *allocation = allocation_trim(obj);
+    if (allocation)
+        json_object_set_new(out, "status", allocation);
     return out;
 }
 
-/* Under dra_lock: drop the entry of a slot, its charge with it. */
+static const char DEVICE_PREFIX[] = "Device\x1f";
+
+/* The key of a slice's device: "Device\x1f<driver>/<pool>\x1f<device>". */
+static bool device_key(char *key, size_t size, const json_t *slice_spec, const json_t *device)
+{
+    const char *driver = json_string_value(json_object_get(slice_spec, "driver"));
+    const char *pool =
+        json_string_value(json_object_get(json_object_get(slice_spec, "pool"), "name"));
+    const char *name = json_string_value(json_object_get(device, "name"));
+    return driver && pool && name &&
+           (size_t)snprintf(key, size, "%s%s/%s\x1f%s", DEVICE_PREFIX, driver, pool, name) < size;
+}
+
+/* Under dra_lock: put each device of a slice's spec as an entry of its own. */
+static void devices_put(struct inventory *inv, const json_t *spec, uint64_t seen)
+{
+    size_t i;
+    const json_t *dev;
+    json_array_foreach(json_object_get(spec, "devices"), i, dev)
+    {
+        char key[1024];
+        struct dra_entry *d = device_key(key, sizeof(key), spec, dev) ? malloc(sizeof(*d)) : NULL;
+        if (!d)
+            continue;
+        json_t *attributes = json_object_get(dev, "attributes");
+        *d = (struct dra_entry){json_pack("{s:s,s:O?}", "kind", "Device", "attributes", attributes),
+                                seen, 0};
+        struct slot *s = map_find(&inv->dra, key);
+        if (s) {
+            free_dra_entry(s->ptr);
+            s->ptr = d;
+        } else if (d->obj && (s = map_put(&inv->dra, key))) {
+            s->ptr = d;
+        } else {
+            free_dra_entry(d);
+        }
+    }
+}
+
+/* Under dra_lock: drop the device entries of a kept slice (or of anything else: none). */
+static void devices_drop(struct inventory *inv, const json_t *kept)
+{
+    const json_t *spec = json_object_get(kept, "spec");
+    size_t i;
+    const json_t *dev;
+    json_array_foreach(json_object_get(spec, "devices"), i, dev)
+    {
+        char key[1024];
+        struct slot *s = device_key(key, sizeof(key), spec, dev) ? map_find(&inv->dra, key) : NULL;
+        if (s) {
+            free_dra_entry(s->ptr);
+            map_remove(&inv->dra, s);
+        }
+    }
+}
+
+/* What is kept of a slice: its driver, pool and the names of its devices. */
+static json_t *slice_trim(const json_t *obj)
+{
+    const json_t *spec = json_object_get(obj, "spec");
+    json_t *names = json_array();
+    size_t i;
+    const json_t *dev;
+    json_array_foreach(json_object_get(spec, "devices"), i, dev)
+        json_array_append_new(names, json_pack("{s:O?}", "name", json_object_get(dev, "name")));
+    return json_pack("{s:s,s:{s:O?},s:{s:O?,s:O?,s:o}}", "kind", "ResourceSlice", "metadata",
+                     "name", json_object_get(json_object_get(obj, "metadata"), "name"), "spec",
+                     "driver", json_object_get(spec, "driver"), "pool",
+                     json_object_get(spec, "pool"), "devices", names);
+}
+
+/* Under dra_lock: drop the entry of a slot, its charge and a slice's devices with it. */
 static void dra_drop(struct inventory *inv, struct slot *s)
 {
     struct dra_entry *d = s->ptr;
@@ -452,8 +558,9 @@ static void dra_drop(struct inventory *inv, struct slot *s)
         if (sum)
             sum->value -= d->charge;
     }
+    map_remove(&inv->dra, s); /* first: dropping the devices moves entries around */
+    devices_drop(inv, d->obj);
     free_dra_entry(d);
-    map_remove(&inv->dra, s);
 }
 
 /* Keep (or replace) a claim or template that holds charge; seen: the relist showing it. */
@@ -467,9 +574,9 @@ static void dra_put(struct inventory *inv, const json_t *obj, uint64_t seen, int
     struct dra_entry *d = malloc(sizeof(*d));
     if (!d)
         return;
+    bool slice = kind_of(obj) == K_SLICE;
     bool in_request = arena_pause(); /* kept beyond the request that may be running */
-    *d = (struct dra_entry){dra_trim(obj), seen, charge};
-    arena_resume(in_request);
+    *d = (struct dra_entry){slice ? slice_trim(obj) : dra_trim(obj), seen, charge};
     pthread_mutex_lock(&inv->dra_lock);
     if (!seen)
         d->seen = inv->dra_relist;
@@ -485,15 +592,18 @@ static void dra_put(struct inventory *inv, const json_t *obj, uint64_t seen, int
         d->charge = 0; /* out of memory: counted nowhere, so never subtracted */
     if (sum)
         sum->value += charge;
-    if ((s = map_put(&inv->dra, key)))
+    if ((s = map_put(&inv->dra, key))) {
         s->ptr = d;
-    else if (sum) {
+        if (slice)
+            devices_put(inv, json_object_get(obj, "spec"), d->seen);
+    } else if (sum) {
         sum->value -= charge;
         free_dra_entry(d);
     } else {
         free_dra_entry(d);
     }
     pthread_mutex_unlock(&inv->dra_lock);
+    arena_resume(in_request);
 }
 
 static void dra_remove(struct inventory *inv, const json_t *obj)
@@ -538,7 +648,7 @@ static void settle_claim(struct inventory *inv, const json_t *claim)
 void inv_dra_add(struct inventory *inv, const json_t *obj, uint64_t relist)
 {
     enum obj_kind k = kind_of(obj);
-    if (k == K_CLASS)
+    if (k == K_CLASS || k == K_SLICE)
         dra_put(inv, obj, relist, 0);
     else if (k == K_CLAIM || k == K_TEMPLATE)
         dra_put(inv, obj, relist, holding(inv, obj));
@@ -556,6 +666,7 @@ void inv_dra_relist_end(struct inventory *inv, const char *kind, uint64_t relist
     for (size_t i = 0; doomed && i < inv->dra.cap; i++) {
         const struct slot *s = &inv->dra.slots[i];
         if (s->key && ((struct dra_entry *)s->ptr)->seen < relist &&
+            strncmp(s->key, DEVICE_PREFIX, sizeof(DEVICE_PREFIX) - 1) != 0 && /* go with slices */
             (!kind || (strncmp(s->key, kind, n) == 0 && s->key[n] == '\x1f')))
             doomed[count++] = s->key;
     }
@@ -629,7 +740,7 @@ void inv_upsert(struct inventory *inv, const json_t *obj)
     if (k == K_OTHER)
         return;
     if (k != K_POD) {
-        dra_put(inv, obj, 0, k == K_CLASS ? 0 : holding(inv, obj));
+        dra_put(inv, obj, 0, k == K_CLASS || k == K_SLICE ? 0 : holding(inv, obj));
         if (k == K_CLAIM)
             settle_claim(inv, obj);
         return;
@@ -745,9 +856,10 @@ void inv_replace(struct inventory *inv, const json_t *items)
     uint64_t relist = inv_dra_relist_begin(inv);
     size_t i;
     json_t *obj;
-    /* Classes and templates first, in whatever order the list holds them: claims' and pods'
-     * charges read them. */
+    /* Classes, slices and templates first, in whatever order the list holds them: claims' and
+     * pods' charges read them. */
     json_array_foreach(items, i, obj) if (kind_of(obj) == K_CLASS) inv_dra_add(inv, obj, relist);
+    json_array_foreach(items, i, obj) if (kind_of(obj) == K_SLICE) inv_dra_add(inv, obj, relist);
     json_array_foreach(items, i, obj) if (kind_of(obj) == K_TEMPLATE) inv_dra_add(inv, obj, relist);
     json_array_foreach(items, i, obj) if (kind_of(obj) == K_CLAIM) inv_dra_add(inv, obj, relist);
     json_array_foreach(items, i, obj) inv_stage_add(stage, obj);
@@ -930,10 +1042,11 @@ enum gg_status inv_read_snapshot(const char *path, json_t **state, size_t counts
     free(text);
     if (st == GG_ERR_INVALID) {
         struct gg_err inner = *err;
-        return gg_fail(err, st,
-                       "%s (not a pod list: want the JSON of 'kubectl get pods,"
-                       "resourceclaims,resourceclaimtemplates,deviceclasses -A -o json')",
-                       inner.msg);
+        return gg_fail(
+            err, st,
+            "%s (not a pod list: want the JSON of 'kubectl get pods,"
+            "resourceclaims,resourceclaimtemplates,deviceclasses,resourceslices -A -o json')",
+            inner.msg);
     }
     return st;
 }

@@ -4,7 +4,7 @@
  * yet seen.
  *
  * The server fills it from the API server (list + watch); the CLI from a
- * `kubectl get pods,resourceclaims,resourceclaimtemplates,deviceclasses -A -o json`
+ * `kubectl get pods,resourceclaims,resourceclaimtemplates,deviceclasses,resourceslices -A -o json`
  * snapshot (inv_read_snapshot).  Policies read it through
  * gpuguard.usage().  Every function is thread-safe.
  *
@@ -180,7 +180,7 @@ void inv_each_owner(struct inventory *inv,
 
 /*
  * Read and check the cluster snapshot in file path (`kubectl get pods,
- * resourceclaims,resourceclaimtemplates,deviceclasses -A -o json`, at most
+ * resourceclaims,resourceclaimtemplates,deviceclasses,resourceslices -A -o json`, at most
  * MF_MAX_CLUSTER_STATE bytes, see mf_cluster_state): *state (a new
  * reference) keeps its pods, claims and templates, counts its items per
  * kind.  Errors name the file and what is wrong.  The one reader of

@@ -482,6 +482,10 @@ static int on_progress(void *userdata, curl_off_t dltotal, curl_off_t dlnow, cur
         x->resp->cancelled = true;
         return 1;
     }
+    if (x->rq->keep_going && !x->rq->keep_going(x->rq->ctx)) {
+        x->resp->aborted = true;
+        return 1;
+    }
     return 0;
 }
 

@@ -77,6 +77,9 @@ struct kc_request {
     long stall_s;     /* abort when no byte comes for this long; 0: no limit */
     /* A 2xx body as it arrives; return false to abort the transfer. */
     bool (*on_body)(void *ctx, const char *data, size_t len);
+    /* Asked about once a second, data or not; return false to abort the transfer (as on_body
+     * does).  NULL: never. */
+    bool (*keep_going)(void *ctx);
     void *ctx;
     const atomic_bool *cancel; /* abort when it turns true (looked at about once a second) */
 };
@@ -84,7 +87,7 @@ struct kc_request {
 struct kc_response {
     long status;    /* HTTP status; 0 when no response came */
     char *body;     /* a non-2xx body, NUL-terminated, at most KC_ERROR_BODY_MAX; else NULL */
-    bool aborted;   /* on_body returned false */
+    bool aborted;   /* on_body or keep_going returned false */
     bool cancelled; /* *cancel turned true */
 };
 
