@@ -2024,6 +2024,7 @@ end }
     v = engine.run(review(pod()), phases="validate")
     assert v["warnings"] == ["keys: charge=gpuguard.io/charge", "keys: decision=gpuguard.io/decision",
                              "keys: kai_queue=kai.scheduler/queue",
+                             "keys: kueue_priority=kueue.x-k8s.io/priority-class",
                              "keys: kueue_queue=kueue.x-k8s.io/queue-name",
                              "keys: workload_class=gpuguard.io/workload-class"]
     assert "attempt to modify a read-only table" in v["message"]
