@@ -2,7 +2,10 @@
 over TLS: each review ends in a clean denial naming its policy within the
 request's deadline, two of them at once do not wedge a two-thread server,
 /healthz stays 200, no evaluation overruns its deadline, and SIGTERM exits
-within the shutdown grace while they run."""
+within the shutdown grace while they run.  Library calls whose C work
+grows with what they are given (table.sort's comparisons, a pattern's
+items and sets, gsub's replacement) charge that work to the instruction
+budget, which stops them as it stops a loop."""
 
 import concurrent.futures
 import json
@@ -24,6 +27,9 @@ CASES = {
              "policy error: policies/12-move.lua:3: table.move: 4611686018427387904 elements "
              "cannot fit in the memory limit"),
     "rep": ("#string.rep('', 2^62)", "finished 0"),
+    # The stock sort ran this for 42-77 s, past any deadline: each comparison reads 4 MiB.
+    "sort": ("(function() local s, t = string.rep('a', 4 << 20), {} "
+             "for i = 1, 20000 do t[i] = s end table.sort(t) end)()", "policy stopped: out of time"),
 }
 POLICY = """
 return { name = "%s", match = { labels = { matchLabels = { case = "%s" } } },
@@ -37,7 +43,7 @@ TIMEOUT = 3 * SLOW  # each review's ?timeout=, in seconds
 def srv(binary, certs, tmp_path):
     policies = tmp_path / "policies"
     policies.mkdir()
-    for i, (case, (expr, _)) in enumerate(sorted(CASES.items())):  # 10-dash ... 13-rep
+    for i, (case, (expr, _)) in enumerate(sorted(CASES.items())):  # 10-dash ... 14-sort
         (policies / f"{10 + i}-{case}.lua").write_text(POLICY % (case, case, expr))
     config = tmp_path / "gpuguard.yaml"
     config.write_text("engine:\n  timeout: 500ms\n  instructions: 1000000000000\n")
@@ -45,7 +51,33 @@ def srv(binary, certs, tmp_path):
                           str(tmp_path), "--config", str(config), "--shutdown-grace", "5")
     yield server
     if server.proc.poll() is None:
-        server.stop()
+        server.stop(timeout=5 * SLOW)  # the old sort held a worker past SIGTERM
+
+
+# Calls whose C work is far beyond an instruction budget of a million, though each is
+# one call (the stock sort counted none of it, the old matcher a step per start).
+HUGE_SUBJECT = "string.rep('a', 65536)"
+WORK = {
+    "sort": CASES["sort"][0],
+    "optional-items": f"string.find({HUGE_SUBJECT}, string.rep('x?', 512 * 1024) .. 'y')",
+    "set": f"string.find({HUGE_SUBJECT}, '[' .. string.rep('b', 1 << 20) .. ']')",
+    "replacement": f"string.gsub({HUGE_SUBJECT}, '', string.rep('%0', 512 * 1024))",
+}
+
+
+@pytest.fixture
+def work_srv(binary, certs, tmp_path):
+    policies = tmp_path / "policies"
+    policies.mkdir()
+    for i, (case, expr) in enumerate(sorted(WORK.items())):
+        (policies / f"{10 + i}-{case}.lua").write_text(POLICY % (case, case, expr))
+    config = tmp_path / "gpuguard.yaml"
+    config.write_text("engine:\n  timeout: 2s\n  instructions: 1000000\n")
+    server = start_server(binary, certs, tmp_path, "--policies", str(policies), "--lua",
+                          str(tmp_path), "--config", str(config))
+    yield server
+    if server.proc.poll() is None:
+        server.stop(timeout=5 * SLOW)  # the old sort held a worker past SIGTERM
 
 
 def ask(server, case):
@@ -66,6 +98,16 @@ def test_each_call_ends_in_a_denial_naming_its_policy(srv, case):
     assert resp["allowed"] is False
     assert resp["status"]["message"] == f"{case}: {CASES[case][1]}"
     assert srv.ops("/healthz") == (200, "ok\n")
+
+
+@pytest.mark.parametrize("case", sorted(WORK))
+def test_c_work_counts_against_the_instruction_budget(work_srv, case):
+    resp = ask(work_srv, case)
+    assert resp["allowed"] is False
+    assert resp["status"]["message"] == f"{case}: policy stopped: instruction budget exhausted"
+    assert work_srv.ops("/healthz") == (200, "ok\n")
+    for _ in range(2):  # each worker: a review the policies do not match is allowed
+        assert ask(work_srv, "none")["allowed"] is True
 
 
 def test_two_at_once_do_not_wedge_the_server_and_sigterm_still_exits(srv):

@@ -1362,13 +1362,114 @@ end }
     assert v["message"] == "slow: policy " + outcome
 
 
-def test_matching_steps_count_against_the_instruction_budget(engine):
+# C work that one call does, each far beyond a budget of a million instructions once
+# counted: matching calls, pattern items, bytes of sets and plain patterns scanned, a
+# replacement's escapes, bytes of strings compared by table.sort.  (The stock sort counted
+# none of it, the old matcher only its calls and repeated characters: all but the first
+# ran to their end.)
+SHORT = "string.rep('a', 2048)"
+SET = "'[' .. string.rep('b', 65535)"
+C_WORK = {
+    "backtracking": "string.find(%s, '.-.-b')" % SLOW,
+    "optional items": "string.find(%s, string.rep('x?', 65536) .. 'y')" % SHORT,
+    "a set": "string.find(%s, %s .. 'b]')" % (SHORT, SET),
+    "a repeated set": "string.match(%s, %s .. 'a]*$')" % (SHORT, SET),
+    "a lazy set": "string.match(%s, %s .. 'a]-$')" % (SHORT, SET),
+    "a frontier": "string.find(%s, '%%f' .. %s .. 'b]')" % (SHORT, SET),
+    "a replacement": "string.gsub(%s, '', string.rep('%%0', 65536))" % SHORT,
+    "a plain pattern": "local p = string.rep('b', 1 << 20) "
+                       "for i = 1, 10 do string.find('a', p) end",
+    "table.sort": "local s, t = string.rep('a', 1 << 20), {} "
+                  "for i = 1, 1000 do t[i] = s end table.sort(t)",
+}
+
+
+@pytest.mark.parametrize("name", sorted(C_WORK))
+def test_c_work_counts_against_the_instruction_budget(engine, name):
     engine.configure("engine:\n  timeout: 10s\n  instructions: 1000000\n")
     engine.policy("10-slow.lua", """
-return { name = "slow", validate = function(req) string.find(%s, '.-.-b') end }
-""" % SLOW)
+return { name = "slow", validate = function(req) %s end }
+""" % C_WORK[name])
     v = engine.run(review(pod()), phases="validate")
     assert v["message"] == "slow: policy stopped: instruction budget exhausted"
+
+
+# table.sort is gpuguard's own merge sort (lb_stdlib.c): the stock function's results and
+# errors, and beyond them a list left as it was when a comparison raises and a permutation
+# from an order function that contradicts itself.
+def test_table_sort_semantics(engine):
+    engine.module("util", "return { sorted = { 'a', 'b' }, unsorted = { 'b', 'a' } }")
+    engine.policy("10-sort.lua", r"""
+local util = require "util"
+local function sorted(t, comp) table.sort(t, comp) return table.concat(t, ",") end
+local function err(f, ...)
+  local ok, e = pcall(f, ...)
+  return ok and "ok" or (string.gsub(e, "^[^:]*:%d+: ", ""))
+end
+-- n values in a pseudo-random order with ties; sorted by comp: in order, none lost
+local function shuffled(n)
+  local t, x = {}, 7
+  for i = 1, n do x = x * 1103515245 % 2147483648 + 12345; t[i] = x % 97 end
+  return t
+end
+local function check(n, comp)
+  local t, count, before = shuffled(n), {}, comp or function(a, b) return a < b end
+  for _, v in ipairs(t) do count[v] = (count[v] or 0) + 1 end
+  table.sort(t, comp)
+  for i = 1, n do
+    count[t[i]] = count[t[i]] - 1
+    if i > 1 and before(t[i], t[i - 1]) then return "unordered" end
+  end
+  for _, c in pairs(count) do if c ~= 0 then return "not a permutation" end end
+  return "ok"
+end
+local by_v = { __lt = function(a, b) return a.v < b.v end }
+local function node(v) return setmetatable({ v = v }, by_v) end
+return { name = "sort", validate = function(req)
+  local backing = { 3, 1, 2 }
+  local proxy = setmetatable({}, { __index = backing, __newindex = backing,
+                                   __len = function() return #backing end })
+  local nodes = { node(2), node(3), node(1) }
+  local broken = { 3, 2, "x", 1 }
+  local chaos = { 5, 4, 3, 2, 1 }
+  table.sort(chaos, function() return true end)
+  table.sort(chaos)
+  table.sort(proxy)
+  table.sort(nodes)
+  req:deny(table.concat({
+    sorted({ 5, 3, 9, 1, 1, 7, 2, 8, 0, 4, 6 }),
+    sorted({ "b", "a", "ab", "", "B" }),
+    sorted({ 3, 1, 2 }, function(a, b) return a > b end),
+    sorted({}), sorted({ 1 }), sorted({ 2.5, -1, 2 }),
+    check(1000), check(1001, function(a, b) return a > b end), check(3), check(64),
+    table.concat(chaos, ","), table.concat(backing, ","), nodes[1].v .. nodes[2].v .. nodes[3].v,
+    err(table.sort, { 1, "x" }), err(table.sort, broken):match("^attempt to compare"),
+    table.concat(broken, ","),
+    err(table.sort, { 1, 2 }, 3), err(table.sort, "x"), err(table.sort, { nil, 1 }),
+    err(table.sort, setmetatable({}, { __len = function() return 2^40 end })),
+    err(table.sort, setmetatable({}, { __len = function() return 100000000 end })),
+    err(table.sort, setmetatable({}, { __len = function() return 1000000 end })),
+    err(table.sort, { 2, 1 }, function() error("no order") end),
+    err(table.sort, util.sorted), err(table.sort, util.unsorted),
+  }, "\n"))
+end }
+""")
+    v = engine.run(review(pod()), phases="validate")
+    assert v["message"].split("\n") == [
+        "sort: 0,1,1,2,3,4,5,6,7,8,9", ",B,a,ab,b", "3,2,1", "", "1", "-1,2,2.5",
+        "ok", "ok", "ok", "ok",
+        "1,2,3,4,5", "1,2,3", "123",
+        "attempt to compare string with number", "attempt to compare", "3,2,x,1",
+        "bad argument #2 to 'table.sort' (function expected, got number)",
+        "bad argument #1 to 'table.sort' (table expected, got string)",
+        "attempt to compare number with nil",
+        "bad argument #1 to 'table.sort' (array too big)",
+        "table.sort: 100000000 elements cannot fit in the memory limit",
+        "stack overflow (too many elements to sort)",
+        "no order",
+        "ok",
+        "attempt to modify a read-only table (shared configuration or library): copy what "
+        "you need into a table of your own"]
 
 
 def test_empty_repeats_return_at_once(engine):

@@ -12,6 +12,11 @@
  * instruction while any count hook is set (about a fifth of a short
  * request's time).  A watchdog timer sets it LB_GRACE_US into the request
  * (or at the deadline, if sooner); instructions count from then on.
+ *
+ * Library functions that work in C (table.sort's comparisons, the pattern
+ * matcher's steps, gsub's replacements) charge that work as instructions
+ * through lb_budget_charge, which checks the budgets every LB_CHECK_STEPS
+ * charged, hook or no hook.
  */
 #include "engine/lb_internal.h"
 #include "engine/watchdog.h"
@@ -23,6 +28,8 @@
 #include <string.h>
 
 #define LB_HOOK_STEP 1000
+/* Instructions' worth of C work charged between two checks of the budgets. */
+#define LB_CHECK_STEPS 4096
 /* Run time before the count hook is set (see the top of the file). */
 #define LB_GRACE_US 1000
 static _Atomic int64_t grace_us = LB_GRACE_US;
@@ -83,6 +90,21 @@ bool lb_budget_spend(struct lb_vm *vm, int64_t instructions)
     return vm->kill != LB_DONE;
 }
 
+/*
+ * Charge steps of C work done by a library function inside a call as
+ * instructions, checking the budgets once LB_CHECK_STEPS have built up;
+ * true when a budget is broken (the caller raises lb_kill_message).
+ */
+bool lb_budget_charge(struct lb_vm *vm, int64_t steps)
+{
+    if (vm->kill == LB_DONE && vm->running && (vm->unchecked += steps) >= LB_CHECK_STEPS) {
+        int64_t due = vm->unchecked;
+        vm->unchecked = 0;
+        lb_budget_spend(vm, due);
+    }
+    return vm->kill != LB_DONE;
+}
+
 /* Signal context: only set the hook (lua_sethook is safe there). */
 void lb_watchdog_fired(void *arg)
 {
@@ -95,6 +117,7 @@ void lb_watchdog_fired(void *arg)
 void lb_budget_open(struct lb_vm *vm, int64_t deadline_us)
 {
     vm->used = 0;
+    vm->unchecked = 0;
     vm->deadline_us = deadline_us;
     vm->kill = LB_DONE;
     int64_t delay = atomic_load_explicit(&grace_us, memory_order_relaxed),

@@ -65,6 +65,7 @@ struct lb_vm {
     size_t mem_settled;   /* after the last full collection (collect_all) */
     size_t mem_collected; /* after the last collection lb_vm_collect ran */
     int64_t used;         /* instructions counted in the current budget window */
+    int64_t unchecked;    /* C work charged but not yet counted in used (lb_budget_charge) */
     int64_t deadline_us;  /* 0: none */
     bool running;         /* inside a policy call: budget kills are armed */
     enum lb_outcome kill;
@@ -111,6 +112,7 @@ void lb_watchdog_fired(void *arg);
 void lb_budget_open(struct lb_vm *vm, int64_t deadline_us);
 void lb_budget_close(struct lb_vm *vm);
 bool lb_budget_spend(struct lb_vm *vm, int64_t instructions);
+bool lb_budget_charge(struct lb_vm *vm, int64_t steps);
 const char *lb_kill_message(enum lb_outcome kill);
 bool lb_budget_hold(struct lb_vm *vm, size_t bytes);
 void lb_budget_release(struct lb_vm *vm, size_t bytes);

@@ -3,30 +3,48 @@
  * run long in C.
  *
  * The budgets act between Lua instructions; these library functions could
- * loop in C for hours on one call.  The pattern functions use gpuguard's
- * own matcher (luapattern.c), which counts its steps against the
- * instruction budget and checks the deadline; the functions that loop over
- * a count refuse counts that could not fit in the VM's memory anyway.
+ * loop in C for hours on one call.  The ones whose work depends on what
+ * they are given charge it as instructions (lb_budget_charge), which also
+ * checks the deadline: the pattern functions use gpuguard's own matcher
+ * (luapattern.c), which counts its steps, gsub charges the walk of its
+ * replacement string, and table.sort is a merge sort of its own that
+ * charges each comparison, strings by their length.  The functions that
+ * loop over a count refuse counts that could not fit in the VM's memory
+ * anyway.
  */
 #include "engine/lb_internal.h"
 #include "engine/luapattern.h"
 
 #include <ctype.h>
+#include <limits.h>
 #include <string.h>
 
-/* A pattern match's budget check: its steps count as instructions. */
-static bool pattern_budget(void *ctx)
+/* Bytes that C compares or copies for one instruction's worth of budget
+ * (strcmp does some hundred in the time of a VM instruction). */
+#define LB_BYTES_PER_STEP 64
+
+static int stopped(lua_State *L)
 {
-    struct lb_vm *vm = ctx;
-    if (vm->kill == LB_DONE && vm->running)
-        lb_budget_spend(vm, LP_CHECK_STEPS);
-    return vm->kill != LB_DONE;
+    return luaL_error(L, "%s", lb_kill_message(lb_vm_of(L)->kill));
+}
+
+/* Charge steps of C work; raise the kill's error when a budget is broken. */
+static void charge(lua_State *L, int64_t steps)
+{
+    if (lb_budget_charge(lb_vm_of(L), steps))
+        stopped(L);
+}
+
+/* A pattern match's budget check: its steps count as instructions. */
+static bool pattern_budget(void *ctx, size_t steps)
+{
+    return lb_budget_charge(ctx, (int64_t)steps);
 }
 
 static int pattern_error(lua_State *L, const struct lp_state *ms)
 {
     if (ms->stopped)
-        return luaL_error(L, "%s", lb_kill_message(lb_vm_of(L)->kill));
+        return stopped(L);
     return luaL_error(L, "%s", ms->error);
 }
 
@@ -77,6 +95,17 @@ static int push_captures(lua_State *L, const struct lp_state *ms, const char *s,
     return n;
 }
 
+/* Whether find searches for pattern p plainly: asked to (argument 4), or p has no
+ * pattern character (a step per byte looked at, as the matcher counts them). */
+static bool plain_find(lua_State *L, const char *p, size_t lp)
+{
+    if (lua_toboolean(L, 4))
+        return true;
+    size_t plain = lp_plain_prefix(p, lp);
+    charge(L, (int64_t)plain);
+    return plain == lp;
+}
+
 static int find_or_match(lua_State *L, bool find)
 {
     size_t ls, lp;
@@ -88,7 +117,7 @@ static int find_or_match(lua_State *L, bool find)
         return 1;
     }
     const char *start, *end;
-    if (find && (lua_toboolean(L, 4) || lp_plain(p, lp))) {
+    if (find && plain_find(L, p, lp)) {
         start = lp_memfind(s + init, ls - init, p, lp);
         if (start) {
             lua_pushinteger(L, (lua_Integer)(start - s) + 1);
@@ -161,13 +190,18 @@ static int l_gmatch(lua_State *L)
     return 1;
 }
 
-/* gsub's replacement string for the match [s, e): %0-%9 and %%. */
+/*
+ * gsub's replacement string for the match [s, e): %0-%9 and %%.  The walk
+ * is charged a step per escape and per LB_BYTES_PER_STEP bytes of text.
+ */
 static void add_replacement(lua_State *L, luaL_Buffer *b, const struct lp_state *ms, const char *s,
                             const char *e)
 {
     size_t l;
     const char *text = lua_tolstring(L, 3, &l), *esc;
+    charge(L, (int64_t)(l / LB_BYTES_PER_STEP));
     while ((esc = memchr(text, '%', l)) != NULL) {
+        charge(L, 1);
         luaL_addlstring(b, text, (size_t)(esc - text));
         esc++; /* the repl string's NUL ends a trailing '%' */
         if (*esc == '%') {
@@ -317,6 +351,105 @@ static int l_utf8_char(lua_State *L)
     return call_stock(L);
 }
 
+/*
+ * table.sort(t [, comp]): a stable merge sort on the Lua stack, O(n log n)
+ * comparisons whatever the order.  The list is read into slots once, sorted
+ * there with half as many slots again as the merge buffer, and written back
+ * only if an element moved: t is as it was when a comparison raises.  An
+ * order function that contradicts itself gets some permutation of the
+ * list (the stock sort may raise "invalid order function for sorting").
+ */
+struct sort {
+    lua_State *L;
+    int comp; /* the order function's stack index; 0: the < operator */
+    int list; /* the slot of element 0; elements 0..n-1 follow */
+    int buf;  /* the merge buffer's first slot; n/2 slots */
+};
+
+/* A comparison of two strings is charged their common length (what strcmp may read). */
+static int64_t compare_cost(lua_State *L, int a, int b)
+{
+    if (lua_type(L, a) != LUA_TSTRING || lua_type(L, b) != LUA_TSTRING)
+        return 1;
+    size_t la = lua_rawlen(L, a), lb = lua_rawlen(L, b);
+    return 1 + (int64_t)((la < lb ? la : lb) / LB_BYTES_PER_STEP);
+}
+
+/* Whether the value in slot a goes before the one in slot b; charged before it runs. */
+static bool sorts_before(const struct sort *st, int a, int b)
+{
+    lua_State *L = st->L;
+    if (!st->comp) {
+        charge(L, compare_cost(L, a, b));
+        return lua_compare(L, a, b, LUA_OPLT);
+    }
+    charge(L, 1); /* the function's own instructions count as any others */
+    lua_pushvalue(L, st->comp);
+    lua_pushvalue(L, a);
+    lua_pushvalue(L, b);
+    lua_call(L, 2, 1);
+    bool before = lua_toboolean(L, -1);
+    lua_pop(L, 1);
+    return before;
+}
+
+/* Merge the sorted runs lo..mid-1 and mid..hi-1: the first through the buffer. */
+static void merge(const struct sort *st, int lo, int mid, int hi)
+{
+    lua_State *L = st->L;
+    int n = mid - lo, i = 0, j = mid, to = lo;
+    for (int k = 0; k < n; k++)
+        lua_copy(L, st->list + lo + k, st->buf + k);
+    while (i < n && j < hi) {
+        if (sorts_before(st, st->list + j, st->buf + i))
+            lua_copy(L, st->list + j++, st->list + to++);
+        else
+            lua_copy(L, st->buf + i++, st->list + to++);
+    }
+    while (i < n)
+        lua_copy(L, st->buf + i++, st->list + to++);
+}
+
+/* Sort elements lo..hi-1; true when one of them moved. */
+static bool merge_sort(const struct sort *st, int lo, int hi)
+{
+    if (hi - lo < 2)
+        return false;
+    int mid = lo + (hi - lo) / 2;
+    bool moved = merge_sort(st, lo, mid);
+    moved |= merge_sort(st, mid, hi);
+    if (!sorts_before(st, st->list + mid, st->list + mid - 1))
+        return moved; /* the runs are in order already */
+    merge(st, lo, mid, hi);
+    return true;
+}
+
+static int l_sort(lua_State *L)
+{
+    luaL_checktype(L, 1, LUA_TTABLE);
+    lua_Integer n = luaL_len(L, 1);
+    if (n < 2)
+        return 0;
+    luaL_argcheck(L, n < INT_MAX / 2, 1, "array too big"); /* the slots below stay ints */
+    check_count(L, "table.sort", 1, n);
+    if (!lua_isnoneornil(L, 2))
+        luaL_checktype(L, 2, LUA_TFUNCTION);
+    lua_settop(L, 2);
+    int len = (int)n;
+    /* the list, the buffer, and an order function's call */
+    luaL_checkstack(L, len + len / 2 + 3, "too many elements to sort");
+    struct sort st = {.L = L, .comp = lua_isnil(L, 2) ? 0 : 2, .list = 3, .buf = 3 + len};
+    for (int i = 1; i <= len; i++)
+        lua_geti(L, 1, i);
+    lua_settop(L, st.buf + len / 2 - 1);
+    if (merge_sort(&st, 0, len))
+        for (int i = 0; i < len; i++) {
+            lua_pushvalue(L, st.list + i);
+            lua_seti(L, 1, i + 1);
+        }
+    return 0;
+}
+
 /* Install fn as lib.name, with the stock lib.name as its upvalue. */
 static void wrap(lua_State *L, const char *lib, const char *name, lua_CFunction fn)
 {
@@ -341,6 +474,10 @@ void lb_stdlib_open(lua_State *L)
     lua_pushliteral(L, "string");
     lua_setfield(L, -2, "__metatable");
     lua_pop(L, 3);
+    lua_getglobal(L, "table");
+    lua_pushcfunction(L, l_sort);
+    lua_setfield(L, -2, "sort");
+    lua_pop(L, 1);
     wrap(L, "string", "rep", l_rep);
     wrap(L, "table", "move", l_move);
     wrap(L, "table", "concat", l_concat);

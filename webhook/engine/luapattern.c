@@ -13,8 +13,13 @@
  *
  * Matching is a backtracking walk over the pattern: one call per item that
  * may backtrack, a loop for the others, at most LP_MAX_DEPTH calls deep.
- * Every call and every character a repetition takes is a step; every
- * LP_CHECK_STEPS steps the caller's budget function may stop the match.
+ * The work is counted in steps, so that what it costs is what the budget
+ * sees however the pattern is written: every call, every pattern item
+ * tried (an optional item that does not match too), every character a
+ * repetition or %b takes, and every byte of a [set] scanned, to find its
+ * end or to test a character (a set of a megabyte costs a megabyte of
+ * steps per character tried).  Every LP_CHECK_STEPS steps the caller's
+ * budget function is charged and may stop the match.
  * Errors leave through siglongjmp to lp_find (nothing here allocates).
  * Subject and pattern must be followed by a NUL byte, as Lua strings are:
  * the matcher may read that byte, never past it.
@@ -38,15 +43,23 @@ __attribute__((noreturn, format(printf, 2, 3))) static void fail(struct lp_state
     siglongjmp(ms->fail, 1);
 }
 
-static void step(struct lp_state *ms)
+/* Charge the steps counted so far to the caller's budget, which may stop the match. */
+static void check_budget(struct lp_state *ms)
 {
-    if (--ms->steps)
-        return;
-    ms->steps = LP_CHECK_STEPS;
-    if (ms->budget && ms->budget(ms->ctx)) {
+    size_t due = ms->steps;
+    ms->steps = 0;
+    if (ms->budget && ms->budget(ms->ctx, due)) {
         ms->stopped = true;
         fail(ms, "stopped");
     }
+}
+
+/* Count steps of work; LP_CHECK_STEPS of them go to the budget at a time. */
+static inline void spend(struct lp_state *ms, size_t steps)
+{
+    ms->steps += steps;
+    if (ms->steps >= LP_CHECK_STEPS)
+        check_budget(ms);
 }
 
 void lp_init(struct lp_state *ms, const char *s, size_t ls, const char *p, size_t lp, bool anchor,
@@ -59,7 +72,7 @@ void lp_init(struct lp_state *ms, const char *s, size_t ls, const char *p, size_
     ms->p_end = p + lp;
     ms->level = 0;
     ms->depth = LP_MAX_DEPTH;
-    ms->steps = LP_CHECK_STEPS;
+    ms->steps = 0;
     ms->budget = budget;
     ms->ctx = ctx;
     ms->stopped = false;
@@ -110,34 +123,35 @@ static bool in_class(int c, int cl)
     return isupper(cl) ? !in : in;
 }
 
-/* Whether c is in the set from '[' at p to its ']' at close. */
-static bool in_set(int c, const char *p, const char *close)
+/* Whether c is in the set from '[' at p to its ']' at close; a step per byte scanned. */
+static bool in_set(struct lp_state *ms, int c, const char *p, const char *close)
 {
-    bool yes = true;
+    const char *open = p;
+    bool yes = true, found = false;
     if (p[1] == '^') {
         yes = false;
         p++;
     }
-    while (++p < close) {
+    while (!found && ++p < close) {
         unsigned char first = (unsigned char)*p;
         if (first == ESC) {
             p++;
-            if (in_class(c, (unsigned char)*p))
-                return yes;
+            found = in_class(c, (unsigned char)*p);
         } else if (p[1] == '-' && p + 2 < close) {
             p += 2;
-            if (first <= c && c <= (unsigned char)*p)
-                return yes;
-        } else if (first == c) {
-            return yes;
+            found = first <= c && c <= (unsigned char)*p;
+        } else {
+            found = first == c;
         }
     }
-    return !yes;
+    spend(ms, (size_t)(p - open));
+    return found == yes;
 }
 
-/* Just past the single character class that starts at p. */
+/* Just past the single character class that starts at p; a step per byte of a set. */
 static const char *class_end(struct lp_state *ms, const char *p)
 {
+    const char *open = p;
     char c = *p++;
     if (c == ESC) {
         if (p == ms->p_end)
@@ -154,13 +168,14 @@ static const char *class_end(struct lp_state *ms, const char *p)
             if (*p++ == ESC && p < ms->p_end)
                 p++;
         } while (*p != ']');
+        spend(ms, (size_t)(p - open));
         return p + 1;
     }
     return p;
 }
 
 /* Whether the subject character at s is in the class from p to ep. */
-static bool single(const struct lp_state *ms, const char *s, const char *p, const char *ep)
+static bool single(struct lp_state *ms, const char *s, const char *p, const char *ep)
 {
     if (s >= ms->src_end)
         return false;
@@ -171,7 +186,7 @@ static bool single(const struct lp_state *ms, const char *s, const char *p, cons
     case ESC:
         return in_class(c, (unsigned char)p[1]);
     case '[':
-        return in_set(c, p, ep - 1);
+        return in_set(ms, c, p, ep - 1);
     default:
         return (unsigned char)*p == c;
     }
@@ -183,10 +198,9 @@ static const char *match(struct lp_state *ms, const char *s, const char *p);
 static const char *longest(struct lp_state *ms, const char *s, const char *p, const char *ep)
 {
     ptrdiff_t n = 0;
-    while (single(ms, s + n, p, ep)) {
+    while (single(ms, s + n, p, ep))
         n++;
-        step(ms);
-    }
+    spend(ms, (size_t)n);
     for (; n >= 0; n--) {
         const char *end = match(ms, s + n, ep + 1);
         if (end)
@@ -244,7 +258,7 @@ static const char *balanced(struct lp_state *ms, const char *s, const char *p)
         return NULL;
     int open = 1;
     while (++s < ms->src_end) {
-        step(ms);
+        spend(ms, 1);
         if (*s == p[1]) {
             if (--open == 0)
                 return s + 1;
@@ -267,14 +281,16 @@ static const char *backref(struct lp_state *ms, const char *s, int digit)
     return NULL;
 }
 
-/* The end of the match of pattern p at subject s, or NULL. */
+/* The end of the match of pattern p at subject s, or NULL.  A step for the call
+ * and one per item tried, counted as it returns. */
 static const char *match(struct lp_state *ms, const char *s, const char *p)
 {
     if (ms->depth-- == 0)
         fail(ms, "pattern too complex");
-    step(ms);
+    size_t items = 0;
     while (s && p != ms->p_end) {
         const char *ep;
+        items++;
         switch (*p) {
         case '(':
             s = p[1] == ')' ? open_capture(ms, s, p + 2, LP_CAP_POSITION)
@@ -301,7 +317,7 @@ static const char *match(struct lp_state *ms, const char *s, const char *p)
                     fail(ms, "missing '[' after '%%f' in pattern");
                 ep = class_end(ms, p);
                 int before = s == ms->src ? 0 : (unsigned char)s[-1];
-                if (in_set(before, p, ep - 1) || !in_set((unsigned char)*s, p, ep - 1))
+                if (in_set(ms, before, p, ep - 1) || !in_set(ms, (unsigned char)*s, p, ep - 1))
                     s = NULL;
                 p = ep;
                 continue;
@@ -351,6 +367,7 @@ static const char *match(struct lp_state *ms, const char *s, const char *p)
         }
     }
 done:
+    spend(ms, 1 + items);
     ms->depth++;
     return s;
 }
@@ -379,12 +396,12 @@ int lp_find(struct lp_state *ms, const char *from, const char *last, const char 
     return find_from(ms, from, last, start, end);
 }
 
-bool lp_plain(const char *p, size_t lp)
+size_t lp_plain_prefix(const char *p, size_t lp)
 {
-    for (size_t i = 0; i < lp; i++)
-        if (p[i] && strchr("^$*+?.([%-", p[i]))
-            return false;
-    return true;
+    size_t i = 0;
+    while (i < lp && !(p[i] && strchr("^$*+?.([%-", p[i])))
+        i++;
+    return i;
 }
 
 const char *lp_memfind(const char *s, size_t ls, const char *p, size_t lp)

@@ -4,8 +4,10 @@
  *
  * The matcher of string.find, match, gmatch and gsub in the policy sandbox.
  * It gives the stock library's results (tests/fuzz/fuzz_luapattern.c checks
- * that), but every few thousand steps it asks its caller whether to go on,
- * so a pattern that backtracks for hours stops at the request's deadline.
+ * that), but it counts its work in steps (a matching call, a pattern item,
+ * a character a repetition takes, a byte of a set scanned) and every few
+ * thousand steps it asks its caller whether to go on, so a pattern that
+ * backtracks for hours stops at the request's budgets.
  * Pure: no Lua, no allocation, no I/O; errors come back as messages.
  */
 #ifndef GG_LUAPATTERN_H
@@ -14,11 +16,10 @@
 #include <setjmp.h>
 #include <stdbool.h>
 #include <stddef.h>
-#include <stdint.h>
 
 #define LP_MAX_CAPTURES 32   /* as Lua's LUA_MAXCAPTURES */
 #define LP_MAX_DEPTH 200     /* nested matching calls, as Lua's MAXCCALLS */
-#define LP_CHECK_STEPS 4096  /* steps between two calls of the budget check */
+#define LP_CHECK_STEPS 4096  /* steps charged to the budget function at a time (or more) */
 #define LP_CAP_UNFINISHED -1 /* a capture's len while it is open */
 #define LP_CAP_POSITION -2   /* a position capture, "()" */
 
@@ -27,8 +28,9 @@ struct lp_capture {
     ptrdiff_t len; /* or LP_CAP_UNFINISHED, LP_CAP_POSITION */
 };
 
-/* Return true to stop the match (it then fails with "stopped"). */
-typedef bool (*lp_budget_fn)(void *ctx);
+/* Charge the steps done since the last call; return true to stop the match
+ * (it then fails with "stopped"). */
+typedef bool (*lp_budget_fn)(void *ctx, size_t steps);
 
 struct lp_state {
     const char *src, *src_end; /* the subject */
@@ -37,7 +39,7 @@ struct lp_state {
     int level; /* captures open or closed */
     int depth; /* matching calls left before "pattern too complex" */
     struct lp_capture capture[LP_MAX_CAPTURES];
-    uint32_t steps; /* until the next budget check */
+    size_t steps; /* since the last budget check */
     lp_budget_fn budget;
     void *ctx;
     bool stopped; /* the budget said stop */
@@ -62,8 +64,9 @@ void lp_init(struct lp_state *ms, const char *s, size_t ls, const char *p, size_
 int lp_find(struct lp_state *ms, const char *from, const char *last, const char **start,
             const char **end);
 
-/* True when p has none of the pattern characters: find may search plainly. */
-bool lp_plain(const char *p, size_t lp);
+/* How many bytes at the start of p have none of the pattern characters: when
+ * all lp of them, find may search plainly. */
+size_t lp_plain_prefix(const char *p, size_t lp);
 
 /* Where p (lp bytes) first occurs in s (ls bytes), or NULL. */
 const char *lp_memfind(const char *s, size_t ls, const char *p, size_t lp);
