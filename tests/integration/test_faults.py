@@ -15,7 +15,9 @@ import http.client
 import json
 import os
 import random
+import re
 import select
+import signal
 import socket
 import ssl
 import struct
@@ -296,19 +298,22 @@ def test_stalled_requests_do_not_hold_up_other_clients(serve):
 # ---- connection limits -----------------------------------------------------------
 
 def test_idle_connections_up_to_the_limit(serve):
-    """32 idle connections fill --max-connections 32; a 33rd is closed at
-    once instead of hanging in the backlog; closing the idle ones frees
-    the server.  (A connection with no request yet is closed at the request
-    timeout: a long one keeps them all here.)"""
+    """32 quiet connections that cannot make room fill --max-connections 32;
+    a 33rd is closed at once instead of hanging in the backlog; closing the
+    quiet ones frees the server.  (A connection with no request yet is closed
+    at the request timeout: a long one keeps them all here.  One kept alive
+    with no request under way would be closed to make room:
+    test_transport.py.)"""
     srv = serve("--max-connections", "32", "--request-timeout", "60")
     baseline = warm_up(srv)
     idle = []
     for n in range(32):
         if n % 2:  # handshake done, no request yet
             idle.append(tls_socket(srv))
-        else:  # keep-alive, idle after one request
+        else:  # keep-alive after one request, the next one's headers sent
             conn = srv.connect(timeout=HANG)
             expect_normal(srv, conn)
+            conn.sock.sendall(request_head(100))
             idle.append(conn)
     assert wait_for(lambda: gauge(srv, "gpuguard_open_connections") == 32)
     for _ in range(3):
@@ -325,8 +330,9 @@ def test_idle_connections_up_to_the_limit(serve):
 
 def test_flood_of_connections_past_the_limit(serve):
     """200 connection attempts from 64 threads against --max-connections 32,
-    each holding its connection a moment: every attempt is answered or
-    closed quickly, and the server stays up."""
+    each holding its connection a moment before its request (not idle, so
+    not closed to make room): every attempt is answered or closed quickly,
+    and the server stays up."""
     srv = serve("--max-connections", "32")
     baseline = warm_up(srv)
 
@@ -334,8 +340,9 @@ def test_flood_of_connections_past_the_limit(serve):
         start = time.monotonic()
         conn = srv.connect(timeout=HANG)
         try:
-            expect_normal(srv, conn)
+            conn.connect()
             time.sleep(0.1)
+            expect_normal(srv, conn)
             outcome = "answered"
         except (*CLOSED, ConnectionRefusedError):
             outcome = "refused"
@@ -361,7 +368,8 @@ def test_a_burst_past_the_limit_while_every_worker_is_busy(serve, threads):
     instead, all 30 passed while the workers were busy and reached
     libmicrohttpd's own per-worker limit, whose refusal path (0.9.75) leaves
     a mutex locked: the workers hung for good, /healthz still said 200 and
-    SIGTERM hung."""
+    SIGTERM hung.  (Once answered, the stuck reviews' connections begin
+    another request: idle, they would be closed to make room.)"""
     # A stuck review holds its worker until the engine's timeout (not its instruction budget).
     srv = serve("--threads", str(threads), "--max-connections", "4", "--request-timeout", "60",
                 engine="timeout: 2s\n  instructions: 1000000000000")
@@ -386,6 +394,8 @@ def test_a_burst_past_the_limit_while_every_worker_is_busy(serve, threads):
     for client in clients:
         client.join(timeout=HANG)
     assert answers == [200] * threads  # the stuck reviews' failure verdicts
+    for conn in stuck:
+        conn.sock.sendall(request_head(100))
     assert wait_for(lambda: gauge(srv, "gpuguard_open_connections") == 4)
     with pytest.raises(CLOSED):
         expect_normal(srv, srv.connect(timeout=HANG))
@@ -836,3 +846,26 @@ def test_sigterm_under_load(serve):
     assert outcomes.count("answered") > 0 and outcomes.count("refused") > 0
     assert exited < 5.0 * SLOW, f"took {exited:.1f} s to exit under load"
     assert srv.log_lines()[-1]["msg"] == "stopped"
+
+
+def test_sigterm_ends_the_process_past_the_grace_with_a_review_stuck(serve):
+    """A review that never returns does not hold the process after SIGTERM:
+    --shutdown-grace and a 2 s margin later, it logs the review it abandons
+    and exits 1.  In production the review would be stuck in a C call that
+    no budget reaches; here the policy spins under budgets far above the
+    test's length."""
+    srv = serve("--shutdown-grace", "1",
+                engine="timeout: 600s\n  instructions: 1000000000000000")
+    conn = srv.connect()
+    conn.request("POST", "/validate?timeout=600s", body=json.dumps(stuck_review()),
+                 headers={"Content-Type": "application/json"})
+    assert wait_for(lambda: gauge(srv, "gpuguard_inflight_requests") == 1)
+    # Bounded: a server still running after 30 s is killed, and stop() says -9.
+    assert procs.stop(srv.proc, signal.SIGTERM, timeout=30) == 1
+    (line,) = [r for r in srv.log_lines() if r.get("msg", "").startswith("shutdown: the grace")]
+    assert line["level"] == "error" and line["in_flight"] == 1
+    (abandoned,) = line["abandoned"]
+    assert abandoned["path"] == "/validate"
+    assert re.fullmatch(r"127\.0\.0\.1:\d+", abandoned["peer"])
+    assert abandoned["running_ms"] >= 1000
+    conn.close()

@@ -395,7 +395,8 @@ def test_help_lists_every_flag(binary):
                  "--tls-cert FILE", "--tls-key FILE", "--config FILE", "--policies DIR",
                  "[./policies]", "--lua DIR", "[./lua]", "--threads N", "[number of CPUs]",
                  "--max-body BYTES", "[16777216]", "--max-connections N", "[4096]",
-                 "--client-ca FILE", "--shutdown-grace SECONDS", "--log-level LEVEL"):
+                 "--client-ca FILE", "--client-cn NAME", "--client-san NAME",
+                 "--shutdown-grace SECONDS", "--log-level LEVEL"):
         assert flag in out.stdout
     top = subprocess.run([binary, "--help"], capture_output=True, text=True)
     assert top.returncode == 0
@@ -416,6 +417,10 @@ def test_version(binary):
     (["--max-body", "lots", "--tls-cert", "a", "--tls-key", "b"],
      '--max-body must be a whole number from 1024 to 1073741824, got "lots"'),
     ([], "--tls-cert and --tls-key are required"),
+    (["--tls-cert", "a", "--tls-key", "b", "--client-san", "kube-apiserver"],
+     "--client-cn and --client-san need --client-ca"),
+    (["--tls-cert", "a", "--tls-key", "b", "--client-ca", "c", "--client-cn", ""],
+     "--client-cn takes a name that is not empty, 16 times at most"),
 ])
 def test_usage_errors_exit_2(binary, args, message):
     out = subprocess.run([binary, "serve", *args], capture_output=True, text=True)

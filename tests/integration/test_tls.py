@@ -1,6 +1,8 @@
-"""Certificate rotation without a restart and mutual TLS, against the running
-server.  Rotation is done the way the kubelet updates a Secret volume: the new
-files go to a fresh directory and a `..data` symlink is swapped to it."""
+"""Certificate rotation without a restart and mutual TLS (the client CAs, the
+key purpose and the names --client-cn and --client-san ask for), against the
+running server.  Rotation is done the way the kubelet updates a Secret volume:
+the new files go to a fresh directory and a `..data` symlink is swapped to it.
+Client certificates are made here with the openssl CLI."""
 
 import json
 import os
@@ -147,16 +149,28 @@ def sign_client(where, extensions):
     return where
 
 
+def client_cert(where, subject, extensions):
+    """where/client.crt and .key for subject, signed by where/ca.key."""
+    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+            "-keyout", "client.key", "-out", "client.csr", "-subj", subject, cwd=where)
+    return sign_client(where, extensions)
+
+
 def client_pki(where, name, extensions="extendedKeyUsage=clientAuth"):
-    """A client CA and a client certificate signed by it, with the openssl CLI."""
+    """A client CA and a client certificate (CN kube-apiserver) signed by it."""
     where.mkdir()
     openssl("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
             "-keyout", "ca.key", "-out", "ca.crt", "-days", "2", "-subj", f"/CN={name} CA",
             cwd=where)
-    openssl("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
-            "-keyout", "client.key", "-out", "client.csr", "-subj", "/CN=kube-apiserver",
-            cwd=where)
-    return sign_client(where, extensions)
+    return client_cert(where, "/CN=kube-apiserver", extensions)
+
+
+def same_ca(pki, where, subject, extensions):
+    """Another client certificate from pki's CA, in where."""
+    where.mkdir()
+    for name in ("ca.crt", "ca.key"):
+        shutil.copy(pki / name, where / name)
+    return client_cert(where, subject, extensions)
 
 
 @pytest.fixture
@@ -248,3 +262,64 @@ def test_unreadable_client_ca_fails_the_start(binary, certs, tmp_path):
                          capture_output=True, text=True, timeout=20)
     assert out.returncode == 1
     assert "ca.pem: no PEM certificate in the file" in out.stderr
+
+
+# ---- the names of the API server's certificate: --client-cn, --client-san ----------
+
+DNS_NAME = "apiserver.gpuguard.test"
+URI_NAME = "spiffe://cluster.local/ns/kube-system/sa/kube-apiserver"
+CLIENT_AUTH = "extendedKeyUsage=clientAuth"
+
+
+@pytest.fixture
+def named_mtls(binary, certs, tmp_path):
+    """mTLS that names the API server: CN kube-apiserver, or the DNS or URI SAN above."""
+    pki = client_pki(tmp_path / "pki", "api-server")
+    srv = start_server(binary, certs, tmp_path, "--client-ca", str(pki / "ca.crt"),
+                       "--client-cn", "kube-apiserver", "--client-san", DNS_NAME,
+                       "--client-san", URI_NAME)
+    yield srv, pki
+    if srv.proc.poll() is None:
+        assert srv.stop() == 0
+
+
+@pytest.mark.parametrize("subject,extensions", [
+    ("/CN=kube-apiserver", CLIENT_AUTH),
+    ("/CN=kube-apiserver", "basicConstraints=CA:FALSE"),  # no extended key usage
+    ("/CN=webhook-client", f"{CLIENT_AUTH}\nsubjectAltName=DNS:other.test,DNS:{DNS_NAME}"),
+    ("/CN=webhook-client", f"{CLIENT_AUTH}\nsubjectAltName=DNS:{DNS_NAME.upper()}"),
+    ("/CN=webhook-client", f"{CLIENT_AUTH}\nsubjectAltName=URI:{URI_NAME}"),
+], ids=["CN", "CN without EKU", "DNS SAN", "DNS SAN in capitals", "URI SAN"])
+def test_named_mtls_accepts_a_certificate_with_a_name_given(named_mtls, certs, tmp_path,
+                                                            subject, extensions):
+    srv, pki = named_mtls
+    client = same_ca(pki, tmp_path / "client", subject, extensions)
+    conn = ApiServerConnection(srv.port, None, context=mtls_context(certs, client))
+    assert conn.review(review())[0] == 200
+    assert not refusals(srv)
+
+
+@pytest.mark.parametrize("subject,extensions,reason", [
+    ("/CN=kube-scheduler", CLIENT_AUTH,
+     'certificate of CN "kube-scheduler" names none of the --client-cn and --client-san names'),
+    ("/CN=KUBE-APISERVER", CLIENT_AUTH, 'certificate of CN "KUBE-APISERVER" names none'),
+    ("/CN=kube-apiserver/CN=kube-scheduler", CLIENT_AUTH, "names none"),
+    ("/CN=webhook-client",
+     f"{CLIENT_AUTH}\nsubjectAltName=DNS:evil.{DNS_NAME},URI:{URI_NAME}/x,email:{DNS_NAME}",
+     'certificate of CN "webhook-client" names none'),
+    ("/CN=kube-apiserver", "extendedKeyUsage=serverAuth", "does not match the intended purpose"),
+], ids=["another CN", "the CN in capitals", "two CNs", "other SANs", "serverAuth only"])
+def test_named_mtls_refuses_other_certificates_of_the_ca(named_mtls, certs, tmp_path, subject,
+                                                         extensions, reason):
+    """Refused during the handshake, with the reason logged; the named client still connects."""
+    srv, pki = named_mtls
+    client = same_ca(pki, tmp_path / "client", subject, extensions)
+    conn = ApiServerConnection(srv.port, None, context=mtls_context(certs, client))
+    with pytest.raises((ssl.SSLError, ConnectionResetError, BrokenPipeError)):
+        conn.review(review())
+    assert wait_for(lambda: refusals(srv))
+    (rec,) = refusals(srv)
+    assert reason in rec["reason"], rec
+    assert re.fullmatch(r"127\.0\.0\.1:\d+", rec["peer"])
+    good = ApiServerConnection(srv.port, None, context=mtls_context(certs, pki))
+    assert good.review(review())[0] == 200

@@ -1,6 +1,7 @@
 """The webhook's transport against the real server over real TLS on loopback:
-the request deadline (--request-timeout, on both ports), transfer codings,
-and the TLS cipher suites it offers and in which order.
+the request deadline (--request-timeout, on both ports), the connection
+slots (--max-connections) idle connections give up to new ones, transfer
+codings, and the TLS cipher suites it offers and in which order.
 
 A cipher suite is refused when the handshake fails; accepted when a review
 is answered over it.  TLS 1.2 suites are picked with Python's ssl module,
@@ -17,7 +18,7 @@ import time
 
 import pytest
 
-from conftest import SNI, ApiServerConnection, start_server
+from conftest import SNI, ApiServerConnection, start_server, wait_for
 from test_faults import client_context, read_response, request_head
 from test_server import check_envelope, metric, review
 from test_tls import make_certs
@@ -156,6 +157,75 @@ def test_request_timeout_flag_is_checked(binary, value):
     assert out.returncode == 2
     assert (f'--request-timeout must be a whole number from 1 to 3600, got "{value}"'
             in out.stderr)
+
+
+# ---- connection slots ---------------------------------------------------------------
+
+SLOTS = 4  # --max-connections in these tests
+MADE_ROOM = ("webhook port: idle connections closed to make room, every --max-connections slot "
+             "taken")
+
+
+def kept_alive(srv, n):
+    """n connections, each kept alive and idle after one review, the longest idle first."""
+    conns = []
+    for _ in range(n):
+        conn = srv.connect()
+        assert conn.review(review())[0] == 200
+        conns.append(conn)
+        time.sleep(0.02)  # idle since distinct times
+    return conns
+
+
+def closed_by_server(conn):
+    """True once the server has closed conn (its end of file is waiting to be read)."""
+    if not select.select([conn.sock], [], [], 0)[0]:
+        return False
+    try:
+        return conn.sock.recv(1) == b""
+    except (ssl.SSLError, OSError):
+        return True
+
+
+def test_idle_connections_make_room_for_new_ones(binary, certs, tmp_path):
+    """Every --max-connections slot held by a connection kept alive after one
+    review (an API server's pool, idle for up to 90 s): a new client's
+    review is answered all the same, the connection idle the longest closed
+    for it; the others still serve."""
+    srv = start_server(binary, certs, tmp_path, "--max-connections", str(SLOTS))
+    try:
+        idle = kept_alive(srv, SLOTS)
+        sent = review()
+        status, _, got = srv.connect().review(sent)
+        assert status == 200
+        check_envelope(sent, got, "/mutate")
+        assert wait_for(lambda: closed_by_server(idle[0]))
+        for conn in idle[1:]:
+            sock = conn.sock
+            assert conn.review(review())[0] == 200 and conn.sock is sock
+        (line,) = [r for r in srv.log_lines() if r.get("msg") == MADE_ROOM]
+        assert line["level"] == "warn" and line["closed"] == 1 and line["limit"] == SLOTS
+    finally:
+        assert srv.stop() == 0
+
+
+def test_a_request_under_way_keeps_its_connection(binary, certs, tmp_path):
+    """The connection idle the longest has begun its next request (headers
+    sent, body not yet) when every slot is taken: a new client takes the slot
+    of the next idle one instead, and the request under way, finished, is
+    answered on its connection."""
+    srv = start_server(binary, certs, tmp_path, "--max-connections", str(SLOTS),
+                       "--request-timeout", "60")
+    try:
+        busy, *idle = kept_alive(srv, SLOTS)
+        body = json.dumps(review()).encode()
+        busy.sock.sendall(request_head(len(body)))
+        assert srv.connect().review(review())[0] == 200
+        assert wait_for(lambda: closed_by_server(idle[0]))
+        busy.sock.sendall(body)
+        assert read_response(busy.sock)[0] == 200
+    finally:
+        assert srv.stop() == 0
 
 
 # ---- transfer codings -------------------------------------------------------------

@@ -4,7 +4,11 @@
  *
  * SIGTERM and SIGINT are blocked in every thread and taken by sigwait in
  * the main thread, which then drains the server: stop accepting, let the
- * requests in flight finish, exit 0.
+ * requests in flight finish, exit 0.  A thread started with the drain ends
+ * the process SHUTDOWN_MARGIN_MS past --shutdown-grace if it has not ended
+ * by then: a review stuck in a C call that no budget reaches never returns,
+ * and the drain would wait for its worker forever.  It logs the reviews it
+ * abandons and exits EXIT_ABANDONED.
  *
  * With the inventory on (in a cluster, or with --kubeconfig), informer
  * threads keep the GPU usage of pods and ResourceClaims for gpuguard.usage()
@@ -29,6 +33,7 @@
 #include "engine/reload.h"
 #include "kube/rsstore.h"
 #include "util/metrics.h"
+#include "http/clientauth.h"
 #include "http/server.h"
 #include "http/tlscreds.h"
 
@@ -40,6 +45,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 struct serve_opts {
@@ -49,6 +55,7 @@ struct serve_opts {
     const char *tls_key;
     struct engine_opts engine;
     const char *client_ca;
+    struct clientauth_names client_names; /* --client-cn, --client-san */
     unsigned threads;
     size_t max_body;
     unsigned max_connections;
@@ -60,6 +67,12 @@ struct serve_opts {
 };
 
 #define SERVE_HELP_WIDTH 25 /* the flag column of --help */
+/* After --shutdown-grace, the time the rest of the drain has before the process ends regardless. */
+#define SHUTDOWN_MARGIN_MS 2000
+/* The exit status then. */
+#define EXIT_ABANDONED 1
+/* How long the line naming the abandoned reviews may take to write (stderr may be stalled). */
+#define ABANDON_LOG_S 1
 
 static void serve_usage(FILE *out)
 {
@@ -74,22 +87,32 @@ static void serve_usage(FILE *out)
                  "  --tls-cert FILE           serving certificate (PEM, leaf first) [required]\n"
                  "  --tls-key FILE            its private key (PEM) [required]\n"
                  "  --client-ca FILE          require client certificates signed by these CAs\n"
-                 "                            (mutual TLS with the API server) [off]\n");
+                 "                            (mutual TLS with the API server) [off]\n"
+                 "  --client-cn NAME          with --client-ca, accept only certificates whose\n"
+                 "                            subject CN is NAME (repeat the flag for more names;\n"
+                 "                            with --client-san too, either kind of name will do)\n"
+                 "                            [any certificate of the CAs]\n"
+                 "  --client-san NAME         likewise for a DNS or URI subject alternative name\n"
+                 "                            (repeatable) [any certificate of the CAs]\n");
     eo_help_engine(out, EO_ENGINE, SERVE_HELP_WIDTH);
     fprintf(out, "  --threads N               webhook worker threads; new connections go to\n"
                  "                            each in turn, skipping those busy with a review\n"
                  "                            [number of CPUs]\n"
                  "  --max-body BYTES          larger request bodies get 413 [16777216]\n"
-                 "  --max-connections N       open connections on the webhook port [4096]\n"
+                 "  --max-connections N       open connections on the webhook port; with all\n"
+                 "                            taken, the one idle the longest makes room [4096]\n"
                  "  --request-timeout SECONDS time for a request's headers and body [10]\n"
                  "                            (a late request's connection is closed; between\n"
                  "                            requests, kept-alive connections wait 120 s)\n"
                  "  --ops-max-per-peer N      ops port connections one address may hold waiting\n"
                  "                            for its request (a new one closes its oldest),\n"
                  "                            and again being answered; probes are answered\n"
-                 "                            as soon as they arrive, whatever the count [8]\n"
-                 "  --shutdown-grace SECONDS  on SIGTERM, time for requests in flight [30]\n"
-                 "  --inventory on|off        GPU usage per namespace from the API server's pods\n"
+                 "                            as soon as they arrive, whatever the count [8]\n");
+    fprintf(out,
+            "  --shutdown-grace SECONDS  on SIGTERM, time for requests in flight; %d s after\n"
+            "                            it the process exits %d whatever still runs [30]\n",
+            SHUTDOWN_MARGIN_MS / 1000, EXIT_ABANDONED);
+    fprintf(out, "  --inventory on|off        GPU usage per namespace from the API server's pods\n"
                  "                            (list + watch) for quota policies [on in a cluster\n"
                  "                            or with --kubeconfig, else off]\n"
                  "  --kubeconfig FILE         reach the API server with this kubeconfig's current\n"
@@ -126,6 +149,8 @@ enum {
     OPT_TLS_CERT,
     OPT_TLS_KEY,
     OPT_CLIENT_CA,
+    OPT_CLIENT_CN,
+    OPT_CLIENT_SAN,
     OPT_THREADS,
     OPT_MAX_BODY,
     OPT_MAX_CONN,
@@ -142,6 +167,8 @@ static const struct option long_options[] = {
     {"tls-cert", required_argument, NULL, OPT_TLS_CERT},
     {"tls-key", required_argument, NULL, OPT_TLS_KEY},
     {"client-ca", required_argument, NULL, OPT_CLIENT_CA},
+    {"client-cn", required_argument, NULL, OPT_CLIENT_CN},
+    {"client-san", required_argument, NULL, OPT_CLIENT_SAN},
     {"threads", required_argument, NULL, OPT_THREADS},
     {"max-body", required_argument, NULL, OPT_MAX_BODY},
     {"max-connections", required_argument, NULL, OPT_MAX_CONN},
@@ -190,6 +217,18 @@ static int parse_number_flag(int opt, const char *arg, struct serve_opts *o)
     }
 }
 
+/* One more name of a repeatable flag, at most CLIENTAUTH_NAMES_MAX. */
+static int add_name(const char *flag, const char *name, const char **names, size_t *n)
+{
+    if (!*name || *n == CLIENTAUTH_NAMES_MAX) {
+        fprintf(stderr, "gpuguard serve: %s takes a name that is not empty, %d times at most\n",
+                flag, CLIENTAUTH_NAMES_MAX);
+        return -1;
+    }
+    names[(*n)++] = name;
+    return 0;
+}
+
 /* One of serve's own flags; -1 after saying what is wrong with its value. */
 static int take_flag(void *ctx, int opt, const char *arg)
 {
@@ -210,6 +249,10 @@ static int take_flag(void *ctx, int opt, const char *arg)
     case OPT_CLIENT_CA:
         o->client_ca = arg;
         return 0;
+    case OPT_CLIENT_CN:
+        return add_name("--client-cn", arg, o->client_names.cn, &o->client_names.n_cn);
+    case OPT_CLIENT_SAN:
+        return add_name("--client-san", arg, o->client_names.san, &o->client_names.n_san);
     case OPT_INVENTORY:
         if (strcmp(arg, "on") != 0 && strcmp(arg, "off") != 0) {
             fprintf(stderr, "gpuguard serve: --inventory must be on or off\n");
@@ -248,9 +291,14 @@ static bool parse_flags(int argc, char **argv, struct serve_opts *o, int *exit_c
     };
     if (!eo_parse(&serve_command, o, argc, argv, &o->engine, exit_code))
         return false;
-    if (!o->tls_cert || !o->tls_key) {
-        fprintf(stderr, "gpuguard serve: --tls-cert and --tls-key are required\n"
-                        "run 'gpuguard serve --help' for the flags\n");
+    const char *problem = NULL;
+    if (!o->tls_cert || !o->tls_key)
+        problem = "--tls-cert and --tls-key are required";
+    else if (!o->client_ca && o->client_names.n_cn + o->client_names.n_san)
+        problem = "--client-cn and --client-san need --client-ca (the CAs that sign the "
+                  "client certificates they name)";
+    if (problem) {
+        fprintf(stderr, "gpuguard serve: %s\nrun 'gpuguard serve --help' for the flags\n", problem);
         *exit_code = 2;
         return false;
     }
@@ -270,8 +318,8 @@ static void raise_fd_limit(unsigned connections)
     }
     if (rl.rlim_cur < want)
         log_msg(LOG_WARN,
-                "open file limit %llu is below --max-connections plus the ops port's %u, "
-                "plus headroom",
+                "open file limit %llu is below the server's %u connections at most (twice "
+                "--max-connections, plus the ops port's), plus headroom",
                 (unsigned long long)rl.rlim_cur, connections);
 }
 
@@ -284,6 +332,42 @@ static int wait_for_signal(void)
     int sig = 0;
     sigwait(&set, &sig);
     return sig;
+}
+
+static void *log_abandoned(void *arg)
+{
+    (void)arg;
+    srv_log_abandoned();
+    return NULL;
+}
+
+/* Sleep *arg, then end the process, after naming what it abandons (if stderr takes the line). */
+static void *end_at_deadline(void *arg)
+{
+    struct timespec left = *(const struct timespec *)arg;
+    while (nanosleep(&left, &left) != 0 && errno == EINTR)
+        ;
+    pthread_t logger;
+    if (pthread_create(&logger, NULL, log_abandoned, NULL) == 0) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_sec += ABANDON_LOG_S;
+        pthread_timedjoin_np(logger, NULL, &until);
+    }
+    _exit(EXIT_ABANDONED);
+}
+
+/* The process ends grace_ms plus SHUTDOWN_MARGIN_MS from now at the latest. */
+static void start_shutdown_deadline(int64_t grace_ms)
+{
+    static struct timespec delay;
+    int64_t ms = grace_ms + SHUTDOWN_MARGIN_MS;
+    delay = (struct timespec){.tv_sec = ms / 1000, .tv_nsec = ms % 1000 * 1000000};
+    pthread_t thread;
+    if (pthread_create(&thread, NULL, end_at_deadline, &delay) == 0)
+        pthread_detach(thread);
+    else
+        log_msg(LOG_WARN, "shutdown: no deadline thread, a stuck review would hold the exit");
 }
 
 /* Reload the serving certificate when its files change; a bad pair keeps the old one. */
@@ -445,7 +529,7 @@ int cli_serve(int argc, char **argv)
     sigaddset(&set, SIGINT);
     pthread_sigmask(SIG_BLOCK, &set, NULL);
     signal(SIGPIPE, SIG_IGN);
-    raise_fd_limit(o.max_connections + OPS_MAX_FDS);
+    raise_fd_limit(SRV_MAX_FDS(o.max_connections));
 
     struct gg_err err = {{0}};
     struct engine *engine = NULL;
@@ -466,6 +550,7 @@ int cli_serve(int argc, char **argv)
     struct srv_config cfg = {.listen = o.listen,
                              .ops_listen = o.ops_listen,
                              .client_ca_pem = client_ca,
+                             .client_names = &o.client_names,
                              .threads = o.threads,
                              .max_body = o.max_body,
                              .max_connections = o.max_connections,
@@ -481,6 +566,7 @@ int cli_serve(int argc, char **argv)
     log_serving(&o, server, engine);
     int sig = wait_for_signal();
     log_msg(LOG_INFO, "%s received: draining requests in flight", strsignal(sig));
+    start_shutdown_deadline((int64_t)o.shutdown_grace_s * 1000);
     srv_stop(server, (int64_t)o.shutdown_grace_s * 1000);
     log_msg(LOG_INFO, "stopped");
     rc = 0;

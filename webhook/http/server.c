@@ -14,13 +14,17 @@
  * headers, before a byte of the body is buffered.
  *
  * --max-connections is enforced by the accepting thread, before the
- * hand-off: a connection past it is accepted and closed at once, so its
- * client sees the connection closed instead of a hung handshake.  The
- * library's own per-worker limit is set above ours and must never be
- * reached: in libmicrohttpd 0.9.75 a worker that refuses a handed-over
- * connection at that limit leaves a mutex of its own locked, and hangs at
- * its next close (a burst of 30 connects against --max-connections 4 froze
- * the workers while /healthz said 200).
+ * hand-off.  When every slot is taken, the connection idle the longest
+ * (kept alive after its answer, no byte since) is closed to make room
+ * (make_room): an API server's idle keep-alive connections would otherwise
+ * hold the slots for the whole idle timeout.  A connection with a request
+ * under way is never closed for this; when all are, the new connection is
+ * accepted and closed at once, so its client sees the connection closed
+ * instead of a hung handshake.  The library's own per-worker limit is set
+ * above ours and must never be reached: in libmicrohttpd 0.9.75 a worker
+ * that refuses a handed-over connection at that limit leaves a mutex of its
+ * own locked, and hangs at its next close (a burst of 30 connects against
+ * --max-connections 4 froze the workers while /healthz said 200).
  * A slot is held no longer than --request-timeout by a request that is
  * late (sweeper.h), however slowly its bytes trickle in.
  *
@@ -37,6 +41,7 @@
 #include "util/log.h"
 #include "util/metrics.h"
 #include "http/acceptor.h"
+#include "http/clientauth.h"
 #include "http/opsdoor.h"
 #include "http/review.h"
 #include "http/sweeper.h"
@@ -69,6 +74,8 @@
 #define MMAP_THRESHOLD (1 << 20)
 /* On SIGTERM, how long kept-alive connections may stay open without a request. */
 #define LINGER_MS 1000
+/* The line about idle connections closed to make room: at most this often. */
+#define IDLE_CLOSED_LOG_EVERY_US (10 * 1000000LL)
 /*
  * TLS 1.2 and 1.3 only, AEAD ciphers only (no CBC: LUCKY13 and its kin),
  * forward-secret key exchange only in TLS 1.2 (ECDHE), and the server's
@@ -92,6 +99,9 @@ struct srv {
     size_t max_body;
     unsigned max_connections;
     atomic_uint open_connections; /* handed to a worker and not yet closed */
+    /* The accepting thread's: idle connections closed to make room since the last line. */
+    unsigned idle_closed;
+    int64_t idle_closed_log_us;
     struct engine *engine;
     void (*ready_note)(void *ctx, char *out, size_t size);
     void *ready_note_ctx;
@@ -127,6 +137,45 @@ struct request {
  * in-flight count srv_stop waits on: one server per process.
  */
 static atomic_bool draining;
+
+/*
+ * The reviews being evaluated, for the line naming those a process exiting
+ * now abandons (srv_log_abandoned).  Process-wide like `draining`, each
+ * entry on the stack of its worker while the review runs: a review stuck in
+ * a C call keeps its entry and its connection, whatever srv_stop has freed
+ * around it meanwhile.
+ */
+struct running {
+    struct running *prev, *next;
+    const char *path;
+    int64_t start_us;
+    const struct sw_conn *clock; /* its connection's, for the peer's address */
+};
+static pthread_mutex_t running_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct running *running_head;
+
+static void running_add(struct running *r)
+{
+    pthread_mutex_lock(&running_lock);
+    r->prev = NULL;
+    r->next = running_head;
+    if (running_head)
+        running_head->prev = r;
+    running_head = r;
+    pthread_mutex_unlock(&running_lock);
+}
+
+static void running_remove(struct running *r)
+{
+    pthread_mutex_lock(&running_lock);
+    if (r->prev)
+        r->prev->next = r->next;
+    else
+        running_head = r->next;
+    if (r->next)
+        r->next->prev = r->prev;
+    pthread_mutex_unlock(&running_lock);
+}
 
 /*
  * Answers on the ops port (the plain-HTTP one) always close the connection:
@@ -354,7 +403,12 @@ static enum MHD_Result on_webhook(void *cls, struct MHD_Connection *c, const cha
     }
     if (this_worker) /* the acceptor gives new connections to other workers meanwhile */
         atomic_store(&this_worker->reviewing, true);
+    struct running r = {.path = rq->endpoint == ADM_MUTATING ? "/mutate" : "/validate",
+                        .start_us = rq->start_us,
+                        .clock = clock_of(c)};
+    running_add(&r);
     enum MHD_Result ret = answer_review(s, c, rq, url);
+    running_remove(&r);
     if (this_worker)
         atomic_store(&this_worker->reviewing, false);
     return ret;
@@ -364,11 +418,11 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
                          enum MHD_RequestTerminationCode toe)
 {
     struct srv *s = cls;
-    (void)c;
-    (void)toe;
     struct request *rq = *con_cls;
     if (!rq)
         return;
+    if (toe == MHD_REQUEST_TERMINATED_COMPLETED_OK)
+        sw_request_done(clock_of(c)); /* idle until its next request's first byte */
     buf_clear(&rq->body);
     free(rq);
     *con_cls = NULL;
@@ -509,48 +563,6 @@ static enum gg_status parse_addr(const char *text, struct sockaddr_storage *ss, 
 }
 
 /*
- * With mutual TLS, every connection must present a client certificate that
- * verifies against the client CAs and, when it lists its uses (extended key
- * usage), is meant for TLS clients: a server certificate is no client's.
- * GnuTLS calls this during the handshake, so a refused client never reaches
- * HTTP; the reason is logged.  A client without a certificate gets here too
- * (the certificate is requested, not required, so that it is logged).
- */
-static int verify_client(gnutls_session_t session)
-{
-    gnutls_typed_vdata_st purpose = {.type = GNUTLS_DT_KEY_PURPOSE_OID,
-                                     .data = (unsigned char *)GNUTLS_KP_TLS_WWW_CLIENT};
-    unsigned status = 0;
-    int rc = gnutls_certificate_verify_peers(session, &purpose, 1, &status);
-    if (rc == GNUTLS_E_SUCCESS && status == 0)
-        return 0;
-    char reason[256];
-    if (rc == GNUTLS_E_NO_CERTIFICATE_FOUND)
-        snprintf(reason, sizeof(reason), "no client certificate");
-    else if (rc != GNUTLS_E_SUCCESS)
-        snprintf(reason, sizeof(reason), "%s", gnutls_strerror(rc));
-    else {
-        gnutls_datum_t text = {NULL, 0};
-        if (gnutls_certificate_verification_status_print(status, GNUTLS_CRT_X509, &text, 0) == 0)
-            snprintf(reason, sizeof(reason), "%s", (const char *)text.data);
-        else
-            snprintf(reason, sizeof(reason), "verification status 0x%x", status);
-        gnutls_free(text.data);
-    }
-    char peer[64];
-    sw_session_peer(session, peer, sizeof(peer));
-    log_fields(LOG_WARN, "TLS handshake refused: client certificate not accepted",
-               json_pack("{s:s,s:s}", "peer", peer, "reason", reason));
-    return GNUTLS_E_CERTIFICATE_ERROR;
-}
-
-static void require_client_cert(gnutls_session_t session)
-{
-    gnutls_certificate_server_set_request(session, GNUTLS_CERT_REQUEST);
-    gnutls_session_set_verify_function(session, verify_client);
-}
-
-/*
  * Every webhook connection gets a request deadline clock, kept as its
  * socket context; one that cannot is dropped at once (fail closed: no
  * connection without a deadline).
@@ -573,7 +585,7 @@ static void open_connection(struct srv *s, struct MHD_Connection *c, void **sock
     gnutls_session_t session = (gnutls_session_t)tls->tls_session;
     sw_attach_tls(clock, session);
     if (s->require_client_cert)
-        require_client_cert(session);
+        clientauth_require(session);
 }
 
 /* The worker threads' name in ps and top -H (libmicrohttpd calls them all MHD-single). */
@@ -610,34 +622,70 @@ static struct MHD_Daemon *start_worker(struct worker *w, const struct srv_config
         extra[0] =
             (struct MHD_OptionItem){MHD_OPTION_HTTPS_MEM_TRUST, 0, (void *)cfg->client_ca_pem};
     /* Never reached (see the top of this file): a worker holds at most the
-     * connections handed to it and not yet closed, and hand_to_worker keeps
-     * all of those within max_connections.  The library counts a connection
-     * from the moment its worker takes it off the hand-off queue until after
-     * the CLOSED notice, both on the worker's own thread. */
+     * connections handed to it and not yet closed, and make_room keeps all
+     * of those within twice max_connections.  The library counts a
+     * connection from the moment its worker takes it off the hand-off queue
+     * until after the CLOSED notice, both on the worker's own thread. */
     struct srv *s = w->s;
     return MHD_start_daemon(
         flags, 0, NULL, NULL, on_webhook, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s,
-        MHD_OPTION_CONNECTION_LIMIT, cfg->max_connections + 1, MHD_OPTION_CONNECTION_TIMEOUT,
+        MHD_OPTION_CONNECTION_LIMIT, 2 * cfg->max_connections + 1, MHD_OPTION_CONNECTION_TIMEOUT,
         cfg->idle_timeout_s, MHD_OPTION_HTTPS_CERT_CALLBACK, tls_creds_retrieve,
         MHD_OPTION_HTTPS_PRIORITIES, TLS_PRIORITIES, MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
         MHD_OPTION_NOTIFY_CONNECTION, on_connection, w, MHD_OPTION_ARRAY, extra, MHD_OPTION_END);
 }
 
+/* Count an idle connection closed to make room; a line at most every 10 s. */
+static void note_idle_closed(struct srv *s, int64_t idle_ms)
+{
+    s->idle_closed++;
+    int64_t now = gg_now_us();
+    if (now < s->idle_closed_log_us)
+        return;
+    s->idle_closed_log_us = now + IDLE_CLOSED_LOG_EVERY_US;
+    log_fields(LOG_WARN,
+               "webhook port: idle connections closed to make room, every --max-connections slot "
+               "taken",
+               json_pack("{s:i,s:i,s:I}", "closed", (int)s->idle_closed, "limit",
+                         (int)s->max_connections, "idle_ms", (json_int_t)idle_ms));
+    s->idle_closed = 0;
+}
+
 /*
- * On the accepting thread: past --max-connections the socket is closed at
- * once; else it is counted (until its worker's CLOSED notice) and given to
- * the next worker in turn that is not running a review, or the next in turn
- * when all are.  The worker owns the socket from here on: libmicrohttpd
- * closes it on any failure, and a failure after the worker took it is
- * followed by the CLOSED notice.  (One that fails before: out of memory for
- * the connection's pool, keeps its count: a slot lost, never an extra one.)
+ * A slot for a new connection (on the accepting thread): one is free
+ * (those being closed to make room count as free), or the connection idle
+ * the longest is closed for it.  A closed connection keeps its count until
+ * its worker's CLOSED notice, so up to twice max_connections may be open
+ * for a moment; no more are closed past that.
+ */
+static bool make_room(struct srv *s)
+{
+    unsigned open = atomic_load(&s->open_connections);
+    if (open - sw_closing(s->sweeper) < s->max_connections)
+        return true;
+    int64_t idle_ms;
+    if (open >= 2 * s->max_connections || !sw_close_idlest(s->sweeper, &idle_ms))
+        return false;
+    note_idle_closed(s, idle_ms);
+    return true;
+}
+
+/*
+ * On the accepting thread: without a slot (make_room) the socket is closed
+ * at once; else it is counted (until its worker's CLOSED notice) and given
+ * to the next worker in turn that is not running a review, or the next in
+ * turn when all are.  The worker owns the socket from here on:
+ * libmicrohttpd closes it on any failure, and a failure after the worker
+ * took it is followed by the CLOSED notice.  (One that fails before: out of
+ * memory for the connection's pool, keeps its count: a slot lost, never an
+ * extra one.)
  */
 static void hand_to_worker(void *ctx, int fd, const struct sockaddr *addr, socklen_t len)
 {
     struct srv *s = ctx;
-    if (atomic_load(&s->open_connections) >= s->max_connections) {
+    if (!make_room(s)) {
         close(fd);
-        log_msg(LOG_DEBUG, "connection refused: %u connections open, the limit",
+        log_msg(LOG_DEBUG, "connection refused: all %u slots busy, none idle to close",
                 s->max_connections);
         return;
     }
@@ -772,6 +820,7 @@ enum gg_status srv_start(const struct srv_config *cfg, struct srv **out, struct 
     s->ready_note = cfg->ready_note;
     s->ready_note_ctx = cfg->ready_note_ctx;
     s->require_client_cert = cfg->client_ca_pem != NULL;
+    clientauth_set_names(cfg->client_names);
     pthread_mutex_init(&s->reason_lock, NULL);
     snprintf(s->not_ready_reason, sizeof(s->not_ready_reason), "starting");
     if ((st = sw_new((int64_t)cfg->request_timeout_s * 1000, &s->sweeper, err)) != GG_OK)
@@ -834,4 +883,23 @@ void srv_stop(struct srv *s, int64_t grace_ms)
     sw_free(s->sweeper);
     pthread_mutex_destroy(&s->reason_lock);
     free(s);
+}
+
+void srv_log_abandoned(void)
+{
+    json_t *reviews = json_array();
+    int64_t now = gg_now_us();
+    pthread_mutex_lock(&running_lock);
+    for (const struct running *r = running_head; r; r = r->next) {
+        char peer[64] = "unknown";
+        if (r->clock)
+            sw_peer(r->clock, peer, sizeof(peer));
+        json_array_append_new(reviews,
+                              json_pack("{s:s,s:s,s:I}", "path", r->path, "peer", peer,
+                                        "running_ms", (json_int_t)((now - r->start_us) / 1000)));
+    }
+    pthread_mutex_unlock(&running_lock);
+    log_fields(
+        LOG_ERROR, "shutdown: the grace is over; exiting without the reviews still running",
+        json_pack("{s:I,s:o}", "in_flight", (json_int_t)metrics_inflight(), "abandoned", reviews));
 }

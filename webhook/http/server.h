@@ -29,13 +29,23 @@
 #define OPS_ANSWERING 64
 /* Descriptors the ops port may hold at most. */
 #define OPS_MAX_FDS (OPS_WAITING + OPS_ANSWERING + 2)
+/*
+ * Descriptors the server may hold at most with --max-connections n: the
+ * webhook port's connections, with as many again closing while new ones
+ * take their slots (server.c, make_room), and the ops port's.
+ */
+#define SRV_MAX_FDS(n) (2 * (n) + OPS_MAX_FDS)
+
+struct clientauth_names; /* clientauth.h */
 
 struct srv_config {
     const char *listen;        /* "ADDR:PORT" or "[V6ADDR]:PORT"; port 0 picks one */
     const char *ops_listen;    /* same form, plain HTTP */
     const char *client_ca_pem; /* PEM CAs: client certificates required (mTLS); NULL: off */
-    unsigned threads;          /* worker threads for the webhook port */
-    size_t max_body;           /* larger bodies get 413 */
+    /* With client_ca_pem, the names a client certificate must carry one of; NULL: any. */
+    const struct clientauth_names *client_names;
+    unsigned threads; /* worker threads for the webhook port */
+    size_t max_body;  /* larger bodies get 413 */
     unsigned max_connections;
     unsigned idle_timeout_s; /* keep-alive idle timeout, above the client's 90 s */
     /* A request's headers and body must arrive within this, else its connection is closed. */
@@ -61,8 +71,16 @@ void srv_set_ready(struct srv *s, bool ready, const char *reason);
 
 /*
  * Stop accepting connections, wait up to grace_ms for requests in flight to
- * be answered, then close everything and free s.
+ * be answered, then close everything and free s.  A worker stuck in a review
+ * (a policy in a C call no budget reaches) is waited for however long it
+ * takes: the caller bounds the wait by ending the process.
  */
 void srv_stop(struct srv *s, int64_t grace_ms);
+/*
+ * Log the reviews still being evaluated (path, peer, time running) and the
+ * count of requests in flight: what a process ending now abandons.  From any
+ * thread, before, during or after srv_stop.
+ */
+void srv_log_abandoned(void);
 
 #endif

@@ -8,7 +8,9 @@
  * it closes the connection the ordinary way, on its own thread.  The socket
  * is never closed here, and sw_close unlinks a connection (under the same
  * lock) before libmicrohttpd closes its descriptor, so a descriptor number
- * reused by a new connection is never shut down by mistake.
+ * reused by a new connection is never shut down by mistake.  Closing the
+ * idlest connection for a new one (sw_close_idlest) works the same way, on
+ * the accepting thread.
  */
 #include "http/sweeper.h"
 #include "util/clock.h"
@@ -33,7 +35,9 @@ struct sw_conn {
     struct sweeper *sw;
     int fd;
     bool shut;                     /* shut down by the sweeper (under the lock) */
+    bool evicted;                  /* ... by sw_close_idlest, counted in closing */
     atomic_int_least64_t start_us; /* when the current request began; 0: none */
+    atomic_int_least64_t idle_us;  /* when its last answer was sent, no byte since; 0: not idle */
 };
 
 struct sweeper {
@@ -42,6 +46,7 @@ struct sweeper {
     pthread_mutex_t lock;
     atomic_bool stopping;
     struct sw_conn *head; /* under the lock */
+    atomic_uint closing;  /* evicted connections not yet sw_close'd (changed under the lock) */
 };
 
 static void peer_of(int fd, char *out, size_t size)
@@ -161,6 +166,8 @@ void sw_close(struct sw_conn *c)
         sw->head = c->next;
     if (c->next)
         c->next->prev = c->prev;
+    if (c->evicted)
+        atomic_fetch_sub(&sw->closing, 1);
     pthread_mutex_unlock(&sw->lock);
     free(c);
 }
@@ -172,12 +179,74 @@ void sw_request_begin(struct sw_conn *c)
     int_least64_t none = 0;
     atomic_compare_exchange_strong_explicit(&c->start_us, &none, gg_now_us(), memory_order_relaxed,
                                             memory_order_relaxed);
+    atomic_store_explicit(&c->idle_us, 0, memory_order_relaxed);
 }
 
 void sw_request_end(struct sw_conn *c)
 {
     if (c)
         atomic_store_explicit(&c->start_us, 0, memory_order_relaxed);
+}
+
+void sw_request_done(struct sw_conn *c)
+{
+    if (c && atomic_load_explicit(&c->start_us, memory_order_relaxed) == 0)
+        atomic_store_explicit(&c->idle_us, gg_now_us(), memory_order_relaxed);
+}
+
+/*
+ * The connection idle the longest and not shut down yet, idle since *since;
+ * NULL: none.  With the lock held.
+ */
+static struct sw_conn *idlest(const struct sweeper *sw, int_least64_t *since)
+{
+    struct sw_conn *best = NULL;
+    for (struct sw_conn *c = sw->head; c; c = c->next) {
+        int_least64_t t = atomic_load_explicit(&c->idle_us, memory_order_relaxed);
+        if (!c->shut && t > 0 && (!best || t < *since)) {
+            best = c;
+            *since = t;
+        }
+    }
+    return best;
+}
+
+/*
+ * Take c, idle since since, for closing: false when it is not idle after
+ * all, its next request having come meanwhile or waiting to be read (its
+ * worker busy with another connection's review).
+ */
+static bool claim(struct sw_conn *c, int_least64_t since)
+{
+    struct pollfd p = {.fd = c->fd, .events = POLLIN};
+    if (poll(&p, 1, 0) > 0) {
+        atomic_store_explicit(&c->idle_us, 0, memory_order_relaxed);
+        return false;
+    }
+    return atomic_compare_exchange_strong_explicit(&c->idle_us, &since, 0, memory_order_relaxed,
+                                                   memory_order_relaxed);
+}
+
+bool sw_close_idlest(struct sweeper *sw, int64_t *idle_ms)
+{
+    struct sw_conn *c;
+    int_least64_t since = 0;
+    pthread_mutex_lock(&sw->lock);
+    while ((c = idlest(sw, &since)) && !claim(c, since))
+        ;
+    if (c) {
+        shutdown(c->fd, SHUT_RDWR);
+        c->shut = c->evicted = true;
+        atomic_fetch_add(&sw->closing, 1);
+        *idle_ms = (gg_now_us() - since) / 1000;
+    }
+    pthread_mutex_unlock(&sw->lock);
+    return c != NULL;
+}
+
+unsigned sw_closing(struct sweeper *sw)
+{
+    return atomic_load(&sw->closing);
 }
 
 /*
@@ -232,7 +301,12 @@ void sw_session_peer(gnutls_session_t session, char *out, size_t size)
 {
     const struct sw_conn *c = gnutls_session_get_ptr(session);
     if (c)
-        peer_of(c->fd, out, size);
+        sw_peer(c, out, size);
     else
         snprintf(out, size, "unknown");
+}
+
+void sw_peer(const struct sw_conn *c, char *out, size_t size)
+{
+    peer_of(c->fd, out, size);
 }

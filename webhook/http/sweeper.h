@@ -19,6 +19,11 @@
  * with the previous request's) and when the request is in or answered.  A
  * connection whose clock is never stopped is under the deadline from accept
  * to close.
+ *
+ * The sweeper also knows which connections are idle: answered (the server
+ * says when) and no byte since.  When every --max-connections slot is taken,
+ * the server closes the one idle the longest to admit a new connection
+ * (sw_close_idlest); a connection with a request under way is never picked.
  */
 #ifndef GG_SWEEPER_H
 #define GG_SWEEPER_H
@@ -26,6 +31,7 @@
 #include "util/gpuguard.h"
 
 #include <gnutls/gnutls.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -55,10 +61,24 @@ void sw_close(struct sw_conn *c);
 void sw_attach_tls(struct sw_conn *c, gnutls_session_t session);
 /* The peer address of a session attached to a connection ("unknown" otherwise). */
 void sw_session_peer(gnutls_session_t session, char *out, size_t size);
+/* The peer address of a connection ("unknown" when its socket has none). */
+void sw_peer(const struct sw_conn *c, char *out, size_t size);
 
 /* A request's headers are in: start the clock if no byte started it (c NULL: no-op). */
 void sw_request_begin(struct sw_conn *c);
 /* The request is in, or answered: stop the clock until the next byte (c NULL: no-op). */
 void sw_request_end(struct sw_conn *c);
+/* The answer is sent: idle until the next byte, unless one came already (c NULL: no-op). */
+void sw_request_done(struct sw_conn *c);
+
+/*
+ * Shut down the connection idle the longest, to make room for a new one;
+ * true when there was one, with how long it had been idle in *idle_ms.  One
+ * with bytes waiting to be read (its next request arriving) is not idle.
+ * Its worker then closes it as if the client had left (sw_close).
+ */
+bool sw_close_idlest(struct sweeper *sw, int64_t *idle_ms);
+/* Connections shut down by sw_close_idlest and not yet sw_close'd: their slots are being freed. */
+unsigned sw_closing(struct sweeper *sw);
 
 #endif
