@@ -41,6 +41,12 @@ other than read-only.
 local gg = require "gpuguard"
 local gpu = require "gpu"
 local args = require "args"
+local schema = require "schema"
+
+local POOL_KEYS = { "name", "model", "sharing", "mig_strategy", "mig_profile", "replicas", "shared_resource",
+                    "mps_env", "scheduler_name", "device_classes", "node_selector", "taints", "cost",
+                    "placement" }
+local CLASS_KEYS = { "sharing", "pools", "max_runtime", "namespaces" }
 
 local M = {}
 
@@ -103,9 +109,10 @@ end
 
 local function check_pool(p, i, catalog, seen)
     local at = string.format("pools[%d]", i)
-    if type(p) ~= "table" then
+    if type(p) ~= "table" or gg.is_array(p) then
         fail(at, "must be a mapping")
     end
+    schema.keys(p, at .. ".", POOL_KEYS)
     if not is_dns_label(p.name) then
         fail(at .. ".name", "must be a DNS label (lowercase letters, digits, '-')")
     end
@@ -269,6 +276,7 @@ function M.check(cfg)
         end
         for name, c in pairs(cfg.classes) do
             local at = "classes." .. name
+            schema.keys(c, at .. ".", CLASS_KEYS)
             if type(c) ~= "table" or type(c.sharing) ~= "table" or #c.sharing == 0 then
                 fail(at .. ".sharing", "must list the sharing modes of the class")
             end

@@ -826,3 +826,44 @@ def test_cluster_state_charges_each_admitted_pod_to_the_manifests_after_it(check
     check.write("tree/B.yaml", [gamma])
     assert quota_verdicts(check, "tree") == [("gamma", True), ("alpha", True), ("beta", False)]
     assert quota_verdicts(check, "tree/b", "tree/a.yaml") == [("beta", True), ("alpha", False)]
+
+
+# A typo in the configuration is no silent off switch: every section and key is known or
+# refused, naming the nearest known key (deploy/gpuguard.yaml with one line changed).
+CONFIG_TYPOS = [
+    ("quotas:", "quota:", "quota: unknown key; did you mean quotas?"),
+    ("    sharing: time-slicing", "    Sharing: time-slicing",
+     "pools[3].Sharing: unknown key; did you mean sharing?"),
+    ("  max_per_pod: 8", "  max_per_pods: 8",
+     "quotas.max_per_pods: unknown key; did you mean max_per_pod?"),
+    ("  required_labels:", "  required_label:",
+     "guardrails.required_label: unknown key; did you mean required_labels?"),
+    ("  non_gpu_pods: deny", "  non-gpu-pods: deny",
+     "placement.non-gpu-pods: unknown key; did you mean non_gpu_pods?"),
+    ("  fractions: round-up", "  fraction: round-up",
+     "exclusive.fraction: unknown key; did you mean fractions?"),
+    ("  headroom: 1.25", "  head_room: 1.25",
+     "rightsizing.head_room: unknown key; did you mean headroom?"),
+    ("    url: https://prometheus", "    URL: https://prometheus",
+     "rightsizing.prometheus.URL: unknown key; did you mean url?"),
+    ("  mode: mutate", "  mod: mutate", "workloads.mod: unknown key (mode)"),
+    ("  interactive: {sharing: [time-slicing], pools: [l4-shared], max_runtime: 8h}",
+     "  interactive: {sharing: [time-slicing], pools: [l4-shared], maxRuntime: 8h}",
+     "classes.interactive.maxRuntime: unknown key; did you mean max_runtime?"),
+]
+
+
+@pytest.mark.parametrize("line,typo,message", CONFIG_TYPOS, ids=[t[1].strip() for t in CONFIG_TYPOS])
+def test_a_configuration_typo_is_an_error_naming_the_nearest_key(binary, tmp_path, line, typo,
+                                                                message):
+    text = (REPO / "deploy" / "gpuguard.yaml").read_text()
+    assert text.count("\n" + line) == 1, line
+    config = tmp_path / "gpuguard.yaml"
+    config.write_text(text.replace("\n" + line, "\n" + typo))
+    pod = tmp_path / "pod.yaml"
+    pod.write_text(yaml.safe_dump(gpu_pod(gpus=8)))
+    out = subprocess.run([binary, "check", "--config", str(config), "--policies",
+                          str(REPO / "policies"), "--lua", str(REPO / "lua"), str(pod)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert message in out.stderr, out.stderr

@@ -18,6 +18,7 @@ local gg = require "gpuguard"
 return {
   name = "stamp",
   match = { kinds = { "Pod" } },
+  config = { "stamp" },
   mutate = function(req, pod, cfg)
     if pod.metadata.labels == nil then pod.metadata.labels = gg.object() end
     pod.metadata.labels.stamp = cfg.stamp or "%s"
@@ -128,6 +129,25 @@ def test_bad_config_is_refused_with_the_key_path(policy_server):
     write_atomically(policy_server.config, "engine:\n  memory: lots\n")
     assert wait_for(lambda: "engine.memory" in policy_server.ops("/readyz")[1])
     assert stamp_of(policy_server) == "v1"
+
+
+def test_a_section_no_policy_reads_is_refused_and_the_last_good_set_serves(policy_server):
+    """A typo is no silent off switch: a section neither gpuguard nor a policy's config field
+    knows refuses the reload, naming the nearest known one; the last good set keeps serving and
+    /readyz stays 200 (a refused reload must not unready every replica at once)."""
+    write_atomically(policy_server.config, "stamp: from-config\n")
+    assert wait_for(lambda: stamp_of(policy_server) == "from-config")
+    write_atomically(policy_server.config, "stamps: typo\n")
+    want = f"{policy_server.config}: stamps: unknown key; did you mean stamp? (known: classes, "
+    assert wait_for(lambda: "stamps: unknown key; did you mean stamp?" in
+                    policy_server.ops("/readyz")[1])
+    status, _ = policy_server.ops("/readyz")
+    assert status == 200
+    assert stamp_of(policy_server) == "from-config"
+    refused = [r for r in policy_server.log_lines() if r.get("msg", "").startswith("reload refused")]
+    assert want in refused[-1]["error"]
+    _, m = policy_server.ops("/metrics")
+    assert metric(m, "gpuguard_policy_last_reload_success") == 0
 
 
 def test_server_refuses_to_start_with_a_broken_policy(binary, certs, tmp_path):

@@ -223,6 +223,13 @@ enum gg_status cfg_workloads_mode(const json_t *root, enum cfg_workloads_mode *o
         return GG_OK;
     if (!json_is_object(section))
         return gg_fail(err, GG_ERR_INVALID, "workloads: must be a mapping");
+    const char *key;
+    json_t *value;
+    json_object_foreach(section, key, value)
+    {
+        if (strcmp(key, "mode") != 0)
+            return gg_fail(err, GG_ERR_INVALID, "workloads.%s: unknown key (mode)", key);
+    }
     json_t *mode = json_object_get(section, "mode");
     if (!mode)
         return GG_OK;

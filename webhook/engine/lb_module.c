@@ -4,6 +4,7 @@
  * usage history, DRA claims).
  */
 #include "engine/lb_internal.h"
+#include "engine/cfgkeys.h"
 #include "codec/keys.h"
 #include "kube/inventory.h"
 #include "kube/ownerfold.h"
@@ -145,6 +146,29 @@ static int l_log(lua_State *L)
     return 0;
 }
 
+/*
+ * gpuguard.unknown_key(path, key, known): the message that refuses key, unknown at path, with
+ * the nearest of the list known (lua/schema.lua raises it).
+ */
+static int l_unknown_key(lua_State *L)
+{
+    const char *path = luaL_checkstring(L, 1);
+    const char *key = luaL_checkstring(L, 2);
+    luaL_checktype(L, 3, LUA_TTABLE);
+    lua_Integer n = luaL_len(L, 3);
+    luaL_argcheck(L, n >= 0 && n <= 256, 3, "at most 256 known keys");
+    const char **known = lua_newuserdatauv(L, (size_t)(n + 1) * sizeof(*known), 0);
+    for (lua_Integer i = 1; i <= n; i++) {
+        lua_geti(L, 3, i);
+        known[i - 1] = luaL_checkstring(L, -1);
+        lua_pop(L, 1); /* the list holds the string */
+    }
+    char msg[1024];
+    cfgkeys_unknown(msg, sizeof(msg), path, key, known, (size_t)n);
+    lua_pushstring(L, msg);
+    return 1;
+}
+
 static int l_usage(lua_State *L)
 {
     const char *ns = luaL_checkstring(L, 1);
@@ -254,6 +278,7 @@ void lb_module_open(lua_State *L)
                                      {"rightsize", l_rightsize},
                                      {"rightsize_report", l_rightsize_report},
                                      {"dra", l_dra}, /* lua/intent.lua's DRA lookups */
+                                     {"unknown_key", l_unknown_key}, /* lua/schema.lua */
                                      {NULL, NULL}};
     luaL_newlib(L, funcs);
     lua_pushlightuserdata(L, (void *)&lb_key_null_marker);

@@ -10,6 +10,7 @@
 #include "util/clock.h"
 
 #include "util/buf.h"
+#include "engine/cfgkeys.h"
 #include "engine/config.h"
 #include "kube/inventory.h"
 #include "codec/jsonpatch.h"
@@ -193,6 +194,33 @@ static enum gg_status check_match(const json_t *match, const char *name, struct 
     return GG_OK;
 }
 
+/* A policy's config field: the top-level configuration sections of its own it reads. */
+static enum gg_status check_config_field(const json_t *config, const char *name, struct gg_err *err)
+{
+    size_t i;
+    const json_t *v;
+    if (config && !json_is_array(config) && !(json_is_object(config) && !json_object_size(config)))
+        return gg_fail(err, GG_ERR_INVALID,
+                       "policy %s: config must be a list of configuration section names", name);
+    json_array_foreach(config, i, v)
+    {
+        if (!json_is_string(v) || !*json_string_value(v))
+            return gg_fail(err, GG_ERR_INVALID,
+                           "policy %s: config[%zu] must be a configuration section name", name,
+                           i + 1);
+    }
+    return GG_OK;
+}
+
+/* The sections the policies' config fields name, all of them, for cfg_check_sections. */
+static json_t *declared_sections(const struct lb_policy_info *infos, size_t n)
+{
+    json_t *all = json_array();
+    for (size_t i = 0; all && i < n; i++)
+        json_array_extend(all, json_object_get(infos[i].decl, "config"));
+    return all;
+}
+
 static enum gg_status policy_from_info(struct policy *p, struct lb_policy_info *info,
                                        const char *file, struct gg_err *err)
 {
@@ -214,6 +242,8 @@ static enum gg_status policy_from_info(struct policy *p, struct lb_policy_info *
         return gg_fail(err, GG_ERR_INVALID, "policy %s: has neither mutate nor validate", name);
     enum gg_status st = check_match(json_object_get(decl, "match"), name, err);
     if (st != GG_OK)
+        return st;
+    if ((st = check_config_field(json_object_get(decl, "config"), name, err)) != GG_OK)
         return st;
     p->name = name;
     p->match = json_object_get(decl, "match");
@@ -259,7 +289,10 @@ enum gg_status policy_set_library_vm(const struct policy_set *set, struct invent
     return lb_vm_new(&limits, set->modules, set->n_modules, set->config, inventory, out, err);
 }
 
-static enum gg_status check_policies(struct policy_set *set, struct gg_err *err)
+/* Load every policy of the set, then check them and the configuration's sections (config_path
+ * names the configuration in messages; NULL: none was given). */
+static enum gg_status check_policies(struct policy_set *set, const char *config_path,
+                                     struct gg_err *err)
 {
     struct lb_policy_info *infos = calloc(set->n + 1, sizeof(*infos));
     struct lb_vm *vm = NULL;
@@ -272,6 +305,15 @@ static enum gg_status check_policies(struct policy_set *set, struct gg_err *err)
             if (strcmp(set->policies[j].name, set->policies[i].name) == 0)
                 st = gg_fail(err, GG_ERR_INVALID, "%s and %s both name a policy %s",
                              set->files[j].name, set->files[i].name, set->policies[i].name);
+    }
+    if (st == GG_OK) {
+        json_t *declared = declared_sections(infos, set->n);
+        struct gg_err sub = {{0}};
+        st = declared ? cfg_check_sections(set->config, declared, &sub)
+                      : gg_fail(&sub, GG_ERR_NOMEM, "out of memory");
+        if (st != GG_OK)
+            gg_fail(err, st, "%s: %s", config_path ? config_path : "configuration", sub.msg);
+        json_decref(declared);
     }
     for (size_t i = 0; infos && i < set->n; i++)
         lb_policy_info_clear(&infos[i]);
@@ -301,7 +343,7 @@ static enum gg_status policy_set_load(const struct policy_paths *paths, uint64_t
     if (st == GG_OK)
         st = policy_read_sources(paths->policies, false, &set->files, &set->n, err);
     if (st == GG_OK)
-        st = check_policies(set, err);
+        st = check_policies(set, paths->config, err);
     if (st != GG_OK) {
         policy_set_release(set);
         return st;

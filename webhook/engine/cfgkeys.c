@@ -1,0 +1,136 @@
+/*
+ * cfgkeys.c - the configuration's known sections, and the message that
+ * refuses an unknown key (cfgkeys.h).
+ */
+#include "engine/cfgkeys.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Sorted, for the messages.  Who reads each: docs/gpu-policies.md, "Configuration keys". */
+const char *const cfg_sections[] = {
+    "classes",       /* lua/fleet.lua */
+    "default_class", /* lua/fleet.lua */
+    "dra",           /* lua/intent.lua */
+    "enforcement",   /* the engine */
+    "engine",        /* the engine */
+    "exclusive",     /* 10-gpu-sharing */
+    "gpu_models",    /* lua/gpu.lua */
+    "guardrails",    /* 30-gpu-guardrails */
+    "other_gpus",    /* lua/intent.lua */
+    "placement",     /* 20-gpu-placement */
+    "pools",         /* lua/fleet.lua */
+    "queues",        /* lua/queues.lua */
+    "quotas",        /* 40-gpu-quota */
+    "rightsizing",   /* lua/rightsize.lua and the rightsizing source */
+    "workloads",     /* the engine */
+};
+_Static_assert(sizeof(cfg_sections) / sizeof(cfg_sections[0]) == CFG_N_SECTIONS,
+               "CFG_N_SECTIONS counts cfg_sections");
+
+/* Names are compared on at most this many bytes. */
+#define NAME_MAX_CMP 64
+
+/* The same name spelled another way: case, '-' and '_' left out (nodeSelector, node-selector). */
+static void fold(const char *s, char *out)
+{
+    size_t n = 0;
+    for (; *s && n < NAME_MAX_CMP; s++)
+        if (*s != '-' && *s != '_')
+            out[n++] = (char)tolower((unsigned char)*s);
+    out[n] = '\0';
+}
+
+/* The edit distance of a and b (their first NAME_MAX_CMP bytes). */
+static size_t distance(const char *a, const char *b)
+{
+    size_t la = strnlen(a, NAME_MAX_CMP), lb = strnlen(b, NAME_MAX_CMP);
+    size_t prev[NAME_MAX_CMP + 1], cur[NAME_MAX_CMP + 1];
+    for (size_t j = 0; j <= lb; j++)
+        prev[j] = j;
+    for (size_t i = 1; i <= la; i++) {
+        cur[0] = i;
+        for (size_t j = 1; j <= lb; j++) {
+            size_t best = prev[j - 1] + (a[i - 1] != b[j - 1]);
+            if (prev[j] + 1 < best)
+                best = prev[j] + 1;
+            if (cur[j - 1] + 1 < best)
+                best = cur[j - 1] + 1;
+            cur[j] = best;
+        }
+        memcpy(prev, cur, (lb + 1) * sizeof(prev[0]));
+    }
+    return prev[lb];
+}
+
+const char *cfgkeys_nearest(const char *key, const char *const *known, size_t n)
+{
+    char fk[NAME_MAX_CMP + 1], fn[NAME_MAX_CMP + 1];
+    fold(key, fk);
+    const char *best = NULL;
+    size_t best_d = 0;
+    for (size_t i = 0; i < n; i++) {
+        fold(known[i], fn);
+        size_t d = strcmp(fk, fn) == 0 ? 0 : distance(key, known[i]);
+        size_t near = strlen(known[i]) / 3 > 2 ? strlen(known[i]) / 3 : 2;
+        if (d <= near && (!best || d < best_d)) {
+            best = known[i];
+            best_d = d;
+        }
+    }
+    return best;
+}
+
+static int compare_names(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+void cfgkeys_unknown(char *out, size_t size, const char *path, const char *key,
+                     const char *const *known, size_t n)
+{
+    const char *near = cfgkeys_nearest(key, known, n);
+    int k = snprintf(out, size, "%s%.*s: unknown key%s%s%s (known: ", path, NAME_MAX_CMP, key,
+                     near ? "; did you mean " : "", near ? near : "", near ? "?" : "");
+    const char **sorted = malloc((n + 1) * sizeof(*sorted));
+    if (sorted) {
+        memcpy(sorted, known, n * sizeof(*sorted));
+        qsort(sorted, n, sizeof(*sorted), compare_names);
+    }
+    for (size_t i = 0; sorted && i < n && k >= 0 && (size_t)k < size; i++)
+        k += snprintf(out + k, size - (size_t)k, "%s%s", i ? ", " : "", sorted[i]);
+    if (k >= 0 && (size_t)k < size)
+        snprintf(out + k, size - (size_t)k, ")");
+    free(sorted);
+}
+
+enum gg_status cfg_check_sections(const json_t *root, const json_t *declared, struct gg_err *err)
+{
+    size_t n = CFG_N_SECTIONS + json_array_size(declared);
+    const char **known = malloc(n * sizeof(*known));
+    if (!known)
+        return gg_fail(err, GG_ERR_NOMEM, "out of memory checking the configuration");
+    for (size_t i = 0; i < CFG_N_SECTIONS; i++)
+        known[i] = cfg_sections[i];
+    for (size_t i = 0; i < json_array_size(declared); i++)
+        known[CFG_N_SECTIONS + i] = json_string_value(json_array_get(declared, i));
+    enum gg_status st = GG_OK;
+    const char *key;
+    const json_t *v;
+    json_object_foreach((json_t *)root, key, v)
+    {
+        bool found = false;
+        for (size_t i = 0; !found && i < n; i++)
+            found = strcmp(known[i], key) == 0;
+        if (!found) {
+            char msg[sizeof(err->msg)];
+            cfgkeys_unknown(msg, sizeof(msg), "", key, known, n);
+            st = gg_fail(err, GG_ERR_INVALID, "%s", msg);
+            break;
+        }
+    }
+    free(known);
+    return st;
+}
