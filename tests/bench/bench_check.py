@@ -104,7 +104,8 @@ def main():
               f"one process, best of {a.repeat}:")
         for label, target in [(f"{a.n} files in a directory tree", tree),
                               (f"one stream of {a.n} documents", stream)]:
-            best = max(run([a.bin, "check", "-o", "json", *flags, str(target)], a.n)
+            config = [] if "--config" in flags else ["--no-config"]
+            best = max(run([a.bin, "check", "-o", "json", *config, *flags, str(target)], a.n)
                        for _ in range(a.repeat))
             print(f"  {label:36s} {best[0]:10.0f} documents/s  ({best[1]:.2f} s)")
 

@@ -118,6 +118,8 @@ class Check:
         cmd = [self.binary, "check"]
         if policies:
             cmd += ["--policies", str(self.policies), "--lua", str(self.lua)]
+        if "--config" not in args and "--no-config" not in args:
+            cmd.append("--no-config")  # the small policy set reads no configuration
         cmd += [str(a) for a in args]
         return subprocess.run(cmd, capture_output=True, input=input, timeout=timeout,
                               cwd=self.tmp)
@@ -242,7 +244,7 @@ def test_colour_only_on_a_terminal(check):
     env = dict(os.environ, TERM="xterm")
     env.pop("NO_COLOR", None)
     proc = procs.spawn([check.binary, "check", "--policies", str(check.policies), "--lua",
-                        str(check.lua), str(path)], stdout=worker, stderr=subprocess.PIPE,
+                        str(check.lua), "--no-config", str(path)], stdout=worker, stderr=subprocess.PIPE,
                        env=env, cwd=check.tmp)
     os.close(worker)
     chunks = []
@@ -312,7 +314,7 @@ TEMPLATE_FIELDS = {"type", "file", "document", "line", "apiVersion", "kind", "na
 SKIPPED_FIELDS = {"type", "file", "document", "line", "apiVersion", "kind", "name", "namespace",
                   "pointer", "reason"}
 SUMMARY_FIELDS = {"type", "checked", "allowed", "denied", "warned", "skipped", "errors",
-                  "exit_code"}
+                  "exit_code", "config"}
 
 
 def test_json_output_fields(check):
@@ -347,7 +349,7 @@ def test_json_output_fields(check):
                   "apiVersion": "v1", "kind": "ConfigMap", "name": "cfg", "namespace": None,
                   "pointer": "", "reason": "no pod template"}
     assert summary == {"type": "summary", "checked": 2, "allowed": 1, "denied": 1, "warned": 1,
-                       "skipped": 1, "errors": 0, "exit_code": 1}
+                       "skipped": 1, "errors": 0, "exit_code": 1, "config": None}
 
 
 def test_json_error_records(check):
@@ -867,3 +869,29 @@ def test_a_configuration_typo_is_an_error_naming_the_nearest_key(binary, tmp_pat
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 2, out.stdout + out.stderr
     assert message in out.stderr, out.stderr
+
+
+def test_check_refuses_to_run_without_a_configuration_unless_told(binary, tmp_path):
+    """Without the cluster's configuration almost everything passes (pools, quotas, guardrails
+    off): `check` says so and exits 2 unless --no-config says it is meant; the JSON summary
+    names the configuration used."""
+    pod = tmp_path / "pod.yaml"
+    pod.write_text(yaml.safe_dump(gpu_pod(gpus=8)))
+    base = [binary, "check", "--policies", str(REPO / "policies"), "--lua", str(REPO / "lua")]
+
+    def run(*args):
+        return subprocess.run(base + [*args, str(pod)], capture_output=True, text=True, timeout=60)
+    out = run()
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr == ("gpuguard check: no configuration: give --config FILE (the one the "
+                          "cluster runs; without one quotas, pools and guardrails are off), or "
+                          "--no-config to run the policies without one\n"
+                          "run 'gpuguard check --help' for the flags\n")
+    out = run("--no-config", "--config", str(REPO / "deploy" / "gpuguard.yaml"))
+    assert out.returncode == 2 and "--config and --no-config: give one" in out.stderr
+    out = run("--no-config", "-o", "json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout.splitlines()[-1])["config"] is None
+    config = str(REPO / "deploy" / "gpuguard.yaml")
+    out = run("--config", config, "-o", "json")
+    assert json.loads(out.stdout.splitlines()[-1])["config"] == config

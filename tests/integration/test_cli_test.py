@@ -69,8 +69,9 @@ class Suites:
         return path
 
     def run(self, *args, cwd=None):
-        out = subprocess.run([self.binary, "test", *[str(a) for a in args]], capture_output=True,
-                             text=True, timeout=60, cwd=cwd or self.tmp)
+        config = [] if {"--config", "--no-config"} & {str(a) for a in args} else ["--no-config"]
+        out = subprocess.run([self.binary, "test", *config, *[str(a) for a in args]],
+                             capture_output=True, text=True, timeout=60, cwd=cwd or self.tmp)
         return out
 
 
@@ -129,7 +130,8 @@ def test_help(suites):
     out = suites.run("--help")
     assert out.returncode == 0
     for flag in ["--config FILE", "--policies DIR", "--lua DIR", "--log-level LEVEL",
-                 "-h, --help", "[./policies]", "[./lua]", "[none]"]:
+                 "-h, --help", "[./policies]", "[./lua]", "[none: refused unless --no-config]",
+                 "--no-config"]:
         assert flag in out.stdout
 
 
@@ -311,4 +313,19 @@ def test_project_policy_suites(binary):
         args += ["--config", "deploy/gpuguard.yaml"]
     out = subprocess.run(args + ["tests/policies"], capture_output=True, text=True, cwd=REPO,
                          timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_a_suite_without_a_configuration_is_refused_unless_told(suites):
+    """A suite with no config: key run without --config is refused (its denials could pass for
+    the wrong reason: no pools, quotas or guardrails), unless --no-config says it is meant."""
+    path = suites.write("bare.suite.yaml", {"name": "bare", "cases": [
+        {"name": "a pod", "object": pod("p", gpus=0), "expect": {"allowed": True}}]})
+    out = subprocess.run([suites.binary, "test", "--policies", "policies", "--lua", "lua",
+                          str(path)], capture_output=True, text=True, timeout=60, cwd=suites.tmp)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert out.stderr.endswith(
+        "bare.suite.yaml:1: no configuration: give the suite a config: key or --config FILE "
+        "(without one quotas, pools and guardrails are off), or --no-config\n"), out.stderr
+    out = suites.run("--policies", "policies", "--lua", "lua", "--no-config", path)
     assert out.returncode == 0, out.stdout + out.stderr

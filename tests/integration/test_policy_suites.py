@@ -61,8 +61,7 @@ class Input:
 
     def flags(self):
         out = ["--policies", str(self.policies), "--lua", str(self.lua)]
-        if self.config:
-            out += ["--config", str(self.config)]
+        out += ["--config", str(self.config)] if self.config else ["--no-config"]
         if self.cluster_state:
             out += ["--cluster-state", str(self.cluster_state)]
         if self.namespace:
@@ -230,7 +229,7 @@ def test_patches_apply_with_jsonpatch(binary, no_policies, inp, tmp_path):
     records = check_records(binary, inp, path)
     assert records, "the manifest holds no pod"
     # The documents as gpuguard reads them (no policies: nothing changes), and as it admits them.
-    original = emitted(binary, ["--policies", no_policies, "--lua", inp.lua], path)
+    original = emitted(binary, ["--policies", no_policies, "--lua", inp.lua, "--no-config"], path)
     mutated = emitted(binary, inp.flags(), path)
     assert len(original) == len(mutated)
     for record in records:

@@ -344,8 +344,9 @@ CHAT_TEMPLATE_AFTER = {
 
 
 def check(binary, *args, stdin=None):
+    config = [] if "--config" in args else ["--no-config"]
     return subprocess.run([binary, "check", "--policies", str(REPO / "policies"), "--lua",
-                           str(REPO / "lua"), *args], input=stdin, capture_output=True,
+                           str(REPO / "lua"), *config, *args], input=stdin, capture_output=True,
                           text=True, env=no_proxy_env(), timeout=60)
 
 

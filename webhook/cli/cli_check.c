@@ -82,7 +82,7 @@ static void check_usage(FILE *out)
         "or - for stdin; files may hold several YAML or JSON documents.\n"
         "\n"
         "flags:\n");
-    eo_help_engine(out, EO_ENGINE, EO_HELP_WIDTH);
+    eo_help_engine(out, EO_ENGINE | EO_NO_CONFIG, EO_HELP_WIDTH);
     fprintf(out,
             "  --namespace NS         namespace for manifests that name none [default]\n"
             "  --user NAME            userInfo.username of the requests [" DR_DEFAULT_USER "]\n"
@@ -172,7 +172,7 @@ static int take_flag(void *ctx, int opt, const char *arg)
 
 static const struct eo_command check_command = {
     .name = "gpuguard check",
-    .shared = EO_ENGINE,
+    .shared = EO_ENGINE | EO_NO_CONFIG,
     .log_level = LOG_WARN,
     .options = long_options,
     .short_options = "o:",
@@ -482,11 +482,11 @@ static void print_text(const struct check_run *r)
 
 static json_t *summary_json(const struct check_run *r, int exit_code)
 {
-    json_t *sum =
-        json_pack("{s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:i}", "type", "summary", "checked",
-                  (json_int_t)r->checked, "allowed", (json_int_t)r->allowed, "denied",
-                  (json_int_t)r->denied, "warned", (json_int_t)r->warned, "skipped",
-                  (json_int_t)r->skipped, "errors", (json_int_t)r->errors, "exit_code", exit_code);
+    json_t *sum = json_pack("{s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:i,s:s?}", "type", "summary", "checked",
+                            (json_int_t)r->checked, "allowed", (json_int_t)r->allowed, "denied",
+                            (json_int_t)r->denied, "warned", (json_int_t)r->warned, "skipped",
+                            (json_int_t)r->skipped, "errors", (json_int_t)r->errors, "exit_code",
+                            exit_code, "config", r->o.engine.config);
     const size_t *c = r->state_counts;
     if (r->o.cluster_state_path)
         json_object_set_new(
@@ -734,6 +734,11 @@ int cli_check(int argc, char **argv)
     r.o = (struct check_opts){.format = OUT_TEXT};
     if (!eo_parse(&check_command, &r.o, argc, argv, &r.o.engine, &rc))
         return rc;
+    if (!r.o.engine.config && !r.o.engine.no_config) {
+        fprintf(stderr, "gpuguard check: %s\nrun 'gpuguard check --help' for the flags\n",
+                EO_NO_CONFIG_GIVEN);
+        return 2;
+    }
     r.records = json_array();
     r.emitted = r.o.emit_mutated ? json_array() : NULL;
     r.report = r.o.emit_mutated ? stderr : stdout;

@@ -78,7 +78,7 @@ static void test_usage(FILE *out)
             "The format is described in docs/policy-tests.md.\n"
             "\n"
             "flags (a suite's own config, policies and lua win over them):\n");
-    eo_help_engine(out, EO_ENGINE, TEST_HELP_WIDTH);
+    eo_help_engine(out, EO_ENGINE | EO_NO_CONFIG, TEST_HELP_WIDTH);
     eo_help_tail(out, TEST_HELP_WIDTH, LOG_ERROR);
     fprintf(out, "\n"
                  "Paths in a suite are relative to the suite file.  Prints PASS or FAIL per case,\n"
@@ -88,7 +88,7 @@ static void test_usage(FILE *out)
 
 static const struct eo_command test_command = {
     .name = "gpuguard test",
-    .shared = EO_ENGINE,
+    .shared = EO_ENGINE | EO_NO_CONFIG,
     .log_level = LOG_ERROR,
     .help = test_usage,
     .missing_args = "no PATH given (a suite file or a directory)",
@@ -432,6 +432,10 @@ static enum gg_status suite_load(const struct test_run *r, const char *file, str
     if ((config && !s->config) || (r->o.config && !s->config) || !s->policies || !s->lua ||
         (state && !s->cluster_state) || (usage && !s->usage))
         return gg_fail(err, GG_ERR_NOMEM, "out of memory");
+    if (!s->config && !r->o.no_config)
+        return bad(s, "", err,
+                   "no configuration: give the suite a config: key or --config FILE (without one "
+                   "quotas, pools and guardrails are off), or --no-config");
     return GG_OK;
 }
 

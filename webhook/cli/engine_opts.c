@@ -17,11 +17,21 @@ static const struct option shared_options[] = {
     {"policies", required_argument, NULL, EO_OPT_POLICIES},
     {"lua", required_argument, NULL, EO_OPT_LUA},
     {"log-level", required_argument, NULL, EO_OPT_LOG_LEVEL},
+    {"no-config", no_argument, NULL, EO_OPT_NO_CONFIG},
 };
 
 static unsigned shared_flag(int val)
 {
-    return val == EO_OPT_CONFIG ? EO_CONFIG : val == EO_OPT_LOG_LEVEL ? EO_LOG_LEVEL : EO_POLICIES;
+    switch (val) {
+    case EO_OPT_CONFIG:
+        return EO_CONFIG;
+    case EO_OPT_LOG_LEVEL:
+        return EO_LOG_LEVEL;
+    case EO_OPT_NO_CONFIG:
+        return EO_NO_CONFIG;
+    default:
+        return EO_POLICIES;
+    }
 }
 
 /* The command's options, then the shared ones it takes, then --help; false when too many. */
@@ -58,6 +68,9 @@ static int take_shared(const struct eo_command *c, int opt, const char *arg, str
         return 0;
     case EO_OPT_LUA:
         o->lua = arg;
+        return 0;
+    case EO_OPT_NO_CONFIG:
+        o->no_config = true;
         return 0;
     default: { /* EO_OPT_LOG_LEVEL */
         int level = log_level_parse(arg);
@@ -109,10 +122,14 @@ static int parse(const struct eo_command *c, void *ctx, int argc, char **argv,
             fprintf(stderr, "%s: unknown flag or missing value: %s\n", c->name, argv[optind - 1]);
             return -1;
         }
-        int bad = opt >= EO_OPT_CONFIG && opt <= EO_OPT_LOG_LEVEL ? take_shared(c, opt, optarg, o)
+        int bad = opt >= EO_OPT_CONFIG && opt <= EO_OPT_NO_CONFIG ? take_shared(c, opt, optarg, o)
                                                                   : c->take(ctx, opt, optarg);
         if (bad)
             return -1;
+    }
+    if (o->config && o->no_config) {
+        fprintf(stderr, "%s: --config and --no-config: give one\n", c->name);
+        return -1;
     }
     if (c->missing_args && optind >= argc) {
         fprintf(stderr, "%s: %s\n", c->name, c->missing_args);
@@ -141,7 +158,11 @@ bool eo_parse(const struct eo_command *c, void *ctx, int argc, char **argv, stru
 void eo_help_engine(FILE *out, unsigned shared, int width)
 {
     if (shared & EO_CONFIG)
-        fprintf(out, "  %-*s gpuguard configuration (YAML) [none]\n", width, "--config FILE");
+        fprintf(out, "  %-*s gpuguard configuration (YAML) [none%s]\n", width, "--config FILE",
+                shared & EO_NO_CONFIG ? ": refused unless --no-config" : "");
+    if (shared & EO_NO_CONFIG)
+        fprintf(out, "  %-*s run without a configuration: quotas, pools and guardrails off\n",
+                width, "--no-config");
     if (shared & EO_POLICIES)
         fprintf(out,
                 "  %-*s policy directory [./policies]\n"

@@ -29,15 +29,24 @@ enum {
     EO_POLICIES = 2,  /* --policies DIR and --lua DIR */
     EO_LOG_LEVEL = 4, /* --log-level LEVEL */
     EO_ENGINE = EO_CONFIG | EO_POLICIES | EO_LOG_LEVEL,
+    /* --no-config: the command judges manifests, and judging them without the configuration
+     * the cluster runs allows almost anything, so it runs without one only when told. */
+    EO_NO_CONFIG = 8,
 };
 
 /* getopt values of the shared flags; a command's own start at 256 and stay below. */
-enum { EO_OPT_CONFIG = 0x1000, EO_OPT_POLICIES, EO_OPT_LUA, EO_OPT_LOG_LEVEL };
+enum { EO_OPT_CONFIG = 0x1000, EO_OPT_POLICIES, EO_OPT_LUA, EO_OPT_LOG_LEVEL, EO_OPT_NO_CONFIG };
+
+/* What a command taking --no-config says when it has neither that nor --config. */
+#define EO_NO_CONFIG_GIVEN                                                                         \
+    "no configuration: give --config FILE (the one the cluster runs; without one quotas, pools "   \
+    "and guardrails are off), or --no-config to run the policies without one"
 
 struct engine_opts {
     const char *config;   /* YAML configuration; NULL for none */
     const char *policies; /* "./policies" unless given */
     const char *lua;      /* "./lua" unless given */
+    bool no_config;       /* --no-config */
     char **args;          /* the arguments after the flags (eo_parse) */
     int n_args;
 };
