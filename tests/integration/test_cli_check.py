@@ -310,11 +310,11 @@ end }
 
 TEMPLATE_FIELDS = {"type", "file", "document", "line", "apiVersion", "kind", "name", "namespace",
                    "path", "pointer", "owner", "owners", "allowed", "message", "denied_in",
-                   "warnings", "audit", "policies", "decision", "queue", "patch"}
+                   "warnings", "audit", "policies", "decision", "queue", "patch", "policy_error"}
 SKIPPED_FIELDS = {"type", "file", "document", "line", "apiVersion", "kind", "name", "namespace",
                   "pointer", "reason"}
 SUMMARY_FIELDS = {"type", "checked", "allowed", "denied", "warned", "skipped", "errors",
-                  "exit_code", "config"}
+                  "exit_code", "config", "policy_errors"}
 
 
 def test_json_output_fields(check):
@@ -333,7 +333,7 @@ def test_json_output_fields(check):
         "denied_in": "validate",
         "warnings": ["gpu-limit: no team label; add metadata.labels.team"],
         "audit": pod["audit"], "policies": ["gpu-limit"],
-        "decision": "exclusive: 8 GPU", "queue": None,
+        "decision": "exclusive: 8 GPU", "queue": None, "policy_error": False,
         "patch": [{"op": "add", "path": "/metadata/annotations",
                    "value": {"gpuguard.io/decision": "exclusive: 8 GPU"}},
                   {"op": "add", "path": "/spec/tolerations",
@@ -349,7 +349,8 @@ def test_json_output_fields(check):
                   "apiVersion": "v1", "kind": "ConfigMap", "name": "cfg", "namespace": None,
                   "pointer": "", "reason": "no pod template"}
     assert summary == {"type": "summary", "checked": 2, "allowed": 1, "denied": 1, "warned": 1,
-                       "skipped": 1, "errors": 0, "exit_code": 1, "config": None}
+                       "skipped": 1, "errors": 0, "exit_code": 1, "config": None,
+                       "policy_errors": 0}
 
 
 def test_json_error_records(check):
@@ -895,3 +896,43 @@ def test_check_refuses_to_run_without_a_configuration_unless_told(binary, tmp_pa
     config = str(REPO / "deploy" / "gpuguard.yaml")
     out = run("--config", config, "-o", "json")
     assert json.loads(out.stdout.splitlines()[-1])["config"] == config
+
+
+CRASH_POLICY = """
+return { name = "crash", validate = function(req, pod)
+  if pod.metadata.name == "boom" then local x = nil; return x.y end
+  if pod.metadata.name == "no" then req:deny("no pods named no") end
+end }
+"""
+
+
+def test_a_policy_error_is_an_error_not_a_denial(binary, tmp_path):
+    """A policy that raises denies (fail closed) but check says it is an error: exit 3 (after 2
+    for input errors, before 1 for denials), "error" in text, policy_error in JSON and its
+    count in the summary, a JUnit <error> instead of a <failure>."""
+    (tmp_path / "p").mkdir()
+    (tmp_path / "l").mkdir()
+    (tmp_path / "p" / "10-crash.lua").write_text(CRASH_POLICY)
+    for name in ("boom", "no", "ok"):
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(gpu_pod(name=name, gpus=0)))
+
+    def run(*args):
+        return subprocess.run([binary, "check", "--no-config", "--policies", str(tmp_path / "p"),
+                               "--lua", str(tmp_path / "l"), *args], capture_output=True,
+                              text=True, timeout=60, cwd=tmp_path)
+    out = run("boom.yaml", "no.yaml", "ok.yaml")
+    assert out.returncode == 3, out.stdout + out.stderr
+    assert out.stdout.splitlines()[0].startswith("error    boom.yaml:1  Pod default/boom")
+    assert out.stdout.splitlines()[-1] == "3 checked, 2 denied, 0 warned, 0 skipped, 1 policy error"
+    assert run("no.yaml", "ok.yaml").returncode == 1
+    (tmp_path / "broken.yaml").write_text("a: [")
+    assert run("boom.yaml", "broken.yaml").returncode == 2
+    records = [json.loads(line) for line in run("-o", "json", "boom.yaml", "no.yaml").stdout.splitlines()]
+    assert [r["policy_error"] for r in records[:2]] == [True, False]
+    assert records[2]["policy_errors"] == 1 and records[2]["exit_code"] == 3
+    suite = ET.fromstring(run("-o", "junit", "boom.yaml", "no.yaml").stdout)
+    assert (suite.get("failures"), suite.get("errors")) == ("1", "1")
+    boom = suite.find("./testsuite[@name='boom.yaml']/testcase")
+    assert boom.find("failure") is None
+    assert boom.find("error").get("message").startswith(
+        "crash: policy error: policies/10-crash.lua:3: attempt to index a nil value")

@@ -329,3 +329,27 @@ def test_a_suite_without_a_configuration_is_refused_unless_told(suites):
         "(without one quotas, pools and guardrails are off), or --no-config\n"), out.stderr
     out = suites.run("--policies", "policies", "--lua", "lua", "--no-config", path)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_a_case_passes_on_a_policy_error_only_when_it_expects_one(suites):
+    """A crashing policy denies, so a case expecting a denial (or a message pattern) would pass
+    while the policy is broken: a policy error fails every case that does not say error: true."""
+    suites.write("policies/20-crash.lua", 'return { name = "crash", validate = function(req, pod) '
+                 'if pod.metadata.name == "boom" then error("broken") end end }')
+    boom = pod("boom", gpus=0)
+    path = suites.write("crash.suite.yaml", {"name": "crash", "cases": [
+        {"name": "expects a denial", "object": boom,
+         "expect": {"allowed": False, "message_matches": "^crash: "}},
+        {"name": "expects the error", "object": boom, "expect": {"allowed": False, "error": True}},
+        {"name": "expects an error that is not there", "object": pod("fine", gpus=0),
+         "expect": {"error": True}}]})
+    out = suites.run("--policies", "policies", "--lua", "lua", path)
+    assert out.returncode == 1, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "FAIL crash: expects a denial"
+    assert lines[1] == ("    error: expected none, got a policy error: crash: policy error: "
+                        "policies/20-crash.lua:1: broken")
+    assert "PASS crash: expects the error" in lines
+    assert "FAIL crash: expects an error that is not there" in lines
+    assert "    error: expected a policy error, got none" in lines
+    assert lines[-1] == "1 passed, 2 failed"

@@ -117,7 +117,7 @@ def test_policy_failures_are_counted_by_kind(binary, certs, tmp_path):
         conn = srv.connect()
         for name in ("spin", "boom", "big", "fine"):
             rev = review()
-            rev["request"]["object"]["metadata"]["name"] = name
+            rev["request"]["object"]["metadata"]["name"] = rev["request"]["name"] = name
             assert conn.review(rev, path="/validate")[0] == 200
         got = scrape(srv)
         evals = "gpuguard_policy_evaluations"
@@ -125,6 +125,16 @@ def test_policy_failures_are_counted_by_kind(binary, certs, tmp_path):
         assert sample(got, evals, policy="loop", result="error") == 1
         assert sample(got, evals, policy="loop", result="memory") == 1
         assert sample(got, evals, policy="loop", result="ok") == 1
+        # The review a policy failed on is denied (fail closed) and logged as an error, not as
+        # a denial, with what and who; the reviews metric counts it as an error too.
+        failed = [r for r in srv.log_lines() if r.get("msg") == "decision" and r["name"] == "boom"]
+        assert failed[0]["verdict"] == "error" and failed[0]["policy_errors"] == 1
+        assert failed[0]["kind"] == "Pod" and failed[0]["user"] == "alice"
+        assert failed[0]["message"] == "loop: policy error: policies/10-loop.lua:3: boom"
+        fine = [r for r in srv.log_lines() if r.get("msg") == "decision" and r["name"] == "fine"]
+        assert fine[0]["verdict"] == "allowed" and "policy_errors" not in fine[0]
+        failing = [r for r in srv.log_lines() if r.get("msg") == "policy failed"]
+        assert {r["name"] for r in failing} == {"spin", "boom", "big"}
     finally:
         assert srv.stop() == 0
 

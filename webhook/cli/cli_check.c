@@ -58,6 +58,7 @@ struct check_run {
     json_t *records;                 /* one object per template, skipped object or error */
     json_t *emitted;                 /* --emit-mutated: the documents, patched, in order */
     size_t checked, allowed, denied, warned, skipped, errors;
+    size_t policy_errors; /* templates on which a policy raised or broke a budget */
     bool colour;
     FILE *report;
     /* The snapshot's pods and claims, for gpuguard.usage() in quota policies (ready only with
@@ -104,7 +105,9 @@ static void check_usage(FILE *out)
                  "against the quota for the manifests after it, as the cluster would admit them\n"
                  "in that order: the same inputs in the same order give the same results.\n"
                  "\n"
-                 "Exit status: 0 all allowed, 1 at least one denied, 2 usage or input error.\n"
+                 "Exit status: 0 all allowed, 1 at least one denied, 3 a policy failed (raised\n"
+                 "or broke a budget) on at least one, 2 usage or input error; the first that\n"
+                 "applies of 2, 3, 1, 0.\n"
                  "The last line is a summary: \"N checked, N denied, N warned, N skipped\".\n");
 }
 
@@ -257,6 +260,7 @@ static enum gg_status check_template(struct check_run *r, const char *file, stru
     const char *queue = object ? wl_queue(object->mutated) : NULL;
     if (!queue)
         queue = wl_queue(res->mutated);
+    bool policy_error = res->errors || (object && object->errors);
     r->checked++;
     if (allowed)
         r->allowed++;
@@ -264,6 +268,7 @@ static enum gg_status check_template(struct check_run *r, const char *file, stru
         r->denied++;
     if (json_array_size(warnings))
         r->warned++;
+    r->policy_errors += policy_error;
     json_t *rec = json_pack(
         "{s:s,s:s,s:I,s:I,s:s,s:s,s:s,s:s,s:s,s:s,s:o,s:O,s:b,s:o,s:o,s:O,s:O,s:O,s:o,s:O}", "type",
         "template", "file", file, "document", (json_int_t)e->doc_number, "line",
@@ -276,8 +281,10 @@ static enum gg_status check_template(struct check_run *r, const char *file, stru
                                    : "object"),
         "warnings", warnings, "audit", res->audit, "policies", res->fired, "decision",
         str_or_null(res->decision), "patch", res->patch);
-    if (rec)
+    if (rec) {
         json_object_set_new(rec, "queue", str_or_null(queue));
+        json_object_set_new(rec, "policy_error", json_boolean(policy_error));
+    }
     if (rec && r->o.format == OUT_JUNIT) /* testcase time; not part of the JSON output */
         json_object_set_new(rec, "seconds", json_real(seconds));
     if (rec && r->emitted && json_array_size(wr.dropped))
@@ -400,10 +407,13 @@ static void print_text_template(const struct check_run *r, const json_t *rec)
 {
     FILE *f = r->report;
     bool allowed = json_is_true(json_object_get(rec, "allowed"));
+    bool error = json_is_true(json_object_get(rec, "policy_error"));
     const char *path = json_string_value(json_object_get(rec, "path"));
-    fprintf(f, "%s%-8s%s %s:%lld  %s %s/%s%s%s\n", col(r, allowed ? C_GREEN : C_RED),
-            allowed ? "allowed" : "denied", col(r, C_RESET),
-            json_string_value(json_object_get(rec, "file")),
+    fprintf(f, "%s%-8s%s %s:%lld  %s %s/%s%s%s\n", col(r, allowed && !error ? C_GREEN : C_RED),
+            error     ? "error"
+            : allowed ? "allowed"
+                      : "denied",
+            col(r, C_RESET), json_string_value(json_object_get(rec, "file")),
             (long long)json_integer_value(json_object_get(rec, "line")),
             json_string_value(json_object_get(rec, "kind")),
             json_string_value(json_object_get(rec, "namespace")),
@@ -487,6 +497,8 @@ static json_t *summary_json(const struct check_run *r, int exit_code)
                             (json_int_t)r->denied, "warned", (json_int_t)r->warned, "skipped",
                             (json_int_t)r->skipped, "errors", (json_int_t)r->errors, "exit_code",
                             exit_code, "config", r->o.engine.config);
+    if (sum)
+        json_object_set_new(sum, "policy_errors", json_integer((json_int_t)r->policy_errors));
     const size_t *c = r->state_counts;
     if (r->o.cluster_state_path)
         json_object_set_new(
@@ -508,6 +520,8 @@ static void print_summary_line(const struct check_run *r, FILE *f)
                 r->state_counts[MF_STATE_OTHER], r->state_counts[MF_STATE_OTHER] == 1 ? "" : "s");
     if (r->errors)
         fprintf(f, ", %zu error%s", r->errors, r->errors == 1 ? "" : "s");
+    if (r->policy_errors)
+        fprintf(f, ", %zu policy error%s", r->policy_errors, r->policy_errors == 1 ? "" : "s");
     fputc('\n', f);
 }
 
@@ -591,16 +605,19 @@ static void junit_case(FILE *f, const json_t *rec)
     junit_name(f, rec);
     fprintf(f, "\" time=\"%.6f\">\n", json_real_value(json_object_get(rec, "seconds")));
     const char *message = json_string_value(json_object_get(rec, "message"));
-    if (!json_is_true(json_object_get(rec, "allowed"))) {
+    bool error = json_is_true(json_object_get(rec, "policy_error"));
+    if (error || !json_is_true(json_object_get(rec, "allowed"))) {
         const char *nl = strchr(message ? message : "", '\n');
+        const char *text = message ? message : error ? "a policy failed" : "denied";
         char first[512];
-        snprintf(first, sizeof(first), "%.*s", nl ? (int)(nl - message) : 500,
-                 message ? message : "denied");
-        fputs("      <failure type=\"denied\" message=\"", f);
+        snprintf(first, sizeof(first), "%.*s", nl ? (int)(nl - message) : 500, text);
+        fputs(error ? "      <error type=\"policy error\" message=\""
+                    : "      <failure type=\"denied\" message=\"",
+              f);
         xml_text(f, first);
         fputs("\">", f);
-        xml_text(f, message ? message : "denied");
-        fputs("</failure>\n", f);
+        xml_text(f, text);
+        fputs(error ? "</error>\n" : "</failure>\n", f);
     }
     json_t *warnings = json_object_get(rec, "warnings");
     const char *decision = json_string_value(json_object_get(rec, "decision"));
@@ -633,11 +650,17 @@ static void junit_case(FILE *f, const json_t *rec)
 static void print_junit(const struct check_run *r)
 {
     FILE *f = r->report;
-    size_t i, j, n = json_array_size(r->records);
+    size_t i, j, n = json_array_size(r->records), denied_by_error = 0;
+    json_t *one;
+    json_array_foreach(r->records, i, one)
+    {
+        denied_by_error += json_is_true(json_object_get(one, "policy_error")) &&
+                           !json_is_true(json_object_get(one, "allowed"));
+    }
     fprintf(f,
             "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
             "<testsuites name=\"gpuguard check\" tests=\"%zu\" failures=\"%zu\" errors=\"%zu\">\n",
-            r->checked + r->errors, r->denied, r->errors);
+            r->checked + r->errors, r->denied - denied_by_error, r->errors + r->policy_errors);
     /* One testsuite per file, in input order. */
     for (i = 0; i < n;) {
         const char *file =
@@ -649,9 +672,10 @@ static void print_junit(const struct check_run *r)
                 break;
             const char *type = json_string_value(json_object_get(rec, "type"));
             tests += strcmp(type, "skipped") != 0;
-            errors += strcmp(type, "error") == 0;
-            failures +=
-                strcmp(type, "template") == 0 && !json_is_true(json_object_get(rec, "allowed"));
+            bool error = json_is_true(json_object_get(rec, "policy_error"));
+            errors += strcmp(type, "error") == 0 || error;
+            failures += strcmp(type, "template") == 0 && !error &&
+                        !json_is_true(json_object_get(rec, "allowed"));
         }
         fputs("  <testsuite name=\"", f);
         xml_text(f, file);
@@ -778,7 +802,7 @@ int cli_check(int argc, char **argv)
             goto out;
         }
     }
-    rc = r.errors ? 2 : r.denied ? 1 : 0;
+    rc = r.errors ? 2 : r.policy_errors ? 3 : r.denied ? 1 : 0;
     if (r.o.format == OUT_JSON) {
         print_json(&r, rc);
     } else if (r.o.format == OUT_JUNIT) {

@@ -225,19 +225,25 @@ static enum gg_status check_expect(const struct suite *s, const json_t *expect, 
                                    struct gg_err *err)
 {
     static const char *const keys[] = {
-        "allowed", "message", "message_matches", "warnings",   "warnings_match", "patch",
-        "fields",  "audit",   "decision",        "idempotent", "skipped",        NULL};
+        "allowed", "message",  "message_matches", "warnings", "warnings_match", "patch", "fields",
+        "audit",   "decision", "idempotent",      "skipped",  "error",          NULL};
     static const struct {
         const char *key;
         enum vtype t;
-    } types[] = {{"allowed", V_BOOL},           {"message", V_STRING},
-                 {"message_matches", V_STRING}, {"warnings", V_STRINGS},
-                 {"warnings_match", V_STRINGS}, {"patch", V_OBJECTS},
-                 {"fields", V_OBJECT},          {"audit", V_OBJECT},
-                 {"idempotent", V_BOOL},        {"skipped", V_BOOL}};
+    } types[] = {{"allowed", V_BOOL},
+                 {"message", V_STRING},
+                 {"message_matches", V_STRING},
+                 {"warnings", V_STRINGS},
+                 {"warnings_match", V_STRINGS},
+                 {"patch", V_OBJECTS},
+                 {"fields", V_OBJECT},
+                 {"audit", V_OBJECT},
+                 {"idempotent", V_BOOL},
+                 {"skipped", V_BOOL},
+                 {"error", V_BOOL}};
     enum gg_status st = check_keys(s, expect, ptr, keys,
                                    "allowed, message, message_matches, warnings, warnings_match, "
-                                   "patch, fields, audit, decision, idempotent, skipped",
+                                   "patch, fields, audit, decision, idempotent, skipped, error",
                                    err);
     for (size_t i = 0; st == GG_OK && i < sizeof(types) / sizeof(types[0]); i++)
         st = check_type(s, expect, ptr, types[i].key, types[i].t, err);
@@ -612,6 +618,13 @@ static void compare(struct report *rp, const json_t *expect, const struct dr_res
                     struct engine *engine, const struct dr_options *dopts)
 {
     const json_t *v;
+    /* A policy that failed is an error, never what a case expected unless it says so: a
+     * denial by a crash would pass a case expecting a denial. */
+    bool want_error = json_is_true(json_object_get(expect, "error"));
+    if (want_error != (res->errors > 0))
+        fail_line(rp, "error: expected %s, got %s%s%s", want_error ? "a policy error" : "none",
+                  res->errors ? "a policy error" : "none", res->message ? ": " : "",
+                  res->message ? res->message : "");
     if ((v = json_object_get(expect, "allowed")) && json_is_true(v) != res->allowed)
         fail_line(rp, "allowed: expected %s, got %s%s%s", json_is_true(v) ? "true" : "false",
                   res->allowed ? "true" : "false", res->message ? ": " : "",

@@ -228,6 +228,7 @@ enum gg_status dr_evaluate(struct engine *e, const json_t *pod, const struct dr_
     r.warnings = json_copy(mv.warnings);
     r.audit = json_copy(mv.audit);
     r.fired = json_copy(mv.fired);
+    r.errors = mv.errors;
     r.patch = json_incref(mv.patch ? mv.patch : json_array());
     if (!mv.patch)
         json_decref(r.patch); /* json_array() above was a new reference */
@@ -251,6 +252,7 @@ enum gg_status dr_evaluate(struct engine *e, const json_t *pod, const struct dr_
     json_array_extend(r.warnings, vv.warnings);
     json_object_update(r.audit, vv.audit);
     dr_add_fired(r.fired, vv.fired);
+    r.errors += vv.errors;
     r.allowed = vv.allowed;
     if (!vv.allowed) {
         r.denied_by = "validate";

@@ -52,6 +52,7 @@ struct dr_result {
     json_t *warnings;      /* both calls' warnings, in order */
     json_t *audit;         /* both calls' audit annotations */
     json_t *fired;         /* policies that denied, warned or changed something, once each */
+    unsigned errors;       /* policy calls of both that raised or broke a budget */
     char *decision;        /* the mutated pod's gpuguard.io/decision annotation, or NULL */
 };
 

@@ -711,6 +711,7 @@ struct gather {
     size_t n_rebuilt;
     bool failed_mutation; /* a mutate call failed closed, or an edit is not JSON: no edits */
     bool lost;            /* a denial could not be recorded: the verdict is a denial */
+    unsigned errors;      /* policy calls that raised or broke a budget */
 };
 
 /*
@@ -826,8 +827,10 @@ static void take_failure(struct gather *g, const struct policy *p, int mode, int
         snprintf(text, sizeof(text), "policy error: %s", msg);
     else
         snprintf(text, sizeof(text), "policy stopped: %s", kill_reason(outcome));
+    g->errors++;
     log_fields(LOG_ERROR, "policy failed",
-               json_pack("{s:s,s:s,s:s,s:s,s:s?}", "policy", p->name, "uid", req->uid, "failure",
+               json_pack("{s:s,s:s,s:s,s:s,s:s,s:s?}", "policy", p->name, "uid", req->uid, "name",
+                         *req->name ? req->name : "", "failure",
                          failure == POLICY_FAIL_DENY ? "deny" : "allow", "error", msg, "traceback",
                          traceback));
     if (failure == POLICY_FAIL_DENY) {
@@ -1218,6 +1221,7 @@ static enum gg_status evaluate(struct engine *e, const struct adm_request *req, 
         out->warnings = sanitize_warnings(g.warnings, g.warnings_left_out);
         out->audit = json_incref(g.audit);
         out->fired = json_incref(g.fired);
+        out->errors = g.errors;
     }
     if (reserved && (st != GG_OK || !out->allowed))
         inv_unreserve(e->inventory, reserved);

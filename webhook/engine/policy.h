@@ -113,6 +113,7 @@ struct policy_verdict {
     json_t *warnings; /* sanitized array of strings */
     json_t *audit;    /* object of valid audit annotation keys */
     json_t *fired;    /* names of the policies that denied, warned or changed something */
+    unsigned errors;  /* policies that raised or broke a budget (their failure verdict applies) */
     struct policy_timing timing;
 };
 

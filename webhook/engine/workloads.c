@@ -163,6 +163,7 @@ struct gather {
     bool lost;        /* a denial could not be recorded: the verdict is a denial all the same */
     long long charge; /* milli-GPU-equivalents of all the pods, GG_KEY_CHARGE x count */
     char charges[WL_CHARGE_TEXT];
+    unsigned errors; /* policy calls that raised or broke a budget */
 };
 
 /* What a template's changes become: the patch, warnings, or nothing (the
@@ -266,6 +267,7 @@ static void add_template(struct gather *g, const struct mf_entry *e, const struc
     json_t *w;
     if (!r->pod.allowed)
         add_denial(g, e->path, r->pod.message ? r->pod.message : "denied");
+    g->errors += r->pod.errors;
     json_array_foreach(r->pod.warnings, i, w)
         json_array_append_new(g->warnings, prefixed(e->path, json_string_value(w)));
     json_object_update(g->audit, r->pod.audit);
@@ -346,6 +348,7 @@ static enum gg_status review_object(struct engine *engine, const struct adm_requ
         return st;
     if (!r.allowed)
         add_denial(g, NULL, r.message ? r.message : "denied");
+    g->errors += r.errors;
     json_array_extend(g->warnings, r.warnings);
     json_object_update(g->audit, r.audit);
     dr_add_fired(g->fired, r.fired);
@@ -380,7 +383,7 @@ enum gg_status wl_review(struct engine *engine, const struct adm_request *req,
     *handled = true;
     memset(out, 0, sizeof(*out));
     struct gather g = {
-        json_array(), json_array(), json_object(), json_array(), NULL, 0, false, 0, ""};
+        json_array(), json_array(), json_object(), json_array(), NULL, 0, false, 0, "", 0};
     struct settings cfg;
     json_t *patched = NULL;
     if (!g.patch || !g.warnings || !g.audit || !g.fired) {
@@ -441,6 +444,7 @@ enum gg_status wl_review(struct engine *engine, const struct adm_request *req,
     if (g.denials_left_out)
         left_out_note(&g);
     out->allowed = g.denials == NULL && !g.lost;
+    out->errors = g.errors;
     out->message = g.denials;
     g.denials = NULL;
     if (!out->allowed && !out->message) {

@@ -42,11 +42,19 @@ static void log_decision(const struct adm_request *req, enum adm_endpoint endpoi
     if (!log_begin(&l, LOG_INFO, "decision"))
         return;
     log_str(&l, "uid", req->uid);
+    log_str(&l, "kind", req->kind);
     log_str(&l, "namespace", req->namespace);
     log_str(&l, "name", object_name(req));
     log_str(&l, "operation", adm_operation_name(req->operation));
+    if (req->sub_resource && *req->sub_resource)
+        log_str(&l, "subresource", req->sub_resource);
+    const char *user = jf_string(jf_get_str(req->user_info, "username"));
+    if (user)
+        log_str(&l, "user", user);
     log_str(&l, "endpoint", endpoint == ADM_MUTATING ? "mutate" : "validate");
     log_str(&l, "verdict", names[verdict]);
+    if (v->errors)
+        log_int(&l, "policy_errors", (int64_t)v->errors);
     if (v->fired)
         log_json(&l, "policies", v->fired);
     log_int(&l, "patch_ops", (int64_t)json_array_size(v->patch));
@@ -103,7 +111,8 @@ enum gg_status review_handle(struct engine *engine, const char *body, size_t len
                                      .warnings = v.warnings,
                                      .audit = v.audit};
         st = adm_encode(&req, &answer, endpoint, &out->body, &out->len, err);
-        out->verdict = !v.allowed                                             ? MET_DENIED
+        out->verdict = v.errors                                               ? MET_ERROR
+                       : !v.allowed                                           ? MET_DENIED
                        : endpoint == ADM_MUTATING && json_array_size(v.patch) ? MET_PATCHED
                                                                               : MET_ALLOWED;
         out->operation = metrics_operation_of(req.operation);
