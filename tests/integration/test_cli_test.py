@@ -353,3 +353,23 @@ def test_a_case_passes_on_a_policy_error_only_when_it_expects_one(suites):
     assert "FAIL crash: expects an error that is not there" in lines
     assert "    error: expected a policy error, got none" in lines
     assert lines[-1] == "1 passed, 2 failed"
+
+
+def test_a_workload_goes_through_its_own_policies_as_in_check(suites):
+    """test runs a case as check and the server do: the workload object through the policies
+    that match its kind, then each template's pod; a Job policy's denial is the case's."""
+    suites.write("policies/20-jobs.lua", 'return { name = "jobs", match = { kinds = { "Job" } }, '
+                 'validate = function(req, job) req:deny("no Jobs here") end }')
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "train"},
+           "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [
+               {"name": "c", "image": "x"}]}}}}
+    path = suites.write("jobs.suite.yaml", {"name": "jobs", "cases": [
+        {"name": "the Job's own denial", "object": job,
+         "expect": {"allowed": False, "message": "jobs: no Jobs here"}},
+        {"name": "not allowed", "object": job, "expect": {"allowed": True}}]})
+    out = suites.run("--policies", "policies", "--lua", "lua", path)
+    assert out.returncode == 1, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "PASS jobs: the Job's own denial"
+    assert lines[1] == "FAIL jobs: not allowed"
+    assert lines[-1] == "1 passed, 1 failed"

@@ -54,6 +54,7 @@ class Input:
         self.policies = here / suite["policies"] if suite.get("policies") else REPO / "policies"
         self.lua = here / suite["lua"] if suite.get("lua") else REPO / "lua"
         self.namespace = case.get("namespace") or suite.get("namespace")
+        self.raw = case
 
     @property
     def id(self):
@@ -246,6 +247,28 @@ def test_patches_apply_with_jsonpatch(binary, no_policies, inp, tmp_path):
         whole = record["owner"] is None and record["kind"] == "Pod" and record["pointer"] == ""
         want = pod_view(template_of(mutated[record["document"] - 1], record), whole)
         assert pod_view(patched, whole) == want, f"{where}: patched pod differs from the mutated one"
+
+
+# What `gpuguard check` cannot say of a request: an UPDATE, a sub-resource, another user.
+REQUEST_KEYS = {"operation", "old_object", "user", "groups", "sub_resource"}
+CREATES = [i for i in INPUTS if not REQUEST_KEYS & set(i.raw)
+           and not (i.raw.get("expect") or {}).get("skipped")]
+
+
+@pytest.mark.parametrize("inp", CREATES, ids=[i.id for i in CREATES])
+def test_check_gives_every_case_the_verdict_its_suite_expects(binary, inp, tmp_path):
+    """One code path: `gpuguard check` (the workload through its policies, then each template's
+    pod, as the server reviews them) gives every case the verdict `gpuguard test` checked."""
+    records = check_records(binary, inp, inp.path(tmp_path))
+    expects = inp.raw.get("expect_each") or [inp.raw.get("expect") or {}] * len(records)
+    assert len(expects) == len(records)
+    for record, expect in zip(records, expects):
+        where = f"{record['kind']}/{record['name']} {record['path'] or 'Pod'}"
+        if "allowed" in expect:
+            assert record["allowed"] is expect["allowed"], f"{where}: {record['message']}"
+        if "message" in expect:
+            assert record["message"] == expect["message"], where
+        assert record["policy_error"] is bool(expect.get("error")), f"{where}: {record['message']}"
 
 
 @pytest.mark.parametrize("inp", INPUTS, ids=[i.id for i in INPUTS])

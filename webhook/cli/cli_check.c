@@ -238,7 +238,7 @@ static enum gg_status check_template(struct check_run *r, const char *file, stru
     int64_t t1 = gg_now_ns();
     if (st != GG_OK)
         return st;
-    const struct dr_result *res = &wr.pod;
+    struct dr_result *res = &wr.pod;
     double seconds = (double)(t1 - t0) / 1e9;
     if (json_array_size(wr.mapped) && r->emitted) {
         st = jp_apply(doc, wr.mapped, err);
@@ -251,16 +251,14 @@ static enum gg_status check_template(struct check_run *r, const char *file, stru
             st = GG_OK;
         }
     }
-    bool allowed = res->allowed && (!object || object->allowed);
-    const char *message = res->message ? res->message : object ? object->message : NULL;
-    json_t *warnings = json_array();
-    if (object)
-        json_array_extend(warnings, object->warnings);
-    json_array_extend(warnings, res->warnings);
+    wl_fold(res, object);
+    bool allowed = res->allowed;
+    const char *message = res->message;
+    json_t *warnings = json_incref(res->warnings);
     const char *queue = object ? wl_queue(object->mutated) : NULL;
     if (!queue)
         queue = wl_queue(res->mutated);
-    bool policy_error = res->errors || (object && object->errors);
+    bool policy_error = res->errors > 0;
     r->checked++;
     if (allowed)
         r->allowed++;
@@ -275,12 +273,8 @@ static enum gg_status check_template(struct check_run *r, const char *file, stru
         (json_int_t)e->line, "apiVersion", e->api_version, "kind", e->kind, "name", e->name,
         "namespace", res->namespace, "path", e->path, "pointer", e->template_ptr, "owner",
         owner_json(e), "owners", e->owners, "allowed", allowed, "message", str_or_null(message),
-        "denied_in",
-        str_or_null(res->denied_by ? res->denied_by
-                    : allowed      ? NULL
-                                   : "object"),
-        "warnings", warnings, "audit", res->audit, "policies", res->fired, "decision",
-        str_or_null(res->decision), "patch", res->patch);
+        "denied_in", str_or_null(res->denied_by), "warnings", warnings, "audit", res->audit,
+        "policies", res->fired, "decision", str_or_null(res->decision), "patch", res->patch);
     if (rec) {
         json_object_set_new(rec, "queue", str_or_null(queue));
         json_object_set_new(rec, "policy_error", json_boolean(policy_error));

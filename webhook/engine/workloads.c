@@ -325,7 +325,26 @@ enum gg_status wl_object(struct engine *engine, const json_t *obj, const struct 
     return dr_evaluate(engine, obj, o, out, err);
 }
 
-/* The object itself through the policies that match its kind (queue routing). */
+void wl_fold(struct dr_result *pod, const struct dr_result *object)
+{
+    if (!object)
+        return;
+    if (!object->allowed && pod->allowed) {
+        pod->allowed = false;
+        pod->denied_by = "object";
+        free(pod->message);
+        pod->message = object->message ? strdup(object->message) : NULL;
+    }
+    json_t *warnings = json_copy(object->warnings);
+    if (warnings && !json_array_extend(warnings, pod->warnings)) {
+        json_decref(pod->warnings);
+        pod->warnings = warnings;
+    } else {
+        json_decref(warnings);
+    }
+    pod->errors += object->errors;
+}
+
 /* What the review does with the policies' changes to the workload. */
 static enum changes changes_of(enum adm_endpoint endpoint, const struct settings *cfg)
 {
@@ -334,6 +353,7 @@ static enum changes changes_of(enum adm_endpoint endpoint, const struct settings
     return cfg->mode == CFG_WORKLOADS_MUTATE ? CHANGES_PATCH : CHANGES_WARN;
 }
 
+/* The object itself through the policies that match its kind (queue routing). */
 static enum gg_status review_object(struct engine *engine, const struct adm_request *req,
                                     const struct json_req *j, const struct dr_options *o,
                                     enum changes changes, struct gather *g, json_t **patched,

@@ -56,6 +56,15 @@ enum gg_status wl_object(struct engine *engine, const json_t *obj, const struct 
                          struct dr_result *out, struct gg_err *err);
 
 /*
+ * What check and test report for one of a workload's templates: its Pod's
+ * result with the workload's own (wl_object; NULL: a Pod document, nothing)
+ * folded in: denied if either was (the Pod's message first, else the
+ * object's, denied_by "object"), the object's warnings before the Pod's,
+ * both calls' policy errors.
+ */
+void wl_fold(struct dr_result *pod, const struct dr_result *object);
+
+/*
  * How many pods obj asks for from the template at template_ptr: the
  * replicas and parallelism of every object on the way to it (a Deployment's
  * replicas, a JobSet's replicated job's replicas times its Job's
