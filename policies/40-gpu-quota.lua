@@ -83,13 +83,16 @@ local function validate(req, pod, cfg)
     if limit == nil then
         return
     end
-    local used, ready = gg.usage(req.namespace)
+    local used, ready, state = gg.usage(req.namespace)
     local scope = "namespace " .. req.namespace
     if not ready then
         -- A pod that alone is over the quota never fits, whatever the usage.
         local fits, why = quota.check(0, charge, gpus(limit, "quotas"), scope)
         if not fits then
             req:deny(why)
+            return
+        end
+        if state == "off" then -- said once at start, and gpuguard_quota_enforced is 0
             return
         end
         if q.inventory_not_ready == "deny" then

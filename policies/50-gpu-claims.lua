@@ -79,8 +79,8 @@ local function validate(req, obj, cfg)
     if template or limit == nil then
         return
     end
-    local used, ready = gg.usage(req.namespace)
-    if not ready and q.inventory_not_ready == "deny" then
+    local used, ready, state = gg.usage(req.namespace)
+    if not ready and state == "syncing" and q.inventory_not_ready == "deny" then
         req:deny("GPU usage is not known yet (the inventory has not synced); try again in a minute")
         return
     end

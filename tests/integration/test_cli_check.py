@@ -314,7 +314,7 @@ TEMPLATE_FIELDS = {"type", "file", "document", "line", "apiVersion", "kind", "na
 SKIPPED_FIELDS = {"type", "file", "document", "line", "apiVersion", "kind", "name", "namespace",
                   "pointer", "reason"}
 SUMMARY_FIELDS = {"type", "checked", "allowed", "denied", "warned", "skipped", "errors",
-                  "exit_code", "config", "policy_errors"}
+                  "exit_code", "config", "policy_errors", "usage"}
 
 
 def test_json_output_fields(check):
@@ -350,7 +350,7 @@ def test_json_output_fields(check):
                   "pointer": "", "reason": "no pod template"}
     assert summary == {"type": "summary", "checked": 2, "allowed": 1, "denied": 1, "warned": 1,
                        "skipped": 1, "errors": 0, "exit_code": 1, "config": None,
-                       "policy_errors": 0}
+                       "policy_errors": 0, "usage": "empty"}
 
 
 def test_json_error_records(check):
@@ -896,6 +896,12 @@ def test_check_refuses_to_run_without_a_configuration_unless_told(binary, tmp_pa
     config = str(REPO / "deploy" / "gpuguard.yaml")
     out = run("--config", config, "-o", "json")
     assert json.loads(out.stdout.splitlines()[-1])["config"] == config
+    # Without a cluster state the usage is empty, said once in the summary, not as a
+    # "not checked" warning on every GPU pod.
+    out = run("--config", config)
+    assert "not checked" not in out.stdout
+    assert out.stdout.count("GPU usage taken as empty (no --cluster-state): quotas are checked "
+                            "against each pod alone\n") == 1
 
 
 CRASH_POLICY = """

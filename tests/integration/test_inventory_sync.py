@@ -184,6 +184,7 @@ def test_list_then_watch_drive_quota_decisions(running):
     assert metric(m, "gpuguard_inventory_usage_gpus", namespace="team-a") == 0.286
     assert metric(m, "gpuguard_inventory_pods") == 2
     assert metric(m, "gpuguard_inventory_ready") == 1
+    assert metric(m, "gpuguard_quota_enforced") == 1
     assert metric(m, "gpuguard_inventory_relists_total") == 1
     assert metric(m, "gpuguard_inventory_malformed_events_total") == 0
     assert abs(metric(m, "gpuguard_inventory_last_sync_timestamp_seconds") - time.time()) < 60
@@ -407,6 +408,7 @@ def test_slow_then_down_api_server_never_blocks_admissions(binary, certs, tmp_pa
         ok, msg, _, seconds = admission(server, new_pod())
         assert not ok and "has not synced" in msg and seconds < 1
         assert metric(metrics(server), "gpuguard_inventory_ready") == 0
+        assert metric(metrics(server), "gpuguard_quota_enforced") == 0
         assert ready_with(server, 1)
         assert not allowed(server)
         # Down: decisions keep using the last state, as fast as ever.
@@ -533,8 +535,12 @@ def test_inventory_off(binary, certs, tmp_path):
     try:
         assert readyz(server) == "inventory: off"
         assert "gpuguard_inventory_" not in metrics(server)
+        assert metric(metrics(server), "gpuguard_quota_enforced") == 0
+        # Said once at start, not on every review: nothing is syncing.
         ok, _, warnings, _ = admission(server, new_pod())
-        assert ok and any("inventory has not synced" in w for w in warnings)
+        assert ok and not any("not checked" in w for w in warnings), warnings
+        ok, msg, _, _ = admission(server, new_pod(gpus=3))
+        assert not ok and "would use 3 of 2" in msg  # a pod alone over the quota never fits
     finally:
         assert server.stop() == 0
 

@@ -97,7 +97,13 @@ def test_quota_gauges_show_the_configured_amounts_exactly(binary, certs, tmp_pat
         assert lines == ['gpuguard_quota_gpus{namespace="team-a"} 8',
                          'gpuguard_quota_gpus{namespace="team-b"} 0.25',
                          'gpuguard_quota_gpus{namespace="ml"} 1.5',
-                         "gpuguard_quota_default_gpus 0.125"]
+                         "gpuguard_quota_default_gpus 0.125",
+                         "gpuguard_quota_enforced 0"]  # no inventory here
+        # That is said once, at start, not as a warning on every review.
+        starts = [r for r in srv.log_lines() if r.get("msg", "").startswith("inventory: off")]
+        assert len(starts) == 1
+        _, _, got = srv.connect().review(gpu_review(), path="/validate")
+        assert not [w for w in got["response"].get("warnings", []) if "not checked" in w]
     finally:
         assert srv.stop() == 0
 

@@ -491,8 +491,11 @@ static json_t *summary_json(const struct check_run *r, int exit_code)
                             (json_int_t)r->denied, "warned", (json_int_t)r->warned, "skipped",
                             (json_int_t)r->skipped, "errors", (json_int_t)r->errors, "exit_code",
                             exit_code, "config", r->o.engine.config);
-    if (sum)
+    if (sum) {
         json_object_set_new(sum, "policy_errors", json_integer((json_int_t)r->policy_errors));
+        json_object_set_new(sum, "usage",
+                            json_string(r->o.cluster_state_path ? "cluster-state" : "empty"));
+    }
     const size_t *c = r->state_counts;
     if (r->o.cluster_state_path)
         json_object_set_new(
@@ -507,6 +510,9 @@ static json_t *summary_json(const struct check_run *r, int exit_code)
 
 static void print_summary_line(const struct check_run *r, FILE *f)
 {
+    if (!r->o.cluster_state_path)
+        fprintf(f, "GPU usage taken as empty (no --cluster-state): quotas are checked against "
+                   "each pod alone\n");
     fprintf(f, "%zu checked, %zu denied, %zu warned, %zu skipped", r->checked, r->denied, r->warned,
             r->skipped);
     if (r->state_counts[MF_STATE_OTHER])
@@ -785,6 +791,8 @@ int cli_check(int argc, char **argv)
             fprintf(stderr, "gpuguard check: --cluster-state: %s\n", err.msg);
             goto out;
         }
+    } else {
+        inv_set_ready(r.inventory, true); /* no usage given: empty, said in the summary */
     }
     engine_set_inventory(r.engine, r.inventory);
     if (expand_paths(&r, &inputs) != GG_OK)

@@ -893,8 +893,9 @@ static enum gg_status suite_engine(struct test_run *r, const struct suite *s, st
 }
 
 /*
- * The suite's cluster state into the shared inventory, charged by the suite's own model (usage
- * is only known with a snapshot); *charger is the suite's.  Errors point at cluster_state.
+ * The suite's cluster state into the shared inventory, charged by the suite's own model;
+ * without one, usage is taken as empty (as `gpuguard check` takes it).  *charger is the
+ * suite's.  Errors point at cluster_state.
  */
 static enum gg_status suite_state(struct test_run *r, const struct suite *s, struct engine *engine,
                                   struct charger **charger, struct gg_err *err)
@@ -902,7 +903,7 @@ static enum gg_status suite_state(struct test_run *r, const struct suite *s, str
     if (!s->cluster_state) {
         json_t *none = json_array();
         inv_replace(r->inventory, none);
-        inv_set_ready(r->inventory, false);
+        inv_set_ready(r->inventory, true);
         json_decref(none);
         return none ? GG_OK : gg_fail(err, GG_ERR_NOMEM, "out of memory");
     }

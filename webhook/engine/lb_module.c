@@ -174,9 +174,11 @@ static int l_usage(lua_State *L)
     const char *ns = luaL_checkstring(L, 1);
     const char *cls = luaL_optstring(L, 2, NULL);
     struct inventory *inv = lb_vm_of(L)->inventory;
+    bool ready = inv && inv_ready(inv);
     lua_pushinteger(L, inv ? (lua_Integer)inv_usage(inv, ns, cls) : 0);
-    lua_pushboolean(L, inv && inv_ready(inv));
-    return 2;
+    lua_pushboolean(L, ready);
+    lua_pushstring(L, !inv ? "off" : ready ? "ready" : "syncing");
+    return 3;
 }
 
 /*

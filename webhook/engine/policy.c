@@ -513,6 +513,13 @@ enum gg_status engine_render_quotas(struct engine *e, struct buf *out)
         if (st == GG_OK)
             st = append_gpus(out, "gpuguard_quota_default_gpus", milli);
     }
+    if (st == GG_OK && json_is_object(quotas))
+        st = buf_appendf(out,
+                         "# HELP gpuguard_quota_enforced Whether the quotas are checked against "
+                         "the cluster's usage (0: --inventory off, or the first list not in).\n"
+                         "# TYPE gpuguard_quota_enforced gauge\n"
+                         "gpuguard_quota_enforced %d\n",
+                         e->inventory && inv_ready(e->inventory));
     policy_set_release(set);
     return st;
 }
