@@ -508,7 +508,7 @@ local function alternative_charge(cfg, sub, pool, where, admin)
         return false, where .. " names no deviceClassName"
     end
     local unit = M.class_unit(cfg, class, sub, pool)
-    if unit == nil then
+    if unit == nil or unit == 0 then -- not a GPU (an IMEX channel of a ComputeDomain)
         return nil
     end
     if sub.allocationMode == "All" and not admin then

@@ -116,3 +116,34 @@ def test_a_forged_charge_annotation_frees_nothing(binary, tmp_path):
     assert out.returncode == 1
     assert ("gpu-quota: namespace team-sandbox would use 5 of 4 GPUs (in use 4, this pod 1); "
             "ask for fewer GPUs or free GPUs") in out.stdout
+
+
+COMPUTE_DOMAIN = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomain",
+                  "metadata": {"name": "nvbandwidth-test-compute-domain"},
+                  "spec": {"numNodes": 2, "channel": {"resourceClaimTemplate": {
+                      "name": "nvbandwidth-test-compute-domain-channel"}}}}
+IMEX_POD = {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "nvbandwidth-worker", "labels": {"team": "hpc"}},
+            "spec": {"containers": [{"name": "worker", "image": "nvcr.io/nvidia/cuda:12.4.1",
+                                     "resources": {"limits": {"nvidia.com/gpu": 2},
+                                                   "claims": [{"name": "channel"}]}}],
+                     "resourceClaims": [{"name": "channel", "resourceClaimTemplateName":
+                                         "nvbandwidth-test-compute-domain-channel"}]}}
+
+
+def test_a_compute_domain_provides_the_channel_template_its_controller_makes(binary, tmp_path):
+    """NVIDIA's IMEX demo puts a ComputeDomain and the pods that name its channel template in
+    one file; the ComputeDomain controller makes that template, so check reads it from the
+    ComputeDomain (an IMEX channel, charged 0, no GPU) instead of denying it as missing."""
+    both = tmp_path / "imex.yaml"
+    both.write_text(yaml.safe_dump_all([COMPUTE_DOMAIN, IMEX_POD]))
+    out = check(binary, "-o", "json", "--namespace", "team-a", both)
+    assert out.returncode == 0, out.stdout + out.stderr
+    [pod], summary = records(out)
+    assert pod["allowed"] is True and summary["skipped"] == 1
+    alone = tmp_path / "pod.yaml"
+    alone.write_text(yaml.safe_dump(IMEX_POD))
+    out = check(binary, "-o", "json", "--namespace", "team-a", alone)
+    [pod], _ = records(out)
+    assert "ResourceClaimTemplate team-a/nvbandwidth-test-compute-domain-channel, which does " \
+           "not exist; create it first" in pod["message"]

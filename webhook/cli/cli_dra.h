@@ -16,7 +16,10 @@ struct inventory;
 /*
  * Keep every resource.k8s.io ResourceClaim and ResourceClaimTemplate among
  * the set's documents (docs: the stream's) in inv; one without a namespace
- * gets namespace ("default" when NULL), as the pods do.
+ * gets namespace ("default" when NULL), as the pods do.  A ComputeDomain
+ * (resource.nvidia.com) provides the ResourceClaimTemplate its controller
+ * makes, spec.channel.resourceClaimTemplate.name: one IMEX channel of class
+ * compute-domain-default-channel.nvidia.com, which is no GPU.
  */
 void cli_keep_dra(struct inventory *inv, const struct mf_set *set, const json_t *docs,
                   const char *namespace);
