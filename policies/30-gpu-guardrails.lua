@@ -385,7 +385,9 @@ local function label_rules(ctx)
             if workload.exempt(ctx.pod, ctx.req.namespace, ctx.cfg) then
                 return
             end
-            ctx.req:deny(string.format("GPU pods need the label %s for cost attribution; add metadata.labels.%s", key, key))
+            -- On a workload's template, the path in the workload: the label goes on its pods.
+            local at = ctx.req.template and (ctx.req.template .. ".metadata.labels.") or "metadata.labels."
+            ctx.req:deny(string.format("GPU pods need the label %s for cost attribution; add %s%s", key, at, key))
         end
     end
 end
