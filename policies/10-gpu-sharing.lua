@@ -49,6 +49,7 @@ local quota = require "quota"
 local fleet = require "fleet"
 local workload = require "workload"
 local schema = require "schema"
+local rightsize = require "rightsize"
 local intent = require "intent"
 local choice = require "choice"
 
@@ -118,8 +119,11 @@ function backends.exclusive(e, pool, model, cfg, notes, _, edit)
             return nil, string.format("pool %s gives whole GPUs only; ask for a whole number of GPUs instead of %s",
                 pool.name, quota.format_gpus(asked_fraction))
         end
-        notes[#notes + 1] = string.format("%s rounded up to %d whole GPU%s", quota.format_gpus(asked_fraction), n,
-            n == 1 and "" or "s")
+        -- Of what: a fraction is of a GPU; an amount of memory is a share of this pool's model.
+        local asked = e.fraction_milli and quota.format_gpus(asked_fraction)
+            or string.format("%s of GPU memory is %s of one %s,", rightsize.gib(e.memory_milli / rightsize.MIB_MILLI),
+                quota.format_gpus(asked_fraction), model.name)
+        notes[#notes + 1] = string.format("%s rounded up to %d whole GPU%s", asked, n, n == 1 and "" or "s")
     end
     set_gpu(edit, e.container, "nvidia.com/gpu", tostring(n))
     return { charge = n * 1000, detail = string.format("%d whole %s", n, model.name) }
