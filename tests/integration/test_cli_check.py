@@ -849,7 +849,7 @@ CONFIG_TYPOS = [
      "rightsizing.head_room: unknown key; did you mean headroom?"),
     ("    url: https://prometheus", "    URL: https://prometheus",
      "rightsizing.prometheus.URL: unknown key; did you mean url?"),
-    ("  mode: mutate", "  mod: mutate", "workloads.mod: unknown key (mode)"),
+    ("  mode: mutate", "  mod: mutate", "workloads.mod: unknown key; did you mean mode? (known: mode)"),
     ("  interactive: {sharing: [time-slicing], pools: [l4-shared], max_runtime: 8h}",
      "  interactive: {sharing: [time-slicing], pools: [l4-shared], maxRuntime: 8h}",
      "classes.interactive.maxRuntime: unknown key; did you mean max_runtime?"),

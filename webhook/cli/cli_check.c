@@ -88,8 +88,8 @@ static void check_usage(FILE *out)
             "  --namespace NS         namespace for manifests that name none [default]\n"
             "  --user NAME            userInfo.username of the requests [" DR_DEFAULT_USER "]\n"
             "  --cluster-state FILE   pods in use, for quota checks: the JSON of 'kubectl get\n"
-            "                         pods,resourceclaims,resourceclaimtemplates,deviceclasses -A "
-            "-o json'\n"
+            "                         pods,resourceclaims,resourceclaimtemplates,deviceclasses,\n"
+            "                         resourceslices -A -o json'\n"
             "                         (other kinds are skipped and counted) [none]\n"
             "  --usage FILE           GPU memory history for rightsizing, as written by\n"
             "                         'gpuguard usage -o FILE' [none: no recommendations]\n"
@@ -289,24 +289,6 @@ static enum gg_status check_template(struct check_run *r, const char *file, stru
     return st;
 }
 
-/*
- * A workload itself through the webhooks (queue routing), before its
- * templates; with --emit-mutated its patch goes onto the document.
- */
-static enum gg_status check_object(struct check_run *r, json_t *doc, const struct mf_entry *e,
-                                   struct dr_result *out, struct gg_err *err)
-{
-    struct dr_options dopts = {.namespace = r->o.namespace, .user = r->o.user};
-    json_t *obj = NULL;
-    if (jp_pointer_get(doc, e->object_ptr, &obj, NULL) != GG_OK)
-        return gg_fail(err, GG_ERR_INVALID, "%s: no object", e->object_ptr);
-    enum gg_status st = wl_object(r->engine, obj, &dopts, out, err);
-    if (st == GG_OK && r->emitted && out->allowed && json_array_size(out->patch) &&
-        (st = jp_apply(obj, out->patch, err)) != GG_OK)
-        dr_result_clear(out);
-    return st;
-}
-
 /* One input: read, parse, check every template; input errors are recorded. */
 static enum gg_status check_input(struct check_run *r, const char *name, bool from_stdin)
 {
@@ -337,8 +319,8 @@ static enum gg_status check_input(struct check_run *r, const char *name, bool fr
     }
     st = GG_OK;
     cli_keep_dra(r->inventory, &set, stream.docs, r->o.namespace);
-    struct dr_result object = {0};
-    bool have_object = false;
+    struct wl_walk walk = {0};
+    struct dr_options dopts = {.namespace = r->o.namespace, .user = r->o.user};
     for (size_t i = 0; st == GG_OK && i < set.count; i++) {
         struct mf_entry *e = &set.entries[i];
         json_t *doc = json_array_get(stream.docs, e->doc);
@@ -346,21 +328,13 @@ static enum gg_status check_input(struct check_run *r, const char *name, bool fr
             add_skipped(r, file, e);
             continue;
         }
-        bool first = i == 0 || set.entries[i - 1].doc != e->doc ||
-                     strcmp(set.entries[i - 1].object_ptr, e->object_ptr) != 0;
-        if (first && have_object) {
-            dr_result_clear(&object);
-            have_object = false;
-        }
-        if (first && strcmp(e->template_ptr, e->object_ptr) != 0) {
-            st = check_object(r, doc, e, &object, &err);
-            have_object = st == GG_OK;
-        }
+        /* The workload itself first (queue routing), its patch onto the document with
+         * --emit-mutated. */
+        st = wl_walk_at(&walk, r->engine, &set, i, doc, &dopts, r->emitted != NULL, &err);
         if (st == GG_OK)
-            st = check_template(r, file, e, doc, have_object ? &object : NULL, &err);
+            st = check_template(r, file, e, doc, wl_walk_object(&walk), &err);
     }
-    if (have_object)
-        dr_result_clear(&object);
+    wl_walk_clear(&walk);
     if (st != GG_OK) {
         fprintf(stderr, "gpuguard check: %s: %s\n", file, err.msg);
         r->errors++;
@@ -770,7 +744,6 @@ int cli_check(int argc, char **argv)
     if (r.o.usage_path) { /* a saved snapshot never goes stale */
         struct rs_data usage = {0};
         if (rs_file_load(r.o.usage_path, &usage, &err) != GG_OK) {
-            rs_data_clear(&usage); /* what was folded before the error */
             fprintf(stderr, "gpuguard check: --usage: %s\n", err.msg);
             goto out;
         }

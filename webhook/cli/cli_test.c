@@ -806,29 +806,17 @@ static bool run_case(struct test_run *r, const struct suite *s, struct engine *e
         goto done;
     }
     size_t t = 0;
-    struct dr_result object = {0};
-    bool have_object = false;
+    struct wl_walk walk = {0};
     for (size_t i = 0; i < set.count; i++) {
         const struct mf_entry *e = &set.entries[i];
         if (e->type != MF_TEMPLATE)
             continue;
         /* The workload itself first, as check and the server review it. */
-        bool first = i == 0 || set.entries[i - 1].doc != e->doc ||
-                     strcmp(set.entries[i - 1].object_ptr, e->object_ptr) != 0;
-        if (first && have_object) {
-            dr_result_clear(&object);
-            have_object = false;
-        }
-        if (first && strcmp(e->template_ptr, e->object_ptr) != 0) {
-            json_t *obj = NULL;
-            if (jp_pointer_get(json_array_get(stream.docs, e->doc), e->object_ptr, &obj, NULL) !=
-                    GG_OK ||
-                wl_object(engine, obj, &dopts, &object, &err) != GG_OK) {
-                fail_line(&rp, "the engine could not run the %s itself: %s", e->kind, err.msg);
-                t++;
-                continue;
-            }
-            have_object = true;
+        if (wl_walk_at(&walk, engine, &set, i, json_array_get(stream.docs, e->doc), &dopts, false,
+                       &err) != GG_OK) {
+            fail_line(&rp, "the engine could not run the %s itself: %s", e->kind, err.msg);
+            t++;
+            continue;
         }
         char header[512];
         snprintf(header, sizeof(header), "%s/%s%s%s (document %zu):", e->kind, e->name,
@@ -840,14 +828,13 @@ static bool run_case(struct test_run *r, const struct suite *s, struct engine *e
         if (dr_evaluate(engine, e->pod, &own, &res, &err) != GG_OK) {
             fail_line(&rp, "the engine could not run: %s", err.msg);
         } else {
-            wl_fold(&res, have_object ? &object : NULL);
+            wl_fold(&res, wl_walk_object(&walk));
             compare(&rp, each ? json_array_get(each, t) : expect, &res, engine, &own);
             dr_result_clear(&res);
         }
         t++;
     }
-    if (have_object)
-        dr_result_clear(&object);
+    wl_walk_clear(&walk);
 done:
     fclose(rp.f);
     bool ok = rp.failures == 0;
@@ -925,7 +912,6 @@ static enum gg_status suite_usage(const struct suite *s, struct gg_err *err)
         return GG_OK;
     struct rs_data usage = {0};
     if (rs_file_load(s->usage, &usage, err) != GG_OK) {
-        rs_data_clear(&usage); /* what was folded before the error */
         struct gg_err inner = *err;
         return bad(s, "/usage", err, "%s", inner.msg);
     }

@@ -2,6 +2,7 @@
  * config.c - read the configuration file and check the engine's sections.
  */
 #include "engine/config.h"
+#include "engine/cfgkeys.h"
 #include "util/duration.h"
 
 #include "codec/admission.h"
@@ -225,10 +226,14 @@ enum gg_status cfg_workloads_mode(const json_t *root, enum cfg_workloads_mode *o
         return gg_fail(err, GG_ERR_INVALID, "workloads: must be a mapping");
     const char *key;
     json_t *value;
+    static const char *const known[] = {"mode"};
     json_object_foreach(section, key, value)
     {
-        if (strcmp(key, "mode") != 0)
-            return gg_fail(err, GG_ERR_INVALID, "workloads.%s: unknown key (mode)", key);
+        if (strcmp(key, "mode") != 0) {
+            char msg[sizeof(err->msg)];
+            cfgkeys_unknown(msg, sizeof(msg), "workloads.", key, known, 1);
+            return gg_fail(err, GG_ERR_INVALID, "%s", msg);
+        }
     }
     json_t *mode = json_object_get(section, "mode");
     if (!mode)

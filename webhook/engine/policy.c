@@ -1197,7 +1197,9 @@ static enum gg_status evaluate(struct engine *e, const struct adm_request *req, 
         if (st == GG_OK && alive && validate && g.failed_mutation)
             begin_validate(vm, req, lua_deadline, &g, &validate, err);
         if (st == GG_OK && validate) {
-            reserved = reserve(e, req, out);
+            /* Not for a pod the mutating phase already denied: its charge is work for nothing. */
+            if (!g.lost && json_array_size(g.denials) == 0)
+                reserved = reserve(e, req, out);
             inv_read_before(reserved);
             run_phase(vm, set, req, LB_VALIDATE, &g);
             inv_read_before(0);

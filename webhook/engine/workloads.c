@@ -345,6 +345,42 @@ void wl_fold(struct dr_result *pod, const struct dr_result *object)
     pod->errors += object->errors;
 }
 
+void wl_walk_clear(struct wl_walk *w)
+{
+    if (w->have)
+        dr_result_clear(&w->object);
+    w->have = false;
+}
+
+const struct dr_result *wl_walk_object(const struct wl_walk *w)
+{
+    return w->have ? &w->object : NULL;
+}
+
+enum gg_status wl_walk_at(struct wl_walk *w, struct engine *engine, const struct mf_set *set,
+                          size_t i, json_t *doc, const struct dr_options *o, bool apply,
+                          struct gg_err *err)
+{
+    const struct mf_entry *e = &set->entries[i];
+    if (i > 0 && set->entries[i - 1].doc == e->doc &&
+        strcmp(set->entries[i - 1].object_ptr, e->object_ptr) == 0)
+        return GG_OK; /* the same workload as the entry before */
+    wl_walk_clear(w);
+    if (strcmp(e->template_ptr, e->object_ptr) == 0)
+        return GG_OK; /* a Pod document: no workload */
+    json_t *obj = NULL;
+    if (jp_pointer_get(doc, e->object_ptr, &obj, NULL) != GG_OK)
+        return gg_fail(err, GG_ERR_INVALID, "%s: no object", e->object_ptr);
+    enum gg_status st = wl_object(engine, obj, o, &w->object, err);
+    if (st != GG_OK)
+        return st;
+    w->have = true;
+    if (apply && w->object.allowed && json_array_size(w->object.patch) &&
+        (st = jp_apply(obj, w->object.patch, err)) != GG_OK)
+        wl_walk_clear(w);
+    return st;
+}
+
 /* What the review does with the policies' changes to the workload. */
 static enum changes changes_of(enum adm_endpoint endpoint, const struct settings *cfg)
 {

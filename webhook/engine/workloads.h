@@ -65,6 +65,27 @@ enum gg_status wl_object(struct engine *engine, const json_t *obj, const struct 
 void wl_fold(struct dr_result *pod, const struct dr_result *object);
 
 /*
+ * A walk of a manifest's entries in order (check, test): the workload's own
+ * result, evaluated (wl_object, with o) at the workload's first template and
+ * kept for its others.
+ */
+struct wl_walk {
+    struct dr_result object;
+    bool have;
+};
+/*
+ * At entry i of set (a template; doc: its document): make w's object the
+ * workload's own result; with apply, its allowed patch goes onto the
+ * workload in doc (--emit-mutated).
+ */
+enum gg_status wl_walk_at(struct wl_walk *w, struct engine *engine, const struct mf_set *set,
+                          size_t i, json_t *doc, const struct dr_options *o, bool apply,
+                          struct gg_err *err);
+/* The workload's own result at the walk's entry; NULL for a Pod document. */
+const struct dr_result *wl_walk_object(const struct wl_walk *w);
+void wl_walk_clear(struct wl_walk *w);
+
+/*
  * How many pods obj asks for from the template at template_ptr: the
  * replicas and parallelism of every object on the way to it (a Deployment's
  * replicas, a JobSet's replicated job's replicas times its Job's

@@ -423,6 +423,12 @@ static bool state_add(struct state *st, const json_t *obj, int64_t charge)
 
 static const char CLASS_PREFIX[] = "DeviceClass\x1f";
 
+/* Whether a key of inv->dra is a DeviceClass's. */
+static bool class_key(const char *key)
+{
+    return strncmp(key, CLASS_PREFIX, sizeof(CLASS_PREFIX) - 1) == 0;
+}
+
 static bool dra_key(char *key, size_t size, const char *kind, const char *ns, const char *name)
 {
     return (size_t)snprintf(key, size, "%s\x1f%s\x1f%s", kind, ns, name) < size;
@@ -581,7 +587,7 @@ static void dra_put(struct inventory *inv, const json_t *obj, uint64_t seen, int
     if (!seen)
         d->seen = inv->dra_relist;
     struct slot *s = map_find(&inv->dra, key);
-    if (strncmp(key, CLASS_PREFIX, sizeof(CLASS_PREFIX) - 1) == 0 &&
+    if (class_key(key) &&
         (!s || !json_equal(json_object_get(((struct dra_entry *)s->ptr)->obj, "spec"),
                            json_object_get(d->obj, "spec"))))
         inv->class_changes++;
@@ -614,7 +620,7 @@ static void dra_remove(struct inventory *inv, const json_t *obj)
         return;
     pthread_mutex_lock(&inv->dra_lock);
     struct slot *s = map_find(&inv->dra, key);
-    if (s && strncmp(key, CLASS_PREFIX, sizeof(CLASS_PREFIX) - 1) == 0)
+    if (s && class_key(key))
         inv->class_changes++;
     if (s)
         dra_drop(inv, s);
@@ -672,7 +678,7 @@ void inv_dra_relist_end(struct inventory *inv, const char *kind, uint64_t relist
     }
     for (size_t i = 0; i < count; i++) {
         struct slot *s = map_find(&inv->dra, doomed[i]);
-        if (s && strncmp(doomed[i], CLASS_PREFIX, sizeof(CLASS_PREFIX) - 1) == 0)
+        if (s && class_key(doomed[i]))
             inv->class_changes++;
         if (s)
             dra_drop(inv, s);

@@ -1391,5 +1391,7 @@ out:
     rs_reader_free(meta);
     free(chunk);
     fclose(f);
+    if (st != GG_OK)
+        rs_data_clear(d); /* what was folded before the error */
     return st;
 }

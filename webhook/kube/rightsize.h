@@ -181,7 +181,7 @@ char *rs_file_head(const struct rs_settings *s, int64_t time_s);
 /*
  * Read such a file (at most RS_MAX_FILE bytes, its members in any order) and
  * fold it into d (zeroed), finished; read a piece at a time, three times
- * over, so that what is held is d.
+ * over, so that what is held is d.  On failure d is cleared again.
  */
 enum gg_status rs_file_load(const char *path, struct rs_data *d, struct gg_err *err);
 
