@@ -45,6 +45,7 @@ local k8s = require "k8s"
 local gpu = require "gpu"
 local quota = require "quota"
 local fleet = require "fleet"
+local schema = require "schema"
 
 local M = {}
 
@@ -118,11 +119,7 @@ local function check_other_gpus(o)
     if type(o) ~= "table" or gg.is_array(o) then
         error("other_gpus: must be a mapping (resources, mode)", 0)
     end
-    for k in pairs(o) do
-        if k ~= "resources" and k ~= "mode" then
-            error(string.format("other_gpus.%s: unknown key (mode, resources)", tostring(k)), 0)
-        end
-    end
+    schema.keys(o, "other_gpus.", { "resources", "mode" })
     if o.mode ~= nil and o.mode ~= "charge" and o.mode ~= "deny" then
         error("other_gpus.mode: must be charge (a whole GPU per device) or deny", 0)
     end
@@ -138,8 +135,6 @@ local function check_other_gpus(o)
     end
 end
 
-local DRA_KEYS = { classes = true, allocation_all = true, gpu_drivers = true }
-
 function M.check(cfg)
     if cfg.other_gpus ~= nil then
         check_other_gpus(cfg.other_gpus)
@@ -151,11 +146,7 @@ function M.check(cfg)
     if type(d) ~= "table" or gg.is_array(d) then
         error("dra: must be a mapping", 0)
     end
-    for k in pairs(d) do
-        if not DRA_KEYS[k] then
-            error(string.format("dra.%s: unknown key (classes, allocation_all, gpu_drivers)", tostring(k)), 0)
-        end
-    end
+    schema.keys(d, "dra.", { "classes", "allocation_all", "gpu_drivers" })
     if d.gpu_drivers ~= nil and (type(d.gpu_drivers) ~= "table" or not gg.is_array(d.gpu_drivers)) then
         error("dra.gpu_drivers: must be a list of DRA driver names such as gpu.example.com", 0)
     end
@@ -285,23 +276,36 @@ end
 local PROFILE_TERM = "^device%.attributes%[([\"'])gpu%.nvidia%.com%1%]%.profile%s*==%s*([\"'])"
     .. "([%w%.%+%-]+)%2$"
 
--- The top-level '&&' terms of a CEL expression, or nil when it is anything but a conjunction at
--- the top level ('||' or '?' outside brackets and literals, unbalanced brackets, a literal this
--- reading could get wrong: raw or triple-quoted strings, escapes), or when it has a comment: CEL
--- ignores '//' to the end of the line, so what follows it (a profile pin, a quote that would
--- hide a '||' line from this reading) is no part of the expression.  A device that satisfies
--- the expression satisfies each term.
-local function conjuncts(expr)
-    if expr:find("\\", 1, true) or expr:find("'''", 1, true) or expr:find('"""', 1, true) then
+-- The CEL expression of a selector when its literals read here as CEL reads them: a string of
+-- at most 10 KiB without escapes, raw, byte or triple-quoted strings (a literal starting with an
+-- r, b, rb or br prefix); else nil.  Both readers of selectors take only these.
+local function readable_cel(selector)
+    local expr = type(selector) == "table" and type(selector.cel) == "table" and selector.cel.expression
+    if type(expr) ~= "string" or #expr > 10240 or expr:find("\\", 1, true) or expr:find("'''", 1, true)
+        or expr:find('"""', 1, true) then
         return nil
     end
+    local at = expr:find("['\"]")
+    while at do -- each literal: no prefix, and closed
+        local close = expr:find(expr:sub(at, at), at + 1, true)
+        if not close or (at > 1 and expr:sub(at - 1, at - 1):match("[rRbB]")) then
+            return nil
+        end
+        at = expr:find("['\"]", close + 1)
+    end
+    return expr
+end
+
+-- The top-level '&&' terms of a readable CEL expression (readable_cel), or nil when it is
+-- anything but a conjunction at the top level ('||' or '?' outside brackets and literals,
+-- unbalanced brackets), or when it has a comment: CEL ignores '//' to the end of the line, so
+-- what follows it (a profile pin, a quote that would hide a '||' line from this reading) is no
+-- part of the expression.  A device that satisfies the expression satisfies each term.
+local function conjuncts(expr)
     local terms, depth, start, i, n = {}, 0, 1, 1, #expr
     while i <= n do
         local c = expr:byte(i)
         if c == 39 or c == 34 then -- a literal: on to its closing quote
-            if i > 1 and expr:sub(i - 1, i - 1):match("^[rRbB]$") then
-                return nil
-            end
             i = expr:find(c == 39 and "'" or '"', i + 1, true)
             if not i then
                 return nil
@@ -339,8 +343,8 @@ end
 -- named anywhere else, under '!' or beside '||', pins nothing).
 local function selected_profile(sub)
     for _, s in ipairs(list(sub.selectors)) do
-        local expr = type(s) == "table" and type(s.cel) == "table" and s.cel.expression
-        local terms = type(expr) == "string" and #expr <= 10240 and conjuncts(expr)
+        local expr = readable_cel(s)
+        local terms = expr and conjuncts(expr)
         for _, term in ipairs(terms or NONE) do
             local _, _, p = term:match("^%s*(.-)%s*$"):match(PROFILE_TERM)
             if p then
@@ -396,18 +400,14 @@ local function names_driver(literal, drivers)
     return false
 end
 
--- The GPU drivers: GPU_DRIVERS and dra.gpu_drivers.
-local function gpu_drivers(cfg)
-    local extra = cfg.dra and cfg.dra.gpu_drivers
-    if not extra then
-        return GPU_DRIVERS
-    end
+-- The GPU drivers: GPU_DRIVERS and dra.gpu_drivers, worked out once per configuration.
+local gpu_drivers = fleet.per_config(function(cfg)
     local all = { table.unpack(GPU_DRIVERS) }
-    for _, d in ipairs(extra) do
+    for _, d in ipairs(cfg.dra and cfg.dra.gpu_drivers or NONE) do
         all[#all + 1] = d
     end
     return all
-end
+end)
 
 -- Whether a DeviceClass's selectors may pick GPUs: one names a GPU driver in a string literal,
 -- or one cannot be read that far (escapes, raw, byte or triple-quoted strings, no expression),
@@ -420,9 +420,8 @@ local function selects_gpus(class_obj, cfg)
     end
     local drivers = gpu_drivers(cfg)
     for _, sel in ipairs(selectors) do
-        local expr = type(sel) == "table" and type(sel.cel) == "table" and sel.cel.expression
-        if type(expr) ~= "string" or #expr > 10240 or expr:find("\\", 1, true)
-            or expr:find("'''", 1, true) or expr:find('"""', 1, true) or expr:find("%f[%w_][rRbB]['\"]") then
+        local expr = readable_cel(sel)
+        if not expr then
             return true
         end
         for _, literal in expr:gmatch("(['\"])(.-)%1") do

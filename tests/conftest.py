@@ -198,6 +198,19 @@ def start_server(binary, certs, tmp_path, *extra, env=None, ready_timeout=procs.
     return launch(cmd, log_path, certs / "ca.crt", env=env, ready_timeout=ready_timeout)
 
 
+def start_policy_server(binary, certs, tmp_path, policies, engine, *extra):
+    """A server of policies of the test's own ({file name: Lua source}), without the shipped
+    library, with the configuration's engine: section (engine, YAML text of its keys)."""
+    directory = tmp_path / "policies"
+    directory.mkdir()
+    for name, source in policies.items():
+        (directory / name).write_text(source)
+    config = tmp_path / "gpuguard.yaml"
+    config.write_text("engine:\n" + "".join(f"  {line}\n" for line in engine.splitlines()))
+    return start_server(binary, certs, tmp_path, "--policies", str(directory), "--lua",
+                        str(tmp_path), "--config", str(config), *extra)
+
+
 def launch(cmd, log_path, ca, env=None, ready_timeout=procs.PATIENCE):
     """Run a `gpuguard serve` command line whose ports come from its log's `serving`
     line, logging to log_path; return the Server once /readyz answers 200."""

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import start_server, wait_for
+from conftest import start_policy_server, start_server, wait_for
 from test_server import metric, review
 
 LABEL_POLICY = """
@@ -222,13 +222,8 @@ def test_lua_garbage_is_collected_between_reviews(binary, certs, tmp_path):
     """A worker collects its VM's garbage once an answer is sent, when the collector's
     schedule calls for it, so that reviews rarely pause for it; a review that throws away
     more than the memory limit is still collected as it runs."""
-    policies = tmp_path / "policies"
-    policies.mkdir()
-    (policies / "10-garbage.lua").write_text(GARBAGE_POLICY)
-    config = tmp_path / "gpuguard.yaml"
-    config.write_text("engine:\n  memory: 8Mi\n  instructions: 100000000\n")
-    srv = start_server(binary, certs, tmp_path, "--policies", str(policies), "--lua",
-                       str(tmp_path), "--config", str(config), "--log-level", "debug")
+    srv = start_policy_server(binary, certs, tmp_path, {"10-garbage.lua": GARBAGE_POLICY},
+                              "memory: 8Mi\ninstructions: 100000000", "--log-level", "debug")
     try:
         conn = srv.connect()
 

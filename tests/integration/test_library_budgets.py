@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import start_server
+from conftest import start_policy_server, start_server
 from test_faults import HANG, SLOW
 from test_server import check_envelope, metric, review
 
@@ -67,14 +67,11 @@ WORK = {
 
 @pytest.fixture
 def work_srv(binary, certs, tmp_path):
-    policies = tmp_path / "policies"
-    policies.mkdir()
-    for i, (case, expr) in enumerate(sorted(WORK.items())):
-        (policies / f"{10 + i}-{case}.lua").write_text(POLICY % (case, case, expr))
-    config = tmp_path / "gpuguard.yaml"
-    config.write_text("engine:\n  timeout: 2s\n  instructions: 1000000\n")
-    server = start_server(binary, certs, tmp_path, "--policies", str(policies), "--lua",
-                          str(tmp_path), "--config", str(config))
+    server = start_policy_server(
+        binary, certs, tmp_path,
+        {f"{10 + i}-{case}.lua": POLICY % (case, case, expr)
+         for i, (case, expr) in enumerate(sorted(WORK.items()))},
+        "timeout: 2s\ninstructions: 1000000")
     yield server
     if server.proc.poll() is None:
         server.stop(timeout=5 * SLOW)  # the old sort held a worker past SIGTERM

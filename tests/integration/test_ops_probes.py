@@ -156,9 +156,10 @@ def test_probes_are_answered_while_a_pod_churns_the_ops_port(binary, certs, tmp_
     try:
         # Churning: every client has connected, and many have been closed and come back.
         assert wait_for(lambda: hog.opened >= 2 * CHURNERS, GIVE_UP), (hog.opened, hog.closed)
+        closed = hog.closed
         check_probes(srv, NODE)
         check_probes(srv, HOG)
-        assert hog.closed > CHURNERS  # the churn went on
+        assert hog.closed > closed  # the churn went on during the probes
         status, body, _ = probe(srv.ops_port, "/metrics", OTHER)
         assert status == 200 and "gpuguard_" in body, (status, body[:200])
         sent = review()
@@ -183,8 +184,7 @@ def test_per_peer_cap_closes_the_extra_connections_and_never_the_probes(binary, 
             f"opened {hog.opened}, closed {hog.closed}: the cap is {cap} per address"
         assert hog.held == cap
         check_probes(srv, HOG)
-        assert wait_for(lambda: hog.held <= cap, GIVE_UP)
-        assert hog.held >= cap - 1  # the first probe took the place of the oldest
+        assert cap - 1 <= hog.held <= cap  # the first probe took the place of the oldest
         capped = [r for r in srv.log_lines()
                   if r.get("msg") == "ops port: connections closed by the per-peer cap"]
         assert capped and capped[0]["peer"] == HOG and capped[0]["limit"] == cap, capped

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import start_server
+from conftest import start_policy_server
 from test_faults import SANITIZED
 from test_server import review
 
@@ -32,13 +32,8 @@ return {
 
 @pytest.fixture
 def flood_server(binary, certs, tmp_path):
-    policies = tmp_path / "policies"
-    policies.mkdir()
-    (policies / "10-flood.lua").write_text(FLOOD)
-    config = tmp_path / "gpuguard.yaml"
-    config.write_text("engine:\n  memory: 64Mi\n  instructions: 100000000\n  timeout: 10s\n")
-    srv = start_server(binary, certs, tmp_path, "--policies", str(policies), "--lua",
-                       str(tmp_path), "--config", str(config))
+    srv = start_policy_server(binary, certs, tmp_path, {"10-flood.lua": FLOOD},
+                              "memory: 64Mi\ninstructions: 100000000\ntimeout: 10s")
     yield srv
     if srv.proc.poll() is None:
         assert srv.stop() == 0
