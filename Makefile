@@ -38,9 +38,9 @@ override LDFLAGS += $(SAN)
 # missing ones when run as root and otherwise prints the apt-get line.
 DEB_PKGS := build-essential pkg-config libmicrohttpd-dev libjansson-dev liblua5.4-dev lua5.4 \
             libssl-dev libyaml-dev libcmocka-dev libcurl4-openssl-dev libgnutls28-dev openssl \
-            curl python3 python3-pytest python3-pytest-xdist python3-jsonpatch python3-yaml \
-            python3-prometheus-client prometheus clang-format cppcheck clang libclang-rt-14-dev wrk \
-            nginx-light valgrind
+            curl python3 python3-pytest python3-pytest-xdist python3-jsonpatch python3-jsonschema \
+            python3-yaml python3-prometheus-client prometheus clang-format cppcheck clang \
+            libclang-rt-14-dev wrk nginx-light valgrind
 
 # Sources sit in one folder per layer (docs/architecture.md).  The core
 # library holds everything but the HTTP server and the CLI front ends.

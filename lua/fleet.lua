@@ -41,12 +41,7 @@ other than read-only.
 local gg = require "gpuguard"
 local gpu = require "gpu"
 local args = require "args"
-local schema = require "schema"
 
-local POOL_KEYS = { "name", "model", "sharing", "mig_strategy", "mig_profile", "replicas", "shared_resource",
-                    "mps_env", "scheduler_name", "device_classes", "node_selector", "taints", "cost",
-                    "placement" }
-local CLASS_KEYS = { "sharing", "pools", "max_runtime", "namespaces" }
 
 local M = {}
 
@@ -112,7 +107,6 @@ local function check_pool(p, i, catalog, seen)
     if type(p) ~= "table" or gg.is_array(p) then
         fail(at, "must be a mapping")
     end
-    schema.keys(p, at .. ".", POOL_KEYS)
     if not is_dns_label(p.name) then
         fail(at .. ".name", "must be a DNS label (lowercase letters, digits, '-')")
     end
@@ -276,7 +270,6 @@ function M.check(cfg)
         end
         for name, c in pairs(cfg.classes) do
             local at = "classes." .. name
-            schema.keys(c, at .. ".", CLASS_KEYS)
             if type(c) ~= "table" or type(c.sharing) ~= "table" or #c.sharing == 0 then
                 fail(at .. ".sharing", "must list the sharing modes of the class")
             end

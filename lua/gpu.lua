@@ -508,20 +508,6 @@ local function is_mapping(v)
         or #v == 0)
 end
 
-local function check_keys(path, t, allowed)
-    for k in pairs(t) do
-        if type(k) ~= "string" or not allowed[k] then
-            local names = {}
-            for name in pairs(allowed) do
-                names[#names + 1] = name
-            end
-            table.sort(names)
-            cfg_fail(path .. "." .. tostring(k), "unknown key (known: %s)",
-                     table.concat(names, ", "))
-        end
-    end
-end
-
 -- A quantity string at path, in milli-units, at least 1Mi.
 local function cfg_memory(path, v, example)
     if type(v) ~= "string" then
@@ -560,17 +546,11 @@ local function cfg_strings(path, v)
     return out
 end
 
-local MODEL_KEYS = { name = true, memory = true, slices = true, profiles = true,
-                     aliases = true, products = true, uncertain = true, note = true,
-                     family = true }
-local PROFILE_KEYS = { name = true, memory = true, slices = true, max = true, me = true,
-                       usable = true }
 
 local function cfg_profile(path, e, m)
     if not is_mapping(e) then
         cfg_fail(path, "must be a mapping with a name such as 1g.12gb, got %s", show(e))
     end
-    check_keys(path, e, PROFILE_KEYS)
     local g, gb, suffix = parse_profile_name(e.name)
     if not g then
         cfg_fail(path .. ".name", "must be a MIG profile name such as 1g.12gb or 1g.12gb+me, "
@@ -626,7 +606,6 @@ local function cfg_model(path, e)
     if not is_mapping(e) then
         cfg_fail(path, "must be a mapping with name and memory, got %s", show(e))
     end
-    check_keys(path, e, MODEL_KEYS)
     if type(e.name) ~= "string" or not e.name:match("^[%w][%w%.%-_ ]*$") then
         cfg_fail(path .. ".name", "must be a model name of letters, digits, '.', '-' and '_', "
                  .. "such as RTX-PRO-6000-96GB, got %s", show(e.name))

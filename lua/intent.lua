@@ -45,7 +45,6 @@ local k8s = require "k8s"
 local gpu = require "gpu"
 local quota = require "quota"
 local fleet = require "fleet"
-local schema = require "schema"
 
 local M = {}
 
@@ -119,7 +118,6 @@ local function check_other_gpus(o)
     if type(o) ~= "table" or gg.is_array(o) then
         error("other_gpus: must be a mapping (resources, mode)", 0)
     end
-    schema.keys(o, "other_gpus.", { "resources", "mode" })
     if o.mode ~= nil and o.mode ~= "charge" and o.mode ~= "deny" then
         error("other_gpus.mode: must be charge (a whole GPU per device) or deny", 0)
     end
@@ -146,7 +144,6 @@ function M.check(cfg)
     if type(d) ~= "table" or gg.is_array(d) then
         error("dra: must be a mapping", 0)
     end
-    schema.keys(d, "dra.", { "classes", "allocation_all", "gpu_drivers" })
     if d.gpu_drivers ~= nil and (type(d.gpu_drivers) ~= "table" or not gg.is_array(d.gpu_drivers)) then
         error("dra.gpu_drivers: must be a list of DRA driver names such as gpu.example.com", 0)
     end

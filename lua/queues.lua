@@ -54,29 +54,15 @@ M.KUEUE_READS = {
 M.KUEUE_OWNERS = setmetatable({ ["apps/ReplicaSet"] = true, ["batch/CronJob"] = true },
     { __index = M.KUEUE_READS })
 
-local KEYS = { system = true, default = true, classes = true, namespaces = true,
-               priority_classes = true, controller_accounts = true }
-local NS_KEYS = { queue = true, classes = true, allowed = true, allowed_priority_classes = true }
-
 local function is_name(v)
     -- A queue name is a label value and a Kubernetes object name.
     return type(v) == "string" and #v > 0 and #v <= 63 and v:find("^[a-z0-9][a-z0-9.%-]*$") ~= nil
         and v:find("[a-z0-9]$") ~= nil
 end
 
-local function check_keys(path, t, allowed)
+local function check_mapping(path, t)
     if type(t) ~= "table" then
         error(path .. ": must be a mapping", 0)
-    end
-    for k in pairs(t) do
-        if not allowed[k] then
-            local names = {}
-            for n in pairs(allowed) do
-                names[#names + 1] = n
-            end
-            table.sort(names)
-            error(("%s.%s: unknown key (%s)"):format(path, tostring(k), table.concat(names, ", ")), 0)
-        end
     end
 end
 
@@ -87,7 +73,7 @@ local function check_name(path, v)
 end
 
 local function check_map(path, t)
-    check_keys(path, t, setmetatable({}, { __index = function() return true end }))
+    check_mapping(path, t)
     for class, q in pairs(t) do
         check_name(path .. "." .. tostring(class), q)
     end
@@ -98,7 +84,7 @@ local function check_list(path, t, each)
         error(path .. ": must be a list", 0)
     end
     for i, v in ipairs(t) do
-        each(("%s[%d]"):format(path, i - 1), v)
+        each(("%s[%d]"):format(path, i), v)
     end
 end
 
@@ -108,7 +94,7 @@ function M.check(cfg)
     if q == nil then
         return
     end
-    check_keys("queues", q, KEYS)
+    check_mapping("queues", q)
     if q.system ~= "kueue" and q.system ~= "kai" then
         error("queues.system: must be kueue or kai", 0)
     end
@@ -133,7 +119,7 @@ function M.check(cfg)
     end
     for ns, n in pairs(q.namespaces or {}) do
         local path = "queues.namespaces." .. tostring(ns)
-        check_keys(path, n, NS_KEYS)
+        check_mapping(path, n)
         if n.queue ~= nil then
             check_name(path .. ".queue", n.queue)
         end

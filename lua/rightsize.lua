@@ -22,7 +22,6 @@ local gpu = require "gpu"
 local quota = require "quota"
 local fleet = require "fleet"
 local intent = require "intent"
-local schema = require "schema"
 
 local M = {}
 
@@ -59,11 +58,6 @@ function M.check(cfg)
     if type(rs) ~= "table" then
         error("rightsizing: must be a mapping", 0)
     end
-    schema.keys(rs, "rightsizing.", { "mode", "headroom", "min_history", "classes", "max_series", "prometheus",
-                                      "metric", "labels", "window", "refresh" })
-    schema.keys(rs.prometheus, "rightsizing.prometheus.", { "url", "token_file", "ca_file", "cert_file",
-                                                            "key_file", "timeout" })
-    schema.keys(rs.labels, "rightsizing.labels.", { "namespace", "pod" })
     -- YAML 1.1 reads an unquoted off as false.
     if rs.mode ~= nil and rs.mode ~= false and not MODES[rs.mode] then
         error("rightsizing.mode: must be off, recommend or apply", 0)

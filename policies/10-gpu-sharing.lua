@@ -48,7 +48,6 @@ local gpu = require "gpu"
 local quota = require "quota"
 local fleet = require "fleet"
 local workload = require "workload"
-local schema = require "schema"
 local rightsize = require "rightsize"
 local intent = require "intent"
 local choice = require "choice"
@@ -585,7 +584,6 @@ return {
     check = function(cfg)
         fleet.check(cfg)
         intent.check(cfg)
-        schema.keys(cfg.exclusive, "exclusive.", { "fractions" })
         if cfg.exclusive ~= nil and cfg.exclusive.fractions ~= nil and cfg.exclusive.fractions ~= "round-up" and
             cfg.exclusive.fractions ~= "deny" then
             error("exclusive.fractions: must be round-up or deny", 0)

@@ -27,7 +27,6 @@ local fleet = require "fleet"
 local workload = require "workload"
 local intent = require "intent"
 local choice = require "choice"
-local schema = require "schema"
 
 local POOL = intent.POOL
 local CHECKPOINTABLE = "gpuguard.io/checkpointable"
@@ -168,8 +167,6 @@ return {
         if p == nil then
             return
         end
-        schema.keys(p, "placement.", { "non_gpu_pods", "exempt_namespaces", "exempt_service_accounts", "spot" })
-        schema.keys(p.spot, "placement.spot.", { "taint", "node_selector", "weight" })
         if p.non_gpu_pods ~= nil and p.non_gpu_pods ~= "deny" and p.non_gpu_pods ~= "warn" then
             error("placement.non_gpu_pods: must be deny or warn", 0)
         end

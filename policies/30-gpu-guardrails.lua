@@ -54,7 +54,6 @@ local k8s = require "k8s"
 local intent = require "intent"
 local fleet = require "fleet"
 local workload = require "workload"
-local schema = require "schema"
 
 local SECTIONS = { "requests", "limits" }
 local NONE = {}
@@ -643,8 +642,6 @@ local function check(cfg)
     if g == nil then
         return
     end
-    schema.keys(g, "guardrails.", { "required_labels", "host_paths", "gpu_env_config_maps", "bind_allowed",
-                                    "update_allowed" })
     if g.required_labels ~= nil then
         check_strings(g.required_labels, "guardrails.required_labels", "label key")
     end
@@ -664,7 +661,6 @@ local function check(cfg)
         end
         for i, r in ipairs(g.gpu_env_config_maps) do
             local where = string.format("guardrails.gpu_env_config_maps[%d]", i)
-            schema.keys(r, where .. ".", { "env", "key", "name_annotation", "scheduler_name" })
             if type(r) ~= "table" or not GPU_ENV[r.env] then
                 error(where .. ".env: must be NVIDIA_VISIBLE_DEVICES, NVIDIA_DRIVER_CAPABILITIES or NVIDIA_MIG_CONFIG_DEVICES", 0)
             end

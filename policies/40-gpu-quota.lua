@@ -24,7 +24,6 @@ local k8s = require "k8s"
 local quota = require "quota"
 local intent = require "intent"
 local workload = require "workload"
-local schema = require "schema"
 
 local AMOUNT = { allow_above_one = true, allow_zero = true }
 
@@ -117,7 +116,6 @@ return {
         if q == nil then
             return
         end
-        schema.keys(q, "quotas.", { "default", "namespaces", "max_per_pod", "per_class", "inventory_not_ready" })
         if q.default ~= nil then
             gpus(q.default, "quotas.default")
         end

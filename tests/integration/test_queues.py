@@ -322,7 +322,7 @@ def test_kai_class_queue(kai):
     ("system: kueue\n  default: Not_A_Name", "queues.default: must be a queue name"),
     ("system: kueue\n  colour: blue", "queues.colour: unknown key"),
     ("system: kueue\n  namespaces: {a: {allowed: [ok, BAD]}}",
-     "queues.namespaces.a.allowed[1]: must be a queue name"),
+     "queues.namespaces.a.allowed[2]: must be a queue name"),
     ("system: kai\n  namespaces: {a: {allowed_priority_classes: [low]}}",
      "queues.namespaces.a.allowed_priority_classes: Kueue's WorkloadPriorityClass; only with system: kueue"),
 ])

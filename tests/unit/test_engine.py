@@ -69,11 +69,12 @@ class Engine:
     def run(self, rev, phases="both", repeat=1, expect_rc=0):
         path = self.tmp / "review.json"
         path.write_text(json.dumps(rev))
-        cmd = [tool(), "--policies", str(self.dir), "--lua", str(self.lua),
+        # The policy directory as a user in tmp_path names it: Lua's messages name files so.
+        cmd = [tool(), "--policies", self.dir.name, "--lua", str(self.lua),
                "--phases", phases, "--repeat", str(repeat), str(path)]
         if self.config:
             cmd += ["--config", str(self.config)]
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=self.tmp)
         assert expect_rc is None or out.returncode == expect_rc, out.stderr
         self.stderr = out.stderr
         return json.loads(out.stdout) if out.returncode == 0 else out.stderr
@@ -1764,7 +1765,7 @@ guardrails:
   required_labels: [team, cost-center]
 quotas:
   default: 4
-  ml: 16
+  max_per_pod: 16
 """
 
 
@@ -1806,7 +1807,7 @@ end }
     assert v["allowed"] is True
     assert v["warnings"] == ["walk: " + w for w in [
         "1 a100 #2 gpu:a100,spot:yes", "2 h100 #0 ", "#pools 2 labels 2 team,cost-center",
-        "quotas default=4,ml=16", "next guardrails,pools,quotas nil",
+        "quotas default=4,max_per_pod=16", "next guardrails,pools,quotas nil",
         "util #3 sum 7 big=8,small=1", "state true nil 2"]]
 
 
@@ -1890,7 +1891,7 @@ def test_bad_policy_files_are_refused_with_a_clear_message(engine, text, message
 @pytest.mark.parametrize("yaml_text,message", [
     ("engine:\n  memory: lots\n", "engine.memory: must be a size such as 32Mi (at least 1Ki)"),
     ("engine:\n  timeout: 5\n", "engine.timeout: must be a duration such as 2s or 500ms"),
-    ("engine:\n  speed: 1\n", "engine.speed: unknown key (memory, instructions, timeout)"),
+    ("engine:\n  speed: 1\n", "engine.speed: unknown key (known: instructions, memory, timeout)"),
     ("enforcement:\n  mode: loud\n", "enforcement.mode: must be enforce, warn or audit"),
     ("enforcement:\n  policies:\n    x:\n      failure: maybe\n",
      "enforcement.policies.x.failure: must be deny or allow"),

@@ -21,6 +21,7 @@ static const struct command {
     {"certs", cli_certs, "create a CA and a serving certificate for the webhook"},
     {"check", cli_check, "dry-run the policies on manifests (files, directories, stdin) for CI"},
     {"test", cli_test, "run policy test suites (*.suite.yaml)"},
+    {"config", cli_config, "check a configuration file and show its defaults; its JSON Schema"},
     {"usage", cli_usage, "save workloads' GPU memory history from Prometheus for check --usage"},
     {"version", cmd_version, "print the version"},
 };

@@ -1,6 +1,6 @@
 /*
- * cfgkeys.c - the configuration's known sections, and the message that
- * refuses an unknown key (cfgkeys.h).
+ * cfgkeys.c - the message that refuses an unknown key, with the nearest known
+ * one (cfgkeys.h).
  */
 #include "engine/cfgkeys.h"
 
@@ -8,27 +8,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* Sorted, for the messages.  Who reads each: docs/gpu-policies.md, "Configuration keys". */
-const char *const cfg_sections[] = {
-    "classes",       /* lua/fleet.lua */
-    "default_class", /* lua/fleet.lua */
-    "dra",           /* lua/intent.lua */
-    "enforcement",   /* the engine */
-    "engine",        /* the engine */
-    "exclusive",     /* 10-gpu-sharing */
-    "gpu_models",    /* lua/gpu.lua */
-    "guardrails",    /* 30-gpu-guardrails */
-    "other_gpus",    /* lua/intent.lua */
-    "placement",     /* 20-gpu-placement */
-    "pools",         /* lua/fleet.lua */
-    "queues",        /* lua/queues.lua */
-    "quotas",        /* 40-gpu-quota */
-    "rightsizing",   /* lua/rightsize.lua and the rightsizing source */
-    "workloads",     /* the engine */
-};
-_Static_assert(sizeof(cfg_sections) / sizeof(cfg_sections[0]) == CFG_N_SECTIONS,
-               "CFG_N_SECTIONS counts cfg_sections");
 
 /* Names are compared on at most this many bytes. */
 #define NAME_MAX_CMP 64
@@ -104,33 +83,4 @@ void cfgkeys_unknown(char *out, size_t size, const char *path, const char *key,
     if (k >= 0 && (size_t)k < size)
         snprintf(out + k, size - (size_t)k, ")");
     free(sorted);
-}
-
-enum gg_status cfg_check_sections(const json_t *root, const json_t *declared, struct gg_err *err)
-{
-    size_t n = CFG_N_SECTIONS + json_array_size(declared);
-    const char **known = malloc(n * sizeof(*known));
-    if (!known)
-        return gg_fail(err, GG_ERR_NOMEM, "out of memory checking the configuration");
-    for (size_t i = 0; i < CFG_N_SECTIONS; i++)
-        known[i] = cfg_sections[i];
-    for (size_t i = 0; i < json_array_size(declared); i++)
-        known[CFG_N_SECTIONS + i] = json_string_value(json_array_get(declared, i));
-    enum gg_status st = GG_OK;
-    const char *key;
-    const json_t *v;
-    json_object_foreach((json_t *)root, key, v)
-    {
-        bool found = false;
-        for (size_t i = 0; !found && i < n; i++)
-            found = strcmp(known[i], key) == 0;
-        if (!found) {
-            char msg[sizeof(err->msg)];
-            cfgkeys_unknown(msg, sizeof(msg), "", key, known, n);
-            st = gg_fail(err, GG_ERR_INVALID, "%s", msg);
-            break;
-        }
-    }
-    free(known);
-    return st;
 }

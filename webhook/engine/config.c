@@ -2,7 +2,7 @@
  * config.c - read the configuration file and check the engine's sections.
  */
 #include "engine/config.h"
-#include "engine/cfgkeys.h"
+#include "engine/cfgschema.h"
 #include "util/duration.h"
 
 #include "codec/admission.h"
@@ -63,6 +63,13 @@ enum gg_status cfg_load(const char *path, json_t **root, struct gg_err *err)
         json_decref(doc);
         return gg_fail(err, GG_ERR_INVALID, "%s: the configuration must be a mapping", path);
     }
+    /* Keys first, so that a misspelt key is said as such and not as the value it leaves out;
+     * the top-level sections are checked once the policies have said which they read. */
+    struct gg_err sub = {{0}};
+    if ((st = cfgschema_check(doc, NULL, &sub)) != GG_OK) {
+        json_decref(doc);
+        return gg_fail(err, st, "%s: %s", path, sub.msg);
+    }
     *root = doc;
     return GG_OK;
 }
@@ -95,14 +102,7 @@ enum gg_status cfg_limits(const json_t *root, struct cfg_limits *out, struct gg_
         return GG_OK;
     if (!json_is_object(engine))
         return gg_fail(err, GG_ERR_INVALID, "engine: must be a mapping");
-    const char *key;
     json_t *v;
-    json_object_foreach(engine, key, v)
-    {
-        if (strcmp(key, "memory") && strcmp(key, "instructions") && strcmp(key, "timeout"))
-            return gg_fail(err, GG_ERR_INVALID,
-                           "engine.%s: unknown key (memory, instructions, timeout)", key);
-    }
     enum gg_status st = limit_quantity(engine, "memory", &out->memory, err);
     if (st != GG_OK)
         return st;
@@ -125,8 +125,7 @@ enum gg_status cfg_limits(const json_t *root, struct cfg_limits *out, struct gg_
 }
 
 /* A {mode, failure, namespaces} mapping; `where` is its key path. */
-static enum gg_status check_override(const json_t *o, const char *where, bool policy_level,
-                                     struct gg_err *err)
+static enum gg_status check_override(const json_t *o, const char *where, struct gg_err *err)
 {
     if (!json_is_object(o))
         return gg_fail(err, GG_ERR_INVALID, "%s: must be a mapping", where);
@@ -153,10 +152,7 @@ static enum gg_status check_override(const json_t *o, const char *where, bool po
                     return gg_fail(err, GG_ERR_INVALID,
                                    "%s.namespaces.%s: must be enforce, warn or audit", where, ns);
             }
-        } else if (!(strcmp(key, "policies") == 0 && !policy_level)) {
-            return gg_fail(err, GG_ERR_INVALID, "%s.%s: unknown key (mode, failure, namespaces%s)",
-                           where, key, policy_level ? "" : ", policies");
-        }
+        } /* policies: checked by the caller; other keys: by cfgschema_check */
     }
     return GG_OK;
 }
@@ -166,7 +162,7 @@ enum gg_status cfg_check_enforcement(const json_t *root, struct gg_err *err)
     json_t *enf = json_object_get(root, "enforcement");
     if (!enf)
         return GG_OK;
-    enum gg_status st = check_override(enf, "enforcement", false, err);
+    enum gg_status st = check_override(enf, "enforcement", err);
     if (st != GG_OK)
         return st;
     json_t *policies = json_object_get(enf, "policies");
@@ -180,7 +176,7 @@ enum gg_status cfg_check_enforcement(const json_t *root, struct gg_err *err)
     {
         char where[160];
         snprintf(where, sizeof(where), "enforcement.policies.%s", name);
-        if ((st = check_override(o, where, true, err)) != GG_OK)
+        if ((st = check_override(o, where, err)) != GG_OK)
             return st;
     }
     return GG_OK;
@@ -224,17 +220,6 @@ enum gg_status cfg_workloads_mode(const json_t *root, enum cfg_workloads_mode *o
         return GG_OK;
     if (!json_is_object(section))
         return gg_fail(err, GG_ERR_INVALID, "workloads: must be a mapping");
-    const char *key;
-    json_t *value;
-    static const char *const known[] = {"mode"};
-    json_object_foreach(section, key, value)
-    {
-        if (strcmp(key, "mode") != 0) {
-            char msg[sizeof(err->msg)];
-            cfgkeys_unknown(msg, sizeof(msg), "workloads.", key, known, 1);
-            return gg_fail(err, GG_ERR_INVALID, "%s", msg);
-        }
-    }
     json_t *mode = json_object_get(section, "mode");
     if (!mode)
         return GG_OK;

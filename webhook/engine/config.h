@@ -43,7 +43,9 @@ struct cfg_limits {
     int64_t timeout_us;
 };
 
-/* Read the file (NULL path: an empty configuration) into a JSON object. */
+/* Read the file (NULL path: an empty configuration) into a JSON object, refusing a key the
+ * schema does not have inside a known section (cfgschema_check; the top-level names are
+ * checked with the policies). */
 enum gg_status cfg_load(const char *path, json_t **root, struct gg_err *err);
 
 /* engine: section with defaults; err names the key path. */

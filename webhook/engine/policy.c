@@ -10,7 +10,7 @@
 #include "util/clock.h"
 
 #include "util/buf.h"
-#include "engine/cfgkeys.h"
+#include "engine/cfgschema.h"
 #include "engine/config.h"
 #include "kube/inventory.h"
 #include "codec/jsonpatch.h"
@@ -212,7 +212,7 @@ static enum gg_status check_config_field(const json_t *config, const char *name,
     return GG_OK;
 }
 
-/* The sections the policies' config fields name, all of them, for cfg_check_sections. */
+/* The sections the policies' config fields name, all of them, for cfgschema_check. */
 static json_t *declared_sections(const struct lb_policy_info *infos, size_t n)
 {
     json_t *all = json_array();
@@ -309,7 +309,7 @@ static enum gg_status check_policies(struct policy_set *set, const char *config_
     if (st == GG_OK) {
         json_t *declared = declared_sections(infos, set->n);
         struct gg_err sub = {{0}};
-        st = declared ? cfg_check_sections(set->config, declared, &sub)
+        st = declared ? cfgschema_check(set->config, declared, &sub)
                       : gg_fail(&sub, GG_ERR_NOMEM, "out of memory");
         if (st != GG_OK)
             gg_fail(err, st, "%s: %s", config_path ? config_path : "configuration", sub.msg);
