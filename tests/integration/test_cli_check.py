@@ -310,7 +310,8 @@ end }
 
 TEMPLATE_FIELDS = {"type", "file", "document", "line", "apiVersion", "kind", "name", "namespace",
                    "path", "pointer", "owner", "owners", "allowed", "message", "denied_in",
-                   "warnings", "audit", "policies", "decision", "queue", "patch", "policy_error"}
+                   "warnings", "audit", "policies", "decision", "queue", "patch", "policy_error",
+                   "pods", "admitted_pods", "charge", "charge_per_pod"}
 SKIPPED_FIELDS = {"type", "file", "document", "line", "apiVersion", "kind", "name", "namespace",
                   "pointer", "reason"}
 SUMMARY_FIELDS = {"type", "checked", "allowed", "denied", "warned", "skipped", "errors",
@@ -334,6 +335,7 @@ def test_json_output_fields(check):
         "warnings": ["gpu-limit: no team label; add metadata.labels.team"],
         "audit": pod["audit"], "policies": ["gpu-limit"],
         "decision": "exclusive: 8 GPU", "queue": None, "policy_error": False,
+        "pods": 1, "admitted_pods": 0, "charge": None, "charge_per_pod": None,
         "patch": [{"op": "add", "path": "/metadata/annotations",
                    "value": {"gpuguard.io/decision": "exclusive: 8 GPU"}},
                   {"op": "add", "path": "/spec/tolerations",
@@ -624,7 +626,7 @@ def test_cluster_state_is_checked(check):
     out = check.run("--cluster-state", check.write("empty.json", '{"kind": "List", "items": []}'),
                     check.write("p0.yaml", [gpu_pod(labels={"team": "a"})]))
     assert out.returncode == 2
-    assert ("--cluster-state: cannot load the charge model: charge: policies/charge:1: "
+    assert ('--cluster-state: cannot load the charge model: charge: [string "charge"]:1: '
             'require "intent": no such module') in out.stderr.decode()
     for module in (REPO / "lua").glob("*.lua"):  # usage is charged by the library's model
         (check.lua / module.name).write_text(module.read_text())
@@ -923,9 +925,8 @@ def test_a_policy_error_is_an_error_not_a_denial(binary, tmp_path):
         (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(gpu_pod(name=name, gpus=0)))
 
     def run(*args):
-        return subprocess.run([binary, "check", "--no-config", "--policies", str(tmp_path / "p"),
-                               "--lua", str(tmp_path / "l"), *args], capture_output=True,
-                              text=True, timeout=60, cwd=tmp_path)
+        return subprocess.run([binary, "check", "--no-config", "--policies", "p", "--lua", "l",
+                               *args], capture_output=True, text=True, timeout=60, cwd=tmp_path)
     out = run("boom.yaml", "no.yaml", "ok.yaml")
     assert out.returncode == 3, out.stdout + out.stderr
     assert out.stdout.splitlines()[0].startswith("error    boom.yaml:1  Pod default/boom")
@@ -941,4 +942,86 @@ def test_a_policy_error_is_an_error_not_a_denial(binary, tmp_path):
     boom = suite.find("./testsuite[@name='boom.yaml']/testcase")
     assert boom.find("failure") is None
     assert boom.find("error").get("message").startswith(
-        "crash: policy error: policies/10-crash.lua:3: attempt to index a nil value")
+        "crash: policy error: p/10-crash.lua:3: attempt to index a nil value")
+
+
+# ---- a workload's pods against the quota ---------------------------------------
+
+def inference_deployment(name, namespace, replicas, gpus=1):
+    pod = gpu_pod(gpus=gpus, labels={"app": name, "team": "a",
+                                     "gpuguard.io/workload-class": "inference"})
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"replicas": replicas, "selector": {"matchLabels": {"app": name}},
+                     "template": {"metadata": pod["metadata"], "spec": pod["spec"]}}}
+
+
+def state_with(check, *pods):
+    """A cluster state of running pods."""
+    items = []
+    for i, pod in enumerate(pods):
+        pod = json.loads(json.dumps(pod))
+        pod["metadata"]["uid"] = f"uid-{i}"
+        pod["spec"]["nodeName"] = "n1"
+        pod["status"] = {"phase": "Running"}
+        items.append(pod)
+    return check.write("state.json", json.dumps({"apiVersion": "v1", "kind": "List",
+                                                 "items": items}))
+
+
+def test_check_counts_a_workloads_pods_against_the_quota_as_the_cluster_admits_them(check):
+    # Quota 4 (the shipped default), 3 in use: of 6 replicas of 1 GPU, 1 is admitted and the
+    # API server denies the other 5 one by one; the workload itself is admitted.
+    state = state_with(check, training_pod("old", "team-x", 3))
+    deployment = check.write("d.yaml", [inference_deployment("infer", "team-x", 6),
+                                        training_pod("after", "team-x", 1)])
+    out = check_shipped(check.binary, "--cluster-state", state, "-o", "json", deployment,
+                        cwd=check.tmp)
+    assert out.returncode == 1, out.stderr
+    rec, after, summary = [json.loads(line) for line in out.stdout.splitlines()]
+    assert (rec["allowed"], rec["pods"], rec["admitted_pods"]) == (True, 6, 1)
+    assert (rec["charge"], rec["charge_per_pod"]) == ("6.000", "1.000")
+    assert rec["warnings"] == [
+        "1 of its 6 pods would be admitted: the API server admits the Deployment and denies the "
+        "other 5, the first of them with: gpu-quota: namespace team-x would use 5 of 4 GPUs "
+        "(in use 4, this pod 1); ask for fewer GPUs or free GPUs"]
+    # The admitted replica counts for the documents after the workload.
+    assert after["allowed"] is False
+    assert "in use 4, this pod 1" in after["message"]
+    assert (summary["warned"], summary["denied"]) == (1, 1)
+    # The text and JUnit reports say the total charge too.
+    out = check_shipped(check.binary, "--cluster-state", state, deployment, cwd=check.tmp)
+    assert "         charge: 6.000 GPU-equivalents (6 pods x 1.000)\n" in out.stdout
+    assert "         warning: 1 of its 6 pods would be admitted" in out.stdout
+    out = check_shipped(check.binary, "--cluster-state", state, "-o", "junit", deployment,
+                        cwd=check.tmp)
+    system_out = ET.fromstring(out.stdout).find(".//testcase/system-out").text
+    assert "charge: 6.000 GPU-equivalents (6 pods x 1.000)\n" in system_out
+
+
+def test_check_admits_every_pod_that_fits_and_charges_them_all(check):
+    # team-a's quota is 8: 4 replicas of 2 GPUs fit exactly, so a pod after them does not.
+    state = state_with(check)
+    docs = check.write("d.yaml", [inference_deployment("infer", "team-a", 4, gpus=2),
+                                  training_pod("after", "team-a", 1)])
+    out = check_shipped(check.binary, "--cluster-state", state, "-o", "json", docs,
+                        cwd=check.tmp)
+    rec, after, _ = [json.loads(line) for line in out.stdout.splitlines()]
+    assert (rec["allowed"], rec["pods"], rec["admitted_pods"], rec["charge"]) == (True, 4, 4,
+                                                                                   "8.000")
+    assert rec["warnings"] == []
+    assert after["allowed"] is False
+    assert "in use 8, this pod 1" in after["message"]
+
+
+def test_every_replica_of_a_namespace_without_a_gpu_limit_is_admitted(check, tmp_path):
+    # No quota for the namespace: all 100000 replicas are admitted and charged.
+    config = tmp_path / "c.yaml"
+    config.write_text((REPO / "deploy" / "gpuguard.yaml").read_text()
+                      .replace("  default: 4\n", ""))
+    docs = check.write("d.yaml", [inference_deployment("infer", "team-x", 100000)])
+    out = check_shipped(check.binary, "--cluster-state", state_with(check), "-o", "json", docs,
+                        config=config, cwd=check.tmp)
+    assert out.returncode == 0, out.stderr
+    rec = json.loads(out.stdout.splitlines()[0])
+    assert (rec["pods"], rec["admitted_pods"], rec["charge"]) == (100000, 100000, "100000.000")

@@ -17,6 +17,7 @@
 #include "cli/cli.h"
 #include "cli/cli_dra.h"
 #include "cli/cli_files.h"
+#include "cli/cli_pods.h"
 #include "cli/engine_opts.h"
 #include "engine/dryrun.h"
 #include "util/gpuguard.h"
@@ -227,6 +228,38 @@ static void add_skipped(struct check_run *r, const char *file, const struct mf_e
  * object's own (object: NULL for a Pod document): a denial of either
  * denies, and the queue is the object's, else the pod's.
  */
+/* milli as GPU-equivalents, exactly: "1.143". */
+static json_t *gpus_text(long long milli)
+{
+    char text[32];
+    snprintf(text, sizeof(text), "%lld.%03lld", milli / 1000, milli % 1000);
+    return json_string(text);
+}
+
+/* The template's pods into its record: how many, how many admitted, and what they all hold. */
+static void add_pods(json_t *rec, const struct pods_fit *fit)
+{
+    json_object_set_new(rec, "pods", json_integer(fit->pods));
+    json_object_set_new(rec, "admitted_pods", json_integer(fit->admitted));
+    json_object_set_new(rec, "charge",
+                        fit->charge ? gpus_text(fit->charge * fit->pods) : json_null());
+    json_object_set_new(rec, "charge_per_pod", fit->charge ? gpus_text(fit->charge) : json_null());
+}
+
+/* "charge: 6.000 GPU-equivalents (6 pods x 1.000)" of a record, or "" when it holds no GPU. */
+static void charge_line(const json_t *rec, char *out, size_t size)
+{
+    const char *total = json_string_value(json_object_get(rec, "charge"));
+    long long pods = json_integer_value(json_object_get(rec, "pods"));
+    if (!total)
+        snprintf(out, size, "%s", "");
+    else if (pods > 1)
+        snprintf(out, size, "charge: %s GPU-equivalents (%lld pods x %s)", total, pods,
+                 json_string_value(json_object_get(rec, "charge_per_pod")));
+    else
+        snprintf(out, size, "charge: %s GPU-equivalents", total);
+}
+
 static enum gg_status check_template(struct check_run *r, const char *file, struct mf_entry *e,
                                      json_t *doc, const struct dr_result *object,
                                      struct gg_err *err)
@@ -252,9 +285,22 @@ static enum gg_status check_template(struct check_run *r, const char *file, stru
         }
     }
     wl_fold(res, object);
+    struct pods_fit fit;
+    if ((st = cli_fit_pods(r->engine, r->inventory, e, doc, &dopts, res, &fit, err)) != GG_OK) {
+        wl_result_clear(&wr);
+        return st;
+    }
     bool allowed = res->allowed;
     const char *message = res->message;
     json_t *warnings = json_incref(res->warnings);
+    if (fit.denial) {
+        char text[4096];
+        snprintf(text, sizeof(text),
+                 "%lld of its %lld pods would be admitted: the API server admits the %s and "
+                 "denies the other %lld, the first of them with: %s",
+                 fit.admitted, fit.pods, e->kind, fit.pods - fit.admitted, fit.denial);
+        json_array_append_new(warnings, json_string(text));
+    }
     const char *queue = object ? wl_queue(object->mutated) : NULL;
     if (!queue)
         queue = wl_queue(res->mutated);
@@ -278,6 +324,7 @@ static enum gg_status check_template(struct check_run *r, const char *file, stru
     if (rec) {
         json_object_set_new(rec, "queue", str_or_null(queue));
         json_object_set_new(rec, "policy_error", json_boolean(policy_error));
+        add_pods(rec, &fit);
     }
     if (rec && r->o.format == OUT_JUNIT) /* testcase time; not part of the JSON output */
         json_object_set_new(rec, "seconds", json_real(seconds));
@@ -285,6 +332,7 @@ static enum gg_status check_template(struct check_run *r, const char *file, stru
         json_object_set(rec, "unmapped_patch", wr.dropped);
     json_array_append_new(r->records, rec);
     json_decref(warnings);
+    pods_fit_clear(&fit);
     wl_result_clear(&wr);
     return st;
 }
@@ -409,6 +457,10 @@ static void print_text_template(const struct check_run *r, const json_t *rec)
     const char *decision = json_string_value(json_object_get(rec, "decision"));
     if (decision)
         fprintf(f, "         decision: %s\n", decision);
+    char charge[128];
+    charge_line(rec, charge, sizeof(charge));
+    if (*charge)
+        fprintf(f, "         %s\n", charge);
     const char *queue = json_string_value(json_object_get(rec, "queue"));
     if (queue)
         fprintf(f, "         queue: %s\n", queue);
@@ -596,7 +648,9 @@ static void junit_case(FILE *f, const json_t *rec)
     json_t *warnings = json_object_get(rec, "warnings");
     const char *decision = json_string_value(json_object_get(rec, "decision"));
     const char *queue = json_string_value(json_object_get(rec, "queue"));
-    if (json_array_size(warnings) || decision || queue) {
+    char charge[128];
+    charge_line(rec, charge, sizeof(charge));
+    if (json_array_size(warnings) || decision || queue || *charge) {
         size_t i;
         json_t *w;
         fputs("      <system-out>", f);
@@ -614,6 +668,10 @@ static void junit_case(FILE *f, const json_t *rec)
         if (queue) {
             xml_text(f, "queue: ");
             xml_text(f, queue);
+            xml_text(f, "\n");
+        }
+        if (*charge) {
+            xml_text(f, charge);
             xml_text(f, "\n");
         }
         fputs("</system-out>\n", f);

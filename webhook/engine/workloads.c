@@ -242,16 +242,21 @@ long long wl_pod_count(const json_t *obj, const char *template_ptr)
     return n;
 }
 
+long long wl_pod_charge(const json_t *pod)
+{
+    const char *note = json_string_value(json_object_get(
+        json_object_get(json_object_get(pod, "metadata"), "annotations"), GG_KEY_CHARGE));
+    char *end = NULL;
+    long long milli = note ? strtoll(note, &end, 10) : 0;
+    return note && !*end && milli > 0 ? milli : 0;
+}
+
 /* The template's charge times its pods, into the workload's. */
 static void add_charge(struct gather *g, const struct mf_entry *e, const json_t *doc,
                        const struct wl_result *r)
 {
-    const char *note = json_string_value(
-        json_object_get(json_object_get(json_object_get(r->pod.mutated, "metadata"), "annotations"),
-                        GG_KEY_CHARGE));
-    char *end = NULL;
-    long long milli = note ? strtoll(note, &end, 10) : 0;
-    if (!note || *end || milli <= 0)
+    long long milli = wl_pod_charge(r->pod.mutated);
+    if (milli == 0)
         return;
     long long pods = wl_pod_count(doc, e->template_ptr);
     g->charge += milli * pods;

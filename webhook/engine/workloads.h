@@ -95,6 +95,9 @@ void wl_walk_clear(struct wl_walk *w);
  */
 long long wl_pod_count(const json_t *obj, const char *template_ptr);
 
+/* The charge the policies wrote on a mutated pod (gpuguard.io/charge, milli-GPU), or 0. */
+long long wl_pod_charge(const json_t *pod);
+
 /* The queue obj names (Kueue's or KAI's label), or NULL. */
 const char *wl_queue(const json_t *obj);
 
