@@ -1025,3 +1025,53 @@ def test_every_replica_of_a_namespace_without_a_gpu_limit_is_admitted(check, tmp
     assert out.returncode == 0, out.stderr
     rec = json.loads(out.stdout.splitlines()[0])
     assert (rec["pods"], rec["admitted_pods"], rec["charge"]) == (100000, 100000, "100000.000")
+
+
+# ---- namespaces the webhooks never see -----------------------------------------
+
+def webhook_namespace_selectors():
+    docs = yaml.safe_load_all((REPO / "deploy" / "base" / "webhooks.yaml").read_text())
+    return [w["namespaceSelector"]["matchExpressions"] for d in docs for w in d["webhooks"]]
+
+
+def privileged_pod(name, namespace):
+    pod = gpu_pod(name, gpus=0, namespace=namespace)
+    pod["spec"]["containers"][0]["resources"] = {}
+    pod["spec"]["containers"][0]["securityContext"] = {"privileged": True}
+    return pod
+
+
+def test_check_skips_the_namespaces_the_webhooks_leave_out_by_name(check):
+    names = set()
+    for expressions in webhook_namespace_selectors():
+        by_name = [x for x in expressions if x["key"] == "kubernetes.io/metadata.name"]
+        assert [x["operator"] for x in by_name] == ["NotIn"]
+        names.update(by_name[0]["values"])
+    assert names == {"kube-system", "gpuguard-system"}
+    pods = [privileged_pod(f"agent-{ns}", ns) for ns in sorted(names)]
+    path = check.write("agents.yaml", pods + [privileged_pod("agent", "monitoring")])
+    out = check_shipped(check.binary, "-o", "json", path, cwd=check.tmp)
+    assert out.returncode == 1, out.stderr
+    records = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [(r["type"], r.get("reason")) for r in records[:2]] == [
+        ("skipped", "namespace gpuguard-system: the webhooks' namespaceSelector leaves it out"),
+        ("skipped", "namespace kube-system: the webhooks' namespaceSelector leaves it out")]
+    assert (records[2]["type"], records[2]["allowed"]) == ("template", False)
+    assert (records[3]["skipped"], records[3]["denied"]) == (2, 1)
+
+
+def test_check_skips_a_namespace_its_input_labels_ignored(check):
+    for expressions in webhook_namespace_selectors():
+        assert {"key": "gpuguard.io/ignore", "operator": "NotIn", "values": ["true"]} in expressions
+    ignored = {"apiVersion": "v1", "kind": "Namespace",
+               "metadata": {"name": "node-agents", "labels": {"gpuguard.io/ignore": "true"}}}
+    kept = {"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": "monitoring", "labels": {"gpuguard.io/ignore": "false"}}}
+    path = check.write("agents.yaml", [ignored, kept, privileged_pod("a", "node-agents"),
+                                       privileged_pod("b", "monitoring")])
+    out = check_shipped(check.binary, path, cwd=check.tmp)
+    assert out.returncode == 1, out.stderr
+    lines = out.stdout.splitlines()
+    assert re.fullmatch(r"skipped  agents\.yaml:\d+  Pod a  \(namespace node-agents is labelled "
+                        r"gpuguard\.io/ignore=true: the webhooks leave it out\)", lines[2])
+    assert re.fullmatch(r"denied   agents\.yaml:\d+  Pod monitoring/b", lines[3])

@@ -66,7 +66,13 @@ struct check_run {
      * one), and the DRA objects of the snapshot and the inputs, for gpuguard.dra(). */
     struct inventory *inventory;
     struct charger *charger;
+    /* Namespaces the input's Namespace documents label gpuguard.io/ignore=true, so far. */
+    json_t *ignored;
 };
+
+/* The namespaces the shipped webhooks' namespaceSelector leaves out by name
+ * (deploy/base/webhooks.yaml; test_cli_check.py holds the two to the same list). */
+static const char *const unseen_namespaces[] = {"kube-system", "gpuguard-system"};
 
 static void check_usage(FILE *out)
 {
@@ -211,7 +217,8 @@ static json_t *str_or_null(const char *s)
     return s ? json_string(s) : json_null();
 }
 
-static void add_skipped(struct check_run *r, const char *file, const struct mf_entry *e)
+static void add_skipped(struct check_run *r, const char *file, const struct mf_entry *e,
+                        const char *reason)
 {
     r->skipped++;
     json_array_append_new(r->records,
@@ -220,14 +227,9 @@ static void add_skipped(struct check_run *r, const char *file, const struct mf_e
                                     (json_int_t)e->line, "apiVersion", e->api_version, "kind",
                                     e->kind, "name", e->name, "namespace",
                                     *e->namespace ? json_string(e->namespace) : json_null(),
-                                    "pointer", e->object_ptr, "reason", e->reason));
+                                    "pointer", e->object_ptr, "reason", reason));
 }
 
-/*
- * Put one template through the webhooks and record the result, with its
- * object's own (object: NULL for a Pod document): a denial of either
- * denies, and the queue is the object's, else the pod's.
- */
 /* milli as GPU-equivalents, exactly: "1.143". */
 static json_t *gpus_text(long long milli)
 {
@@ -260,6 +262,48 @@ static void charge_line(const json_t *rec, char *out, size_t size)
         snprintf(out, size, "charge: %s GPU-equivalents", total);
 }
 
+/* Take the gpuguard.io/ignore label of each Namespace document of docs. */
+static void note_ignored(struct check_run *r, const json_t *docs)
+{
+    size_t i;
+    const json_t *doc;
+    json_array_foreach(docs, i, doc)
+    {
+        const json_t *meta = json_object_get(doc, "metadata");
+        const char *name = json_string_value(json_object_get(meta, "name"));
+        const char *kind = json_string_value(json_object_get(doc, "kind"));
+        if (!name || !kind || strcmp(kind, "Namespace") != 0)
+            continue;
+        const char *ignore =
+            json_string_value(json_object_get(json_object_get(meta, "labels"), GG_KEY_IGNORE));
+        if (ignore && strcmp(ignore, "true") == 0)
+            json_object_set_new(r->ignored, name, json_true());
+        else
+            json_object_del(r->ignored, name);
+    }
+}
+
+/* Why the webhooks never see a pod of e, into why; false when they do. */
+static bool unseen(const struct check_run *r, const struct mf_entry *e, char *why, size_t size)
+{
+    const char *ns = *e->namespace ? e->namespace : r->o.namespace ? r->o.namespace : "default";
+    for (size_t i = 0; i < sizeof(unseen_namespaces) / sizeof(unseen_namespaces[0]); i++)
+        if (strcmp(ns, unseen_namespaces[i]) == 0) {
+            snprintf(why, size, "namespace %s: the webhooks' namespaceSelector leaves it out", ns);
+            return true;
+        }
+    if (!json_is_true(json_object_get(r->ignored, ns)))
+        return false;
+    snprintf(why, size, "namespace %s is labelled %s=true: the webhooks leave it out", ns,
+             GG_KEY_IGNORE);
+    return true;
+}
+
+/*
+ * Put one template through the webhooks and record the result, with its
+ * object's own (object: NULL for a Pod document): a denial of either
+ * denies, and the queue is the object's, else the pod's.
+ */
 static enum gg_status check_template(struct check_run *r, const char *file, struct mf_entry *e,
                                      json_t *doc, const struct dr_result *object,
                                      struct gg_err *err)
@@ -367,13 +411,19 @@ static enum gg_status check_input(struct check_run *r, const char *name, bool fr
     }
     st = GG_OK;
     cli_keep_dra(r->inventory, &set, stream.docs, r->o.namespace);
+    note_ignored(r, stream.docs);
     struct wl_walk walk = {0};
     struct dr_options dopts = {.namespace = r->o.namespace, .user = r->o.user};
     for (size_t i = 0; st == GG_OK && i < set.count; i++) {
         struct mf_entry *e = &set.entries[i];
         json_t *doc = json_array_get(stream.docs, e->doc);
+        char why[512];
         if (e->type == MF_SKIPPED) {
-            add_skipped(r, file, e);
+            add_skipped(r, file, e, e->reason);
+            continue;
+        }
+        if (unseen(r, e, why, sizeof(why))) {
+            add_skipped(r, file, e, why);
             continue;
         }
         /* The workload itself first (queue routing), its patch onto the document with
@@ -812,7 +862,7 @@ int cli_check(int argc, char **argv)
         fprintf(stderr, "gpuguard check: cannot load the policies: %s\n", err.msg);
         goto out;
     }
-    if (!(r.inventory = inv_new())) {
+    if (!(r.inventory = inv_new()) || !(r.ignored = json_object())) {
         fprintf(stderr, "gpuguard check: out of memory\n");
         goto out;
     }
@@ -865,6 +915,7 @@ out:
     charger_free(r.charger);
     engine_free(r.engine);
     inv_free(r.inventory);
+    json_decref(r.ignored);
     json_decref(r.records);
     json_decref(r.emitted);
     rss_reset();
