@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from conftest import start_policy_server, start_server, wait_for
+from test_policy_error_locations import lua_name
 from test_server import metric, review
 
 LABEL_POLICY = """
@@ -111,7 +112,8 @@ def test_broken_policy_is_refused_and_the_last_good_set_serves(policy_server):
     assert stamp_of(policy_server) == "v1"
     status, text = policy_server.ops("/readyz")
     assert status == 200
-    assert text.startswith("ready: policy generation 1, last reload: policies/10-stamp.lua:1:")
+    assert text.startswith("ready: policy generation 1, last reload: "
+                           f"{lua_name(policy_server.policies / '10-stamp.lua')}:1:")
     _, m = policy_server.ops("/metrics")
     assert metric(m, "gpuguard_policy_last_reload_success") == 0
     assert metric(m, "gpuguard_policy_reloads_total", result="error") >= 1

@@ -16,15 +16,16 @@ import pytest
 
 from conftest import start_policy_server, start_server
 from test_faults import HANG, SLOW
+from test_policy_error_locations import lua_name
 from test_server import check_envelope, metric, review
 
 SLOW_SUBJECT = "string.rep('a', 60000)"
-# case label -> (expression, the denial's text after "<case>: ")
+# case label -> (expression, the denial's text after "<case>: "; {file}: the policy's file)
 CASES = {
     "find": (f"string.find({SLOW_SUBJECT}, '.-.-.-.-.-.-b')", "policy stopped: out of time"),
     "dash": (f"({SLOW_SUBJECT}):find('.-b')", "policy stopped: out of time"),
     "move": ("table.move({}, 1, 2^62, 1)",
-             "policy error: policies/12-move.lua:3: table.move: 4611686018427387904 elements "
+             "policy error: {file}:3: table.move: 4611686018427387904 elements "
              "cannot fit in the memory limit"),
     "rep": ("#string.rep('', 2^62)", "finished 0"),
     # The stock sort ran this for 42-77 s, past any deadline: each comparison reads 4 MiB.
@@ -49,6 +50,7 @@ def srv(binary, certs, tmp_path):
     config.write_text("engine:\n  timeout: 500ms\n  instructions: 1000000000000\n")
     server = start_server(binary, certs, tmp_path, "--policies", str(policies), "--lua",
                           str(tmp_path), "--config", str(config), "--shutdown-grace", "5")
+    server.policies = policies
     yield server
     if server.proc.poll() is None:
         server.stop(timeout=5 * SLOW)  # the old sort held a worker past SIGTERM
@@ -93,7 +95,8 @@ def ask(server, case):
 def test_each_call_ends_in_a_denial_naming_its_policy(srv, case):
     resp = ask(srv, case)
     assert resp["allowed"] is False
-    assert resp["status"]["message"] == f"{case}: {CASES[case][1]}"
+    file = lua_name(srv.policies / f"{10 + sorted(CASES).index(case)}-{case}.lua")
+    assert resp["status"]["message"] == f"{case}: " + CASES[case][1].format(file=file)
     assert srv.ops("/healthz") == (200, "ok\n")
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
+from test_policy_error_locations import lua_name
 
 REVIEW = REPO / "tests" / "data" / "reviews" / "bench-pod.json"
 
@@ -82,8 +83,9 @@ def test_each_instruction_is_counted_once_on_its_line_and_function(binary, tmp_p
         # calls nothing, so its inclusive count is its self count, which is everything.
         assert sum(line_counts.values()) == total, lines
         assert sum(selfs) == total, functions
-        assert inclusive.get("policies/count.lua:2") == total, functions
-        runs[loops] = line_counts["policies/count.lua:3"]
+        count = lua_name(tmp_path / f"loops-{loops}" / "count.lua")  # as --policies names it
+        assert inclusive.get(f"{count}:2") == total, functions
+        runs[loops] = line_counts[f"{count}:3"]
     # One FORLOOP per iteration: 2,000 more iterations are 2,000 more instructions, no more.
     assert runs[3000] - runs[1000] == 2000, runs
 

@@ -183,7 +183,7 @@ def test_recommendations_on_pods_from_prometheus_history(binary, certs, tmp_path
         # Every rightsizing metric the Grafana dashboard queries is exported.
         dash = (REPO / "deploy" / "grafana" / "gpuguard-dashboard.json").read_text()
         used = set(re.findall(r"gpuguard_rightsizing_[a-z_]+", dash))
-        assert len(used) == 6
+        assert len(used) >= 6  # the Rightsizing row: requested, needed, recommendations, ...
         assert {u for u in used if not re.search(rf"^{u}[{{ ]", text, re.M)} == set()
     finally:
         assert server.stop() == 0

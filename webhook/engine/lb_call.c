@@ -1,7 +1,8 @@
 /*
- * lb_call.c - running Lua under the budgets: a protected call with a
- * traceback, loading a policy file (its declaration and configuration
- * check), and running a Lua test file.
+ * lb_call.c - running Lua under the budgets: a protected call whose
+ * message handler places the error (the policy's line first) and adds the
+ * traceback, loading a policy file under the name it was read by (its
+ * declaration and configuration check), and running a Lua test file.
  */
 #include "engine/lb_internal.h"
 #include "engine/sanitize.h"
@@ -12,10 +13,118 @@
 #include <stdlib.h>
 #include <string.h>
 
+/*
+ * Where an error is placed.  Lua begins a message with the chunk and line
+ * that raised it.  When that is a library module's line (lua/k8s.lua, a
+ * helper refusing what a policy asked of it), the message leads with the
+ * policy's own line, the innermost on the stack, and keeps the library's
+ * after it:
+ *
+ *     /etc/gpuguard/policies/20-team.lua:7: lua/k8s.lua:114: the object is read-only ...
+ *
+ * A file that is not a library module's counts as the policy's: a policy
+ * file, a Lua test file.  A policy built into gpuguard (the charge model,
+ * named [string "charge"]) does not: the library's line is the one to read
+ * there.  A message is left as it is when it names no library line, when no
+ * policy frame is on the stack (a library loaded on its own, a helper a
+ * policy left through a tail call, `return k8s.f(...)`, or one more than
+ * POLICY_FRAME_DEPTH frames down), for an error object that is not a string
+ * and for a budget's kill.
+ */
+
+/* Library modules load as "@lua/<name>.lua" (lb_sandbox.c, l_require), whatever --lua names. */
+#define LIBRARY_DIR "lua/"
+#define LIBRARY_EXT ".lua"
+/* Frames looked at for the policy's line (lua_getstack walks from the top for each level):
+ * far more than a library helper's calls, far less than a runaway recursion's. */
+#define POLICY_FRAME_DEPTH 512
+
+/* Whether the n bytes at name are the name of one of the VM's library modules. */
+static bool is_module(const struct lb_vm *vm, const char *name, size_t n)
+{
+    for (size_t i = 0; i < vm->n_modules; i++)
+        if (strlen(vm->modules[i].name) == n && memcmp(vm->modules[i].name, name, n) == 0)
+            return true;
+    return false;
+}
+
+/* Whether a chunk name (without its '@') is a library module's, "lua/k8s.lua". */
+static bool is_library_chunk(const struct lb_vm *vm, const char *chunk)
+{
+    size_t n = strlen(chunk), dir = strlen(LIBRARY_DIR), ext = strlen(LIBRARY_EXT);
+    return n > dir + ext && strncmp(chunk, LIBRARY_DIR, dir) == 0 &&
+           strcmp(chunk + n - ext, LIBRARY_EXT) == 0 && is_module(vm, chunk + dir, n - dir - ext);
+}
+
+/* Whether msg begins with a library module's position, "lua/k8s.lua:688: ". */
+static bool names_library_line(const struct lb_vm *vm, const char *msg)
+{
+    static const char name_chars[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                     "0123456789_-";
+    size_t dir = strlen(LIBRARY_DIR), ext = strlen(LIBRARY_EXT);
+    if (strncmp(msg, LIBRARY_DIR, dir) != 0)
+        return false;
+    const char *name = msg + dir;
+    size_t n = strspn(name, name_chars);
+    const char *line = name + n + ext;
+    if (!n || strncmp(name + n, LIBRARY_EXT ":", ext + 1) != 0 || !is_module(vm, name, n))
+        return false;
+    size_t digits = strspn(line + 1, "0123456789");
+    return digits && strncmp(line + 1 + digits, ": ", 2) == 0;
+}
+
+/* The innermost frame on the stack that runs a file other than the library's; false if none. */
+static bool policy_frame(lua_State *L, const struct lb_vm *vm, lua_Debug *ar)
+{
+    for (int level = 1; level <= POLICY_FRAME_DEPTH && lua_getstack(L, level, ar); level++)
+        if (lua_getinfo(L, "Sl", ar) && ar->source[0] == '@' && ar->currentline > 0 &&
+            !is_library_chunk(vm, ar->source + 1))
+            return true;
+    return false;
+}
+
+/* In protected mode: the position (light userdata, a C string) before the message. */
+static int prepend_position(lua_State *L)
+{
+    lua_pushstring(L, lua_touserdata(L, 1));
+    lua_insert(L, 2);
+    lua_concat(L, 2);
+    return 1;
+}
+
+/* The message at the top of the stack, led by the policy's line when a library raised it. */
+static void place_in_policy(lua_State *L)
+{
+    struct lb_vm *vm = lb_vm_of(L);
+    const char *msg = lua_tostring(L, -1);
+    lua_Debug ar;
+    if (vm->kill != LB_DONE || !msg || !names_library_line(vm, msg) || !policy_frame(L, vm, &ar))
+        return;
+    char pos[LUA_IDSIZE + 24];
+    snprintf(pos, sizeof(pos), "%s:%d: ", ar.short_src, ar.currentline);
+    if (!lua_checkstack(L, 3))
+        return;
+    /* The new message is not the policy's to pay for: with the VM at its memory cap the
+     * allocation fails without a kill, and the message stays as it was. */
+    bool running = vm->running;
+    vm->running = false;
+    lua_pushcfunction(L, prepend_position);
+    lua_pushlightuserdata(L, pos);
+    lua_pushvalue(L, -3);
+    if (lua_pcall(L, 2, 1, 0) == LUA_OK)
+        lua_replace(L, -2);
+    else
+        lua_pop(L, 1);
+    vm->running = running;
+}
+
 /* The error and where it was raised; an error of megabytes is cut, as a denial is. */
 static int traceback_handler(lua_State *L)
 {
     size_t len;
+    lua_settop(L, 1);
+    if (lua_type(L, 1) == LUA_TSTRING)
+        place_in_policy(L);
     const char *msg = lua_tolstring(L, 1, &len);
     if (!msg) {
         msg = lua_pushfstring(L, "(error object is a %s value)", luaL_typename(L, 1));
@@ -142,29 +251,30 @@ static enum gg_status run_file(struct lb_vm *vm, const char *chunkname, const st
 struct load_call {
     struct lb_vm *vm;
     const struct lb_source *src;
+    const char *path;
     struct lb_policy_info *info;
     struct gg_err *err;
     enum gg_status st;
 };
 
-static enum gg_status policy_load(struct lb_vm *vm, const struct lb_source *src,
+static enum gg_status policy_load(struct lb_vm *vm, const struct lb_source *src, const char *path,
                                   struct lb_policy_info *info, struct gg_err *err);
 
 static int load_protected(lua_State *L)
 {
     struct load_call *c = lua_touserdata(L, 1);
     lua_settop(L, 0);
-    c->st = policy_load(c->vm, c->src, c->info, c->err);
+    c->st = policy_load(c->vm, c->src, c->path, c->info, c->err);
     return 0;
 }
 
 /* Reading the declaration makes strings, which raise on a failed allocation:
  * the load runs under lua_pcall, and such a failure refuses the policy. */
-enum gg_status lb_policy_load(struct lb_vm *vm, const struct lb_source *src,
-                              struct lb_policy_info *info, struct gg_err *err)
+enum gg_status lb_policy_load_file(struct lb_vm *vm, const struct lb_source *src, const char *path,
+                                   struct lb_policy_info *info, struct gg_err *err)
 {
     memset(info, 0, sizeof(*info));
-    struct load_call c = {vm, src, NULL, err, GG_ERR_NOMEM};
+    struct load_call c = {vm, src, path, NULL, err, GG_ERR_NOMEM};
     c.info = info;
     lua_pushcfunction(vm->L, load_protected);
     lua_pushlightuserdata(vm->L, &c);
@@ -177,15 +287,28 @@ enum gg_status lb_policy_load(struct lb_vm *vm, const struct lb_source *src,
     return c.st;
 }
 
-static enum gg_status policy_load(struct lb_vm *vm, const struct lb_source *src,
+enum gg_status lb_policy_load(struct lb_vm *vm, const struct lb_source *src,
+                              struct lb_policy_info *info, struct gg_err *err)
+{
+    return lb_policy_load_file(vm, src, NULL, info, err);
+}
+
+static enum gg_status policy_load(struct lb_vm *vm, const struct lb_source *src, const char *path,
                                   struct lb_policy_info *info, struct gg_err *err)
 {
     lua_State *L = vm->L;
     int top = lua_gettop(L);
-    char chunkname[160];
-    snprintf(chunkname, sizeof(chunkname), "@policies/%s", src->name);
-    if (run_file(vm, chunkname, src, err) != GG_OK)
+    /* "@path": Lua names the file as given; a bare name is shown as [string "name"]. */
+    if (path)
+        lua_pushfstring(L, "@%s", path);
+    else
+        lua_pushstring(L, src->name);
+    int chunkname = lua_gettop(L);
+    if (run_file(vm, lua_tostring(L, chunkname), src, err) != GG_OK) {
+        lua_settop(L, top);
         return GG_ERR_POLICY;
+    }
+    lua_remove(L, chunkname);
     if (!lua_istable(L, -1)) {
         gg_fail(err, GG_ERR_POLICY, "%s: must return a table (got %s)", src->name,
                 luaL_typename(L, -1));

@@ -111,9 +111,21 @@ size_t lb_vm_memory(const struct lb_vm *vm);
  * Run a policy file and keep the table it returns as the next policy
  * (numbered from 0 in load order, as lb_policy_call takes them).  Runs its
  * check(cfg) function when it has one.
+ *
+ * Where its errors are placed, here, in lb_policy_call and in lb_run_tests:
+ * Lua names the file and line that raised one
+ * ("/etc/gpuguard/policies/10-gpu-sharing.lua:42: ...", a path longer than
+ * LUA_IDSIZE as "..." and its end).  One raised in a library module on a
+ * policy's behalf leads with the policy's innermost line on the stack, then
+ * the library's as Lua gave it
+ * ("policies/p.lua:7: lua/k8s.lua:114: the object is read-only ...").
  */
 enum gg_status lb_policy_load(struct lb_vm *vm, const struct lb_source *src,
                               struct lb_policy_info *info, struct gg_err *err);
+/* lb_policy_load naming the policy by the file it was read from; lb_policy_load names it
+ * [string "<src->name>"] (a policy built into gpuguard). */
+enum gg_status lb_policy_load_file(struct lb_vm *vm, const struct lb_source *src, const char *path,
+                                   struct lb_policy_info *info, struct gg_err *err);
 void lb_policy_info_clear(struct lb_policy_info *info);
 
 /*

@@ -31,6 +31,7 @@
 
 #define MAX_SOURCE_FILE (1024 * 1024)
 #define MAX_SOURCES 256
+#define PATH_MAX_SOURCE 4096 /* a source file's path, directory and name */
 /* Time kept back from the API server's deadline for encoding and sending. */
 #define DEADLINE_MARGIN_US 100000
 
@@ -53,6 +54,7 @@ struct policy_set {
     struct lb_source *modules;
     size_t n_modules;
     struct lb_source *files;
+    char *dir;               /* the files' directory, as given: their Lua chunks are named so */
     struct policy *policies; /* one per file */
     size_t n;
 };
@@ -92,6 +94,7 @@ void policy_set_release(struct policy_set *set)
     free(set->policies);
     policy_free_sources(set->modules, set->n_modules);
     policy_free_sources(set->files, set->n);
+    free(set->dir);
     json_decref(set->config);
     free(set);
 }
@@ -109,6 +112,13 @@ const json_t *policy_set_config(const struct policy_set *set)
 const char *policy_set_name(const struct policy_set *set, size_t i)
 {
     return set->policies[i].name;
+}
+
+/* dir/name into out (PATH_MAX_SOURCE bytes), the directory as given: not made absolute. */
+static void source_path(const char *dir, const char *name, char *out)
+{
+    size_t n = strlen(dir);
+    snprintf(out, PATH_MAX_SOURCE, "%s%s%s", dir, n && dir[n - 1] == '/' ? "" : "/", name);
 }
 
 static int lua_file(const struct dirent *d)
@@ -132,8 +142,8 @@ enum gg_status policy_read_sources(const char *dir, bool strip_ext, struct lb_so
         st = gg_fail(err, GG_ERR_TOOBIG, "%s: more than %d Lua files", dir, MAX_SOURCES);
     for (int i = 0; i < n; i++) {
         if (st == GG_OK) {
-            char path[4096];
-            snprintf(path, sizeof(path), "%s/%s", dir, names[i]->d_name);
+            char path[PATH_MAX_SOURCE];
+            source_path(dir, names[i]->d_name, path);
             st = gg_read_file(path, MAX_SOURCE_FILE, &src[i].text, &src[i].len, err);
             src[i].name = strdup(names[i]->d_name);
             if (st == GG_OK && !src[i].name)
@@ -266,7 +276,9 @@ static enum gg_status build_vm(const struct policy_set *set, struct inventory *i
         lb_vm_new(&limits, set->modules, set->n_modules, set->config, inventory, &vm, err);
     for (size_t i = 0; st == GG_OK && i < set->n; i++) {
         struct lb_policy_info info;
-        st = lb_policy_load(vm, &set->files[i], &info, err);
+        char path[PATH_MAX_SOURCE];
+        source_path(set->dir, set->files[i].name, path);
+        st = lb_policy_load_file(vm, &set->files[i], path, &info, err);
         if (st == GG_OK && infos)
             infos[i] = info;
         else
@@ -342,6 +354,8 @@ static enum gg_status policy_set_load(const struct policy_paths *paths, uint64_t
         st = policy_read_sources(paths->lua, true, &set->modules, &set->n_modules, err);
     if (st == GG_OK)
         st = policy_read_sources(paths->policies, false, &set->files, &set->n, err);
+    if (st == GG_OK && !(set->dir = strdup(paths->policies)))
+        st = gg_fail(err, GG_ERR_NOMEM, "out of memory");
     if (st == GG_OK)
         st = check_policies(set, paths->config, err);
     if (st != GG_OK) {
