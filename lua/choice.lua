@@ -477,9 +477,10 @@ end
 --[[
 The candidates (fleet.candidates' entries) the pod's own choice allows, in order: all of them when
 it makes none.  nil and a message when it makes one none of them satisfies, naming the pools that
-would; or when its gpu-model annotation names no model.
+would and the classes pods of namespace may use that run on them; or when its gpu-model
+annotation names no model.
 ]]
-function M.pick(pod, spec, cfg, candidates, class)
+function M.pick(pod, spec, cfg, candidates, class, namespace)
     local choice, msg = M.of(pod, spec, cfg)
     if choice == false then
         return nil, msg
@@ -497,10 +498,13 @@ function M.pick(pod, spec, cfg, candidates, class)
         return out
     end
     local others = M.pools_that_would(choice, cfg)
+    local classes = others and fleet.classes_for(cfg, namespace, function(e) return M.allows(choice, cfg, e.pool) end)
     return nil, string.format("the pod asks for %s, which no pool of class %s (%s) has; %s", choice.says, class,
-        table.concat(names, ", "), others
-            and "pools that do: " .. others .. "; change the request or use a class that runs on them"
-            or "no pool has it; remove it")
+        table.concat(names, ", "), not others and "no pool has it; remove it"
+            or #classes > 0 and string.format("pools that do: %s; change the request or use a class that runs on them (%s)",
+                others, table.concat(classes, ", "))
+            or string.format("pools that do: %s, but no class namespace %s may use runs on them; change the request",
+                others, namespace or ""))
 end
 
 -- The first NoSchedule or NoExecute taint of pool that no toleration of spec tolerates.

@@ -443,6 +443,44 @@ local function of_mode(list, mode)
     return out
 end
 
+-- Does namespace match an entry of classes.<name>.namespaces (a name, or a prefix ending in *)?
+local function namespace_in(list, namespace)
+    for _, pattern in ipairs(list) do
+        if pattern == namespace or
+            (pattern:sub(-1) == "*" and namespace:sub(1, #pattern - 1) == pattern:sub(1, -2)) then
+            return true
+        end
+    end
+    return false
+end
+
+--- May pods of namespace use class (a class of the configuration)?  Those without
+--- classes.<name>.namespaces, and those that list the namespace.
+function M.class_for(cfg, class, namespace)
+    local c = cfg.classes and cfg.classes[class]
+    return c ~= nil and (c.namespaces == nil or namespace_in(c.namespaces, namespace or ""))
+end
+
+--- The classes pods of namespace may use whose pools include one accept({pool, mode}) takes,
+--- sorted (every class they may use when accept is nil); {} when the configuration has none.
+function M.classes_for(cfg, namespace, accept)
+    local out = {}
+    for name in pairs(cfg.classes or {}) do
+        if M.class_for(cfg, name, namespace) then
+            local pools, named = pools_of(cfg, name)
+            local fits = accept == nil
+            for _, e in ipairs(fits and {} or preference(modes_of(cfg, name), pools, named)) do
+                fits = fits or accept(e)
+            end
+            if fits then
+                out[#out + 1] = name
+            end
+        end
+    end
+    table.sort(out)
+    return out
+end
+
 --[[
 The pools a pod of class may go to, in the order they are tried: { {pool, mode, sized}, ... }.
 With a sharing mode asked for (gpuguard.io/sharing), the class's pools of that mode.  For a

@@ -29,6 +29,7 @@ local k8s = require "k8s"
 local gpu = require "gpu"
 local quota = require "quota"
 local intent = require "intent"
+local fleet = require "fleet"
 local gg = require "gpuguard"
 
 local M = {}
@@ -190,17 +191,6 @@ function M.compute_class(pod, cfg)
     return cfg.default_class or "batch", "default class"
 end
 
--- Does namespace match an entry of classes.<name>.namespaces (a name, or a prefix ending in *)?
-local function namespace_in(list, namespace)
-    for _, pattern in ipairs(list) do
-        if pattern == namespace or
-            (pattern:sub(-1) == "*" and namespace:sub(1, #pattern - 1) == pattern:sub(1, -2)) then
-            return true
-        end
-    end
-    return false
-end
-
 --[[
 Whether pods in namespace may be of class (found as why says): true when the configuration has
 no classes, or has this one without classes.<class>.namespaces or with the namespace in it.
@@ -214,22 +204,15 @@ function M.class_allowed(class, why, namespace, cfg)
         return true
     end
     local ns = namespace or ""
-    local c = classes[class]
     local problem
-    if c == nil then
+    if classes[class] == nil then
         problem = "is not a class of the configuration"
-    elseif c.namespaces ~= nil and not namespace_in(c.namespaces, ns) then
+    elseif not fleet.class_for(cfg, class, ns) then
         problem = "is not for namespace " .. ns
     else
         return true
     end
-    local usable = {}
-    for name, other in pairs(classes) do
-        if other.namespaces == nil or namespace_in(other.namespaces, ns) then
-            usable[#usable + 1] = name
-        end
-    end
-    table.sort(usable)
+    local usable = fleet.classes_for(cfg, ns)
     local msg = string.format("class %s (%s) %s", class, why, problem)
     if #usable == 0 then
         return false, string.format("%s, and no class is for namespace %s; ask the platform team to add it to "

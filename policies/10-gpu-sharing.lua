@@ -175,12 +175,19 @@ function backends.mig(e, pool, model, _, _, _, edit)
     }
 end
 
+-- ", or use a class with exclusive GPUs (training)" when a class pods of namespace may use has
+-- them, else "": an alternative the namespace cannot take leads nowhere.
+local function exclusive_alternative(cfg, namespace)
+    local classes = fleet.classes_for(cfg, namespace, function(e) return e.mode == "exclusive" end)
+    return #classes > 0 and string.format(", or use a class with exclusive GPUs (%s)", table.concat(classes, ", ")) or ""
+end
+
 local function shared(mode)
-    return function(e, pool, model, _, _, _, edit)
+    return function(e, pool, model, cfg, _, _, edit, namespace)
         local share = share_of(e, model)
         if share > 1000 then
-            return nil, string.format("a %s GPU is shared, one replica at most; ask for at most 1 GPU or use a class with exclusive GPUs",
-                mode)
+            return nil, string.format("a %s GPU is shared, one replica at most; ask for at most 1 GPU%s", mode,
+                exclusive_alternative(cfg, namespace))
         end
         local c = e.container
         local resource = pool.shared_resource or "nvidia.com/gpu"
@@ -391,7 +398,7 @@ notes, selector, shares } with the writes not yet made; or nil and why the pool 
 stray replica, several whole GPUs on a shared GPU, a container the backend cannot fit).
 whole_only: the pod asks for whole GPUs only and names no sharing mode.
 ]]
-local function plan_for(pod, asks, candidate, cfg, class, whole_only)
+local function plan_for(pod, asks, candidate, cfg, class, whole_only, namespace)
     local pool, mode = candidate.pool, candidate.mode
     local stray = workload.stray_replicas(pod, asks, pool)
     if stray then
@@ -401,8 +408,9 @@ local function plan_for(pod, asks, candidate, cfg, class, whole_only)
         -- Whole GPUs on a pool that shares: one GPU is a full share; more needs exclusive GPUs.
         for _, e in ipairs(asks) do
             if e.whole > 1 then
-                return nil, string.format("class %s shares GPUs (%s) and %s asks for %d; ask for at most 1 GPU, a fraction, or use a class with exclusive GPUs",
-                    class, table.concat(fleet.class_modes(cfg, class), ", "), e.container.name, e.whole)
+                return nil, string.format("class %s shares GPUs (%s) and %s asks for %d; ask for at most 1 GPU or a fraction%s",
+                    class, table.concat(fleet.class_modes(cfg, class), ", "), e.container.name, e.whole,
+                    exclusive_alternative(cfg, namespace))
             end
         end
     end
@@ -419,7 +427,7 @@ local function plan_for(pod, asks, candidate, cfg, class, whole_only)
                 end
             end
         end
-        local got, err = backends[mode](e, pool, model, cfg, plan.notes, pod, plan.edit)
+        local got, err = backends[mode](e, pool, model, cfg, plan.notes, pod, plan.edit, namespace)
         if not got then
             return nil, string.format("container %s: %s", e.container.name, err)
         end
@@ -495,7 +503,7 @@ local function decide(req, pod, cfg)
     end
     local spec = k8s.pod_spec(pod)
     choice.forget_own(pod, spec, cfg)
-    local picked, why_not = choice.pick(pod, spec, cfg, candidates, class)
+    local picked, why_not = choice.pick(pod, spec, cfg, candidates, class, req.namespace)
     if not picked then
         req:deny(why_not)
         return
@@ -507,7 +515,7 @@ local function decide(req, pod, cfg)
             break -- a class without pools of its own: the first pool, whether it holds the pod or not
         end
         local err
-        plan, err = plan_for(pod, asks, c, cfg, class, not asked and not fractional)
+        plan, err = plan_for(pod, asks, c, cfg, class, not asked and not fractional, req.namespace)
         if plan then
             pool, mode = c.pool, c.mode
             plan.sized = c.sized

@@ -69,7 +69,7 @@ REFUSED = {
             nodeSelector={"nvidia.com/gpu.product": "NVIDIA-L4"}),
         "gpu-sharing: the pod asks for nodeSelector nvidia.com/gpu.product=NVIDIA-L4, which no pool "
         "of class training (h100-train) has; pools that do: l4-shared, l4-infer; change the request "
-        "or use a class that runs on them"),
+        "or use a class that runs on them (batch, inference, interactive)"),
     "a MIG slice with an L4's family": (
         pod("mig-ada", "inference", {"nvidia.com/mig-1g.10gb": 1},
             nodeSelector={"nvidia.com/gpu.family": "ada-lovelace"}),

@@ -1051,7 +1051,7 @@ BIG_TEMPLATE = {"metadata": {"labels": {"team": "a", "gpuguard.io/workload-class
                              "annotations": {"gpuguard.io/gpu-memory": "90Gi"}},
                 "spec": {"containers": [{"name": "main", "image": "vllm"}]}}
 BIG_DENIAL = ("gpu-sharing: container main: a time-slicing GPU is shared, one replica at most; "
-              "ask for at most 1 GPU or use a class with exclusive GPUs")
+              "ask for at most 1 GPU, or use a class with exclusive GPUs (batch, inference, training)")
 
 
 @needs_kubectl

@@ -167,7 +167,7 @@ def test_deployment_patch_sets_the_template_not_the_object(policy_server):
 # its pool l4-infer rounds it up to 4 whole L4s.)
 TOO_BIG = {"memory": "90Gi", "cls": "interactive"}
 MEMORY_DENIAL = ("gpu-sharing: container main: a time-slicing GPU is shared, one replica at most; "
-                 "ask for at most 1 GPU or use a class with exclusive GPUs")
+                 "ask for at most 1 GPU, or use a class with exclusive GPUs (batch, inference, training)")
 
 
 @pytest.mark.parametrize("path", ["/mutate", "/validate"])
