@@ -114,7 +114,7 @@ def test_policy_failures_are_counted_by_kind(binary, certs, tmp_path):
     (policies / "10-loop.lua").write_text(
         "return { name = 'loop', validate = function(req, pod)\n"
         "  if pod.metadata.name == 'spin' then while true do end end\n"
-        "  if pod.metadata.name == 'boom' then error('boom') end\n"
+        "  if pod.metadata.name == 'boom' or pod.metadata.generateName then error('boom') end\n"
         "  if pod.metadata.name == 'big' then local t = {} for i = 1, 1e9 do t[i] = i end end\n"
         "end }")
     srv = start_server(binary, certs, tmp_path, "--policies", str(policies), "--lua",
@@ -125,10 +125,13 @@ def test_policy_failures_are_counted_by_kind(binary, certs, tmp_path):
             rev = review()
             rev["request"]["object"]["metadata"]["name"] = rev["request"]["name"] = name
             assert conn.review(rev, path="/validate")[0] == 200
+        rev = review()  # a pod named by the API server: the logs name its generateName
+        rev["request"]["object"]["metadata"] = {"generateName": "job-x-", "namespace": "default"}
+        assert conn.review(rev, path="/validate")[0] == 200
         got = scrape(srv)
         evals = "gpuguard_policy_evaluations"
         assert sample(got, evals, policy="loop", result="budget") == 1
-        assert sample(got, evals, policy="loop", result="error") == 1
+        assert sample(got, evals, policy="loop", result="error") == 2
         assert sample(got, evals, policy="loop", result="memory") == 1
         assert sample(got, evals, policy="loop", result="ok") == 1
         # The review a policy failed on is denied (fail closed) and logged as an error, not as
@@ -141,7 +144,7 @@ def test_policy_failures_are_counted_by_kind(binary, certs, tmp_path):
         fine = [r for r in srv.log_lines() if r.get("msg") == "decision" and r["name"] == "fine"]
         assert fine[0]["verdict"] == "allowed" and "policy_errors" not in fine[0]
         failing = [r for r in srv.log_lines() if r.get("msg") == "policy failed"]
-        assert {r["name"] for r in failing} == {"spin", "boom", "big"}
+        assert {r["name"] for r in failing} == {"spin", "boom", "big", "job-x-"}
     finally:
         assert srv.stop() == 0
 
@@ -164,6 +167,7 @@ def test_one_json_decision_line_per_review(shipped):
     assert first["namespace"] == "team-a"
     assert first["name"] == "notebook-"
     assert first["operation"] == "CREATE" and first["endpoint"] == "mutate"
+    assert (first["kind"], first["resource"], first["user"]) == ("Pod", "pods", "alice")
     assert first["verdict"] == "patched"
     assert first["policies"] == ["gpu-sharing", "gpu-placement", "gpu-guardrails"]
     assert first["patch_ops"] >= 4
@@ -171,6 +175,25 @@ def test_one_json_decision_line_per_review(shipped):
     assert "object" not in first  # no full objects unless debug
     assert second["verdict"] == "denied"
     assert second["message"].startswith("gpu-sharing: container c: a time-slicing GPU is shared")
+
+
+def test_a_workloads_decision_line_says_what_and_who(shipped):
+    # A Job and a Pod of one name in one namespace are told apart by kind and resource.
+    pod = review()["request"]["object"]
+    job = {"apiVersion": "batch/v1", "kind": "Job",
+           "metadata": {"name": "p", "namespace": "team-a", "labels": {"team": "vision"}},
+           "spec": {"template": {"metadata": {"labels": {"team": "vision"}},
+                                 "spec": dict(pod["spec"], restartPolicy="Never")}}}
+    shipped.connect().review(review(
+        kind={"group": "batch", "version": "v1", "kind": "Job"},
+        resource={"group": "batch", "version": "v1", "resource": "jobs"}, namespace="team-a",
+        name="p", userInfo={"username": "ci-bot", "groups": ["system:authenticated"]},
+        object=job), path="/validate")
+    line = [r for r in shipped.log_lines() if r.get("msg") == "decision"][-1]
+    assert {k: line[k] for k in ("kind", "resource", "namespace", "name", "user", "endpoint",
+                                 "verdict")} == {
+        "kind": "Job", "resource": "jobs.batch", "namespace": "team-a", "name": "p",
+        "user": "ci-bot", "endpoint": "validate", "verdict": "allowed"}
 
 
 def test_debug_logs_carry_the_object(binary, certs, tmp_path):

@@ -116,7 +116,11 @@ static enum gg_status decode_request(const struct jf_node *request, struct adm_r
     const struct jf_node *gvk = jf_get_str(request, "kind");
     if (gvk && gvk->type != JF_OBJECT)
         return gg_fail(err, GG_ERR_INVALID, "request.kind must be an object");
+    const struct jf_node *gvr = jf_get_str(request, "resource");
+    if (gvr && gvr->type != JF_OBJECT && gvr->type != JF_NULL)
+        return gg_fail(err, GG_ERR_INVALID, "request.resource must be an object");
     if ((st = opt_string(gvk, "kind", "request.kind", &req->kind, err)) != GG_OK ||
+        (st = opt_string(gvr, "resource", "request.resource", &req->resource, err)) != GG_OK ||
         (st = opt_string(gvk, "group", "request.kind", &req->group, err)) != GG_OK ||
         (st = opt_string(request, "namespace", "request", &req->namespace, err)) != GG_OK ||
         (st = opt_string(request, "name", "request", &req->name, err)) != GG_OK ||
@@ -134,6 +138,14 @@ static enum gg_status decode_request(const struct jf_node *request, struct adm_r
     const struct jf_node *user = jf_get_str(request, "userInfo");
     req->user_info = user && user->type == JF_OBJECT ? user : NULL;
     return GG_OK;
+}
+
+const char *adm_object_name(const struct adm_request *req)
+{
+    if (*req->name)
+        return req->name;
+    const char *gen = jf_string(jf_get_str(jf_get_str(req->object, "metadata"), "generateName"));
+    return gen ? gen : "";
 }
 
 /* Check the review in req->doc and fill req from it; req is cleared on failure. */

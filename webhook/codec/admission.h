@@ -33,6 +33,7 @@ struct adm_request {
     enum adm_operation operation;
     const char *kind;      /* request.kind.kind, "" when absent */
     const char *group;     /* request.kind.group */
+    const char *resource;  /* request.resource.resource, the plural ("pods"), "" when absent */
     const char *namespace; /* "" when absent */
     const char *name;      /* "" on CREATE with generateName */
     const char *sub_resource;
@@ -46,6 +47,9 @@ struct adm_request {
      * workload's pod template, that template's path ("spec.template"); NULL otherwise. */
     const char *template_path;
 };
+
+/* The object's name, or its generateName prefix on CREATE; "" when neither is known. */
+const char *adm_object_name(const struct adm_request *req);
 
 /* What to answer.  All json_t members are borrowed; NULL means none. */
 struct adm_verdict {

@@ -851,7 +851,7 @@ static void take_failure(struct gather *g, const struct policy *p, int mode, int
     g->errors++;
     log_fields(LOG_ERROR, "policy failed",
                json_pack("{s:s,s:s,s:s,s:s,s:s,s:s?}", "policy", p->name, "uid", req->uid, "name",
-                         *req->name ? req->name : "", "failure",
+                         adm_object_name(req), "failure",
                          failure == POLICY_FAIL_DENY ? "deny" : "allow", "error", msg, "traceback",
                          traceback));
     if (failure == POLICY_FAIL_DENY) {

@@ -12,6 +12,7 @@
 #include "util/log.h"
 #include "engine/workloads.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
@@ -24,15 +25,6 @@ void review_result_clear(struct review_result *r)
     r->len = 0;
 }
 
-/* The object's name, or its generateName prefix on CREATE. */
-static const char *object_name(const struct adm_request *req)
-{
-    if (*req->name)
-        return req->name;
-    const char *gen = jf_string(jf_get_str(jf_get_str(req->object, "metadata"), "generateName"));
-    return gen ? gen : "";
-}
-
 static void log_decision(const struct adm_request *req, enum adm_endpoint endpoint,
                          const struct policy_verdict *v, enum metrics_verdict verdict,
                          int64_t start_us)
@@ -43,8 +35,14 @@ static void log_decision(const struct adm_request *req, enum adm_endpoint endpoi
         return;
     log_str(&l, "uid", req->uid);
     log_str(&l, "kind", req->kind);
+    if (*req->resource) { /* "deployments.apps", as kubectl names it; "pods" */
+        char resource[256];
+        snprintf(resource, sizeof(resource), "%s%s%s", req->resource, *req->group ? "." : "",
+                 req->group);
+        log_str(&l, "resource", resource);
+    }
     log_str(&l, "namespace", req->namespace);
-    log_str(&l, "name", object_name(req));
+    log_str(&l, "name", adm_object_name(req));
     log_str(&l, "operation", adm_operation_name(req->operation));
     if (req->sub_resource && *req->sub_resource)
         log_str(&l, "subresource", req->sub_resource);
