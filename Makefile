@@ -25,7 +25,7 @@ override CFLAGS += -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -Wshadow -Wstric
            -Iwebhook $(shell pkg-config --cflags $(PKGS) 2>/dev/null) $(SAN)
 # Lua and jansson come from Debian's static archives (liblua5.4-dev, libjansson-dev): every
 # review makes thousands of calls into them, and from the shared libraries (PIC code, calls
-# through the PLT) the engine ran some 15 % slower (README "Performance").
+# through the PLT) the engine ran some 15 % slower (docs/performance.md).
 # What the archives need in turn (-lm, -ldl) is linked as usual.
 STATIC_PKGS := lua5.4 jansson
 STATIC_LIBS := $(shell pkg-config --libs $(STATIC_PKGS) 2>/dev/null)

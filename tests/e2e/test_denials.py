@@ -1,5 +1,5 @@
 """Denials as users see them: `kubectl apply`'s exit code and the message the API server relays,
-which is the one `gpuguard check` prints for the same manifest (README's examples are these)."""
+which is the one `gpuguard check` prints for the same manifest (docs/local-cluster.md's examples are these)."""
 
 import json
 
