@@ -1,8 +1,15 @@
-"""A stand-in Kubernetes API server for the inventory tests of `make test` (which has no
-cluster; the normal paths also run against the real API server in tests/e2e/test_quota.py).
-It exists for the faults the real one cannot produce on demand: malformed watch lines, events
-split across reads, connections dropped mid-event, stalled streams, errors and expired
-continue tokens in the middle of a list, 401s, an API server without resource.k8s.io/v1.
+"""A stand-in Kubernetes API server for the inventory and leader election tests of `make test`
+(which has no cluster; the normal paths also run against the real API server in
+tests/e2e/test_quota.py).  It exists for the faults the real one cannot produce on demand:
+malformed watch lines, events split across reads, connections dropped mid-event, stalled
+streams, errors and expired continue tokens in the middle of a list, 401s, an API server without
+resource.k8s.io/v1; and for the Lease tests (test_lease.py): writes refused for a while
+(refuse_writes: as an API server that lost etcd, while reads still work), answers delayed past
+a client's timeout (lease_delay), and a 409 Conflict on a PUT that won the read (put_conflicts:
+another writer between a GET and a PUT, a race the real one gives only by chance); and for the
+GPUQuota ledger tests (test_quota_ledger.py), the same faults on a quota's status writes
+(quota_conflicts, quota_refuse_until, quota_delay): the burst and the real races run against the
+real API server in tests/e2e/test_quota_ledger.py.
 
 Just enough of
 GET /api/v1/pods (paginated LIST, WATCH with bookmarks) over HTTP or HTTPS on
@@ -14,11 +21,22 @@ of served_versions) are listed and watched alike, and a template can be
 fetched alone (GET .../namespaces/NS/resourceclaimtemplates/NAME), also one
 held back from lists and watches (hidden=True), as one the watch has not
 delivered yet, and that GET held (get_hold) as by an API server too slow to answer.
+Leases (coordination.k8s.io/v1): GET, POST (409 AlreadyExists when there is one), PUT with the
+resourceVersion precondition of the real registry (none: 422 Invalid, another: 409 Conflict;
+an absent Lease is a 404 here, where the real one would create it), a resourceVersion per write
+(a sequence of their own, so that the pods' stays what the inventory tests expect),
+MicroTime fields checked as the real one parses them (6 fractional digits); lease_log records
+each answer.
+GPUQuotas (gpuguard.io/v1alpha1, add_object): listed and watched like the DRA objects, GET of
+one, and PUT of its /status with the resourceVersion precondition (none: 422, another: 409);
+the status alone is taken from the body, as the real status subresource does, and the write
+becomes a MODIFIED event; quota_log records each status write's answer.
 
 Python standard library only (http.server, ssl, threading)."""
 
 import base64
 import json
+import re
 import ssl
 import threading
 import time
@@ -86,6 +104,16 @@ class FakeApiServer:
         self.closing = False
         self.snapshots = {}  # continue token -> remaining items
         self.expire_continue = False
+        self.leases = {}  # (namespace, name) -> the stored Lease
+        self.lease_rv = 0  # the Leases' resourceVersions: their own, so self.rv stays the pods'
+        self.lease_log = []  # (monotonic time, method, name, status, holderIdentity written)
+        self.refuse_writes_until = 0.0  # monotonic time: lease writes before it answer 503
+        self.lease_delay = 0.0  # seconds each lease request waits before it is handled
+        self.put_conflicts = 0  # the next this many lease PUTs lose a race: 409 Conflict
+        self.quota_conflicts = 0  # the next this many GPUQuota status PUTs answer 409
+        self.quota_refuse_until = 0.0  # monotonic time: GPUQuota status PUTs before it get 503
+        self.quota_delay = 0.0  # seconds each GPUQuota status PUT waits before it is handled
+        self.quota_log = []  # (monotonic time, namespace, name, status) of each status PUT
         self.httpd = None
 
     # -- the store --------------------------------------------------------
@@ -152,6 +180,33 @@ class FakeApiServer:
             self.generation += 1
             self.lock.notify_all()
 
+    def refuse_writes(self, seconds):
+        """Lease writes (POST, PUT) answer 503 for this long from now; reads still work."""
+        with self.lock:
+            self.refuse_writes_until = time.monotonic() + seconds
+
+    def lease(self, name, ns="default"):
+        """A copy of the stored Lease, or None."""
+        with self.lock:
+            got = self.leases.get((ns, name))
+            return json.loads(json.dumps(got)) if got else None
+
+    def put_lease(self, lease):
+        """Store a Lease as is (a test's starting point), with the next resourceVersion."""
+        with self.lock:
+            lease = json.loads(json.dumps(lease))
+            self.lease_rv += 1
+            lease["metadata"]["resourceVersion"] = str(self.lease_rv)
+            self.leases[(lease["metadata"]["namespace"], lease["metadata"]["name"])] = lease
+
+    def quota(self, ns, name):
+        """A copy of the stored GPUQuota, or None."""
+        with self.lock:
+            for o in self.objects.get("gpuquotas", {}).values():
+                if o["metadata"]["namespace"] == ns and o["metadata"]["name"] == name:
+                    return json.loads(json.dumps(o))
+        return None
+
     def requests_of(self, kind, path="/api/v1/pods"):
         with self.lock:
             return [q for k, q, _, p in self.requests if k == kind and p == path]
@@ -202,6 +257,33 @@ def status_body(code, reason, message):
             "message": message, "reason": reason, "code": code}
 
 
+LEASES = "/apis/coordination.k8s.io/v1/namespaces/"
+QUOTAS = "/apis/gpuguard.io/v1alpha1/namespaces/"
+MICROTIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{6}Z")
+
+
+def refusal(code, reason, message):
+    """A Lease request's refusal: (status, Status body, no holder written)."""
+    return code, status_body(code, reason, message), None
+
+
+def lease_problem(lease):
+    """What the API server would refuse in a Lease body (400), or None."""
+    spec = lease.get("spec")
+    if not isinstance(spec, dict):
+        return "spec: Required value"
+    for key in ("acquireTime", "renewTime"):
+        if key in spec and spec[key] is not None and not (
+                isinstance(spec[key], str) and MICROTIME.fullmatch(spec[key])):
+            return f"spec.{key}: {spec[key]!r} is not a MicroTime (RFC 3339, 6 fractional digits)"
+    for key in ("leaseDurationSeconds", "leaseTransitions"):
+        if key in spec and not (isinstance(spec[key], int) and 0 <= spec[key] < 2**31):
+            return f"spec.{key}: must be an int32"
+    if spec.get("leaseDurationSeconds") == 0:
+        return "spec.leaseDurationSeconds: must be greater than 0"
+    return None
+
+
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
     server_fake = None
@@ -225,15 +307,165 @@ class _Handler(BaseHTTPRequestHandler):
         reason, msg = reasons.get(code, ("Unknown", "error"))
         self._json(code, status_body(code, reason, msg))
 
+    # -- Leases -----------------------------------------------------------
+
+    def do_POST(self):
+        self._lease_request("POST")
+
+    def do_PUT(self):
+        if self.path.startswith(QUOTAS):
+            return self._quota_status_put()
+        self._lease_request("PUT")
+
+    def _quota_status_put(self):
+        """PUT .../namespaces/NS/gpuquotas/NAME/status: the status of the body, if the body's
+        resourceVersion is the stored one."""
+        fake = self.server_fake
+        parts = urllib.parse.urlsplit(self.path).path[len(QUOTAS):].split("/")
+        body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        with fake.lock:
+            fake.requests.append(("quota-put", {}, self.headers.get("Authorization"), self.path))
+            delay = fake.quota_delay
+        if delay:
+            time.sleep(delay)
+        code, obj = self._quota_answer(fake, parts, body)
+        with fake.lock:
+            fake.quota_log.append((time.monotonic(), parts[0], parts[2] if len(parts) > 2 else "",
+                                   code))
+        try:
+            self._json(code, obj)
+        except (BrokenPipeError, ConnectionResetError, ssl.SSLError, OSError):
+            self.close_connection = True
+
+    @staticmethod
+    def _quota_answer(fake, parts, body):
+        if len(parts) != 4 or parts[1] != "gpuquotas" or parts[3] != "status":
+            return refusal(404, "NotFound", "the server could not find the requested resource")[:2]
+        ns, name = parts[0], parts[2]
+        what = f'gpuquotas.gpuguard.io "{name}"'
+        with fake.lock:
+            if time.monotonic() < fake.quota_refuse_until:
+                return refusal(503, "ServiceUnavailable", "etcdserver: request timed out")[:2]
+            stored = next((o for o in fake.objects.get("gpuquotas", {}).values()
+                           if o["metadata"]["namespace"] == ns
+                           and o["metadata"]["name"] == name), None)
+            if stored is None:
+                return refusal(404, "NotFound", f"{what} not found")[:2]
+            try:
+                sent = json.loads(body)
+                rv = sent["metadata"].get("resourceVersion")
+            except (ValueError, KeyError, TypeError, AttributeError):
+                return refusal(400, "BadRequest", "not a GPUQuota")[:2]
+            if not rv:
+                return refusal(422, "Invalid", f"{what} is invalid: metadata.resourceVersion: "
+                               "Invalid value: 0x0: must be specified for an update")[:2]
+            if fake.quota_conflicts > 0:  # another writer got in since the read
+                fake.quota_conflicts -= 1
+                stored = fake._bump("MODIFIED", stored, "gpuquotas")
+                fake.objects["gpuquotas"][stored["metadata"]["uid"]] = stored
+            if rv != stored["metadata"]["resourceVersion"]:
+                return refusal(409, "Conflict", f"Operation cannot be fulfilled on {what}: the "
+                               "object has been modified; please apply your changes to the "
+                               "latest version and try again")[:2]
+            updated = dict(stored, status=sent.get("status", {}))
+            updated = fake._bump("MODIFIED", updated, "gpuquotas")
+            fake.objects["gpuquotas"][updated["metadata"]["uid"]] = updated
+            return 200, updated
+
+    def _lease_request(self, method):
+        """A Lease request: GET, POST or PUT under /apis/coordination.k8s.io/v1/."""
+        fake = self.server_fake
+        url = urllib.parse.urlsplit(self.path)
+        parts = url.path[len(LEASES):].split("/") if url.path.startswith(LEASES) else []
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        with fake.lock:
+            fake.requests.append((f"lease-{method.lower()}", {},
+                                  self.headers.get("Authorization"), url.path))
+            delay = fake.lease_delay
+        if delay:
+            time.sleep(delay)
+        try:
+            code, obj, holder = self._lease_answer(fake, method, parts, body)
+            with fake.lock:
+                name = parts[2] if len(parts) > 2 else ""
+                fake.lease_log.append((time.monotonic(), method, name, code, holder))
+            self._json(code, obj)
+        except (BrokenPipeError, ConnectionResetError, ssl.SSLError, OSError):
+            self.close_connection = True  # the client gave up waiting
+
+    def _lease_answer(self, fake, method, parts, body):
+        """(status, JSON answer, holderIdentity written or None)."""
+        if fake.token is not None and self.headers.get("Authorization") != f"Bearer {fake.token}":
+            return refusal(401, "Unauthorized", "Unauthorized")
+        named = len(parts) == 3 and parts[1] == "leases" and parts[2] != ""
+        collection = len(parts) == 2 and parts[1] == "leases"
+        if not (named or collection) or named != (method != "POST"):
+            return refusal(404, "NotFound", "the server could not find the requested resource")
+        ns, what = parts[0], f'leases.coordination.k8s.io "{parts[-1]}"'
+        with fake.lock:
+            if method == "GET":
+                got = fake.leases.get((ns, parts[2]))
+                return (200, got, None) if got else refusal(404, "NotFound", f"{what} not found")
+            if time.monotonic() < fake.refuse_writes_until:
+                return refusal(503, "ServiceUnavailable", "etcdserver: request timed out")
+            try:
+                lease = json.loads(body)
+                name = lease["metadata"]["name"]
+            except (ValueError, KeyError, TypeError):
+                return refusal(400, "BadRequest", "not a Lease")
+            problem = lease_problem(lease)
+            if not problem and (lease["metadata"].get("namespace", ns) != ns
+                                or (named and name != parts[2])):
+                problem = "the name or namespace does not match the path"
+            if problem:
+                return refusal(400, "BadRequest", problem)
+            return self._lease_write(fake, method, ns, name, lease)
+
+    @staticmethod
+    def _lease_write(fake, method, ns, name, lease):
+        """POST or PUT of a well-formed Lease, under fake.lock."""
+        what = f'leases.coordination.k8s.io "{name}"'
+        stored = fake.leases.get((ns, name))
+        if method == "POST" and stored:
+            return refusal(409, "AlreadyExists", f"{what} already exists")
+        if method == "PUT" and not stored:
+            return refusal(404, "NotFound", f"{what} not found")
+        if method == "POST":
+            lease["metadata"].update(namespace=ns, uid=f"uid-lease-{ns}-{name}",
+                                     creationTimestamp="2024-01-01T00:00:00Z")
+        else:
+            rv = lease["metadata"].get("resourceVersion")
+            if not rv:
+                return refusal(422, "Invalid", f"{what} is invalid: metadata.resourceVersion: "
+                               "Invalid value: 0x0: must be specified for an update")
+            if fake.put_conflicts > 0:  # another writer got in since the read: a new version
+                fake.put_conflicts -= 1
+                fake.lease_rv += 1
+                stored["metadata"]["resourceVersion"] = str(fake.lease_rv)
+            if rv != stored["metadata"]["resourceVersion"]:
+                return refusal(409, "Conflict", f"Operation cannot be fulfilled on {what}: the "
+                               "object has been modified; please apply your changes to the "
+                               "latest version and try again")
+            for key in ("uid", "creationTimestamp"):
+                lease["metadata"][key] = stored["metadata"].get(key)
+        fake.lease_rv += 1
+        lease["metadata"]["resourceVersion"] = str(fake.lease_rv)
+        fake.leases[(ns, name)] = lease
+        return 201 if method == "POST" else 200, lease, lease["spec"].get("holderIdentity")
+
     def do_GET(self):
         fake = self.server_fake
+        if self.path.startswith(LEASES):
+            return self._lease_request("GET")
         url = urllib.parse.urlsplit(self.path)
         query = dict(urllib.parse.parse_qsl(url.query))
         auth = self.headers.get("Authorization")
         kind = "watch" if query.get("watch") in ("1", "true") else "list"
         parts = url.path.split("/")  # ["", "apis", "resource.k8s.io", v, ...]
         dra = url.path.startswith("/apis/resource.k8s.io/") and len(parts) >= 5
-        if dra and len(parts) == 8 and parts[4] == "namespaces":
+        quotas = url.path.startswith("/apis/gpuguard.io/v1alpha1/") and len(parts) >= 5
+        if (dra or quotas) and len(parts) == 8 and parts[4] == "namespaces":
             kind = "get"
         # A watch takes its script and the watches' generation as it is counted, under the
         # lock: a test that has seen it counted and then adds a script or ends the open
@@ -254,6 +486,8 @@ class _Handler(BaseHTTPRequestHandler):
         if dra and len(parts) == 5 and parts[4] in ("resourceclaims", "resourceclaimtemplates",
                                                     "deviceclasses", "resourceslices"):
             resource = parts[4]
+        elif quotas and len(parts) == 5 and parts[4] == "gpuquotas":
+            resource = "gpuquotas"
         elif url.path == "/api/v1/pods":
             resource = "pods"
         else:

@@ -1,6 +1,7 @@
 /*
  * kubeclient.c - API server configuration (in-cluster, kubeconfig) and
- * streamed GET requests on one reused libcurl handle.
+ * requests on one reused libcurl handle: streamed GETs and bounded writes,
+ * both through perform().
  */
 #include "kube/kubeclient.h"
 #include "util/clock.h"
@@ -285,6 +286,54 @@ enum gg_status kc_new_endpoint(const struct kc_endpoint *ep, struct kc_client **
     return GG_OK;
 }
 
+/* ---- a copy for another thread ------------------------------------------ */
+
+static unsigned char *dup_bytes(const unsigned char *p, size_t len, bool *failed)
+{
+    unsigned char *d = p ? malloc(len + 1) : NULL;
+    if (d) {
+        memcpy(d, p, len);
+        d[len] = '\0';
+    }
+    *failed |= p && !d;
+    return d;
+}
+
+enum gg_status kc_clone(const struct kc_client *c, struct kc_client **out, struct gg_err *err)
+{
+    struct kc_client *d;
+    enum gg_status st = client_new(&d, err);
+    if (st != GG_OK)
+        return st;
+    bool failed = false;
+    d->server = dup_set(c->server, &failed);
+    d->ca_file = dup_set(c->ca_file, &failed);
+    d->ca_data = dup_bytes(c->ca_data, c->ca_len, &failed);
+    d->ca_len = c->ca_len;
+    d->insecure = c->insecure;
+    d->cert_file = dup_set(c->cert_file, &failed);
+    d->key_file = dup_set(c->key_file, &failed);
+    d->cert_data = dup_bytes(c->cert_data, c->cert_len, &failed);
+    d->cert_len = c->cert_len;
+    d->key_data = dup_bytes(c->key_data, c->key_len, &failed);
+    d->key_len = c->key_len;
+    d->auth = c->auth;
+    /* A token file's token changes under its owner's requests: the copy reads the file. */
+    d->token_file = dup_set(c->token_file, &failed);
+    if (!c->token_file)
+        d->token = dup_set(c->token, &failed);
+    if (failed || !d->server)
+        st = gg_fail(err, GG_ERR_NOMEM, "out of memory");
+    else if (d->token_file)
+        st = read_token(d, err);
+    if (st != GG_OK) {
+        kc_free(d);
+        return st;
+    }
+    *out = d;
+    return GG_OK;
+}
+
 /* ---- kubeconfig --------------------------------------------------------- */
 
 struct kcfg {
@@ -449,24 +498,32 @@ struct xfer {
     struct kc_client *c;
     const struct kc_request *rq;
     struct kc_response *resp;
-    struct buf error_body;
+    bool keep;       /* keep a 2xx body (kc_send without on_body) */
+    struct buf body; /* a non-2xx body, or the 2xx body kept */
 };
 
 static size_t on_write(char *data, size_t size, size_t nmemb, void *userdata)
 {
     struct xfer *x = userdata;
     size_t n = size * nmemb;
-    if (!x->resp->status)
+    if (!x->resp->status) {
         curl_easy_getinfo(x->c->curl, CURLINFO_RESPONSE_CODE, &x->resp->status);
-    if (x->resp->status >= 200 && x->resp->status < 300) {
+        if (x->keep && x->resp->status >= 200 && x->resp->status < 300)
+            x->body.max = x->rq->max_body ? x->rq->max_body : KC_MAX_WRITE_BODY;
+    }
+    if (x->resp->status >= 200 && x->resp->status < 300 && !x->keep) {
         if (x->rq->on_body && !x->rq->on_body(x->rq->ctx, data, n)) {
             x->resp->aborted = true;
             return 0;
         }
         return n;
     }
-    size_t room = x->error_body.max - x->error_body.len;
-    buf_append(&x->error_body, data, n < room ? n : room);
+    size_t room = x->body.max - x->body.len;
+    if (x->keep && n > room && x->resp->status >= 200 && x->resp->status < 300) {
+        x->resp->too_big = true;
+        return 0;
+    }
+    buf_append(&x->body, data, n < room ? n : room);
     return n;
 }
 
@@ -519,33 +576,31 @@ static void set_tls(struct kc_client *c)
     curl_easy_setopt(h, CURLOPT_SSLKEYTYPE, "PEM");
 }
 
-static enum gg_status failure(CURLcode code, const struct kc_response *resp, const char *errbuf,
-                              const char *url, struct gg_err *err)
+static enum gg_status failure(CURLcode code, const struct xfer *x, const char *errbuf,
+                              const char *method, const char *url, struct gg_err *err)
 {
     const char *what = *errbuf ? errbuf : curl_easy_strerror(code);
-    if (resp->cancelled)
-        return gg_fail(err, GG_ERR_INVALID, "GET %s: cancelled", url);
-    if (resp->aborted)
-        return gg_fail(err, GG_ERR_INVALID, "GET %s: stopped reading the response", url);
+    if (x->resp->cancelled)
+        return gg_fail(err, GG_ERR_INVALID, "%s %s: cancelled", method, url);
+    if (x->resp->aborted)
+        return gg_fail(err, GG_ERR_INVALID, "%s %s: stopped reading the response", method, url);
+    if (x->resp->too_big)
+        return gg_fail(err, GG_ERR_TOOBIG, "%s %s: the response is larger than %zu bytes", method,
+                       url, x->body.max);
     if (code == CURLE_OPERATION_TIMEDOUT)
-        return gg_fail(err, GG_ERR_TIMEOUT, "GET %s: %s", url, what);
-    return gg_fail(err, GG_ERR_IO, "GET %s: %s", url, what);
+        return gg_fail(err, GG_ERR_TIMEOUT, "%s %s: %s", method, url, what);
+    return gg_fail(err, GG_ERR_IO, "%s %s: %s", method, url, what);
 }
 
-enum gg_status kc_get(struct kc_client *c, const struct kc_request *rq, struct kc_response *resp,
-                      struct gg_err *err)
+/* Whether the request sends a body: any write but a DELETE without one. */
+static bool sends_body(const struct kc_write *w)
 {
-    memset(resp, 0, sizeof(*resp));
-    if (c->token_file) {
-        enum gg_status st = read_token(c, err);
-        if (st != GG_OK)
-            return st;
-    }
-    size_t n = strlen(c->server) + strlen(rq->path) + 1;
-    char *url = malloc(n);
-    if (!url)
-        return gg_fail(err, GG_ERR_NOMEM, "out of memory");
-    snprintf(url, n, "%s%s", c->server, rq->path);
+    return w && strcmp(w->method, "GET") != 0 && (w->body || strcmp(w->method, "DELETE") != 0);
+}
+
+/* The request's headers: what it accepts, its credentials, its body's type. */
+static struct curl_slist *request_headers(const struct kc_client *c, const struct kc_write *w)
+{
     struct curl_slist *headers = curl_slist_append(NULL, "Accept: application/json");
     if (c->token) {
         size_t hn = strlen(c->token) + 32;
@@ -557,8 +612,50 @@ enum gg_status kc_get(struct kc_client *c, const struct kc_request *rq, struct k
             free(auth);
         }
     }
-    struct xfer x = {.c = c, .rq = rq, .resp = resp};
-    buf_init(&x.error_body, KC_ERROR_BODY_MAX);
+    if (w && sends_body(w)) {
+        char type[256];
+        snprintf(type, sizeof(type), "Content-Type: %s",
+                 w->content_type ? w->content_type : "application/json");
+        headers = curl_slist_append(headers, type);
+        /* The body goes at once: no round trip for "100 Continue" on large ones. */
+        headers = curl_slist_append(headers, "Expect:");
+    }
+    return headers;
+}
+
+static bool write_method(const char *m)
+{
+    return m && (strcmp(m, "PUT") == 0 || strcmp(m, "POST") == 0 || strcmp(m, "PATCH") == 0 ||
+                 strcmp(m, "DELETE") == 0 || strcmp(m, "GET") == 0);
+}
+
+/* One request: a GET when w is NULL; with w and no on_body, the 2xx body is kept (kc_send). */
+static enum gg_status perform(struct kc_client *c, const struct kc_request *rq,
+                              const struct kc_write *w, struct kc_response *resp,
+                              struct gg_err *err)
+{
+    memset(resp, 0, sizeof(*resp));
+    const char *method = w ? w->method : "GET";
+    const char *what = rq->what ? rq->what : rq->path;
+    if (w && !write_method(w->method))
+        return gg_fail(err, GG_ERR_INVALID, "%.16s %s: not a method kc_send makes",
+                       w->method ? w->method : "(none)", what);
+    if (w && sends_body(w) && w->content_type &&
+        (strpbrk(w->content_type, "\r\n") || strlen(w->content_type) > 200))
+        return gg_fail(err, GG_ERR_INVALID, "%s %s: malformed content type", method, what);
+    if (c->token_file) {
+        enum gg_status st = read_token(c, err);
+        if (st != GG_OK)
+            return st;
+    }
+    size_t n = strlen(c->server) + strlen(rq->path) + 1;
+    char *url = malloc(n);
+    if (!url)
+        return gg_fail(err, GG_ERR_NOMEM, "out of memory");
+    snprintf(url, n, "%s%s", c->server, rq->path);
+    struct curl_slist *headers = request_headers(c, w);
+    struct xfer x = {.c = c, .rq = rq, .resp = resp, .keep = w && !rq->on_body};
+    buf_init(&x.body, KC_ERROR_BODY_MAX);
     char errbuf[CURL_ERROR_SIZE] = "";
     CURL *h = c->curl;
     curl_easy_reset(h);
@@ -571,6 +668,12 @@ enum gg_status kc_get(struct kc_client *c, const struct kc_request *rq, struct k
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
     curl_easy_setopt(h, CURLOPT_ERRORBUFFER, errbuf);
     curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS, (long)KC_CONNECT_TIMEOUT_MS);
+    if (w && strcmp(w->method, "GET") != 0)
+        curl_easy_setopt(h, CURLOPT_CUSTOMREQUEST, w->method);
+    if (w && sends_body(w)) {
+        curl_easy_setopt(h, CURLOPT_POSTFIELDSIZE_LARGE, (curl_off_t)(w->body ? w->len : 0));
+        curl_easy_setopt(h, CURLOPT_POSTFIELDS, w->body ? w->body : "");
+    }
     if (rq->timeout_ms > 0)
         curl_easy_setopt(h, CURLOPT_TIMEOUT_MS, rq->timeout_ms);
     else
@@ -592,17 +695,41 @@ enum gg_status kc_get(struct kc_client *c, const struct kc_request *rq, struct k
     /* The handle keeps pointers to these until the next reset. */
     curl_easy_setopt(h, CURLOPT_HTTPHEADER, NULL);
     curl_easy_setopt(h, CURLOPT_ERRORBUFFER, NULL);
+    curl_easy_setopt(h, CURLOPT_POSTFIELDS, NULL);
     curl_slist_free_all(headers);
     if (!resp->status)
         curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &resp->status);
-    if (x.error_body.len || (resp->status && (resp->status < 200 || resp->status >= 300)))
-        resp->body = buf_steal(&x.error_body, &n);
-    buf_clear(&x.error_body);
+    bool ok = resp->status >= 200 && resp->status < 300;
     enum gg_status st = GG_OK;
     if (code != CURLE_OK)
-        st = failure(code, resp, errbuf, rq->what ? rq->what : rq->path, err);
+        st = failure(code, &x, errbuf, method, what, err);
+    if (x.body.len || (resp->status && !ok))
+        resp->body = buf_steal(&x.body, &n);
+    else if (x.keep && ok && st == GG_OK && !(resp->body = strdup("")))
+        st = gg_fail(err, GG_ERR_NOMEM, "out of memory");
+    if (resp->too_big) {
+        free(resp->body);
+        resp->body = NULL;
+    }
+    buf_clear(&x.body);
     free(url);
     return st;
+}
+
+enum gg_status kc_get(struct kc_client *c, const struct kc_request *rq, struct kc_response *resp,
+                      struct gg_err *err)
+{
+    return perform(c, rq, NULL, resp, err);
+}
+
+enum gg_status kc_send(struct kc_client *c, const struct kc_request *rq, const struct kc_write *w,
+                       struct kc_response *resp, struct gg_err *err)
+{
+    if (!w) {
+        memset(resp, 0, sizeof(*resp));
+        return gg_fail(err, GG_ERR_INVALID, "%s: kc_send without a method", rq->path);
+    }
+    return perform(c, rq, w, resp, err);
 }
 
 void kc_response_clear(struct kc_response *resp)

@@ -1,15 +1,23 @@
 /*
  * kubeclient.h - a small Kubernetes API server client on libcurl: where the
  * API server is and how to authenticate to it (the pod's service account
- * in a cluster, or a kubeconfig file), and GET requests whose 2xx bodies
- * are streamed to a callback.
+ * in a cluster, or a kubeconfig file), GET requests whose 2xx bodies are
+ * streamed to a callback, and writes (PUT, POST, PATCH, DELETE) with a body.
  *
- * A client belongs to one thread at a time (the informer's).  It never
- * logs credentials, never follows redirects and never buffers a 2xx body:
- * the caller bounds what it keeps.  Non-2xx bodies (a Kubernetes Status) are
- * kept up to KC_ERROR_BODY_MAX bytes.  The bearer token of a token file is
- * re-read whenever the file changes (checked before every request), and at
- * once after kc_token_invalidate() (call it on a 401).
+ * Threads: a client is not for two threads at once.  It holds one libcurl
+ * handle and the state of its token file, which every request uses and
+ * changes, without a lock.  Each thread that makes requests has a client of
+ * its own: kc_clone() makes one with the same credentials, and may be
+ * called from any thread, even while the original's owner is in a request
+ * (it reads only what never changes after the client is made).
+ *
+ * A client never logs credentials and never follows redirects.  kc_get
+ * never buffers a 2xx body: the caller bounds what it keeps.  kc_send
+ * keeps a 2xx body up to a bound the caller sets (KC_MAX_WRITE_BODY by
+ * default) when it has no callback.  Non-2xx bodies (a Kubernetes Status)
+ * are kept up to KC_ERROR_BODY_MAX bytes.  The bearer token of a token file
+ * is re-read whenever the file changes (checked before every request), and
+ * at once after kc_token_invalidate() (call it on a 401).
  *
  * kubeconfig support: current-context; the cluster's server,
  * certificate-authority(-data) and insecure-skip-tls-verify; the user's
@@ -32,6 +40,8 @@
 /* Where a pod's service account credentials are mounted. */
 #define KC_SA_DIR "/var/run/secrets/kubernetes.io/serviceaccount"
 #define KC_ERROR_BODY_MAX (64 * 1024)
+/* The 2xx body kc_send keeps when the request sets no max_body. */
+#define KC_MAX_WRITE_BODY (4 << 20)
 #define KC_TOKEN_MAX (64 * 1024)
 #define KC_KUBECONFIG_MAX (4 << 20)
 #define KC_CONNECT_TIMEOUT_MS 10000
@@ -49,6 +59,11 @@ enum gg_status kc_new_in_cluster(const char *sa_dir, struct kc_client **out, str
 /* The current context of a kubeconfig file. */
 enum gg_status kc_new_kubeconfig(const char *path, struct kc_client **out, struct gg_err *err);
 void kc_free(struct kc_client *c);
+/*
+ * A second client with c's server, TLS settings and credentials, for another
+ * thread (see "Threads" above).  A token file is read again by the copy.
+ */
+enum gg_status kc_clone(const struct kc_client *c, struct kc_client **out, struct gg_err *err);
 
 /*
  * Any HTTP(S) endpoint with the same options (e.g. a Prometheus): its base
@@ -82,13 +97,17 @@ struct kc_request {
     bool (*keep_going)(void *ctx);
     void *ctx;
     const atomic_bool *cancel; /* abort when it turns true (looked at about once a second) */
+    size_t max_body; /* kc_send without on_body: the 2xx body kept; 0: KC_MAX_WRITE_BODY */
 };
 
 struct kc_response {
-    long status;    /* HTTP status; 0 when no response came */
-    char *body;     /* a non-2xx body, NUL-terminated, at most KC_ERROR_BODY_MAX; else NULL */
+    long status; /* HTTP status; 0 when no response came */
+    /* A non-2xx body, NUL-terminated, at most KC_ERROR_BODY_MAX; with kc_send and no on_body, the
+     * 2xx body (at most max_body); else NULL. */
+    char *body;
     bool aborted;   /* on_body or keep_going returned false */
     bool cancelled; /* *cancel turned true */
+    bool too_big;   /* kc_send: the 2xx body went past max_body (the transfer was cut) */
 };
 
 /*
@@ -101,6 +120,26 @@ struct kc_response {
 enum gg_status kc_get(struct kc_client *c, const struct kc_request *rq, struct kc_response *resp,
                       struct gg_err *err);
 void kc_response_clear(struct kc_response *resp);
+
+/* A request's method and body, for kc_send. */
+struct kc_write {
+    const char *method;       /* "PUT", "POST", "PATCH" or "DELETE" ("GET": a GET, body kept) */
+    const char *content_type; /* "application/json" when NULL */
+    const char *body;         /* NULL: no body */
+    size_t len;
+};
+
+/*
+ * kc_get with a method and a body: same results and errors.  With
+ * rq->on_body NULL, a 2xx body is kept in resp->body (NUL-terminated),
+ * refused past rq->max_body bytes (0: KC_MAX_WRITE_BODY): GG_ERR_TOOBIG,
+ * resp->too_big set and resp->body NULL.  Another method, or a content type
+ * with a line break, is GG_ERR_INVALID before anything is sent.  A POST,
+ * PUT or PATCH without a body sends an empty one (Content-Length: 0); a GET
+ * sends none (its body and content type are ignored).
+ */
+enum gg_status kc_send(struct kc_client *c, const struct kc_request *rq, const struct kc_write *w,
+                       struct kc_response *resp, struct gg_err *err);
 
 /* Percent-encode s for a query value into out; false when it does not fit. */
 bool kc_query_escape(const char *s, char *out, size_t size);

@@ -67,6 +67,47 @@ void metrics_reload(bool ok, uint64_t generation);
 void metrics_tls(bool ok, int64_t not_after);
 
 /*
+ * The quota controller's leader election (kube/lease.c, one elector per
+ * process): gpuguard_leader is 1 while this replica leads, and
+ * gpuguard_leader_changes_total counts the times it became leader.  Both
+ * are exported from the first call on (an elector calls it when it starts).
+ */
+void metrics_leader(bool leading);
+
+/*
+ * The quota ledger (GPUQuota objects written by admission, corrected by the
+ * controller).  Its series are exported from the first call of any of these
+ * on, or from metrics_ledger_enable() (call it when the ledger starts, so
+ * that a ledger without traffic shows zeros rather than nothing).
+ *
+ * Namespace labels are bounded: the first METRICS_LEDGER_NAMESPACES
+ * namespaces (by first use) get series of their own; later ones, and a
+ * namespace that is NULL or not a DNS label, are counted under
+ * namespace="_other".  Safe from any thread; after a namespace's first use,
+ * a call is a hash lookup and relaxed atomic adds, no lock or allocation.
+ */
+#define METRICS_LEDGER_NAMESPACES 256
+
+enum metrics_ledger_result {
+    MET_LEDGER_OK,       /* the PUT of a GPUQuota's status succeeded */
+    MET_LEDGER_CONFLICT, /* 409: written by someone else since it was read */
+    MET_LEDGER_ERROR,    /* any other failure (status, transport, timeout) */
+    MET_LEDGER_RESULTS
+};
+
+void metrics_ledger_enable(void);
+/* gpuguard_quota_ledger_writes_total{namespace,result}: one PUT of a GPUQuota's status. */
+void metrics_ledger_write(const char *ns, enum metrics_ledger_result r);
+/* gpuguard_quota_ledger_seconds: the time a review spent on the ledger (1 ms to 5 s buckets). */
+void metrics_ledger_seconds(double s);
+/* gpuguard_quota_ledger_corrections_total{namespace}: n entries or usages the controller fixed. */
+void metrics_ledger_correction(const char *ns, unsigned n);
+/* gpuguard_quota_ledger_denials_total{namespace,reason}: a review denied by the ledger, reason
+ * "over" (past the quota) or "unavailable" (the ledger could not be read or written); any other
+ * reason is not counted. */
+void metrics_ledger_denial(const char *ns, const char *reason);
+
+/*
  * Append these metrics to out.  Those kept by higher layers (inventory,
  * rightsizing, quotas) follow them in the ops port's /metrics (http/server.c).
  */
