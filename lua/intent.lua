@@ -50,7 +50,7 @@ local M = {}
 
 -- Keys, in one place for every policy (those the C code reads too come from gpuguard.keys).
 M.DECISION = gg.keys.decision
-M.POOL = "gpuguard.io/pool"
+M.POOL = gg.keys.pool
 M.CHARGE = gg.keys.charge
 M.FRACTION = "gpuguard.io/gpu-fraction"
 M.MEMORY = "gpuguard.io/gpu-memory"

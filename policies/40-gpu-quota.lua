@@ -10,8 +10,12 @@ Usage comes from the inventory (gpuguard.usage): the cluster's pods in the serve
 --cluster-state snapshot in the CLI, plus the pods this replica admitted a moment ago.
 
 validate: deny when the pod alone is over quotas.max_per_pod or the per-pod maximum of its class
-          (quotas.per_class), or when the namespace would go over its quota
-          (quotas.namespaces.<ns>, else quotas.default; exactly at the quota is allowed).
+          (quotas.per_class), or when the namespace would go over its quota: its GPUQuota
+          object's spec.hard (and the pool's, spec.hard.pools, for the pool the pod is placed
+          in), else quotas.namespaces.<ns>, else quotas.default; exactly at the quota is allowed.
+          A namespace with several GPUQuotas is denied: keep one.  In the server, a namespace
+          with a GPUQuota is also held exactly by its ledger once the policies admit a pod
+          (docs/quotas.md); this check is the same rule against the usage this replica sees.
           Until the inventory has synced, quotas.inventory_not_ready decides: allow with a
           warning (default) or deny; a pod alone over its namespace's quota is denied even then.
 
@@ -63,10 +67,28 @@ local function check_limits(req, charge, class, q)
     return true
 end
 
+-- The namespace's limit in milli-GPU, and how messages name it: its GPUQuota's, else the
+-- configuration's (nil: none).
+local function limit_of(ns, q, gq)
+    if gq then
+        return gq.hard, "namespace " .. ns .. " (GPUQuota " .. gq.name .. ")"
+    end
+    local limit = q and (q.namespaces and q.namespaces[ns] or q.default)
+    return limit ~= nil and gpus(limit, "quotas") or nil, "namespace " .. ns
+end
+
 local function validate(req, pod, cfg)
     local q = cfg.quotas
     local spec = k8s.pod_spec(pod)
-    if q == nil or spec == nil or not workload.wants_gpu(pod, cfg, req.namespace) then
+    if spec == nil or not workload.wants_gpu(pod, cfg, req.namespace) then
+        return
+    end
+    local gq, several = gg.gpuquota(req.namespace)
+    if several then
+        req:deny(several)
+        return
+    end
+    if q == nil and gq == nil then
         return
     end
     local charge, msg = intent.charge(pod, cfg, { namespace = req.namespace })
@@ -75,18 +97,17 @@ local function validate(req, pod, cfg)
         return
     end
     local class = workload.class(pod, cfg)
-    if not check_limits(req, charge, class, q) then
+    if q ~= nil and not check_limits(req, charge, class, q) then
         return
     end
-    local limit = q.namespaces and q.namespaces[req.namespace] or q.default
+    local limit, scope = limit_of(req.namespace, q, gq)
     if limit == nil then
         return
     end
     local used, ready, state = gg.usage(req.namespace)
-    local scope = "namespace " .. req.namespace
     if not ready then
         -- A pod that alone is over the quota never fits, whatever the usage.
-        local fits, why = quota.check(0, charge, gpus(limit, "quotas"), scope)
+        local fits, why = quota.check(0, charge, limit, scope)
         if not fits then
             req:deny(why)
             return
@@ -94,16 +115,26 @@ local function validate(req, pod, cfg)
         if state == "off" then -- said once at start, and gpuguard_quota_enforced is 0
             return
         end
-        if q.inventory_not_ready == "deny" then
+        if q and q.inventory_not_ready == "deny" then
             req:deny("GPU usage is not known yet (the inventory has not synced); try again in a minute")
         else
             req:warn("GPU quota not checked: the inventory has not synced yet")
         end
         return
     end
-    local ok, why = quota.check(used, charge, gpus(limit, "quotas"), scope)
+    local ok, why = quota.check(used, charge, limit, scope)
     if not ok then
         req:deny(why)
+        return
+    end
+    local pool = k8s.annotation(pod, intent.POOL)
+    local pool_limit = gq and pool and gq.pools[pool]
+    if pool_limit then
+        ok, why = quota.check((gg.usage(req.namespace, nil, pool)), charge, pool_limit,
+            "pool " .. pool .. " of " .. scope)
+        if not ok then
+            req:deny(why)
+        end
     end
 end
 

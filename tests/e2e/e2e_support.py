@@ -3,11 +3,15 @@
 configuration the cluster runs, and waits bounded for a loaded machine.  The fixtures are in
 conftest.py; this module has a name of its own so that tests import it, not a conftest."""
 
+import base64
+import http.server
 import json
 import os
 import re
+import ssl
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 import uuid
@@ -179,3 +183,39 @@ def settled_requests(gpuguard, quiet=3):
             return now
         last = now
     pytest.fail(f"gpuguard kept getting requests for {WAIT} s")
+
+
+class OwnWebhook(http.server.BaseHTTPRequestHandler):
+    """An admission webhook of a test's own: answer(request) gives the response's fields beyond
+    uid (allowed, patch, status)."""
+
+    def answer(self, request):
+        raise NotImplementedError
+
+    def do_POST(self):
+        review = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        resp = {"uid": review["request"]["uid"], **self.answer(review["request"])}
+        body = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                           "response": resp}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def serve_test_webhook(cluster, handler):
+    """handler (a OwnWebhook) on 127.0.0.1 over TLS with gpuguard's serving certificate: the
+    server (shutdown() when done) and the clientConfig that reaches it."""
+    certs = cluster.dir / "gpuguard"
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(certs / "tls.crt", certs / "tls.key")
+    server.socket = ctx.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    client = {"url": f"https://127.0.0.1:{server.server_address[1]}/",
+              "caBundle": base64.b64encode((certs / "ca.crt").read_bytes()).decode()}
+    return server, client

@@ -10,15 +10,13 @@ by the test itself, through pods/binding, to a node of the decided pool."""
 import base64
 import copy
 import difflib
-import http.server
 import json
-import ssl
-import threading
 
 import pytest
 import yaml
 
-from e2e_support import claim_pod, claim_template, node_pool, pod_running, wait_for
+from e2e_support import (OwnWebhook, claim_pod, claim_template, node_pool, pod_running,
+                         serve_test_webhook, wait_for)
 
 TEAM = {"team": "e2e"}
 
@@ -62,43 +60,27 @@ POOLS = {"whole": "h100-train", "fraction": "a100-mig", "memory": "a100-mig", "m
 REINVOKED = "e2e.gpuguard.io/reinvoked"
 
 
-class Reinvoker(http.server.BaseHTTPRequestHandler):
+class Reinvoker(OwnWebhook):
     """A mutating webhook that adds one annotation: the API server then calls gpuguard again
     (its reinvocationPolicy is IfNeeded)."""
 
-    def do_POST(self):
-        review = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        req = review["request"]
+    def answer(self, req):
         annotations = req["object"]["metadata"].get("annotations")
         ops = [] if annotations and REINVOKED in annotations else (
             [{"op": "add", "path": "/metadata/annotations/" + REINVOKED.replace("/", "~1"),
               "value": "true"}] if annotations else
             [{"op": "add", "path": "/metadata/annotations", "value": {REINVOKED: "true"}}])
-        resp = {"uid": req["uid"], "allowed": True}
-        if ops:
-            resp.update(patchType="JSONPatch", patch=base64.b64encode(json.dumps(ops).encode()).decode())
-        body = json.dumps({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-                           "response": resp}).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args):
-        pass
+        if not ops:
+            return {"allowed": True}
+        return {"allowed": True, "patchType": "JSONPatch",
+                "patch": base64.b64encode(json.dumps(ops).encode()).decode()}
 
 
 @pytest.fixture(scope="module")
 def reinvoking_webhook(kube, cluster):
     """The test's own webhook, after gpuguard's in name order, for pods of namespaces labelled
     e2e-reinvoke=true; removed after the module."""
-    certs = cluster.dir / "gpuguard"
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Reinvoker)
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.load_cert_chain(certs / "tls.crt", certs / "tls.key")
-    server.socket = ctx.wrap_socket(server.socket, server_side=True)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    server, client = serve_test_webhook(cluster, Reinvoker)
     config = {
         "apiVersion": "admissionregistration.k8s.io/v1", "kind": "MutatingWebhookConfiguration",
         "metadata": {"name": "zz-e2e-reinvoke"},
@@ -106,8 +88,7 @@ def reinvoking_webhook(kube, cluster):
             "name": "reinvoke.e2e.gpuguard.io", "admissionReviewVersions": ["v1"],
             "sideEffects": "None", "failurePolicy": "Fail", "timeoutSeconds": 5,
             "reinvocationPolicy": "Never",
-            "clientConfig": {"url": f"https://127.0.0.1:{server.server_address[1]}/",
-                             "caBundle": base64.b64encode((certs / "ca.crt").read_bytes()).decode()},
+            "clientConfig": client,
             "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"],
                        "operations": ["CREATE"], "scope": "Namespaced"}],
             "namespaceSelector": {"matchLabels": {"e2e-reinvoke": "true"}},

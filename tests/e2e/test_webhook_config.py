@@ -84,21 +84,26 @@ def cmdline(pid):
         return [a.decode() for a in f.read().split(b"\0") if a]
 
 
-def can_i(kube, user):
-    """`kubectl auth can-i --list` as a service account of gpuguard-system: a set of rows."""
-    out = kube.run("auth", "can-i", "--list", "--as", user, "--as-group", "system:serviceaccounts",
+def can_i(kube, user, namespace):
+    """`kubectl auth can-i --list` in namespace as a service account of gpuguard-system: a set
+    of (resource, resource names, verbs) rows."""
+    out = kube.run("auth", "can-i", "--list", "-n", namespace, "--as", user,
+                   "--as-group", "system:serviceaccounts",
                    "--as-group", "system:serviceaccounts:gpuguard-system",
                    "--as-group", "system:authenticated").stdout
     rows = set()
     for line in out.splitlines()[1:]:
         cols = re.split(r"\s{2,}", line.strip())
         resource, verbs = cols[0], cols[-1]
-        rows.add((resource, tuple(sorted(verbs.strip("[]").split()))))
+        names = cols[-2] if len(cols) >= 4 else "[]"
+        rows.add((resource, tuple(sorted(names.strip("[]").split())),
+                  tuple(sorted(verbs.strip("[]").split()))))
     return rows
 
 
 def readme_rbac():
-    """The table under "What gpuguard's ServiceAccount may do" in README.md."""
+    """The table under "What gpuguard's ServiceAccount may do" in README.md: (resource, resource
+    names, verbs, where) rows, where is `cluster-wide` or a namespace."""
     text = (REPO / "README.md").read_text()
     section = text.split("What gpuguard's ServiceAccount may do", 1)[1]
     rows = set()
@@ -107,13 +112,22 @@ def readme_rbac():
             if rows:
                 break
             continue
-        cells = [c.strip(" `") for c in line.strip("|").split("|")]
-        if cells[0] in ("resource", "") or set(cells[0]) <= {"-"}:
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if cells[0] == "resource" or set(cells[0]) <= {"-"}:
             continue
-        rows.add((cells[0], tuple(sorted(v.strip(" `") for v in cells[1].split(",")))))
+        m = re.fullmatch(r"`([^`]+)`(?: named `([^`]+)`)?", cells[0])
+        assert m, line
+        verbs = tuple(sorted(re.findall(r"`([^`]+)`", cells[1])))
+        rows.add((m.group(1), (m.group(2),) if m.group(2) else (), verbs, cells[2].strip("`")))
     return rows
 
 
-def test_gpuguards_service_account_may_do_what_readme_says(kube):
-    own = can_i(kube, SA) - can_i(kube, "system:serviceaccount:gpuguard-system:e2e-nobody")
-    assert own == readme_rbac()
+def test_gpuguards_service_account_may_do_what_readme_says(kube, namespace):
+    """Cluster-wide rows everywhere (a fresh namespace shows them), the Lease rows in
+    gpuguard-system only."""
+    table = readme_rbac()
+    assert {w for *_, w in table} == {"cluster-wide", "gpuguard-system"}
+    nobody = "system:serviceaccount:gpuguard-system:e2e-nobody"
+    for ns in (namespace, "gpuguard-system"):
+        own = can_i(kube, SA, ns) - can_i(kube, nobody, ns)
+        assert own == {r[:3] for r in table if r[3] in ("cluster-wide", ns)}, ns

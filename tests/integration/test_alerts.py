@@ -23,6 +23,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from conftest import REPO, start_server, wait_for
 from dcgm_prometheus import FakePrometheus
 from fake_apiserver import FakeApiServer, gpu_pod
+from test_quota_ledger import quota as ledger_quota, validate as ledger_validate
 from test_inventory_sync import no_proxy_env, write_kubeconfig
 from test_rightsizing import CHAT_POD, chat_answers, mutate
 
@@ -247,9 +248,10 @@ def everything_on(binary, certs, tmp_path):
     """A server with every source of metrics on: the shipped policies and configuration,
     the inventory synced to a stand-in API server holding a GPU pod, rightsizing on a
     stand-in Prometheus with one workload's history (and that workload's pod reviewed), one
-    HTTP error."""
+    HTTP error, and a GPUQuota's ledger charged, full and corrected."""
     api = FakeApiServer().start()
     api.add(gpu_pod("team-a", "train-0", cls="training"))
+    api.add_object(ledger_quota(hard="2", status={"used": {"gpu": "0"}, "entries": []}))
     prom = FakePrometheus(*chat_answers(int(time.time())))
     srv = None
     try:
@@ -261,8 +263,16 @@ def everything_on(binary, certs, tmp_path):
         srv = start_server(binary, certs, tmp_path, "--policies", str(REPO / "policies"),
                            "--lua", str(REPO / "lua"), "--config", str(config),
                            "--kubeconfig", str(write_kubeconfig(tmp_path, api.url)),
+                           "--lease-namespace", "gpuguard-system", "--quota-entry-bound", "1s",
                            env=no_proxy_env())
         assert wait_for(lambda: "inventory: ready" in srv.ops("/readyz")[1])
+        # The quota ledger: a pod charged, one refused while the ledger cannot be written, and
+        # the charged one never created (a correction once the bound has passed).
+        assert ledger_validate(srv, "a") == (True, None)
+        api.quota_refuse_until = time.monotonic() + 60
+        assert not ledger_validate(srv, "b", timeout="2s")[0]
+        api.quota_refuse_until = 0
+        assert wait_for(lambda: "gpuguard_quota_ledger_corrections_total{" in srv.ops("/metrics")[1])
         assert wait_for(lambda: "rightsizing: ok (1 workloads" in srv.ops("/readyz")[1])
         mutate(srv, CHAT_POD)  # a reviewed workload: the requested and needed gauges
         conn = srv.connect()

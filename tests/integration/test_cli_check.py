@@ -154,7 +154,7 @@ def test_help_lists_every_flag_with_defaults(check):
         assert flag in help_text
     for default in ["[./policies]", "[./lua]", "[default]", "[text]", "[none]"]:
         assert default in help_text
-    assert "pods in use, for quota checks" in help_text
+    assert "pods in use and quotas, for quota checks" in help_text
     top = subprocess.run([check.binary, "--help"], capture_output=True, text=True)
     assert re.search(r"^  check ", top.stdout, re.M) and re.search(r"^  test ", top.stdout, re.M)
 

@@ -20,6 +20,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import jsonschema
 import pytest
 import yaml
 
@@ -207,7 +208,8 @@ def test_every_document_is_an_object(render):
 
 def test_namespace_and_placement(render):
     one(render, "Namespace", NAMESPACE)
-    cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding", *WEBHOOK_KINDS}
+    cluster_scoped = {"Namespace", "ClusterRole", "ClusterRoleBinding", "CustomResourceDefinition",
+                      *WEBHOOK_KINDS}
     for doc in render:
         if doc["kind"] in cluster_scoped:
             assert "namespace" not in doc["metadata"], doc["kind"]
@@ -216,36 +218,113 @@ def test_namespace_and_placement(render):
                                                                    doc["metadata"]["name"])
 
 
+def rbac_rows(rules, where):
+    """RBAC rules as (resource, resource names, verbs, where) rows: group-qualified resources,
+    as `kubectl auth can-i --list` and README.md's table name them."""
+    rows = set()
+    for rule in rules:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                name, _, sub = resource.partition("/")
+                full = name + ("." + group if group else "") + ("/" + sub if sub else "")
+                rows.add((full, tuple(sorted(rule.get("resourceNames", []))),
+                          tuple(sorted(rule["verbs"])), where))
+    return rows
+
+
+# What gpuguard's ServiceAccount is granted: the inventory's reads, the GPUQuota ledger (status
+# only) everywhere, and the quota controller's Lease in its own namespace.
+CLUSTER_WIDE = "cluster-wide"
+GRANTED = {
+    ("pods", (), ("list", "watch"), CLUSTER_WIDE),
+    ("namespaces", (), ("get",), CLUSTER_WIDE),
+    ("resourceclaims.resource.k8s.io", (), ("list", "watch"), CLUSTER_WIDE),
+    ("resourceclaimtemplates.resource.k8s.io", (), ("get", "list", "watch"), CLUSTER_WIDE),
+    ("deviceclasses.resource.k8s.io", (), ("list", "watch"), CLUSTER_WIDE),
+    ("resourceslices.resource.k8s.io", (), ("list", "watch"), CLUSTER_WIDE),
+    ("gpuquotas.gpuguard.io", (), ("get", "list", "watch"), CLUSTER_WIDE),
+    ("gpuquotas.gpuguard.io/status", (), ("update",), CLUSTER_WIDE),
+    ("leases.coordination.k8s.io", ("gpuguard-quota",), ("get", "update"), NAMESPACE),
+    ("leases.coordination.k8s.io", (), ("create",), NAMESPACE),
+}
+
+
 def test_rbac_is_least_privilege(render):
     roles = find(render, "ClusterRole")
     assert len(roles) == 1, "one ClusterRole"
-    assert not find(render, "Role") and not find(render, "RoleBinding")
-    granted = set()
     for rule in roles[0]["rules"]:
         assert set(rule) == {"apiGroups", "resources", "verbs"}, rule  # no names, no URLs
-        for group in rule["apiGroups"]:
-            for resource in rule["resources"]:
-                for verb in rule["verbs"]:
-                    granted.add((group, resource, verb))
-    assert granted == {("", "pods", "list"), ("", "pods", "watch"), ("", "namespaces", "get"),
-                       ("resource.k8s.io", "resourceclaims", "list"),
-                       ("resource.k8s.io", "resourceclaims", "watch"),
-                       ("resource.k8s.io", "resourceclaimtemplates", "get"),
-                       ("resource.k8s.io", "resourceclaimtemplates", "list"),
-                       ("resource.k8s.io", "resourceclaimtemplates", "watch"),
-                       ("resource.k8s.io", "deviceclasses", "list"),
-                       ("resource.k8s.io", "deviceclasses", "watch"),
-                       ("resource.k8s.io", "resourceslices", "list"),
-                       ("resource.k8s.io", "resourceslices", "watch")}
+    ns_roles = find(render, "Role")
+    assert len(ns_roles) == 1, "one Role, for the Lease"
+    role = ns_roles[0]
+    assert role["metadata"]["namespace"] == NAMESPACE
+    for rule in role["rules"]:
+        assert set(rule) <= {"apiGroups", "resources", "resourceNames", "verbs"}, rule
+        # create cannot be limited by name (the object has none yet when it is authorized);
+        # every other verb is
+        assert ("resourceNames" in rule) == (rule["verbs"] != ["create"]), rule
+    granted = rbac_rows(roles[0]["rules"], CLUSTER_WIDE) | rbac_rows(role["rules"], NAMESPACE)
+    assert granted == GRANTED
+    for verb in ("create", "update", "patch", "delete", "deletecollection", "*"):
+        assert not [r for r in granted if r[0] == "gpuquotas.gpuguard.io" and verb in r[2]], verb
 
     sa = one(render, "ServiceAccount")
     binding = one(render, "ClusterRoleBinding")
+    subjects = [{"kind": "ServiceAccount", "name": sa["metadata"]["name"], "namespace": NAMESPACE}]
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
                                   "name": roles[0]["metadata"]["name"]}
-    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": sa["metadata"]["name"],
-                                    "namespace": NAMESPACE}]
+    assert binding["subjects"] == subjects
+    role_binding = one(render, "RoleBinding")
+    assert role_binding["metadata"]["namespace"] == NAMESPACE
+    assert role_binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                       "name": role["metadata"]["name"]}
+    assert role_binding["subjects"] == subjects
     dep = one(render, "Deployment", SERVICE)
     assert dep["spec"]["template"]["spec"]["serviceAccountName"] == sa["metadata"]["name"]
+
+
+def readme_rbac_table():
+    """The table under "What gpuguard's ServiceAccount may do" in README.md, as rbac_rows():
+    `resource` (or `resource` named `name`) | `verb`, ... | cluster-wide or `namespace`."""
+    text = (REPO / "README.md").read_text()
+    section = text.split("What gpuguard's ServiceAccount may do", 1)[1]
+    rows, header = set(), None
+    for line in section.splitlines()[1:]:
+        if not line.startswith("|"):
+            if header:
+                break
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if header is None:
+            header = cells
+            assert header == ["resource", "verbs", "where"], header
+            continue
+        if set(cells[0]) <= {"-"}:
+            continue
+        m = re.fullmatch(r"`([^`]+)`(?: named `([^`]+)`)?", cells[0])
+        assert m, f"README.md RBAC row: {line}"
+        verbs = re.findall(r"`([^`]+)`", cells[1])
+        assert verbs and ", ".join(f"`{v}`" for v in verbs) == cells[1], line
+        where = cells[2].strip("`")
+        rows.add((m.group(1), (m.group(2),) if m.group(2) else (), tuple(sorted(verbs)), where))
+    return rows
+
+
+def test_readme_rbac_table_is_the_rbac(base):
+    """README.md's table says what rbac.yaml grants, row for row (`make e2e` checks the same
+    table against what the API server says the account may do)."""
+    sa = one(base, "ServiceAccount")
+    granted = set()
+    for kind, binding_kind, where in (("ClusterRole", "ClusterRoleBinding", CLUSTER_WIDE),
+                                      ("Role", "RoleBinding", NAMESPACE)):
+        for role in find(base, kind):
+            bound = [b for b in find(base, binding_kind) if b["roleRef"]["kind"] == kind
+                     and b["roleRef"]["name"] == role["metadata"]["name"]
+                     and {"kind": "ServiceAccount", "name": sa["metadata"]["name"],
+                          "namespace": NAMESPACE} in b["subjects"]]
+            if bound:
+                granted |= rbac_rows(role["rules"], where)
+    assert readme_rbac_table() == granted
 
 
 # ---------------------------------------------------------------- Deployment
@@ -449,7 +528,8 @@ def test_webhook_configuration(render, kind, serve_help):
     hook = cfg["webhooks"][0]
     assert hook["name"] == ("mutate" if mutating else "validate") + ".gpuguard.io"
     assert hook["admissionReviewVersions"] == ["v1"]
-    assert hook["sideEffects"] == "None"
+    # The validating webhook charges what it admits to the GPUQuota ledger, never on a dry run.
+    assert hook["sideEffects"] == ("None" if mutating else "NoneOnDryRun")
     assert hook["timeoutSeconds"] == 5
     assert hook["failurePolicy"] == "Fail"
     assert hook["matchPolicy"] == "Equivalent"
@@ -700,9 +780,10 @@ def rule_resources(hook):
 @pytest.mark.parametrize("kind", WEBHOOK_KINDS)
 def test_workload_rules(render, kind):
     hook, pods = workload_hook(render, kind), one(render, kind, WEBHOOK_CONFIG)["webhooks"][0]
-    for key in ("admissionReviewVersions", "sideEffects", "timeoutSeconds", "failurePolicy",
+    for key in ("admissionReviewVersions", "timeoutSeconds", "failurePolicy",
                 "matchPolicy", "clientConfig", "namespaceSelector"):  # caBundle included
         assert hook[key] == pods[key], key
+    assert hook["sideEffects"] == "None", "templates are not charged: no ledger writes"
     assert hook.get("reinvocationPolicy") == pods.get("reinvocationPolicy")
     assert rule_resources(hook) == set(WORKLOAD_RESOURCES)
     for rule in hook["rules"]:
@@ -786,6 +867,179 @@ def test_namespace_selector(render, kind):
     assert not label_selector_matches(selector, ns("kube-system"))
     assert not label_selector_matches(selector, ns(NAMESPACE))
     assert not label_selector_matches(selector, ns("legacy", **{"gpuguard.io/ignore": "true"}))
+
+
+# ---------------------------------------------------------------- the GPUQuota CRD
+
+CRD = "gpuquotas.gpuguard.io"
+EXAMPLE = DEPLOY / "examples" / "gpuquota.yaml"
+# Kubernetes quantities (resource.Quantity's grammar, without a minus sign) and what is not one.
+QUANTITIES = ["8", "0", "0.5", "500m", "1.5", "0.143", ".5", "1.", "+2", "2k", "1Ki", "1e3",
+              "1E-3", "100u", "5n", "1E"]
+NOT_QUANTITIES = ["eight", "-1", "-0.5", "", " 8", "8 ", "1.1.1", "1e1.5", "8 GPUs", "0x10",
+                  "1K", "mi", ".", "1mi", "½"]
+# The shape the servers write (docs/quotas.md): the ledger of one admitted pod.
+LEDGER = {"used": {"gpu": "5.250", "pools": {"h100-train": "4"}},
+          "entries": [{"uid": "0c4f3a0e-3f4e-4b8a-9d0e-5f7a4c2b1e6d", "pod": "train-x7k2p",
+                       "charge": "1.000", "pool": "h100-train",
+                       "admitted": "2026-11-29T10:00:00.000000Z"}],
+          "conditions": [{"type": "Ready", "status": "True", "reason": "Reconciled",
+                          "message": "recounted from 3 pods",
+                          "lastTransitionTime": "2026-11-29T10:00:00Z"}],
+          "observedGeneration": 1}
+
+
+def crd_version(render):
+    crd = one(render, "CustomResourceDefinition", CRD)
+    [version] = crd["spec"]["versions"]
+    return crd, version
+
+
+def crd_schema(render):
+    return crd_version(render)[1]["schema"]["openAPIV3Schema"]
+
+
+def schema_nodes(node, path="."):
+    """Every node of an OpenAPI schema with its path (.spec.hard.gpu, .status.entries[].uid)."""
+    yield path, node
+    sep = "" if path == "." else "."
+    for key, sub in node.get("properties", {}).items():
+        yield from schema_nodes(sub, path + sep + key)
+    if "items" in node:
+        yield from schema_nodes(node["items"], path + "[]")
+    if isinstance(node.get("additionalProperties"), dict):
+        yield from schema_nodes(node["additionalProperties"], path + sep + "*")
+
+
+def node_at(schema, path):
+    return dict(schema_nodes(schema))[path]
+
+
+def gpuquota(hard, status=None):
+    obj = {"apiVersion": "gpuguard.io/v1alpha1", "kind": "GPUQuota",
+           "metadata": {"name": "gpu", "namespace": "team-a"}, "spec": {"hard": hard}}
+    if status is not None:
+        obj["status"] = status
+    return obj
+
+
+def schema_errors(render, obj):
+    """What the CRD's schema says of obj, checked as JSON Schema (the x-kubernetes- keywords
+    aside, which the API server alone applies: the e2e test does)."""
+    validator = jsonschema.Draft7Validator(crd_schema(render))
+    return sorted(e.message for e in validator.iter_errors(obj))
+
+
+def test_gpuquota_crd(render):
+    crd, version = crd_version(render)
+    spec = crd["spec"]
+    assert spec["group"] == "gpuguard.io" and spec["scope"] == "Namespaced"
+    assert spec["names"] == {"kind": "GPUQuota", "listKind": "GPUQuotaList", "plural": "gpuquotas",
+                             "singular": "gpuquota", "shortNames": ["gq"],
+                             "categories": ["gpuguard"]}
+    assert version["name"] == "v1alpha1" and version["served"] and version["storage"]
+    # The ledger is written through /status only: spec writes keep it, status writes keep spec.
+    assert version["subresources"] == {"status": {}}
+    # `kubectl get gpuquotas -A`: NAMESPACE NAME HARD USED AGE.
+    assert [(c["name"], c["type"], c["jsonPath"]) for c in version["additionalPrinterColumns"]] == [
+        ("Hard", "string", ".spec.hard.gpu"), ("Used", "string", ".status.used.gpu"),
+        ("Age", "date", ".metadata.creationTimestamp")]
+    assert not find(render, "GPUQuota"), "no GPUQuota ships: the CRD must be established first"
+
+
+def test_the_crd_is_applied_before_the_webhooks(render):
+    """kustomize writes CustomResourceDefinitions first; the webhook configurations come last
+    (and README.md's two-step install applies them apart)."""
+    kinds = [d["kind"] for d in render]
+    first_crd = kinds.index("CustomResourceDefinition")
+    assert first_crd < min(kinds.index(k) for k in WEBHOOK_KINDS)
+    assert set(kinds[:first_crd]) <= {"Namespace", "ResourceQuota"}
+    assert "webhook-configuration" not in one(render, "CustomResourceDefinition", CRD)[
+        "metadata"].get("labels", {}).values()
+
+
+def test_gpuquota_schema_is_structural_and_bounded(render):
+    schema = crd_schema(render)
+    int_or_string = []
+    for path, node in schema_nodes(schema):
+        if node.get("x-kubernetes-int-or-string"):
+            int_or_string.append(path)
+            assert "type" not in node and node["anyOf"] == [{"type": "integer"},
+                                                            {"type": "string"}], path
+            continue
+        assert node.get("type") in ("object", "array", "string", "integer"), path
+        assert not {"anyOf", "allOf", "oneOf", "not"} & set(node), path
+        if path in (".apiVersion", ".kind"):
+            continue
+        if node["type"] == "string":
+            assert "maxLength" in node or "enum" in node or node.get("format") == "date-time", path
+        if node["type"] == "array":
+            assert "maxItems" in node, path
+        if isinstance(node.get("additionalProperties"), dict):
+            assert "maxProperties" in node, path
+    assert int_or_string == [".spec.hard.gpu", ".spec.hard.pools.*"]
+    assert schema["required"] == ["spec"]
+    assert node_at(schema, ".spec")["required"] == ["hard"]
+    assert node_at(schema, ".spec.hard")["required"] == ["gpu"]
+    entries = node_at(schema, ".status.entries")
+    assert entries["x-kubernetes-list-type"] == "map"
+    assert entries["x-kubernetes-list-map-keys"] == ["uid"]
+    assert entries["items"]["required"] == ["uid"]
+    assert 1000 <= entries["maxItems"] <= 5000, "a few thousand pods admitted and not yet seen"
+    assert set(entries["items"]["properties"]) == {"uid", "pod", "charge", "pool", "admitted"}
+    assert node_at(schema, ".status.conditions")["x-kubernetes-list-map-keys"] == ["type"]
+
+
+@pytest.mark.parametrize("path", [".spec.hard.gpu", ".spec.hard.pools.*", ".status.used.gpu",
+                                  ".status.used.pools.*", ".status.entries[].charge"])
+def test_quantity_pattern(render, path):
+    """The pattern takes what resource.Quantity parses (but negatives) and nothing else; Go's
+    RE2 and Python's re read it alike."""
+    node = node_at(crd_schema(render), path)
+    pattern = re.compile(node["pattern"])
+    for q in QUANTITIES:
+        if path.startswith(".status") and q.startswith("+"):
+            continue  # gpuguard writes no sign
+        assert pattern.search(q), (path, q)
+        assert len(q) <= node["maxLength"]
+    for q in NOT_QUANTITIES:
+        assert not pattern.search(q), (path, q)
+    if path.startswith(".spec"):
+        assert node["minimum"] == 0, "an integer is not matched by the pattern"
+
+
+def test_the_example_is_a_valid_gpuquota(render):
+    example = yaml.safe_load(EXAMPLE.read_text())
+    assert example["kind"] == "GPUQuota"
+    assert example["apiVersion"] == "gpuguard.io/v1alpha1"
+    assert schema_errors(render, example) == []
+    assert example["metadata"] == {"name": "gpu", "namespace": "team-a"}
+    assert example["spec"] == {"hard": {"gpu": "8", "pools": {"h100-train": "4"}}}
+    # Its pools are pools of the shipped configuration, and it sets the limit that
+    # quotas.namespaces gives team-a there (docs/quotas.md moves one to the other).
+    config = yaml.safe_load((DEPLOY / "gpuguard.yaml").read_text())
+    assert set(example["spec"]["hard"]["pools"]) <= {p["name"] for p in config["pools"]}
+    assert quantity(example["spec"]["hard"]["gpu"]) == \
+        config["quotas"]["namespaces"][example["metadata"]["namespace"]]
+    # The ledger the servers write fits the schema.
+    assert schema_errors(render, dict(example, status=LEDGER)) == []
+
+
+@pytest.mark.parametrize("hard,refused", [
+    ({"gpu": "eight"}, "does not match"),
+    ({"pools": {"h100-train": "4"}}, "'gpu' is a required property"),
+    ({"gpu": 0.5}, "is not valid under any of the given schemas"),   # quote fractions
+    ({"gpu": -1}, "is less than the minimum of 0"),
+    ({"gpu": "8", "pools": {"h100-train": "four"}}, "does not match"),
+], ids=["eight", "no-gpu", "unquoted-fraction", "negative", "pool-four"])
+def test_bad_gpuquotas_are_refused(render, hard, refused):
+    errors = schema_errors(render, gpuquota(hard))
+    assert any(refused in e for e in errors), errors
+
+
+def test_good_gpuquotas_are_accepted(render):
+    for gpu in (8, "8", "0.5", "500m", 0):
+        assert schema_errors(render, gpuquota({"gpu": gpu, "pools": {"a100-mig": gpu}})) == [], gpu
 
 
 # ---------------------------------------------------------------- overlays

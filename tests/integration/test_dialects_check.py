@@ -97,7 +97,7 @@ def test_cluster_state_mixes_kinds_and_counts_the_others(binary, tmp_path):
     _, summary = records(out)
     assert summary["cluster_state"] == {"pods": 4, "resourceclaims": 3,
                                         "resourceclaimtemplates": 2, "deviceclasses": 0, "resourceslices": 0,
-                                        "skipped": 2}
+                                        "gpuquotas": 0, "skipped": 2}
 
 
 def test_a_forged_charge_annotation_frees_nothing(binary, tmp_path):

@@ -377,7 +377,8 @@ class Cluster:
                 "--ops-listen", f"127.0.0.1:{ports['ops'][i]}",
                 "--tls-cert", g / "tls.crt", "--tls-key", g / "tls.key",
                 "--config", g / "gpuguard.yaml", "--policies", REPO / "policies", "--lua", REPO / "lua",
-                "--kubeconfig", g / "kubeconfig", "--threads", "2"])
+                "--kubeconfig", g / "kubeconfig", "--threads", "2",
+                *self.state.get("serve_flags", [])])
 
     def wait_ready(self):
         ports = self.state["ports"]
@@ -385,13 +386,25 @@ class Cluster:
             self.wait(f"{name} /readyz", lambda i=i: urllib.request.urlopen(
                 f"http://127.0.0.1:{ports['ops'][i]}/readyz", timeout=2).status == 200, name=name)
 
-    def restart_gpuguard(self, config_text):
+    def restart_gpuguard(self, config_text=None, flags=None):
         """gpuguard again on another configuration (what it reads once at start, such as the
-        rightsizing source, changes only so); the keeper and its forwarder stay."""
-        write_atomic(self.dir / "gpuguard" / "gpuguard.yaml", config_text, 0o644)
+        rightsizing source, changes only so), or with other serve flags (kept for later
+        restarts; [] for none); the keeper and its forwarder stay."""
+        if config_text is not None:
+            write_atomic(self.dir / "gpuguard" / "gpuguard.yaml", config_text, 0o644)
+        if flags is not None:
+            with self.changing() as st:
+                st["serve_flags"] = [str(f) for f in flags]
         self.stop(*self.gpuguard_names())
         self.serve()
         self.wait_ready()
+
+    def kill(self, name):
+        """SIGKILL one process group at once, as a crash would end it; the others run on."""
+        pid = self.state.get("pids", {}).get(name)
+        if self.ours(name, pid):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
 
     def wait_webhooks(self):
         """Until the API server calls gpuguard: a dry-run pod in a matched namespace is decided."""

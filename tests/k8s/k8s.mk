@@ -15,6 +15,8 @@ CLUSTER_DIR ?= build/cluster
 CONFIG      ?= deploy/gpuguard.yaml
 ADD_CONFIG  ?=
 REPLICAS    ?= 1
+# As deploy/ ships: the quota ledger is tested with several gpuguard processes.
+E2E_REPLICAS ?= 3
 E2E_CONFIG  := tests/e2e/fleet.yaml
 E2E_ARGS    ?=
 GO          ?= /usr/local/go/bin/go
@@ -40,7 +42,7 @@ e2e: deps $(BIN) k8s-bin
 	@set -e; started=; \
 	if ! $(CLUSTER) status --dir $(CLUSTER_DIR) >/dev/null 2>&1; then \
 	    $(CLUSTER) up --dir $(CLUSTER_DIR) --config $(CONFIG) --add-config $(E2E_CONFIG) \
-	        --replicas $(REPLICAS) --owner $$$$; started=1; \
+	        --replicas $(E2E_REPLICAS) --owner $$$$; started=1; \
 	fi; \
 	rc=0; GPUGUARD_BIN=$(abspath $(BIN)) GPUGUARD_CLUSTER=$(abspath $(CLUSTER_DIR)) \
 	    $(PYTHON) -m pytest -q -p no:cacheprovider $(E2E_ARGS) tests/e2e || rc=$$?; \

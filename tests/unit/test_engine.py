@@ -2128,6 +2128,7 @@ end }
                              "keys: kai_queue=kai.scheduler/queue",
                              "keys: kueue_priority=kueue.x-k8s.io/priority-class",
                              "keys: kueue_queue=kueue.x-k8s.io/queue-name",
+                             "keys: pool=gpuguard.io/pool",
                              "keys: workload_class=gpuguard.io/workload-class"]
     assert "attempt to modify a read-only table" in v["message"]
 

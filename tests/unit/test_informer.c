@@ -410,8 +410,14 @@ static void test_stage_swaps_in_and_settles_reservations(void **state)
     struct inventory *inv = inv_new();
     struct charging model;
     charging_start(&model, inv, "policies", "deploy/gpuguard.yaml");
-    inv_reserve(inv, &(struct inv_hold){"ns", "u-3", "web-x", "", 125}, 60000);
-    inv_reserve(inv, &(struct inv_hold){"ns", "u-other", "other", "", 1000}, 60000);
+    inv_reserve(
+        inv,
+        &(struct inv_hold){.ns = "ns", .uid = "u-3", .name = "web-x", .cls = "", .charge = 125},
+        60000);
+    inv_reserve(inv,
+                &(struct inv_hold){
+                    .ns = "ns", .uid = "u-other", .name = "other", .cls = "", .charge = 1000},
+                60000);
     struct inv_stage *stage = inv_stage_new(inv);
     for (size_t i = 0; i < sizeof(pods) / sizeof(pods[0]); i++) {
         json_t *p = inf_read_pod(pods[i], strlen(pods[i]), NULL, NULL);

@@ -110,7 +110,7 @@ static void test_many_pods_keep_exact_sums(void **state)
 static uint64_t reserve(struct inventory *inv, const char *uid, const char *name, const char *cls,
                         int64_t charge, int64_t ttl_ms)
 {
-    struct inv_hold h = {"team-a", uid, name, cls, charge};
+    struct inv_hold h = {.ns = "team-a", .uid = uid, .name = name, .cls = cls, .charge = charge};
     return inv_reserve(inv, &h, ttl_ms);
 }
 

@@ -812,25 +812,26 @@ static void test_cluster_state(void **state)
         enum gg_status st;
         const char *msg;
         size_t kept, counts[MF_STATE_N]; /* items left; pods, claims, templates, classes, slices,
-                                            other */
+                                            GPUQuotas, other */
     } cases[] = {
         {"{\"apiVersion\":\"v1\",\"kind\":\"List\",\"items\":[{\"apiVersion\":\"v1\",\"kind\":"
          "\"Pod\",\"metadata\":{\"name\":\"a\",\"namespace\":\"n\"},\"spec\":{}}]}",
          GG_OK,
          NULL,
          1,
-         {1, 0, 0, 0, 0, 0}},
+         {1, 0, 0, 0, 0, 0, 0}},
         {"{\"kind\":\"PodList\",\"items\":[]}", GG_OK, NULL, 0, {0}},
-        /* kubectl get pods,resourceclaims,resourceclaimtemplates,deviceclasses,services: any
-         * order */
+        /* kubectl get pods,resourceclaims,resourceclaimtemplates,deviceclasses,gpuquotas,
+         * services: any order */
         {"{\"kind\":\"List\",\"items\":[{\"kind\":\"ResourceClaim\",\"metadata\":{}},"
          "{\"kind\":\"Service\",\"metadata\":{}},{\"metadata\":{}},"
          "{\"kind\":\"ResourceClaimTemplate\",\"metadata\":{}},{\"kind\":\"Deployment\","
-         "\"metadata\":{}},{\"kind\":\"DeviceClass\",\"metadata\":{}}]}",
+         "\"metadata\":{}},{\"kind\":\"DeviceClass\",\"metadata\":{}},"
+         "{\"kind\":\"GPUQuota\",\"metadata\":{}}]}",
          GG_OK,
          NULL,
-         4,
-         {1, 1, 1, 1, 0, 2}},
+         5,
+         {1, 1, 1, 1, 0, 1, 2}},
         {"{\"kind\":\"List\"}", GG_ERR_INVALID, "items must be an array", 0, {0}},
         {"{\"kind\":\"Pod\",\"items\":[]}", GG_ERR_INVALID, "want List or PodList", 0, {0}},
         {"{\"kind\":\"List\",\"items\":[7]}", GG_ERR_INVALID, "items[0] is not an object", 0, {0}},

@@ -94,9 +94,9 @@ static void check_usage(FILE *out)
     fprintf(out,
             "  --namespace NS         namespace for manifests that name none [default]\n"
             "  --user NAME            userInfo.username of the requests [" DR_DEFAULT_USER "]\n"
-            "  --cluster-state FILE   pods in use, for quota checks: the JSON of 'kubectl get\n"
-            "                         pods,resourceclaims,resourceclaimtemplates,deviceclasses,\n"
-            "                         resourceslices -A -o json'\n"
+            "  --cluster-state FILE   pods in use and quotas, for quota checks: the JSON of\n"
+            "                         'kubectl get pods,resourceclaims,resourceclaimtemplates,\n"
+            "                         deviceclasses,resourceslices,gpuquotas -A -o json'\n"
             "                         (other kinds are skipped and counted) [none]\n"
             "  --usage FILE           GPU memory history for rightsizing, as written by\n"
             "                         'gpuguard usage -o FILE' [none: no recommendations]\n"
@@ -576,11 +576,12 @@ static json_t *summary_json(const struct check_run *r, int exit_code)
     if (r->o.cluster_state_path)
         json_object_set_new(
             sum, "cluster_state",
-            json_pack("{s:I,s:I,s:I,s:I,s:I,s:I}", "pods", (json_int_t)c[MF_STATE_POD],
+            json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I}", "pods", (json_int_t)c[MF_STATE_POD],
                       "resourceclaims", (json_int_t)c[MF_STATE_CLAIM], "resourceclaimtemplates",
                       (json_int_t)c[MF_STATE_TEMPLATE], "deviceclasses",
                       (json_int_t)c[MF_STATE_CLASS], "resourceslices",
-                      (json_int_t)c[MF_STATE_SLICE], "skipped", (json_int_t)c[MF_STATE_OTHER]));
+                      (json_int_t)c[MF_STATE_SLICE], "gpuquotas", (json_int_t)c[MF_STATE_QUOTA],
+                      "skipped", (json_int_t)c[MF_STATE_OTHER]));
     return sum;
 }
 

@@ -17,10 +17,13 @@ static uint64_t hold_before(struct inventory *inv, const struct dr_result *first
 {
     if (n <= 2)
         return 0;
-    const json_t *labels = json_object_get(json_object_get(first->mutated, "metadata"), "labels");
+    const json_t *meta = json_object_get(first->mutated, "metadata");
     struct inv_hold h = {
         .ns = first->namespace,
-        .cls = json_string_value(json_object_get(labels, GG_KEY_WORKLOAD_CLASS)),
+        .cls = json_string_value(
+            json_object_get(json_object_get(meta, "labels"), GG_KEY_WORKLOAD_CLASS)),
+        .pool =
+            json_string_value(json_object_get(json_object_get(meta, "annotations"), GG_KEY_POOL)),
         .charge = (n - 2) * charge,
     };
     return inv_reserve(inv, &h, INV_RESERVATION_TTL_MS);

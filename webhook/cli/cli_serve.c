@@ -26,6 +26,9 @@
 #include "engine/dirwatch.h"
 #include "kube/informer.h"
 #include "kube/inventory.h"
+#include "kube/ledger.h"
+#include "kube/quotactl.h"
+#include "util/duration.h"
 #include "kube/kubeclient.h"
 #include "util/log.h"
 #include "engine/policy.h"
@@ -64,6 +67,10 @@ struct serve_opts {
     unsigned ops_per_peer;
     int inventory; /* -1: on when in a cluster or with --kubeconfig; 0: off; 1: on */
     const char *kubeconfig;
+    bool quota_ledger; /* --quota-ledger (with the inventory) */
+    const char *lease_namespace, *lease_name;
+    int64_t lease_ms[3];    /* --lease-duration, --lease-renew-deadline, --lease-retry */
+    int64_t entry_bound_ms; /* --quota-entry-bound */
 };
 
 #define SERVE_HELP_WIDTH 25 /* the flag column of --help */
@@ -116,7 +123,19 @@ static void serve_usage(FILE *out)
                  "                            (list + watch) for quota policies [on in a cluster\n"
                  "                            or with --kubeconfig, else off]\n"
                  "  --kubeconfig FILE         reach the API server with this kubeconfig's current\n"
-                 "                            context instead of the pod's service account\n");
+                 "                            context instead of the pod's service account\n"
+                 "  --quota-ledger on|off     GPUQuota limits held exactly with any number of\n"
+                 "                            replicas: admitted GPU pods are charged in the\n"
+                 "                            quota's status, and a controller elected on a\n"
+                 "                            Lease recounts it (docs/quotas.md) [on with the\n"
+                 "                            inventory]\n"
+                 "  --lease-namespace NS      the controller's Lease [POD_NAMESPACE, else the\n"
+                 "                            service account's namespace, else gpuguard-system]\n"
+                 "  --lease-name NAME         [gpuguard-quota]\n"
+                 "  --lease-duration D, --lease-renew-deadline D, --lease-retry D\n"
+                 "                            leader election's timings [15s, 10s, 2s]\n"
+                 "  --quota-entry-bound D     a ledger entry whose pod never appeared (refused\n"
+                 "                            after gpuguard admitted it) goes after this [30s]\n");
     eo_help_tail(out, SERVE_HELP_WIDTH, LOG_INFO);
     fprintf(out,
             "\n"
@@ -159,6 +178,13 @@ enum {
     OPT_OPS_PER_PEER,
     OPT_INVENTORY,
     OPT_KUBECONFIG,
+    OPT_QUOTA_LEDGER,
+    OPT_LEASE_NAMESPACE,
+    OPT_LEASE_NAME,
+    OPT_LEASE_DURATION,
+    OPT_LEASE_RENEW,
+    OPT_LEASE_RETRY,
+    OPT_ENTRY_BOUND,
 };
 
 static const struct option long_options[] = {
@@ -177,6 +203,13 @@ static const struct option long_options[] = {
     {"ops-max-per-peer", required_argument, NULL, OPT_OPS_PER_PEER},
     {"inventory", required_argument, NULL, OPT_INVENTORY},
     {"kubeconfig", required_argument, NULL, OPT_KUBECONFIG},
+    {"quota-ledger", required_argument, NULL, OPT_QUOTA_LEDGER},
+    {"lease-namespace", required_argument, NULL, OPT_LEASE_NAMESPACE},
+    {"lease-name", required_argument, NULL, OPT_LEASE_NAME},
+    {"lease-duration", required_argument, NULL, OPT_LEASE_DURATION},
+    {"lease-renew-deadline", required_argument, NULL, OPT_LEASE_RENEW},
+    {"lease-retry", required_argument, NULL, OPT_LEASE_RETRY},
+    {"quota-entry-bound", required_argument, NULL, OPT_ENTRY_BOUND},
     {NULL, 0, NULL, 0},
 };
 
@@ -263,6 +296,34 @@ static int take_flag(void *ctx, int opt, const char *arg)
     case OPT_KUBECONFIG:
         o->kubeconfig = arg;
         return 0;
+    case OPT_QUOTA_LEDGER:
+        if (strcmp(arg, "on") != 0 && strcmp(arg, "off") != 0) {
+            fprintf(stderr, "gpuguard serve: --quota-ledger must be on or off\n");
+            return -1;
+        }
+        o->quota_ledger = strcmp(arg, "on") == 0;
+        return 0;
+    case OPT_LEASE_NAMESPACE:
+        o->lease_namespace = arg;
+        return 0;
+    case OPT_LEASE_NAME:
+        o->lease_name = arg;
+        return 0;
+    case OPT_LEASE_DURATION:
+    case OPT_LEASE_RENEW:
+    case OPT_LEASE_RETRY:
+    case OPT_ENTRY_BOUND: {
+        int64_t ms;
+        if (duration_parse_ms(arg, &ms) != GG_OK || ms <= 0) {
+            fprintf(stderr, "gpuguard serve: a duration such as 15s or 500ms, got \"%s\"\n", arg);
+            return -1;
+        }
+        if (opt == OPT_ENTRY_BOUND)
+            o->entry_bound_ms = ms;
+        else
+            o->lease_ms[opt - OPT_LEASE_DURATION] = ms;
+        return 0;
+    }
     default:
         return parse_number_flag(opt, arg, o);
     }
@@ -280,7 +341,9 @@ static bool parse_flags(int argc, char **argv, struct serve_opts *o, int *exit_c
                              .shutdown_grace_s = 30,
                              .request_timeout_s = 10,
                              .ops_per_peer = OPS_PER_PEER,
-                             .inventory = -1};
+                             .inventory = -1,
+                             .quota_ledger = true,
+                             .lease_name = "gpuguard-quota"};
     static const struct eo_command serve_command = {
         .name = "gpuguard serve",
         .shared = EO_ENGINE,
@@ -423,8 +486,8 @@ static uint64_t generation(void *engine)
     return engine_generation(engine) + (inv ? inv_class_changes(inv) : 0);
 }
 
-/* The inventory's informers: pods, ResourceClaims, ResourceClaimTemplates (see informer.h). */
-#define N_INFORMERS 5
+/* The inventory's informers: pods, the DRA objects and GPUQuotas (see informer.h). */
+#define N_INFORMERS 6
 
 /*
  * The inventory, its charger and its informers when on: --inventory off,
@@ -454,7 +517,7 @@ static enum gg_status start_inventory(const struct serve_opts *o, struct engine 
     engine_set_inventory(engine, *inv);
     /* Classes, slices and templates first: the charges of claims and pods read them. */
     static const enum inf_kind kinds[N_INFORMERS] = {INF_CLASSES, INF_SLICES, INF_TEMPLATES,
-                                                     INF_CLAIMS, INF_PODS};
+                                                     INF_CLAIMS,  INF_QUOTAS, INF_PODS};
     for (size_t i = 0; st == GG_OK && i < N_INFORMERS; i++) {
         struct inf_options opts = {
             .kind = kinds[i], .generation = generation, .generation_ctx = engine};
@@ -466,6 +529,62 @@ static enum gg_status start_inventory(const struct serve_opts *o, struct engine 
         if (st == GG_OK)
             st = inf_start(client, *inv, &opts, &inf[i], err);
     }
+    return st;
+}
+
+/* The namespace gpuguard runs in: POD_NAMESPACE (the downward API), else the service account's. */
+static void own_namespace(char *out, size_t size)
+{
+    const char *env = getenv("POD_NAMESPACE");
+    snprintf(out, size, "%s", env && *env ? env : "gpuguard-system");
+    FILE *f = env && *env ? NULL : fopen(KC_SA_DIR "/namespace", "r");
+    if (f && fgets(out, (int)size, f))
+        out[strcspn(out, "\r\n")] = '\0';
+    if (f)
+        fclose(f);
+}
+
+/* Whether the live configuration gives ns a quota of its own (quotas.namespaces.<ns>). */
+static bool configured_quota(void *ctx, const char *ns)
+{
+    struct policy_set *set = engine_live_set(ctx);
+    const json_t *q = json_object_get(policy_set_config(set), "quotas");
+    bool has = json_object_get(json_object_get(q, "namespaces"), ns) != NULL;
+    policy_set_release(set);
+    return has;
+}
+
+/*
+ * With the inventory on and --quota-ledger on: the GPUQuota ledger admission
+ * charges, and the controller that keeps it true (elected on a Lease).
+ */
+static enum gg_status start_quota(const struct serve_opts *o, struct engine *engine,
+                                  struct inventory *inv, struct ledger **ledger,
+                                  struct quotactl **ctl, struct gg_err *err)
+{
+    if (!inv || !o->quota_ledger)
+        return GG_OK;
+    static char ns[256];
+    if (o->lease_namespace)
+        snprintf(ns, sizeof(ns), "%s", o->lease_namespace);
+    else
+        own_namespace(ns, sizeof(ns));
+    struct kc_client *writes = NULL, *control = NULL;
+    enum gg_status st = new_client(o, &writes, err);
+    if (st == GG_OK && (st = ledger_new(writes, inv, ledger, err)) == GG_OK)
+        engine_set_ledger(engine, *ledger);
+    const char *pod = getenv("POD_NAME");
+    struct quotactl_options qo = {.entry_bound_ms = o->entry_bound_ms,
+                                  .lease = {.namespace = ns,
+                                            .name = o->lease_name,
+                                            .identity = pod && *pod ? pod : NULL,
+                                            .duration_ms = o->lease_ms[0],
+                                            .renew_deadline_ms = o->lease_ms[1],
+                                            .retry_ms = o->lease_ms[2]},
+                                  .configured = configured_quota,
+                                  .configured_ctx = engine};
+    if (st == GG_OK && (st = new_client(o, &control, err)) == GG_OK)
+        st = quotactl_start(control, inv, &qo, ctl, err);
     return st;
 }
 
@@ -540,10 +659,13 @@ int cli_serve(int argc, char **argv)
     struct charger *charger = NULL;
     struct informer *informers[N_INFORMERS] = {NULL};
     struct ps_source *rightsizing = NULL;
+    struct ledger *ledger = NULL;
+    struct quotactl *quotactl = NULL;
     char *client_ca = NULL;
     if (start_certificates(&o, &cert_watch, &client_ca, &err) != GG_OK ||
         eo_engine_new(&o.engine, &engine, &err) != GG_OK ||
         start_inventory(&o, engine, &inventory, &charger, informers, &err) != GG_OK ||
+        start_quota(&o, engine, inventory, &ledger, &quotactl, &err) != GG_OK ||
         start_rightsizing(&o, inventory, &rightsizing, &err) != GG_OK ||
         reload_start(engine, &reloader, &err) != GG_OK)
         goto out;
@@ -576,8 +698,10 @@ out:
     dirwatch_stop(cert_watch);
     reload_stop(reloader);
     ps_stop(rightsizing);
+    quotactl_stop(quotactl);
     for (size_t i = 0; i < N_INFORMERS; i++)
         inf_stop(informers[i]);
+    ledger_free(ledger);
     charger_free(charger);
     engine_free(engine);
     inv_free(inventory);

@@ -8,6 +8,7 @@
 
 #define GG_KEY_CHARGE "gpuguard.io/charge"     /* a pod's charge in milli-GPU */
 #define GG_KEY_DECISION "gpuguard.io/decision" /* the sharing decision, for people */
+#define GG_KEY_POOL "gpuguard.io/pool"         /* the pool gpu-sharing placed the pod in */
 #define GG_KEY_WORKLOAD_CLASS "gpuguard.io/workload-class"
 #define GG_KEY_KUEUE_QUEUE "kueue.x-k8s.io/queue-name" /* set by lua/queues.lua */
 #define GG_KEY_KUEUE_PRIORITY "kueue.x-k8s.io/priority-class"
@@ -19,6 +20,7 @@
 #define GG_KEYS(X)                                                                                 \
     X("charge", GG_KEY_CHARGE)                                                                     \
     X("decision", GG_KEY_DECISION)                                                                 \
+    X("pool", GG_KEY_POOL)                                                                         \
     X("workload_class", GG_KEY_WORKLOAD_CLASS)                                                     \
     X("kueue_queue", GG_KEY_KUEUE_QUEUE)                                                           \
     X("kueue_priority", GG_KEY_KUEUE_PRIORITY)                                                     \

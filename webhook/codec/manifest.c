@@ -1247,6 +1247,8 @@ static enum mf_state_kind state_kind(const json_t *item)
         return MF_STATE_CLASS;
     if (kind && strcmp(kind, "ResourceSlice") == 0)
         return MF_STATE_SLICE;
+    if (kind && strcmp(kind, "GPUQuota") == 0)
+        return MF_STATE_QUOTA;
     return kind && strcmp(kind, "ResourceClaimTemplate") == 0 ? MF_STATE_TEMPLATE : MF_STATE_OTHER;
 }
 
@@ -1267,7 +1269,8 @@ enum gg_status mf_cluster_state(const char *text, size_t len, const char *source
     if (!json_is_object(root)) {
         st = gg_fail(err, GG_ERR_INVALID,
                      "%s: want the JSON of 'kubectl get pods,resourceclaims,"
-                     "resourceclaimtemplates,deviceclasses,resourceslices -A -o json', an object",
+                     "resourceclaimtemplates,deviceclasses,resourceslices,gpuquotas -A -o json', "
+                     "an object",
                      src);
         goto out;
     }

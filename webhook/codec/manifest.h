@@ -194,11 +194,11 @@ size_t mf_line_of(const json_t *lines, const char *pointer);
 
 /*
  * Check a cluster-state snapshot (the JSON of `kubectl get pods,
- * resourceclaims,resourceclaimtemplates,deviceclasses,resourceslices -A -o
- * json`): an object with kind List or PodList and an items array of objects
- * with an object metadata, in any order.  Pods (kind Pod or no kind),
- * ResourceClaims, ResourceClaimTemplates, DeviceClasses and ResourceSlices are
- * kept; items of other kinds are dropped from
+ * resourceclaims,resourceclaimtemplates,deviceclasses,resourceslices,
+ * gpuquotas -A -o json`): an object with kind List or PodList and an items
+ * array of objects with an object metadata, in any order.  Pods (kind Pod or
+ * no kind), ResourceClaims, ResourceClaimTemplates, DeviceClasses,
+ * ResourceSlices and GPUQuotas are kept; items of other kinds are dropped from
  * *state's items and counted in counts[MF_STATE_OTHER].  *state (a new
  * reference) is the parsed snapshot.  Messages start with source.
  */
@@ -208,6 +208,7 @@ enum mf_state_kind {
     MF_STATE_TEMPLATE,
     MF_STATE_CLASS,
     MF_STATE_SLICE,
+    MF_STATE_QUOTA,
     MF_STATE_OTHER,
     MF_STATE_N
 };

@@ -6,6 +6,7 @@
 #include "engine/lb_internal.h"
 #include "engine/cfgkeys.h"
 #include "codec/keys.h"
+#include "kube/gpuquota.h"
 #include "kube/inventory.h"
 #include "kube/ownerfold.h"
 #include "kube/rsstore.h"
@@ -169,16 +170,67 @@ static int l_unknown_key(lua_State *L)
     return 1;
 }
 
+/*
+ * gpuguard.usage(namespace[, class[, pool]]): milli-GPU in use (reservations included), whether
+ * that is known, and the inventory's state: "ready", "syncing" or "off".  With pool: the pods
+ * placed in that pool (gpuguard.io/pool) only.
+ */
 static int l_usage(lua_State *L)
 {
     const char *ns = luaL_checkstring(L, 1);
     const char *cls = luaL_optstring(L, 2, NULL);
+    const char *pool = luaL_optstring(L, 3, NULL);
     struct inventory *inv = lb_vm_of(L)->inventory;
     bool ready = inv && inv_ready(inv);
-    lua_pushinteger(L, inv ? (lua_Integer)inv_usage(inv, ns, cls) : 0);
+    lua_pushinteger(L, !inv   ? 0
+                       : pool ? (lua_Integer)inv_pool_usage(inv, ns, pool)
+                              : (lua_Integer)inv_usage(inv, ns, cls));
     lua_pushboolean(L, ready);
     lua_pushstring(L, !inv ? "off" : ready ? "ready" : "syncing");
     return 3;
+}
+
+/*
+ * gpuguard.gpuquota(namespace): the namespace's GPUQuota as { name, hard = milli-GPU, pools =
+ * { [pool] = milli-GPU } }, or nil when it has none; nil and a message when it has several (the
+ * caller denies: which one would hold is not for gpuguard to guess) or one it cannot read.
+ */
+static int l_gpuquota(lua_State *L)
+{
+    const char *ns = luaL_checkstring(L, 1);
+    struct inventory *inv = lb_vm_of(L)->inventory;
+    size_t count = 0;
+    json_t *obj = inv ? inv_quota(inv, ns, &count) : NULL;
+    struct gq_view *v = obj ? lua_newuserdatauv(L, sizeof(*v), 0) : NULL;
+    struct gg_err err;
+    if (obj && gq_read(obj, v, &err) != GG_OK) {
+        json_decref(obj);
+        lua_pushnil(L);
+        lua_pushstring(L, err.msg);
+        return 2;
+    }
+    json_decref(obj);
+    if (!v) {
+        lua_pushnil(L);
+        if (count < 2)
+            return 1;
+        lua_pushfstring(
+            L, "namespace %s has %d GPUQuota objects; keep one (kubectl get gpuquotas -n %s)", ns,
+            (int)count, ns);
+        return 2;
+    }
+    lua_createtable(L, 0, 3);
+    lua_pushstring(L, v->name);
+    lua_setfield(L, -2, "name");
+    lua_pushinteger(L, (lua_Integer)v->hard);
+    lua_setfield(L, -2, "hard");
+    lua_createtable(L, 0, (int)v->n_hard_pools);
+    for (size_t i = 0; i < v->n_hard_pools; i++) {
+        lua_pushinteger(L, (lua_Integer)v->hard_pools[i].milli);
+        lua_setfield(L, -2, v->hard_pools[i].pool);
+    }
+    lua_setfield(L, -2, "pools");
+    return 1;
 }
 
 /*
@@ -277,6 +329,7 @@ void lb_module_open(lua_State *L)
                                      {"format_quantity", l_format_quantity},
                                      {"log", l_log},
                                      {"usage", l_usage},
+                                     {"gpuquota", l_gpuquota}, /* 40-gpu-quota */
                                      {"rightsize", l_rightsize},
                                      {"rightsize_report", l_rightsize_report},
                                      {"dra", l_dra}, /* lua/intent.lua's DRA lookups */

@@ -13,6 +13,8 @@
 #include "engine/cfgschema.h"
 #include "engine/config.h"
 #include "kube/inventory.h"
+#include "kube/ledger.h"
+#include "kube/gpuquota.h"
 #include "codec/jsonpatch.h"
 #include "codec/quantity.h"
 #include "util/log.h"
@@ -66,6 +68,7 @@ struct engine {
     char last_reload[256];
     pthread_key_t vm_key;
     struct inventory *inventory; /* borrowed; NULL without one */
+    struct ledger *ledger;       /* borrowed; NULL: no GPUQuota ledger (check, test) */
 };
 
 /* A worker thread's VM and the set it was built from. */
@@ -430,6 +433,11 @@ void engine_free(struct engine *e)
 void engine_set_inventory(struct engine *e, struct inventory *inventory)
 {
     e->inventory = inventory;
+}
+
+void engine_set_ledger(struct engine *e, struct ledger *ledger)
+{
+    e->ledger = ledger;
 }
 
 struct inventory *engine_inventory(struct engine *e)
@@ -1122,32 +1130,73 @@ static void begin_validate(struct lb_vm *vm, const struct adm_request *req, int6
     }
 }
 
+/* What a GPU pod or claim under validation holds: its charge and where (the ledger's too). */
+struct held {
+    int64_t charge; /* milli-GPU; 0: nothing (or not a pod or claim being created) */
+    char uid[128], pool[GQ_NAME_MAX];
+};
+
 /*
  * A GPU pod or DRA claim under validation counts against its namespace
  * before the policies read the usage, and stays counted if admitted (see
- * inventory.h): the reservation's number, or 0 when none was made.
+ * inventory.h): the reservation's number, or 0 when none was made (a dry
+ * run reserves nothing).  *h says what it holds.
  */
 static uint64_t reserve(struct engine *e, const struct adm_request *req,
-                        const struct policy_verdict *v)
+                        const struct policy_verdict *v, struct held *h)
 {
+    memset(h, 0, sizeof(*h));
     if (!e->inventory || (!v->mutated && !req->object) || req->operation != ADM_CREATE ||
-        req->dry_run || (strcmp(req->kind, "Pod") != 0 && strcmp(req->kind, "ResourceClaim") != 0))
+        (strcmp(req->kind, "Pod") != 0 && strcmp(req->kind, "ResourceClaim") != 0))
         return 0;
     struct jf_doc mutated = {NULL, NULL, NULL};
     if (v->mutated && jf_from_json(v->mutated, &mutated) != 0)
         return 0; /* out of memory: the reservation is a head start, the informer counts it */
     const struct jf_node *obj = v->mutated ? mutated.root : req->object;
     const struct jf_node *meta = jf_get_str(obj, "metadata");
-    struct inv_hold h = {
+    const char *pool = jf_string(jf_get_str(jf_get_str(meta, "annotations"), GG_KEY_POOL));
+    struct inv_hold hold = {
         .ns = req->namespace,
         .uid = jf_string(jf_get_str(meta, "uid")),
         .name = req->name,
         .cls = jf_string(jf_get_str(jf_get_str(meta, "labels"), GG_KEY_WORKLOAD_CLASS)),
+        .pool = pool,
         .charge = inv_charge(e->inventory, obj),
     };
-    uint64_t seq = h.charge > 0 ? inv_reserve(e->inventory, &h, INV_RESERVATION_TTL_MS) : 0;
+    h->charge = hold.charge;
+    snprintf(h->uid, sizeof(h->uid), "%s", hold.uid ? hold.uid : "");
+    snprintf(h->pool, sizeof(h->pool), "%s", pool ? pool : "");
+    uint64_t seq = hold.charge > 0 && !req->dry_run
+                       ? inv_reserve(e->inventory, &hold, INV_RESERVATION_TTL_MS)
+                       : 0;
     jf_doc_free(&mutated);
     return seq;
+}
+
+/*
+ * A pod the policies admit, in a namespace with a GPUQuota, is admitted only
+ * once its charge is in the quota's ledger (ledger.h); a denial of the ledger
+ * is the review's.
+ */
+static void charge_ledger(struct engine *e, const struct adm_request *req, const struct held *h,
+                          int64_t deadline_us, struct gather *g)
+{
+    if (!e->ledger || h->charge <= 0 || strcmp(req->kind, "Pod") != 0)
+        return;
+    char why[1024];
+    struct ledger_charge c = {.ns = req->namespace,
+                              .uid = h->uid,
+                              .pod = adm_object_name(req),
+                              .pool = h->pool,
+                              .charge = h->charge,
+                              .dry_run = req->dry_run,
+                              .deadline_us = deadline_us};
+    enum ledger_verdict v = ledger_charge(e->ledger, &c, why, sizeof(why));
+    if (v == LEDGER_OVER || v == LEDGER_UNAVAILABLE) {
+        char text[1100];
+        snprintf(text, sizeof(text), "gpu-quota: %s", why);
+        deny(g, text);
+    }
 }
 
 static enum gg_status evaluate(struct engine *e, const struct adm_request *req, unsigned phases,
@@ -1212,11 +1261,14 @@ static enum gg_status evaluate(struct engine *e, const struct adm_request *req, 
             begin_validate(vm, req, lua_deadline, &g, &validate, err);
         if (st == GG_OK && validate) {
             /* Not for a pod the mutating phase already denied: its charge is work for nothing. */
+            struct held h = {0};
             if (!g.lost && json_array_size(g.denials) == 0)
-                reserved = reserve(e, req, out);
+                reserved = reserve(e, req, out, &h);
             inv_read_before(reserved);
             run_phase(vm, set, req, LB_VALIDATE, &g);
             inv_read_before(0);
+            if (!g.lost && json_array_size(g.denials) == 0 && g.denials_left_out == 0)
+                charge_ledger(e, req, &h, deadline_us, &g);
             out->timing.validate = gg_now_ns() - t1;
         }
         lb_request_end(vm);

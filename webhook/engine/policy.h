@@ -72,6 +72,10 @@ const struct policy_paths *engine_paths(const struct engine *e);
  */
 struct inventory;
 void engine_set_inventory(struct engine *e, struct inventory *inventory);
+/* The GPUQuota ledger admitted GPU pods are charged in (kube/ledger.h); NULL: none.  Set before
+ * the first evaluation; borrowed. */
+struct ledger;
+void engine_set_ledger(struct engine *e, struct ledger *ledger);
 struct inventory *engine_inventory(struct engine *e);
 
 /*

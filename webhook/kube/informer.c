@@ -7,6 +7,7 @@
 #include "util/clock.h"
 
 #include "util/jsonfast.h"
+#include "kube/gpuquota.h"
 #include "util/log.h"
 
 #include <malloc.h>
@@ -449,27 +450,38 @@ static const struct {
     [INF_TEMPLATES] = {"ResourceClaimTemplates", "ResourceClaimTemplate", "resourceclaimtemplates"},
     [INF_CLASSES] = {"DeviceClasses", "DeviceClass", "deviceclasses"},
     [INF_SLICES] = {"ResourceSlices", "ResourceSlice", "resourceslices"},
+    [INF_QUOTAS] = {"GPUQuotas", "GPUQuota", GQ_PLURAL},
 };
 /* resource.k8s.io versions, newest first: v1 since Kubernetes 1.34, v1beta2 1.33, v1beta1 1.32. */
 static const char *const dra_versions[] = {"v1", "v1beta2", "v1beta1"};
 #define N_DRA_VERSIONS (sizeof(dra_versions) / sizeof(dra_versions[0]))
 
+/* The objects' group/version: "resource.k8s.io/v1", "v1" for pods. */
+static void api_version(struct informer *f, char *out, size_t size)
+{
+    if (f->o.kind == INF_PODS)
+        snprintf(out, size, "v1");
+    else if (f->o.kind == INF_QUOTAS)
+        snprintf(out, size, "%s/%s", GQ_GROUP, GQ_VERSION);
+    else
+        snprintf(out, size, "resource.k8s.io/%s", dra_versions[atomic_load(&f->version)]);
+}
+
 /* The collection's path without a query. */
 static void base_path(struct informer *f, char *out, size_t size)
 {
-    if (f->o.kind == INF_PODS)
-        snprintf(out, size, "/api/v1/pods");
-    else
-        snprintf(out, size, "/apis/resource.k8s.io/%s/%s", dra_versions[atomic_load(&f->version)],
-                 resources[f->o.kind].plural);
+    char api[64];
+    api_version(f, api, sizeof(api));
+    snprintf(out, size, "/api%s/%s/%s", f->o.kind == INF_PODS ? "" : "s", api,
+             resources[f->o.kind].plural);
 }
 
 /* A DRA object as the inventory reads it: list items come without their kind. */
 static void set_kind(struct informer *f, json_t *obj)
 {
     if (obj && f->o.kind != INF_PODS && !json_object_get(obj, "kind")) {
-        char api[32];
-        snprintf(api, sizeof(api), "resource.k8s.io/%s", dra_versions[atomic_load(&f->version)]);
+        char api[64];
+        api_version(f, api, sizeof(api));
         json_object_set_new(obj, "kind", json_string(resources[f->o.kind].kind));
         json_object_set_new(obj, "apiVersion", json_string(api));
     }
@@ -653,9 +665,20 @@ static enum outcome list_page(struct informer *f, struct list_ctx *lc, char **co
     return out;
 }
 
-/* Claims and templates: the next version of resource.k8s.io after a 404, up to none. */
+/* Claims and templates: the next version of resource.k8s.io after a 404, up to none.  GPUQuotas:
+ * none (their CRD is not installed; retried with the backoff). */
 static enum outcome next_version(struct informer *f)
 {
+    if (f->o.kind == INF_QUOTAS) {
+        char msg[200];
+        snprintf(msg, sizeof(msg),
+                 "the API server serves no %s.%s/%s: GPUQuota limits are off "
+                 "until its CustomResourceDefinition is installed (deploy/base/crd-gpuquota.yaml)",
+                 GQ_PLURAL, GQ_GROUP, GQ_VERSION);
+        set_error(f, msg);
+        log_fields(LOG_INFO, "inventory: no GPUQuota API", json_pack("{s:s}", "message", msg));
+        return FAILED;
+    }
     unsigned v = atomic_load(&f->version) + 1;
     if (v < N_DRA_VERSIONS) {
         atomic_store(&f->version, v);
@@ -712,11 +735,12 @@ static enum outcome list_all(struct informer *f)
     set_error(f, NULL);
     char what[64];
     snprintf(what, sizeof(what), "inventory: %s listed", resources[f->o.kind].name);
+    char api[64];
+    api_version(f, api, sizeof(api));
     log_fields(LOG_INFO, what,
                json_pack("{s:I,s:I,s:i,s:s,s:s,s:f}", "items", (json_int_t)lc.pods, "gpu_pods",
                          (json_int_t)gpu_pods, "pages", (int)pages, "resource_version", rv,
-                         "api_version", pods ? "v1" : dra_versions[atomic_load(&f->version)],
-                         "seconds", ((gg_now_us() / 1000) - t0) / 1000.0));
+                         "api_version", api, "seconds", ((gg_now_us() / 1000) - t0) / 1000.0));
     return DONE;
 }
 

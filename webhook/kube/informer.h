@@ -102,9 +102,10 @@ enum gg_status inf_list_finish(struct inf_list_reader *r, struct inf_list_meta *
  * ready), or ResourceClaims, ResourceClaimTemplates, DeviceClasses or
  * ResourceSlices (resource.k8s.io v1, else v1beta2, else v1beta1, whichever
  * the API server serves; a cluster with none is retried with the longest
- * backoff).
+ * backoff), or GPUQuotas (gpuguard.io v1alpha1, kept in the inventory's
+ * store, kube/gpuquota.h).
  */
-enum inf_kind { INF_PODS, INF_CLAIMS, INF_TEMPLATES, INF_CLASSES, INF_SLICES };
+enum inf_kind { INF_PODS, INF_CLAIMS, INF_TEMPLATES, INF_CLASSES, INF_SLICES, INF_QUOTAS };
 
 struct inf_options {
     unsigned page_size;          /* LIST limit; 0: 500 */

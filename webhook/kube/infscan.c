@@ -320,10 +320,10 @@ static bool read_controller(struct inf_scan *s, json_t *meta)
     return r == 0;
 }
 
-/* What the charge model (intent.lua) reads of a pod's metadata. */
+/* What the charge model (intent.lua) reads of a pod's metadata, and its pool (GPUQuota limits). */
 static const char *const kept_labels[] = {GG_KEY_WORKLOAD_CLASS, NULL};
-static const char *const kept_annotations[] = {GG_KEY_CHARGE, "gpu-fraction", "gpu-memory",
-                                               "gpu-fraction-num-devices", NULL};
+static const char *const kept_annotations[] = {
+    GG_KEY_CHARGE, GG_KEY_POOL, "gpu-fraction", "gpu-memory", "gpu-fraction-num-devices", NULL};
 
 /* A value kept whole, parsed from its text (spec.resourceClaims, spec.nodeSelector,
  * status.resourceClaimStatuses). */

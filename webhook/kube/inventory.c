@@ -8,9 +8,11 @@
  * quota check never waits for more than a pointer swap.
  */
 #include "kube/inventory.h"
+#include "kube/gpuquota.h"
 #include "util/clock.h"
 
 #include "util/arena.h"
+#include "util/log.h"
 #include "codec/manifest.h"
 #include "codec/quantity.h"
 
@@ -42,6 +44,7 @@ struct dra_entry {
 struct record {
     char *ns;
     char *cls;
+    char *pool; /* gpuguard.io/pool, "" when none */
     int64_t charge;
     char *name, *owner; /* the pod's name and its controller's "<kind>/<name>" (or "") */
 };
@@ -54,7 +57,7 @@ struct record {
  * review had no uid (outside the API server's validating call).
  */
 struct reservation {
-    char *ns, *uid, *name, *cls;
+    char *ns, *uid, *name, *cls, *pool;
     int64_t charge;
     int64_t expires_ms;
     uint64_t seq;
@@ -82,6 +85,8 @@ struct inventory {
     size_t n_res, cap_res;
     uint64_t next_seq; /* the last reservation's number */
     bool ready;
+    struct map gone;         /* uid -> ms: pods seen deleted or finished, lately (note_gone) */
+    struct gq_store *quotas; /* the GPUQuota objects the watch shows */
 };
 
 static uint64_t hash(const char *s)
@@ -165,6 +170,7 @@ static void free_record(struct record *r)
         return;
     free(r->ns);
     free(r->cls);
+    free(r->pool);
     free(r->name);
     free(r->owner);
     free(r);
@@ -202,6 +208,10 @@ static void dra_clear(struct map *m)
 struct inventory *inv_new(void)
 {
     struct inventory *inv = calloc(1, sizeof(*inv));
+    if (inv && !(inv->quotas = gq_store_new())) {
+        free(inv);
+        return NULL;
+    }
     if (inv) {
         pthread_mutex_init(&inv->lock, NULL);
         pthread_mutex_init(&inv->dra_lock, NULL);
@@ -219,6 +229,7 @@ static void drop_reservation(struct inventory *inv, size_t i)
     free(r->uid);
     free(r->name);
     free(r->cls);
+    free(r->pool);
     inv->res[i] = inv->res[--inv->n_res];
 }
 
@@ -243,9 +254,47 @@ void inv_free(struct inventory *inv)
     free(inv->res);
     dra_clear(&inv->dra);
     map_clear(&inv->dra_sums, false);
+    map_clear(&inv->gone, false);
+    gq_store_free(inv->quotas);
     pthread_mutex_destroy(&inv->lock);
     pthread_mutex_destroy(&inv->dra_lock);
     free(inv);
+}
+
+/* ---- pods seen gone: what the quota controller asks of a ledger entry ----- */
+
+#define GONE_TTL_MS (10 * 60 * 1000) /* well above the ledger's bound on unseen entries */
+#define GONE_MAX 200000
+
+/* Remember that the pod of uid was deleted or finished (inv->lock held). */
+static void note_gone(struct inventory *inv, const char *uid)
+{
+    if (!*uid)
+        return;
+    int64_t now = gg_now_us() / 1000;
+    if (inv->gone.used >= GONE_MAX) { /* the oldest first would need order: forget them all */
+        map_clear(&inv->gone, false);
+        log_fields(LOG_WARN,
+                   "inventory: forgot the pods seen gone (too many); ledger entries "
+                   "for them wait for their bound",
+                   json_pack("{s:i}", "max", GONE_MAX));
+    }
+    struct slot *s = map_put(&inv->gone, uid);
+    if (s)
+        s->value = now;
+}
+
+enum inv_pod_seen inv_pod_seen(struct inventory *inv, const char *uid)
+{
+    pthread_mutex_lock(&inv->lock);
+    enum inv_pod_seen seen = INV_POD_UNSEEN;
+    struct slot *s;
+    if (map_find(&inv->st.pods, uid))
+        seen = INV_POD_HOLDING;
+    else if ((s = map_find(&inv->gone, uid)) && gg_now_us() / 1000 - s->value < GONE_TTL_MS)
+        seen = INV_POD_GONE;
+    pthread_mutex_unlock(&inv->lock);
+    return seen;
 }
 
 /* ---- charges: the charger's, never the inventory's own ------------------ */
@@ -270,14 +319,20 @@ int64_t inv_charge(struct inventory *inv, const struct jf_node *obj)
 
 /* ---- records and sums --------------------------------------------------- */
 
-static void add_sum(struct state *st, const char *ns, const char *cls, int64_t delta)
+/* The sums a record adds to: "ns", "ns\x1f" class and "ns\x1e" pool. */
+static void add_sum(struct state *st, const struct record *r, int64_t delta)
 {
     char key[512];
-    struct slot *s = map_put(&st->sums, ns);
+    struct slot *s = map_put(&st->sums, r->ns);
     if (s)
         s->value += delta;
-    if (cls && *cls) {
-        snprintf(key, sizeof(key), "%s\x1f%s", ns, cls);
+    if (*r->cls) {
+        snprintf(key, sizeof(key), "%s\x1f%s", r->ns, r->cls);
+        if ((s = map_put(&st->sums, key)))
+            s->value += delta;
+    }
+    if (*r->pool) {
+        snprintf(key, sizeof(key), "%s\x1e%s", r->ns, r->pool);
         if ((s = map_put(&st->sums, key)))
             s->value += delta;
     }
@@ -289,7 +344,7 @@ static const char *meta_string(const json_t *obj, const char *key)
     return s ? s : "";
 }
 
-enum obj_kind { K_POD, K_CLAIM, K_TEMPLATE, K_CLASS, K_SLICE, K_OTHER };
+enum obj_kind { K_POD, K_CLAIM, K_TEMPLATE, K_CLASS, K_SLICE, K_QUOTA, K_OTHER };
 
 /* Objects without a kind are pods (the informer's trimmed pods carry none). */
 static enum obj_kind kind_of(const json_t *obj)
@@ -303,6 +358,8 @@ static enum obj_kind kind_of(const json_t *obj)
         return K_CLASS;
     if (strcmp(kind, "ResourceSlice") == 0)
         return K_SLICE;
+    if (strcmp(kind, "GPUQuota") == 0)
+        return K_QUOTA;
     return strcmp(kind, "ResourceClaimTemplate") == 0 ? K_TEMPLATE : K_OTHER;
 }
 
@@ -361,7 +418,7 @@ static void state_remove(struct state *st, const char *uid)
     if (!s)
         return;
     struct record *r = s->ptr;
-    add_sum(st, r->ns, r->cls, -r->charge);
+    add_sum(st, r, -r->charge);
     free_record(r);
     map_remove(&st->pods, s);
 }
@@ -399,13 +456,21 @@ static bool state_add(struct state *st, const json_t *obj, int64_t charge)
         free(r);
         return false;
     }
+    const char *pool = json_string_value(json_object_get(
+        json_object_get(json_object_get(obj, "metadata"), "annotations"), GG_KEY_POOL));
     r->ns = strdup(ns);
     r->cls = strdup(cls ? cls : "");
+    r->pool = strdup(pool ? pool : "");
     r->charge = charge;
     r->name = strdup(meta_string(obj, "name"));
     r->owner = controller_of(obj);
     s->ptr = r;
-    add_sum(st, r->ns, r->cls, charge);
+    if (!r->ns || !r->cls || !r->pool || !r->name || !r->owner) {
+        map_remove(&st->pods, s);
+        free_record(r);
+        return false;
+    }
+    add_sum(st, r, charge);
     return true;
 }
 
@@ -654,7 +719,9 @@ static void settle_claim(struct inventory *inv, const json_t *claim)
 void inv_dra_add(struct inventory *inv, const json_t *obj, uint64_t relist)
 {
     enum obj_kind k = kind_of(obj);
-    if (k == K_CLASS || k == K_SLICE)
+    if (k == K_QUOTA)
+        gq_store_put(inv->quotas, obj, relist);
+    else if (k == K_CLASS || k == K_SLICE)
         dra_put(inv, obj, relist, 0);
     else if (k == K_CLAIM || k == K_TEMPLATE)
         dra_put(inv, obj, relist, holding(inv, obj));
@@ -664,6 +731,10 @@ void inv_dra_add(struct inventory *inv, const json_t *obj, uint64_t relist)
 
 void inv_dra_relist_end(struct inventory *inv, const char *kind, uint64_t relist)
 {
+    if (!kind || strcmp(kind, "GPUQuota") == 0)
+        gq_store_relist_end(inv->quotas, relist);
+    if (kind && strcmp(kind, "GPUQuota") == 0)
+        return;
     size_t n = strlen(kind ? kind : "");
     pthread_mutex_lock(&inv->dra_lock);
     /* The keys first, then the removals: a removal moves entries around the table. */
@@ -745,6 +816,10 @@ void inv_upsert(struct inventory *inv, const json_t *obj)
     enum obj_kind k = kind_of(obj);
     if (k == K_OTHER)
         return;
+    if (k == K_QUOTA) {
+        gq_store_put(inv->quotas, obj, 0);
+        return;
+    }
     if (k != K_POD) {
         dra_put(inv, obj, 0, k == K_CLASS || k == K_SLICE ? 0 : holding(inv, obj));
         if (k == K_CLAIM)
@@ -757,17 +832,25 @@ void inv_upsert(struct inventory *inv, const json_t *obj)
     pthread_mutex_lock(&inv->lock);
     settle_reservation(inv, obj);
     state_add(&inv->st, obj, charge);
+    if (!counts(obj))
+        note_gone(inv, meta_string(obj, "uid"));
     pthread_mutex_unlock(&inv->lock);
 }
 
 void inv_delete(struct inventory *inv, const json_t *obj)
 {
-    if (kind_of(obj) != K_POD) {
+    enum obj_kind k = kind_of(obj);
+    if (k == K_QUOTA) {
+        gq_store_delete(inv->quotas, obj);
+        return;
+    }
+    if (k != K_POD) {
         dra_remove(inv, obj);
         return;
     }
     pthread_mutex_lock(&inv->lock);
     state_remove(&inv->st, meta_string(obj, "uid"));
+    note_gone(inv, meta_string(obj, "uid"));
     pthread_mutex_unlock(&inv->lock);
 }
 
@@ -868,6 +951,7 @@ void inv_replace(struct inventory *inv, const json_t *items)
     json_array_foreach(items, i, obj) if (kind_of(obj) == K_SLICE) inv_dra_add(inv, obj, relist);
     json_array_foreach(items, i, obj) if (kind_of(obj) == K_TEMPLATE) inv_dra_add(inv, obj, relist);
     json_array_foreach(items, i, obj) if (kind_of(obj) == K_CLAIM) inv_dra_add(inv, obj, relist);
+    json_array_foreach(items, i, obj) if (kind_of(obj) == K_QUOTA) inv_dra_add(inv, obj, relist);
     json_array_foreach(items, i, obj) inv_stage_add(stage, obj);
     inv_stage_commit(inv, stage);
     inv_dra_relist_end(inv, NULL, relist);
@@ -892,11 +976,12 @@ uint64_t inv_reserve(struct inventory *inv, const struct inv_hold *h, int64_t tt
                             strdup(h->uid ? h->uid : ""),
                             strdup(h->name ? h->name : ""),
                             strdup(h->cls ? h->cls : ""),
+                            strdup(h->pool ? h->pool : ""),
                             h->charge,
                             (gg_now_us() / 1000) + ttl_ms,
                             0};
     pthread_mutex_lock(&inv->lock);
-    bool kept = r.ns && r.uid && r.name && r.cls && grow_reservations(inv);
+    bool kept = r.ns && r.uid && r.name && r.cls && r.pool && grow_reservations(inv);
     if (kept) {
         r.seq = ++inv->next_seq;
         inv->res[inv->n_res++] = r;
@@ -907,6 +992,7 @@ uint64_t inv_reserve(struct inventory *inv, const struct inv_hold *h, int64_t tt
         free(r.uid);
         free(r.name);
         free(r.cls);
+        free(r.pool);
     }
     return r.seq;
 }
@@ -928,13 +1014,12 @@ void inv_read_before(uint64_t seq)
     reading_before = seq;
 }
 
-int64_t inv_usage(struct inventory *inv, const char *ns, const char *cls)
+/* The sum at key and the reservations of ns matching cls, or pool (either NULL or "": any);
+ * inv->lock held. */
+static int64_t usage_at(struct inventory *inv, const char *key, const char *ns, const char *cls,
+                        const char *pool)
 {
-    char key[512];
-    if (cls && *cls)
-        snprintf(key, sizeof(key), "%s\x1f%s", ns, cls);
-    pthread_mutex_lock(&inv->lock);
-    struct slot *s = map_find(&inv->st.sums, cls && *cls ? key : ns);
+    struct slot *s = map_find(&inv->st.sums, key);
     int64_t used = s ? s->value : 0;
     int64_t now = (gg_now_us() / 1000);
     for (size_t i = 0; i < inv->n_res;) {
@@ -944,12 +1029,55 @@ int64_t inv_usage(struct inventory *inv, const char *ns, const char *cls)
             continue;
         }
         if (strcmp(r->ns, ns) == 0 && (!cls || !*cls || strcmp(r->cls, cls) == 0) &&
+            (!pool || !*pool || strcmp(r->pool, pool) == 0) &&
             (!reading_before || r->seq < reading_before))
             used += r->charge;
         i++;
     }
+    return used;
+}
+
+int64_t inv_usage(struct inventory *inv, const char *ns, const char *cls)
+{
+    char key[512];
+    if (cls && *cls)
+        snprintf(key, sizeof(key), "%s\x1f%s", ns, cls);
+    pthread_mutex_lock(&inv->lock);
+    int64_t used = usage_at(inv, cls && *cls ? key : ns, ns, cls, NULL);
     pthread_mutex_unlock(&inv->lock);
     return cls && *cls ? used : used + dra_usage(inv, ns); /* claims have no class */
+}
+
+int64_t inv_pool_usage(struct inventory *inv, const char *ns, const char *pool)
+{
+    char key[512];
+    snprintf(key, sizeof(key), "%s\x1e%s", ns, pool);
+    pthread_mutex_lock(&inv->lock);
+    int64_t used = usage_at(inv, key, ns, NULL, pool);
+    pthread_mutex_unlock(&inv->lock);
+    return used;
+}
+
+int64_t inv_held(struct inventory *inv, const char *ns, const char *pool)
+{
+    char key[512];
+    if (pool)
+        snprintf(key, sizeof(key), "%s\x1e%s", ns, pool);
+    pthread_mutex_lock(&inv->lock);
+    struct slot *s = map_find(&inv->st.sums, pool ? key : ns);
+    int64_t held = s ? s->value : 0;
+    pthread_mutex_unlock(&inv->lock);
+    return pool ? held : held + dra_usage(inv, ns);
+}
+
+json_t *inv_quota(struct inventory *inv, const char *ns, size_t *count)
+{
+    return gq_store_get(inv->quotas, ns, count);
+}
+
+json_t *inv_quotas(struct inventory *inv)
+{
+    return gq_store_all(inv->quotas);
 }
 
 size_t inv_pod_count(struct inventory *inv)
@@ -1051,7 +1179,8 @@ enum gg_status inv_read_snapshot(const char *path, json_t **state, size_t counts
         return gg_fail(
             err, st,
             "%s (not a pod list: want the JSON of 'kubectl get pods,"
-            "resourceclaims,resourceclaimtemplates,deviceclasses,resourceslices -A -o json')",
+            "resourceclaims,resourceclaimtemplates,deviceclasses,resourceslices,gpuquotas -A "
+            "-o json')",
             inner.msg);
     }
     return st;

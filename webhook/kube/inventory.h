@@ -4,7 +4,8 @@
  * yet seen.
  *
  * The server fills it from the API server (list + watch); the CLI from a
- * `kubectl get pods,resourceclaims,resourceclaimtemplates,deviceclasses,resourceslices -A -o json`
+ * `kubectl get pods,resourceclaims,resourceclaimtemplates,deviceclasses,resourceslices,gpuquotas
+ * -A -o json`
  * snapshot (inv_read_snapshot).  Policies read it through
  * gpuguard.usage().  Every function is thread-safe.
  *
@@ -119,6 +120,7 @@ struct inv_hold {
     const char *uid;  /* metadata.uid, which the validating call has; NULL or "": none */
     const char *name; /* used when there is no uid; NULL or "": generated, not known yet */
     const char *cls;  /* the workload class label; NULL: none */
+    const char *pool; /* gpuguard.io/pool; NULL: none */
     int64_t charge;
 };
 
@@ -141,8 +143,29 @@ void inv_read_before(uint64_t seq);
 
 /* Usage of a namespace (and of one workload class in it when cls is not NULL). */
 int64_t inv_usage(struct inventory *inv, const char *ns, const char *cls);
+/* Usage of the pods of a namespace placed in pool (gpuguard.io/pool), reservations included. */
+int64_t inv_pool_usage(struct inventory *inv, const char *ns, const char *pool);
 /* Pods that hold GPUs (those with a record). */
 size_t inv_pod_count(struct inventory *inv);
+
+/*
+ * What the pods (and, with pool NULL, the claims charged on their own) of ns
+ * hold, without reservations: the usage the quota controller counts.  pool:
+ * the pods placed in that pool (gpuguard.io/pool).
+ */
+int64_t inv_held(struct inventory *inv, const char *ns, const char *pool);
+
+/* What the watch showed of a pod: holding GPUs now, deleted or finished lately, or nothing. */
+enum inv_pod_seen { INV_POD_UNSEEN, INV_POD_HOLDING, INV_POD_GONE };
+enum inv_pod_seen inv_pod_seen(struct inventory *inv, const char *uid);
+
+/*
+ * GPUQuota objects (kind "GPUQuota", through inv_upsert, inv_delete and the
+ * inv_dra_* relists): a copy of the namespace's when it has exactly one, with
+ * *count how many it has (gpuquota.h, gq_store_get); every one kept.
+ */
+json_t *inv_quota(struct inventory *inv, const char *ns, size_t *count);
+json_t *inv_quotas(struct inventory *inv);
 
 /* Usage per namespace from the pods seen (reservations not included). */
 struct inv_ns_usage {
@@ -180,7 +203,7 @@ void inv_each_owner(struct inventory *inv,
 
 /*
  * Read and check the cluster snapshot in file path (`kubectl get pods,
- * resourceclaims,resourceclaimtemplates,deviceclasses,resourceslices -A -o json`, at most
+ * resourceclaims,resourceclaimtemplates,deviceclasses,resourceslices,gpuquotas -A -o json`, at most
  * MF_MAX_CLUSTER_STATE bytes, see mf_cluster_state): *state (a new
  * reference) keeps its pods, claims and templates, counts its items per
  * kind.  Errors name the file and what is wrong.  The one reader of

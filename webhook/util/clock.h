@@ -1,6 +1,7 @@
 /*
  * clock.h - the monotonic clock, the one time base of deadlines and
- * durations in gpuguard (wall-clock time is only for logs).
+ * durations in gpuguard (wall-clock time is only for logs and the times
+ * written into objects for people).
  */
 #ifndef GG_CLOCK_H
 #define GG_CLOCK_H
@@ -20,6 +21,14 @@ static inline int64_t gg_now_ns(void)
 static inline int64_t gg_now_us(void)
 {
     return gg_now_ns() / 1000;
+}
+
+/* CLOCK_REALTIME in microseconds: a time to show (an object's timestamps), never to measure by. */
+static inline int64_t gg_wall_us(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000000 + ts.tv_nsec / 1000;
 }
 
 /* The CLOCK_MONOTONIC time ms milliseconds from now, for timed waits. */
