@@ -3,7 +3,7 @@
 only once its charge is written with the resourceVersion precondition; a 409 is read again and
 charged on top; writes that cannot be made before the review's deadline deny the pod (fail
 closed); a dry run writes nothing; the controller, elected on the Lease, counts a new quota and
-drops an entry once its pod is seen.  The burst with real races is tests/e2e/test_quota_ledger.py.
+drops an entry once its pod (or claim) is seen.  The burst with real races is tests/e2e/test_quota_ledger.py.
 """
 
 import json
@@ -15,6 +15,7 @@ import yaml
 
 from conftest import REPO, start_server, wait_for
 from fake_apiserver import FakeApiServer, gpu_pod
+from test_inventory_dra import claim, review_claim
 from test_inventory_sync import no_proxy_env, write_kubeconfig
 
 NS = "team-q"
@@ -135,5 +136,18 @@ def test_the_controller_counts_a_new_quota_and_settles_entries_once_their_pods_a
     pod = gpu_pod(NS, "a", uid=uid, cls="training")
     pod["metadata"].setdefault("annotations", {})["gpuguard.io/pool"] = "h100-train"
     api.add(pod)  # the watch shows the pod: counted from the pod, its entry goes
+    assert wait_for(lambda: entries(api) == [], timeout=30)
+    assert api.quota(NS, "gpu")["status"]["used"]["gpu"] == "1.000"
+
+
+def test_a_resourceclaim_charged_on_its_own_is_charged_in_the_ledger(ledger):
+    api, srv = ledger
+    obj = claim("weights", count=1, ns=NS)
+    obj["metadata"]["uid"] = str(uuid.uuid4())
+    del obj["status"]  # being created: not allocated yet
+    assert review_claim(srv, obj, dry_run=False) == (True, None)
+    assert entries(api) == ["weights"]
+    assert api.quota(NS, "gpu")["status"]["used"]["gpu"] == "1.000"
+    api.add_object(dict(obj, status={}))  # the claims' watch shows it: counted from the claim
     assert wait_for(lambda: entries(api) == [], timeout=30)
     assert api.quota(NS, "gpu")["status"]["used"]["gpu"] == "1.000"

@@ -1174,14 +1174,15 @@ static uint64_t reserve(struct engine *e, const struct adm_request *req,
 }
 
 /*
- * A pod the policies admit, in a namespace with a GPUQuota, is admitted only
- * once its charge is in the quota's ledger (ledger.h); a denial of the ledger
- * is the review's.
+ * A pod (or a ResourceClaim charged on its own) the policies admit, in a
+ * namespace with a GPUQuota, is admitted only once its charge is in the
+ * quota's ledger (ledger.h); a denial of the ledger is the review's.
  */
 static void charge_ledger(struct engine *e, const struct adm_request *req, const struct held *h,
                           int64_t deadline_us, struct gather *g)
 {
-    if (!e->ledger || h->charge <= 0 || strcmp(req->kind, "Pod") != 0)
+    if (!e->ledger || h->charge <= 0 ||
+        (strcmp(req->kind, "Pod") != 0 && strcmp(req->kind, "ResourceClaim") != 0))
         return;
     char why[1024];
     struct ledger_charge c = {.ns = req->namespace,

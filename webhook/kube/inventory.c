@@ -261,42 +261,6 @@ void inv_free(struct inventory *inv)
     free(inv);
 }
 
-/* ---- pods seen gone: what the quota controller asks of a ledger entry ----- */
-
-#define GONE_TTL_MS (10 * 60 * 1000) /* well above the ledger's bound on unseen entries */
-#define GONE_MAX 200000
-
-/* Remember that the pod of uid was deleted or finished (inv->lock held). */
-static void note_gone(struct inventory *inv, const char *uid)
-{
-    if (!*uid)
-        return;
-    int64_t now = gg_now_us() / 1000;
-    if (inv->gone.used >= GONE_MAX) { /* the oldest first would need order: forget them all */
-        map_clear(&inv->gone, false);
-        log_fields(LOG_WARN,
-                   "inventory: forgot the pods seen gone (too many); ledger entries "
-                   "for them wait for their bound",
-                   json_pack("{s:i}", "max", GONE_MAX));
-    }
-    struct slot *s = map_put(&inv->gone, uid);
-    if (s)
-        s->value = now;
-}
-
-enum inv_pod_seen inv_pod_seen(struct inventory *inv, const char *uid)
-{
-    pthread_mutex_lock(&inv->lock);
-    enum inv_pod_seen seen = INV_POD_UNSEEN;
-    struct slot *s;
-    if (map_find(&inv->st.pods, uid))
-        seen = INV_POD_HOLDING;
-    else if ((s = map_find(&inv->gone, uid)) && gg_now_us() / 1000 - s->value < GONE_TTL_MS)
-        seen = INV_POD_GONE;
-    pthread_mutex_unlock(&inv->lock);
-    return seen;
-}
-
 /* ---- charges: the charger's, never the inventory's own ------------------ */
 
 void inv_set_charger(struct inventory *inv, inv_charge_fn fn, void *ctx)
@@ -342,6 +306,52 @@ static const char *meta_string(const json_t *obj, const char *key)
 {
     const char *s = json_string_value(json_object_get(json_object_get(obj, "metadata"), key));
     return s ? s : "";
+}
+
+/* ---- pods seen gone: what the quota controller asks of a ledger entry ----- */
+
+#define GONE_TTL_MS (10 * 60 * 1000) /* well above the ledger's bound on unseen entries */
+#define GONE_MAX 200000
+
+/* Remember that the pod of uid was deleted or finished (inv->lock held). */
+static void note_gone(struct inventory *inv, const char *uid)
+{
+    if (!*uid)
+        return;
+    int64_t now = gg_now_us() / 1000;
+    if (inv->gone.used >= GONE_MAX) { /* the oldest first would need order: forget them all */
+        map_clear(&inv->gone, false);
+        log_fields(LOG_WARN,
+                   "inventory: forgot the pods seen gone (too many); ledger entries "
+                   "for them wait for their bound",
+                   json_pack("{s:i}", "max", GONE_MAX));
+    }
+    struct slot *s = map_put(&inv->gone, uid);
+    if (s)
+        s->value = now;
+}
+
+enum inv_pod_seen inv_pod_seen(struct inventory *inv, const char *uid)
+{
+    pthread_mutex_lock(&inv->lock);
+    enum inv_pod_seen seen = INV_POD_UNSEEN;
+    struct slot *s;
+    if (map_find(&inv->st.pods, uid))
+        seen = INV_POD_HOLDING;
+    else if ((s = map_find(&inv->gone, uid)) && gg_now_us() / 1000 - s->value < GONE_TTL_MS)
+        seen = INV_POD_GONE;
+    pthread_mutex_unlock(&inv->lock);
+    if (seen != INV_POD_UNSEEN)
+        return seen;
+    /* A ResourceClaim charged on its own (kept by kind and name: its uid is looked for). */
+    pthread_mutex_lock(&inv->dra_lock);
+    for (size_t i = 0; seen == INV_POD_UNSEEN && i < inv->dra.cap; i++) {
+        const struct dra_entry *d = inv->dra.slots[i].ptr;
+        if (inv->dra.slots[i].key && d->charge > 0 && strcmp(meta_string(d->obj, "uid"), uid) == 0)
+            seen = INV_POD_HOLDING;
+    }
+    pthread_mutex_unlock(&inv->dra_lock);
+    return seen;
 }
 
 enum obj_kind { K_POD, K_CLAIM, K_TEMPLATE, K_CLASS, K_SLICE, K_QUOTA, K_OTHER };

@@ -155,7 +155,8 @@ size_t inv_pod_count(struct inventory *inv);
  */
 int64_t inv_held(struct inventory *inv, const char *ns, const char *pool);
 
-/* What the watch showed of a pod: holding GPUs now, deleted or finished lately, or nothing. */
+/* What the watch showed of a pod (or of a ResourceClaim charged on its own): holding GPUs now,
+ * deleted or finished lately (pods), or nothing. */
 enum inv_pod_seen { INV_POD_UNSEEN, INV_POD_HOLDING, INV_POD_GONE };
 enum inv_pod_seen inv_pod_seen(struct inventory *inv, const char *uid);
 
