@@ -105,6 +105,7 @@ enum gg_status ledger_fetch(struct kc_client *client, const json_t *obj, int64_t
     struct kc_response resp = {0};
     struct kc_write get = {.method = "GET"};
     *out = NULL;
+    *status = 0;
     if (rq.timeout_ms <= 0)
         return gg_fail(err, GG_ERR_TIMEOUT, "no time left to read GPUQuota");
     enum gg_status st = kc_send(client, &rq, &get, &resp, err);
@@ -173,6 +174,15 @@ static void pause_ms(long ms)
     nanosleep(&ts, NULL);
 }
 
+/* Keep e as what a denial says: the last failure the API server answered (its status says more
+ * than a timeout that followed it), else the last one. */
+static void note_failure(struct gg_err *said, bool *answered, const struct gg_err *e, long status)
+{
+    if (status != 0 || !*answered)
+        *said = *e;
+    *answered = *answered || status != 0;
+}
+
 static enum ledger_verdict charge_locked(struct ledger *l, const struct ledger_charge *c, char *why,
                                          size_t size)
 {
@@ -185,17 +195,18 @@ static enum ledger_verdict charge_locked(struct ledger *l, const struct ledger_c
     if (!obj)
         return LEDGER_NONE;
     int64_t deadline = c->deadline_us - LEDGER_MARGIN_US;
-    struct gg_err err = {{0}};
+    struct gg_err err = {{0}}, said = {{0}};
+    bool answered = false;
     long backoff = 10;
     enum ledger_verdict verdict = LEDGER_UNAVAILABLE;
-    snprintf(err.msg, sizeof(err.msg), "no time left");
+    snprintf(said.msg, sizeof(said.msg), "no time left");
     while (obj && gg_now_us() < deadline) {
         struct gq_view v;
         if (gq_has_entry(obj, c->uid)) { /* this review was sent again: charged already */
             verdict = LEDGER_ADMITTED;
             break;
         }
-        if (gq_read(obj, &v, &err) != GG_OK)
+        if (gq_read(obj, &v, &said) != GG_OK)
             break;
         if (!gq_fits(&v, c->charge, c->pool, why, size)) {
             verdict = LEDGER_OVER;
@@ -212,7 +223,7 @@ static enum ledger_verdict charge_locked(struct ledger *l, const struct ledger_c
                                .now_us = gg_wall_us()};
         json_t *next = gq_charged(obj, &gc), *written = NULL;
         if (!next) {
-            snprintf(err.msg, sizeof(err.msg),
+            snprintf(said.msg, sizeof(said.msg),
                      "its ledger holds %zu entries, the most it may: the quota controller has not "
                      "caught up",
                      v.n_entries);
@@ -228,6 +239,7 @@ static enum ledger_verdict charge_locked(struct ledger *l, const struct ledger_c
             break;
         }
         metrics_ledger_write(c->ns, status == 409 ? MET_LEDGER_CONFLICT : MET_LEDGER_ERROR);
+        note_failure(&said, &answered, &err, status);
         if (status == 404) { /* deleted under us: the namespace has no GPUQuota any more */
             json_object_del(l->latest, c->ns);
             verdict = LEDGER_NONE;
@@ -238,10 +250,9 @@ static enum ledger_verdict charge_locked(struct ledger *l, const struct ledger_c
             backoff = backoff * 2 > LEDGER_BACKOFF_MAX_MS ? LEDGER_BACKOFF_MAX_MS : backoff * 2;
         }
         json_t *fresh = NULL;
-        struct gg_err fetch_err = {{0}};
-        enum gg_status got = ledger_fetch(l->client, obj, deadline, &fresh, &status, &fetch_err);
-        if (got != GG_ERR_TIMEOUT) /* out of time: the write's error says more */
-            err = fetch_err;
+        enum gg_status got = ledger_fetch(l->client, obj, deadline, &fresh, &status, &err);
+        if (got != GG_OK)
+            note_failure(&said, &answered, &err, status);
         if (got == GG_OK) {
             json_decref(obj);
             obj = fresh;
@@ -258,7 +269,7 @@ static enum ledger_verdict charge_locked(struct ledger *l, const struct ledger_c
         snprintf(why, size,
                  "the GPU quota ledger (GPUQuota %s/%s) could not be written before the review's "
                  "deadline: %s; the pod is refused until it can be, try again",
-                 c->ns, name ? name : "?", err.msg);
+                 c->ns, name ? name : "?", said.msg);
     }
     json_decref(obj);
     return verdict;
