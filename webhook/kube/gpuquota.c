@@ -313,6 +313,14 @@ json_t *gq_store_get(struct gq_store *s, const char *ns, size_t *count)
     return out;
 }
 
+size_t gq_store_count(struct gq_store *s, const char *ns)
+{
+    pthread_mutex_lock(&s->lock);
+    size_t n = json_object_size(json_object_get(s->by_ns, ns));
+    pthread_mutex_unlock(&s->lock);
+    return n;
+}
+
 json_t *gq_store_all(struct gq_store *s)
 {
     json_t *out = json_array();

@@ -101,6 +101,8 @@ void gq_store_relist_end(struct gq_store *s, uint64_t relist);
  * refused, the caller says so).
  */
 json_t *gq_store_get(struct gq_store *s, const char *ns, size_t *count);
+/* How many GPUQuotas the namespace has, without copying any. */
+size_t gq_store_count(struct gq_store *s, const char *ns);
 /* Copies of every object kept, for the controller: a new array. */
 json_t *gq_store_all(struct gq_store *s);
 

@@ -1085,6 +1085,11 @@ json_t *inv_quota(struct inventory *inv, const char *ns, size_t *count)
     return gq_store_get(inv->quotas, ns, count);
 }
 
+size_t inv_quota_count(struct inventory *inv, const char *ns)
+{
+    return gq_store_count(inv->quotas, ns);
+}
+
 json_t *inv_quotas(struct inventory *inv)
 {
     return gq_store_all(inv->quotas);

@@ -166,6 +166,7 @@ enum inv_pod_seen inv_pod_seen(struct inventory *inv, const char *uid);
  * *count how many it has (gpuquota.h, gq_store_get); every one kept.
  */
 json_t *inv_quota(struct inventory *inv, const char *ns, size_t *count);
+size_t inv_quota_count(struct inventory *inv, const char *ns);
 json_t *inv_quotas(struct inventory *inv);
 
 /* Usage per namespace from the pods seen (reservations not included). */
