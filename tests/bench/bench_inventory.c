@@ -151,7 +151,8 @@ static int run(const char *list, size_t len, size_t n, bool whole)
     struct inventory *inv = inv_new();
     struct gg_err err = {{0}};
     struct inf_list_meta meta;
-    struct policy_paths paths = {"policies", "lua", "deploy/gpuguard.yaml"};
+    struct policy_paths paths = {
+        .policies = "policies", .lua = "lua", .config = "deploy/gpuguard.yaml"};
     struct engine *engine = NULL;
     struct charger *charger = NULL;
     if (engine_new(&paths, &engine, &err) != GG_OK ||

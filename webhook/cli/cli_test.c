@@ -14,6 +14,7 @@
 #include "cli/cli_files.h"
 #include "cli/engine_opts.h"
 #include "engine/dryrun.h"
+#include "util/buf.h"
 #include "util/gpuguard.h"
 #include "kube/inventory.h"
 #include "kube/rsstore.h"
@@ -29,6 +30,7 @@
 #include <regex.h>
 #include <stdarg.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -44,7 +46,8 @@ struct suite {
     json_t *doc;
     json_t *lines; /* pointer -> line */
     char name[256];
-    char *config, *policies, *lua, *cluster_state, *usage;
+    char *config, *lua, *cluster_state, *usage;
+    char *policies; /* the suite's own policy directory; NULL: the flags' */
 };
 
 /* The engine of the previous suite, kept while the paths stay the same. */
@@ -431,12 +434,12 @@ static enum gg_status suite_load(const struct test_run *r, const char *file, str
     const char *state = json_string_value(json_object_get(s->doc, "cluster_state"));
     const char *usage = json_string_value(json_object_get(s->doc, "usage"));
     s->config = config ? suite_path(s, config) : r->o.config ? strdup(r->o.config) : NULL;
-    s->policies = policies ? suite_path(s, policies) : strdup(r->o.policies);
+    s->policies = policies ? suite_path(s, policies) : NULL;
     s->lua = lua ? suite_path(s, lua) : strdup(r->o.lua);
     s->cluster_state = state ? suite_path(s, state) : NULL;
     s->usage = usage ? suite_path(s, usage) : NULL;
-    if ((config && !s->config) || (r->o.config && !s->config) || !s->policies || !s->lua ||
-        (state && !s->cluster_state) || (usage && !s->usage))
+    if ((config && !s->config) || (r->o.config && !s->config) || (policies && !s->policies) ||
+        !s->lua || (state && !s->cluster_state) || (usage && !s->usage))
         return gg_fail(err, GG_ERR_NOMEM, "out of memory");
     if (!s->config && !r->o.no_config)
         return bad(s, "", err,
@@ -851,12 +854,41 @@ done:
     return ok;
 }
 
+/* The engine flags of a suite: its own paths, else the command's. */
+static void suite_opts(const struct test_run *r, const struct suite *s, struct engine_opts *o)
+{
+    *o = (struct engine_opts){.config = s->config, .lua = s->lua};
+    if (s->policies) {
+        o->policies[o->n_policies++] = s->policies;
+        return;
+    }
+    memcpy(o->policies, r->o.policies, sizeof(o->policies));
+    o->n_policies = r->o.n_policies;
+}
+
+/* What tells one suite's engine from another's: its paths, one a line; NULL when out of memory. */
+static char *engine_key(const struct engine_opts *o)
+{
+    struct buf key;
+    buf_init(&key, SIZE_MAX);
+    for (size_t i = 0; i < o->n_policies; i++)
+        buf_appendf(&key, "%s\n", o->policies[i]);
+    buf_appendf(&key, "\n%s\n%s", o->lua, o->config ? o->config : "");
+    if (key.failed) {
+        buf_clear(&key);
+        return NULL;
+    }
+    return buf_steal(&key, NULL);
+}
+
 /* The engine for a suite's paths, reused from the previous suite when they match. */
 static enum gg_status suite_engine(struct test_run *r, const struct suite *s, struct engine **out,
                                    struct gg_err *err)
 {
-    char *key = NULL;
-    if (asprintf(&key, "%s\n%s\n%s", s->policies, s->lua, s->config ? s->config : "") < 0)
+    struct engine_opts opts;
+    suite_opts(r, s, &opts);
+    char *key = engine_key(&opts);
+    if (!key)
         return gg_fail(err, GG_ERR_NOMEM, "out of memory");
     if (r->cache.key && strcmp(r->cache.key, key) == 0) {
         free(key);
@@ -867,7 +899,6 @@ static enum gg_status suite_engine(struct test_run *r, const struct suite *s, st
     free(r->cache.key);
     r->cache.engine = NULL;
     r->cache.key = NULL;
-    struct engine_opts opts = {.config = s->config, .policies = s->policies, .lua = s->lua};
     enum gg_status st = eo_engine_new(&opts, &r->cache.engine, err);
     if (st != GG_OK) {
         free(key);

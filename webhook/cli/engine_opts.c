@@ -64,7 +64,11 @@ static int take_shared(const struct eo_command *c, int opt, const char *arg, str
         o->config = arg;
         return 0;
     case EO_OPT_POLICIES:
-        o->policies = arg;
+        if (o->n_policies == POLICY_MAX_DIRS) {
+            fprintf(stderr, "%s: --policies: at most %d directories\n", c->name, POLICY_MAX_DIRS);
+            return -1;
+        }
+        o->policies[o->n_policies++] = arg;
         return 0;
     case EO_OPT_LUA:
         o->lua = arg;
@@ -103,7 +107,7 @@ static int parse(const struct eo_command *c, void *ctx, int argc, char **argv,
     struct option options[EO_MAX_OPTIONS];
     char short_options[32];
     int opt;
-    *o = (struct engine_opts){.policies = "./policies", .lua = "./lua"};
+    *o = (struct engine_opts){.lua = "./lua"};
     if (!build_options(c, options) ||
         snprintf(short_options, sizeof(short_options), "h%s",
                  c->short_options ? c->short_options : "") >= (int)sizeof(short_options)) {
@@ -127,6 +131,8 @@ static int parse(const struct eo_command *c, void *ctx, int argc, char **argv,
         if (bad)
             return -1;
     }
+    if (o->n_policies == 0)
+        o->policies[o->n_policies++] = "./policies";
     if (o->config && o->no_config) {
         fprintf(stderr, "%s: --config and --no-config: give one\n", c->name);
         return -1;
@@ -165,9 +171,10 @@ void eo_help_engine(FILE *out, unsigned shared, int width)
                 width, "--no-config");
     if (shared & EO_POLICIES)
         fprintf(out,
-                "  %-*s policy directory [./policies]\n"
+                "  %-*s policy directory, repeatable up to %d times:\n"
+                "  %-*s their files run in one name order [./policies]\n"
                 "  %-*s Lua library directory [./lua]\n",
-                width, "--policies DIR", width, "--lua DIR");
+                width, "--policies DIR", POLICY_MAX_DIRS, width, "", width, "--lua DIR");
 }
 
 void eo_help_tail(FILE *out, int width, enum log_level log_default)
@@ -181,7 +188,11 @@ void eo_help_tail(FILE *out, int width, enum log_level log_default)
 
 enum gg_status eo_engine_new(const struct engine_opts *o, struct engine **out, struct gg_err *err)
 {
-    struct policy_paths paths = {.policies = o->policies, .lua = o->lua, .config = o->config};
+    struct policy_paths paths = {.policies = o->policies[0],
+                                 .lua = o->lua,
+                                 .config = o->config,
+                                 .more_policies = o->policies + 1,
+                                 .n_more_policies = o->n_policies - 1};
     return engine_new(&paths, out, err);
 }
 

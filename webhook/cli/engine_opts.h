@@ -12,6 +12,7 @@
 #define GG_ENGINE_OPTS_H
 
 #include "codec/manifest.h"
+#include "engine/policy.h"
 #include "util/gpuguard.h"
 #include "util/log.h"
 
@@ -26,7 +27,7 @@ struct charger;
 /* The shared flags a command takes. */
 enum {
     EO_CONFIG = 1,    /* --config FILE */
-    EO_POLICIES = 2,  /* --policies DIR and --lua DIR */
+    EO_POLICIES = 2,  /* --policies DIR (repeatable) and --lua DIR */
     EO_LOG_LEVEL = 4, /* --log-level LEVEL */
     EO_ENGINE = EO_CONFIG | EO_POLICIES | EO_LOG_LEVEL,
     /* --no-config: the command judges manifests, and judging them without the configuration
@@ -43,11 +44,15 @@ enum { EO_OPT_CONFIG = 0x1000, EO_OPT_POLICIES, EO_OPT_LUA, EO_OPT_LOG_LEVEL, EO
     "and guardrails are off), or --no-config to run the policies without one"
 
 struct engine_opts {
-    const char *config;   /* YAML configuration; NULL for none */
-    const char *policies; /* "./policies" unless given */
-    const char *lua;      /* "./lua" unless given */
-    bool no_config;       /* --no-config */
-    char **args;          /* the arguments after the flags (eo_parse) */
+    const char *config; /* YAML configuration; NULL for none */
+    /* The policy directories, one a --policies flag in the order given ("./policies" unless
+     * given; eo_engine_new wants one at least).  Their files run in one name order across
+     * all of them (policy_paths). */
+    const char *policies[POLICY_MAX_DIRS];
+    size_t n_policies;
+    const char *lua; /* "./lua" unless given */
+    bool no_config;  /* --no-config */
+    char **args;     /* the arguments after the flags (eo_parse) */
     int n_args;
 };
 

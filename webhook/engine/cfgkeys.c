@@ -67,20 +67,38 @@ static int compare_names(const void *a, const void *b)
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-void cfgkeys_unknown(char *out, size_t size, const char *path, const char *key,
-                     const char *const *known, size_t n)
+/* "; did you mean <nearest>? (known: <known, sorted, each once>)" after the k bytes of out. */
+static void append_known(char *out, size_t size, int k, const char *name, const char *const *known,
+                         size_t n)
 {
-    const char *near = cfgkeys_nearest(key, known, n);
-    int k = snprintf(out, size, "%s%.*s: unknown key%s%s%s (known: ", path, NAME_MAX_CMP, key,
-                     near ? "; did you mean " : "", near ? near : "", near ? "?" : "");
+    const char *near = cfgkeys_nearest(name, known, n);
+    if (near && k >= 0 && (size_t)k < size)
+        k += snprintf(out + k, size - (size_t)k, "; did you mean %s?", near);
+    if (k >= 0 && (size_t)k < size)
+        k += snprintf(out + k, size - (size_t)k, " (known: ");
     const char **sorted = malloc((n + 1) * sizeof(*sorted));
     if (sorted) {
         memcpy(sorted, known, n * sizeof(*sorted));
         qsort(sorted, n, sizeof(*sorted), compare_names);
     }
-    for (size_t i = 0; sorted && i < n && k >= 0 && (size_t)k < size; i++)
-        k += snprintf(out + k, size - (size_t)k, "%s%s", i ? ", " : "", sorted[i]);
+    for (size_t i = 0, shown = 0; sorted && i < n && k >= 0 && (size_t)k < size; i++)
+        if (i == 0 || strcmp(sorted[i - 1], sorted[i]) != 0)
+            k += snprintf(out + k, size - (size_t)k, "%s%s", shown++ ? ", " : "", sorted[i]);
     if (k >= 0 && (size_t)k < size)
         snprintf(out + k, size - (size_t)k, ")");
     free(sorted);
+}
+
+void cfgkeys_unknown(char *out, size_t size, const char *path, const char *key,
+                     const char *const *known, size_t n)
+{
+    int k = snprintf(out, size, "%s%.*s: unknown key", path, NAME_MAX_CMP, key);
+    append_known(out, size, k, key, known, n);
+}
+
+void cfgkeys_unknown_name(char *out, size_t size, const char *path, const char *what,
+                          const char *name, const char *const *known, size_t n)
+{
+    int k = snprintf(out, size, "%s: unknown %s \"%.*s\"", path, what, NAME_MAX_CMP, name);
+    append_known(out, size, k, name, known, n);
 }

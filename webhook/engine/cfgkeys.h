@@ -31,4 +31,11 @@ const char *cfgkeys_nearest(const char *key, const char *const *known, size_t n)
 void cfgkeys_unknown(char *out, size_t size, const char *path, const char *key,
                      const char *const *known, size_t n);
 
+/*
+ * "<path>: unknown <what> \"<name>\"; did you mean <nearest>? (known: <known, sorted>)": a
+ * value that must be one of known, such as a policy's name in policies.disabled.
+ */
+void cfgkeys_unknown_name(char *out, size_t size, const char *path, const char *what,
+                          const char *name, const char *const *known, size_t n);
+
 #endif

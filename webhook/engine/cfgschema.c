@@ -246,6 +246,13 @@ static const struct cfg_key enforcement_keys[] = {
     {0},
 };
 
+static const struct cfg_key policies_keys[] = {
+    STRINGS("disabled", NULL,
+            "policies not loaded, named as they declare themselves (gpu-quota); a policy of a "
+            "later policy directory may then declare the name in their place"),
+    {0},
+};
+
 static const struct cfg_key workloads_keys[] = {
     V("mode", "string", "mutate|validate", "\"mutate\"",
       "mutate workload templates, or only judge them"),
@@ -265,6 +272,7 @@ const struct cfg_key cfg_schema[] = {
     OBJ("other_gpus", "other vendors' GPUs, which gpuguard neither places nor splits",
         other_gpus_keys),
     OBJ("placement", "pods without a GPU stay off GPU nodes; spot nodes", placement_keys),
+    OBJ("policies", "policies of the policy directories turned off", policies_keys),
     LIST("pools", "GPU node pools, in order of preference", a_pool),
     OBJ("queues", "queue routing for Kueue or KAI Scheduler", queues_keys),
     OBJ("quotas", "namespace GPU quotas in GPU-equivalents", quotas_keys),

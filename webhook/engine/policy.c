@@ -10,6 +10,7 @@
 #include "util/clock.h"
 
 #include "util/buf.h"
+#include "engine/cfgkeys.h"
 #include "engine/cfgschema.h"
 #include "engine/config.h"
 #include "kube/inventory.h"
@@ -48,6 +49,12 @@ struct policy {
     int metric_slot;
 };
 
+/* Where a policy file of the set was read from. */
+struct origin {
+    char *path; /* its directory as given (not made absolute) and its name: its Lua chunk's name */
+    size_t dir; /* which directory: 0 for policy_paths.policies, then more_policies in order */
+};
+
 struct policy_set {
     atomic_int refs;
     uint64_t generation;
@@ -55,8 +62,8 @@ struct policy_set {
     struct cfg_limits limits;
     struct lb_source *modules;
     size_t n_modules;
-    struct lb_source *files;
-    char *dir;               /* the files' directory, as given: their Lua chunks are named so */
+    struct lb_source *files; /* in name order across the directories */
+    struct origin *origins;  /* one per file */
     struct policy *policies; /* one per file */
     size_t n;
 };
@@ -96,8 +103,10 @@ void policy_set_release(struct policy_set *set)
         json_decref(set->policies[i].decl);
     free(set->policies);
     policy_free_sources(set->modules, set->n_modules);
+    for (size_t i = 0; set->origins && i < set->n; i++)
+        free(set->origins[i].path);
+    free(set->origins);
     policy_free_sources(set->files, set->n);
-    free(set->dir);
     json_decref(set->config);
     free(set);
 }
@@ -164,6 +173,111 @@ enum gg_status policy_read_sources(const char *dir, bool strip_ext, struct lb_so
     *out = src;
     *n_out = (size_t)n;
     return GG_OK;
+}
+
+size_t policy_dirs(const struct policy_paths *paths, const char *out[POLICY_MAX_DIRS])
+{
+    size_t n = 0;
+    out[n++] = paths->policies;
+    for (size_t i = 0; i < paths->n_more_policies && n < POLICY_MAX_DIRS; i++)
+        out[n++] = paths->more_policies[i];
+    return n;
+}
+
+/* A policy file read, before the files of all the directories are put in one order. */
+struct found {
+    struct lb_source src;
+    size_t dir;
+};
+
+static int found_by_name(const void *a, const void *b)
+{
+    const struct found *x = a, *y = b;
+    int c = strcmp(x->src.name, y->src.name);
+    return c ? c : (x->dir > y->dir) - (x->dir < y->dir);
+}
+
+/* The policy files of directory dir (number d) after the *n of *all. */
+static enum gg_status find_files(const char *dir, size_t d, struct found **all, size_t *n,
+                                 struct gg_err *err)
+{
+    struct lb_source *src = NULL;
+    size_t k = 0;
+    enum gg_status st = policy_read_sources(dir, false, &src, &k, err);
+    if (st != GG_OK)
+        return st;
+    struct found *grown = realloc(*all, (*n + k + 1) * sizeof(*grown));
+    if (!grown) {
+        policy_free_sources(src, k);
+        return gg_fail(err, GG_ERR_NOMEM, "%s: out of memory", dir);
+    }
+    for (size_t i = 0; i < k; i++)
+        grown[*n + i] = (struct found){src[i], d};
+    free(src); /* its names and texts are in *all now */
+    *all = grown;
+    *n += k;
+    return GG_OK;
+}
+
+/*
+ * all (n files, sorted) into the set as its files, with their paths.  Two files of the same
+ * name would be one file in one directory: which runs where would be a guess, so they are
+ * refused.
+ */
+static enum gg_status take_files(struct policy_set *set, struct found *all, size_t n,
+                                 const char *const *dirs, struct gg_err *err)
+{
+    char path[PATH_MAX_SOURCE], other[PATH_MAX_SOURCE];
+    for (size_t i = 1; i < n; i++) {
+        if (strcmp(all[i - 1].src.name, all[i].src.name) == 0) {
+            source_path(dirs[all[i - 1].dir], all[i - 1].src.name, other);
+            source_path(dirs[all[i].dir], all[i].src.name, path);
+            return gg_fail(err, GG_ERR_INVALID,
+                           "%s and %s: the same file name in two policy directories; rename one",
+                           other, path);
+        }
+    }
+    set->files = calloc(n + 1, sizeof(*set->files));
+    set->origins = calloc(n + 1, sizeof(*set->origins));
+    if (!set->files || !set->origins)
+        return gg_fail(err, GG_ERR_NOMEM, "out of memory reading the policies");
+    for (; set->n < n; set->n++) {
+        const struct found *f = &all[set->n];
+        source_path(dirs[f->dir], f->src.name, path);
+        set->files[set->n] = f->src;
+        set->origins[set->n] = (struct origin){strdup(path), f->dir};
+        if (!set->origins[set->n].path) {
+            set->n++; /* its source is the set's: freed with it */
+            return gg_fail(err, GG_ERR_NOMEM, "%s: out of memory", path);
+        }
+    }
+    return GG_OK;
+}
+
+/* Every policy file of the directories, in name order across all of them, into the set. */
+static enum gg_status read_policy_files(struct policy_set *set, const struct policy_paths *paths,
+                                        struct gg_err *err)
+{
+    const char *dirs[POLICY_MAX_DIRS];
+    size_t n_dirs = policy_dirs(paths, dirs), n = 0, taken = 0;
+    struct found *all = NULL;
+    enum gg_status st = GG_OK;
+    for (size_t d = 0; st == GG_OK && d < n_dirs; d++)
+        st = find_files(dirs[d], d, &all, &n, err);
+    if (st == GG_OK && n > MAX_SOURCES)
+        st = gg_fail(err, GG_ERR_TOOBIG, "the policy directories hold more than %d Lua files",
+                     MAX_SOURCES);
+    if (st == GG_OK) {
+        qsort(all, n, sizeof(*all), found_by_name);
+        st = take_files(set, all, n, dirs, err);
+        taken = set->n;
+    }
+    for (size_t i = taken; i < n; i++) {
+        free(all[i].src.name);
+        free(all[i].src.text);
+    }
+    free(all);
+    return st;
 }
 
 static bool is_string_array(const json_t *v)
@@ -279,9 +393,7 @@ static enum gg_status build_vm(const struct policy_set *set, struct inventory *i
         lb_vm_new(&limits, set->modules, set->n_modules, set->config, inventory, &vm, err);
     for (size_t i = 0; st == GG_OK && i < set->n; i++) {
         struct lb_policy_info info;
-        char path[PATH_MAX_SOURCE];
-        source_path(set->dir, set->files[i].name, path);
-        st = lb_policy_load_file(vm, &set->files[i], path, &info, err);
+        st = lb_policy_load_file(vm, &set->files[i], set->origins[i].path, &info, err);
         if (st == GG_OK && infos)
             infos[i] = info;
         else
@@ -304,35 +416,136 @@ enum gg_status policy_set_library_vm(const struct policy_set *set, struct invent
     return lb_vm_new(&limits, set->modules, set->n_modules, set->config, inventory, out, err);
 }
 
-/* Load every policy of the set, then check them and the configuration's sections (config_path
- * names the configuration in messages; NULL: none was given). */
+/* The name a policy declares, or NULL (policy_from_info says what is wrong with it). */
+static const char *declared_name(const struct lb_policy_info *info)
+{
+    return json_string_value(json_object_get(info->decl, "name"));
+}
+
+/* The first file that declares name, directories in the order given (n when none does). */
+static size_t first_declaring(const struct policy_set *set, const struct lb_policy_info *infos,
+                              const char *name)
+{
+    size_t first = set->n;
+    for (size_t i = 0; i < set->n; i++) {
+        const char *have = declared_name(&infos[i]);
+        if (have && strcmp(have, name) == 0 &&
+            (first == set->n || set->origins[i].dir < set->origins[first].dir))
+            first = i;
+    }
+    return first;
+}
+
+/* The unknown-name message for policies.disabled[item], with the names the files declare. */
+static enum gg_status unknown_policy(const struct policy_set *set,
+                                     const struct lb_policy_info *infos, size_t item,
+                                     const char *name, struct gg_err *err)
+{
+    const char **known = calloc(set->n + 1, sizeof(*known));
+    if (!known)
+        return gg_fail(err, GG_ERR_NOMEM, "out of memory checking policies.disabled");
+    size_t n = 0;
+    for (size_t i = 0; i < set->n; i++)
+        if (declared_name(&infos[i]))
+            known[n++] = declared_name(&infos[i]);
+    char path[48], msg[sizeof(err->msg)];
+    snprintf(path, sizeof(path), "policies.disabled[%zu]", item + 1);
+    cfgkeys_unknown_name(msg, sizeof(msg), path, "policy", name, known, n);
+    free(known);
+    return gg_fail(err, GG_ERR_INVALID, "%s", msg);
+}
+
+/*
+ * Mark off[i] the policies the configuration's policies.disabled names: each name turns off
+ * the first file that declares it, directories in the order given, so that a file of a later
+ * directory may declare the name again and take its place.  A name no file declares is
+ * refused: it turns nothing off.
+ */
+static enum gg_status mark_disabled(const struct policy_set *set,
+                                    const struct lb_policy_info *infos, bool *off,
+                                    struct gg_err *err)
+{
+    const json_t *section = json_object_get(set->config, "policies");
+    const json_t *list = json_object_get(section, "disabled");
+    if (section && !json_is_null(section) && !json_is_object(section))
+        return gg_fail(err, GG_ERR_INVALID, "policies: must be a mapping");
+    if (list && !json_is_null(list) && !json_is_array(list))
+        return gg_fail(err, GG_ERR_INVALID, "policies.disabled: must be a list of policy names");
+    size_t i;
+    const json_t *name;
+    json_array_foreach(list, i, name)
+    {
+        if (!json_is_string(name))
+            return gg_fail(err, GG_ERR_INVALID,
+                           "policies.disabled[%zu]: must be a policy name (its name field)", i + 1);
+        size_t first = first_declaring(set, infos, json_string_value(name));
+        if (first == set->n)
+            return unknown_policy(set, infos, i, json_string_value(name), err);
+        off[first] = true;
+    }
+    return GG_OK;
+}
+
+/* Take the policies marked off out of the set, with their infos: they are never loaded again. */
+static void drop_disabled(struct policy_set *set, struct lb_policy_info *infos, const bool *off)
+{
+    size_t kept = 0;
+    for (size_t i = 0; i < set->n; i++) {
+        if (off[i]) {
+            free(set->files[i].name);
+            free(set->files[i].text);
+            free(set->origins[i].path);
+            lb_policy_info_clear(&infos[i]);
+            continue;
+        }
+        set->files[kept] = set->files[i];
+        set->origins[kept] = set->origins[i];
+        infos[kept++] = infos[i];
+    }
+    set->n = kept;
+}
+
+/*
+ * Load every policy of the set (their names are known only once their files have run), drop
+ * those the configuration disables, then check the others and the configuration's sections
+ * (config_path names the configuration in messages; NULL: none was given).  The sections a
+ * disabled policy declares stay known: turning a policy off takes no edit of its settings.
+ */
 static enum gg_status check_policies(struct policy_set *set, const char *config_path,
                                      struct gg_err *err)
 {
     struct lb_policy_info *infos = calloc(set->n + 1, sizeof(*infos));
+    bool *off = calloc(set->n + 1, sizeof(*off));
     struct lb_vm *vm = NULL;
-    set->policies = calloc(set->n + 1, sizeof(*set->policies));
-    enum gg_status st = infos && set->policies ? build_vm(set, NULL, infos, &vm, err)
-                                               : gg_fail(err, GG_ERR_NOMEM, "out of memory");
+    json_t *declared = NULL;
+    struct gg_err sub = {{0}};
+    enum gg_status st = infos && off ? build_vm(set, NULL, infos, &vm, err)
+                                     : gg_fail(err, GG_ERR_NOMEM, "out of memory");
+    if (st == GG_OK && !(declared = declared_sections(infos, set->n)))
+        st = gg_fail(err, GG_ERR_NOMEM, "out of memory");
+    if (st == GG_OK && (st = mark_disabled(set, infos, off, &sub)) != GG_OK)
+        gg_fail(err, st, "%s: %s", config_path ? config_path : "configuration", sub.msg);
+    if (st == GG_OK) {
+        drop_disabled(set, infos, off);
+        if (!(set->policies = calloc(set->n + 1, sizeof(*set->policies))))
+            st = gg_fail(err, GG_ERR_NOMEM, "out of memory");
+    }
     for (size_t i = 0; st == GG_OK && i < set->n; i++) {
         st = policy_from_info(&set->policies[i], &infos[i], set->files[i].name, err);
         for (size_t j = 0; st == GG_OK && j < i; j++)
             if (strcmp(set->policies[j].name, set->policies[i].name) == 0)
-                st = gg_fail(err, GG_ERR_INVALID, "%s and %s both name a policy %s",
-                             set->files[j].name, set->files[i].name, set->policies[i].name);
+                st = gg_fail(err, GG_ERR_INVALID,
+                             "%s and %s both name a policy %s (policies.disabled turns off the "
+                             "one of the earlier directory)",
+                             set->origins[j].path, set->origins[i].path, set->policies[i].name);
     }
-    if (st == GG_OK) {
-        json_t *declared = declared_sections(infos, set->n);
-        struct gg_err sub = {{0}};
-        st = declared ? cfgschema_check(set->config, declared, &sub)
-                      : gg_fail(&sub, GG_ERR_NOMEM, "out of memory");
-        if (st != GG_OK)
-            gg_fail(err, st, "%s: %s", config_path ? config_path : "configuration", sub.msg);
-        json_decref(declared);
-    }
+    if (st == GG_OK && (st = cfgschema_check(set->config, declared, &sub)) != GG_OK)
+        gg_fail(err, st, "%s: %s", config_path ? config_path : "configuration", sub.msg);
     for (size_t i = 0; infos && i < set->n; i++)
         lb_policy_info_clear(&infos[i]);
     free(infos);
+    free(off);
+    json_decref(declared);
     lb_vm_free(vm);
     return st;
 }
@@ -356,9 +569,7 @@ static enum gg_status policy_set_load(const struct policy_paths *paths, uint64_t
     if (st == GG_OK)
         st = policy_read_sources(paths->lua, true, &set->modules, &set->n_modules, err);
     if (st == GG_OK)
-        st = policy_read_sources(paths->policies, false, &set->files, &set->n, err);
-    if (st == GG_OK && !(set->dir = strdup(paths->policies)))
-        st = gg_fail(err, GG_ERR_NOMEM, "out of memory");
+        st = read_policy_files(set, paths, err);
     if (st == GG_OK)
         st = check_policies(set, paths->config, err);
     if (st != GG_OK) {
@@ -386,24 +597,46 @@ static char *dup_or_null(const char *s)
     return s ? strdup(s) : NULL;
 }
 
+/* The engine's own copy of paths' strings (freed by paths_clear). */
+static void paths_clear(struct policy_paths *p)
+{
+    free((char *)p->policies);
+    free((char *)p->lua);
+    free((char *)p->config);
+    for (size_t i = 0; p->more_policies && i < p->n_more_policies; i++)
+        free((char *)p->more_policies[i]);
+    free((void *)p->more_policies);
+    memset(p, 0, sizeof(*p));
+}
+
+/* A copy of from's strings into to; false when out of memory (to is then cleared). */
+static bool paths_copy(const struct policy_paths *from, struct policy_paths *to)
+{
+    char **more = calloc(from->n_more_policies + 1, sizeof(*more));
+    *to = (struct policy_paths){.policies = dup_or_null(from->policies),
+                                .lua = dup_or_null(from->lua),
+                                .config = dup_or_null(from->config),
+                                .more_policies = (const char *const *)more,
+                                .n_more_policies = more ? from->n_more_policies : 0};
+    bool ok = more && to->policies && to->lua && (!from->config || to->config);
+    for (size_t i = 0; ok && i < from->n_more_policies; i++)
+        ok = (more[i] = strdup(from->more_policies[i])) != NULL;
+    if (!ok)
+        paths_clear(to);
+    return ok;
+}
+
 enum gg_status engine_new(const struct policy_paths *paths, struct engine **out, struct gg_err *err)
 {
+    if (paths->n_more_policies >= POLICY_MAX_DIRS)
+        return gg_fail(err, GG_ERR_INVALID, "%zu policy directories: at most %d",
+                       paths->n_more_policies + 1, POLICY_MAX_DIRS);
     struct policy_set *set;
     enum gg_status st = policy_set_load(paths, 1, &set, err);
     if (st != GG_OK)
         return st;
     struct engine *e = calloc(1, sizeof(*e));
-    if (!e) {
-        policy_set_release(set);
-        return gg_fail(err, GG_ERR_NOMEM, "out of memory");
-    }
-    e->paths.policies = dup_or_null(paths->policies);
-    e->paths.lua = dup_or_null(paths->lua);
-    e->paths.config = dup_or_null(paths->config);
-    if (!e->paths.policies || !e->paths.lua || (paths->config && !e->paths.config)) {
-        free((char *)e->paths.policies);
-        free((char *)e->paths.lua);
-        free((char *)e->paths.config);
+    if (!e || !paths_copy(paths, &e->paths)) {
         free(e);
         policy_set_release(set);
         return gg_fail(err, GG_ERR_NOMEM, "out of memory");
@@ -424,9 +657,7 @@ void engine_free(struct engine *e)
     pthread_key_delete(e->vm_key);
     policy_set_release(e->live);
     pthread_mutex_destroy(&e->lock);
-    free((char *)e->paths.policies);
-    free((char *)e->paths.lua);
-    free((char *)e->paths.config);
+    paths_clear(&e->paths);
     free(e);
 }
 

@@ -19,16 +19,29 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+/* The most policy directories one engine reads (policies and more_policies together). */
+#define POLICY_MAX_DIRS 16
+
 /* Where the engine reads its inputs from. */
 struct policy_paths {
     const char *policies; /* directory of *.lua policy files, run in name order */
     const char *lua;      /* directory of library modules for require */
     const char *config;   /* YAML configuration file; NULL for none */
+    /*
+     * More policy directories, read with policies as if their files were in one directory:
+     * every file runs in name order across all of them, and a file name in two of them is
+     * refused.  At most POLICY_MAX_DIRS - 1; NULL and 0 for none.
+     */
+    const char *const *more_policies;
+    size_t n_more_policies;
 };
 
 struct policy_set;
 struct engine;
 struct lb_source;
+
+/* The policy directories of paths, policies first, into out; how many. */
+size_t policy_dirs(const struct policy_paths *paths, const char *out[POLICY_MAX_DIRS]);
 
 /* Every *.lua file of dir in name order (modules: named without ".lua"). */
 enum gg_status policy_read_sources(const char *dir, bool strip_ext, struct lb_source **out,
@@ -49,7 +62,12 @@ const char *policy_set_name(const struct policy_set *set, size_t i);
 /* The set's configuration file as JSON (an object; empty without a file). */
 const json_t *policy_set_config(const struct policy_set *set);
 
-/* The engine: the live policy set and its generation. */
+/*
+ * The engine: the live policy set and its generation.  Every file of the policy directories
+ * is loaded (a policy's name is known once its file has run, its check function with it);
+ * those the configuration's policies.disabled names are then dropped: never evaluated, never
+ * listed.  The configuration sections they declare stay known.
+ */
 enum gg_status engine_new(const struct policy_paths *paths, struct engine **out,
                           struct gg_err *err);
 void engine_free(struct engine *e);

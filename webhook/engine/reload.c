@@ -38,8 +38,12 @@ enum gg_status reload_start(struct engine *engine, struct reloader **out, struct
     char config_dir[4096];
     if (paths->config)
         dirwatch_dir_of(paths->config, config_dir, sizeof(config_dir));
-    const char *dirs[] = {paths->policies, paths->lua, paths->config ? config_dir : NULL};
-    enum gg_status st = dirwatch_start(dirs, 3, reload_now, r, &r->watch, err);
+    /* Every policy directory, then the library and the configuration's. */
+    const char *dirs[POLICY_MAX_DIRS + 2];
+    size_t n = policy_dirs(paths, dirs);
+    dirs[n++] = paths->lua;
+    dirs[n++] = paths->config ? config_dir : NULL;
+    enum gg_status st = dirwatch_start(dirs, n, reload_now, r, &r->watch, err);
     if (st != GG_OK) {
         free(r);
         return st;

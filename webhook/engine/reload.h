@@ -1,5 +1,5 @@
 /*
- * reload.h - hot reload: watch the policy directory, the Lua library and
+ * reload.h - hot reload: watch every policy directory, the Lua library and
  * the configuration file's directory (dirwatch.h) and reload the engine on
  * change; a refused reload is logged and counted, and the last good policy
  * set keeps serving.
