@@ -416,7 +416,13 @@ def test_version(binary):
      '--threads must be a whole number from 1 to 256, got "0"'),
     (["--max-body", "lots", "--tls-cert", "a", "--tls-key", "b"],
      '--max-body must be a whole number from 1024 to 1073741824, got "lots"'),
-    ([], "--tls-cert and --tls-key are required"),
+    ([], "--tls-cert and --tls-key are required (or --tls-secret)"),
+    (["--tls-secret", "gpuguard-tls", "--tls-cert", "a", "--tls-key", "b"],
+     "--tls-secret keeps certificates itself: give it or --tls-cert and --tls-key, not both"),
+    (["--tls-secret", "gpuguard-tls", "--webhook-failure-policy", "fail"],
+     "--webhook-failure-policy must be Fail or Ignore"),
+    (["--tls-secret", "gpuguard-tls", "--cert-check", "soon"],
+     'a duration such as 15s or 500ms, got "soon"'),
     (["--tls-cert", "a", "--tls-key", "b", "--client-san", "kube-apiserver"],
      "--client-cn and --client-san need --client-ca"),
     (["--tls-cert", "a", "--tls-key", "b", "--client-ca", "c", "--client-cn", ""],
@@ -425,6 +431,32 @@ def test_version(binary):
 def test_usage_errors_exit_2(binary, args, message):
     out = subprocess.run([binary, "serve", *args], capture_output=True, text=True)
     assert out.returncode == 2
+    assert message in out.stderr
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--tls-secret", "gpuguard-system/gpuguard-tls", "--cert-validity", "10s"],
+     "certificate lifetimes must be at least 30 s"),
+    (["--tls-secret", "gpuguard-system/gpuguard-tls", "--cert-check", "1h",
+      "--cert-validity", "2h"],
+     "--cert-check must be at least 100ms and at most a twelfth of the shorter of --ca-validity"),
+    (["--tls-secret", "Bad_NS/gpuguard-tls"], "namespace 'Bad_NS' is not a DNS-1123 label"),
+    (["--tls-secret", "gpuguard-system/gpuguard-tls", "--webhook-configuration", "a b"],
+     "--webhook-configuration: 'a b' is not an object name"),
+])
+def test_own_certificate_settings_are_checked_before_any_request(binary, tmp_path, args, message):
+    """--tls-secret's settings are refused at start (exit 1), before the API server is asked:
+    the kubeconfig's server is a closed port."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
+    out = subprocess.run([binary, "serve", "--listen", "127.0.0.1:0", "--ops-listen",
+                          "127.0.0.1:0", "--kubeconfig", str(kubeconfig), "--inventory", "off",
+                          *args], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 1
     assert message in out.stderr
 
 

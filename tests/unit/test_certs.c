@@ -5,6 +5,7 @@
  * files gets its own mkdtemp directory, removed in teardown.
  */
 #include "http/certs.h"
+#include "tmptree.h"
 
 #include <stdarg.h>
 #include <stddef.h>
@@ -20,7 +21,6 @@
 #include <openssl/x509v3.h>
 
 #include <dirent.h>
-#include <ftw.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -52,18 +52,10 @@ static int setup(void **state)
     return 0;
 }
 
-static int rm_entry(const char *path, const struct stat *sb, int type, struct FTW *ftw)
-{
-    (void)sb;
-    (void)type;
-    (void)ftw;
-    return remove(path);
-}
-
 static int teardown(void **state)
 {
     struct fixture *fx = *state;
-    int rc = nftw(fx->dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    int rc = tmptree_remove(fx->dir);
 
     free(fx);
     return rc;
@@ -932,6 +924,91 @@ static void test_load_failures(void **state)
     certs_bundle_clear(&good);
 }
 
+/* ---- issuing in memory (serve --tls-secret) ---- */
+
+static void test_issue_in_memory(void **state)
+{
+    (void)state;
+    struct gg_err err = {{0}};
+    time_t now = time(NULL);
+    struct certs_issue ca_is = {.key_type = CERTS_KEY_ECDSA, .now = now, .lifetime_s = 3600};
+    struct certs_issue leaf_is = {.service = "gpuguard",
+                                  .ns = "gpuguard-system",
+                                  .key_type = CERTS_KEY_ECDSA,
+                                  .now = now,
+                                  .lifetime_s = 86400};
+    char *ca = NULL, *ca_key = NULL, *cert = NULL, *key = NULL, *other = NULL, *other_key = NULL;
+
+    assert_int_equal(certs_new_ca(&ca_is, &ca, &ca_key, &err), GG_OK);
+    assert_int_equal(certs_new_leaf(&leaf_is, ca, ca_key, &cert, &key, &err), GG_OK);
+    assert_true(certs_signed_by(cert, ca));
+    assert_true(certs_key_matches(cert, key));
+    assert_false(certs_key_matches(cert, ca_key));
+    assert_true(certs_names_host(cert, "gpuguard.gpuguard-system.svc"));
+    assert_false(certs_names_host(cert, "gpuguard.other.svc"));
+
+    /* A serving certificate never outlives its CA: a day asked, the CA's hour given. */
+    struct certs_info ca_info, leaf_info;
+    assert_int_equal(certs_scan(ca, &ca_info, 1), 1);
+    assert_int_equal(certs_scan(cert, &leaf_info, 1), 1);
+    assert_int_equal(leaf_info.not_after, ca_info.not_after);
+    assert_int_equal(ca_info.not_after, now + 3600);
+    assert_int_equal(ca_info.not_before, now - CERTS_BACKDATE_SECONDS);
+
+    /* Another CA's key signs nothing that verifies against this one. */
+    assert_int_equal(certs_new_ca(&ca_is, &other, &other_key, &err), GG_OK);
+    assert_false(certs_signed_by(cert, other));
+    char *bad_cert = NULL, *bad_key = NULL;
+    assert_int_equal(certs_new_leaf(&leaf_is, ca, other_key, &bad_cert, &bad_key, &err),
+                     GG_ERR_TLS);
+    assert_string_equal(err.msg, "the CA certificate and key do not make a pair");
+    assert_null(bad_cert);
+
+    /* In-memory pairs are checked as files are. */
+    struct certs_pair pair = {0};
+    assert_int_equal(certs_check_pair("tls.crt", "tls.key", cert, key, &pair, &err), GG_OK);
+    certs_pair_clear(&pair);
+    assert_int_equal(certs_check_pair("tls.crt", "tls.key", cert, other_key, &pair, &err),
+                     GG_ERR_TLS);
+    assert_string_equal(err.msg, "tls.key: private key does not match certificate tls.crt");
+
+    free(ca);
+    free(cert);
+    free(other);
+    certs_free_secret(ca_key);
+    certs_free_secret(key);
+    certs_free_secret(other_key);
+}
+
+static void test_scan_bundles(void **state)
+{
+    (void)state;
+    struct gg_err err = {{0}};
+    struct certs_issue is = {.key_type = CERTS_KEY_ECDSA, .now = time(NULL), .lifetime_s = 60};
+    char *a = NULL, *a_key = NULL, *b = NULL, *b_key = NULL, *two = NULL;
+    assert_int_equal(certs_new_ca(&is, &a, &a_key, &err), GG_OK);
+    assert_int_equal(certs_new_ca(&is, &b, &b_key, &err), GG_OK);
+    assert_true(asprintf(&two, "%s%s", a, b) > 0);
+
+    struct certs_info info[2];
+    assert_int_equal(certs_scan(two, info, 2), 2);
+    assert_int_equal(info[0].start, 0);
+    assert_int_equal(info[0].len, strlen(a));
+    assert_int_equal(info[1].start, strlen(a));
+    assert_int_equal(info[1].len, strlen(b));
+    assert_int_equal(certs_scan(two, info, 1), -1); /* more than max */
+    assert_int_equal(certs_scan("", info, 2), 0);
+    assert_int_equal(
+        certs_scan("-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n", info, 2), -1);
+    assert_int_equal(certs_scan("-----BEGIN CERTIFICATE-----\nno end", info, 2), -1);
+
+    free(a);
+    free(b);
+    free(two);
+    certs_free_secret(a_key);
+    certs_free_secret(b_key);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -952,6 +1029,8 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_write_refuses_existing, setup, teardown),
         cmocka_unit_test_setup_teardown(test_write_failure_cleans_up, setup, teardown),
         cmocka_unit_test_setup_teardown(test_load_failures, setup, teardown),
+        cmocka_unit_test(test_issue_in_memory),
+        cmocka_unit_test(test_scan_bundles),
     };
 
     return cmocka_run_group_tests(tests, NULL, NULL);

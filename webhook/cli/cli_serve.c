@@ -39,6 +39,7 @@
 #include "http/clientauth.h"
 #include "http/server.h"
 #include "http/tlscreds.h"
+#include "http/certkeeper.h"
 
 #include <errno.h>
 #include <getopt.h>
@@ -56,6 +57,11 @@ struct serve_opts {
     const char *ops_listen;
     const char *tls_cert;
     const char *tls_key;
+    const char *tls_secret;     /* --tls-secret: certificates gpuguard keeps (certkeeper.h) */
+    const char *tls_service;    /* --tls-service */
+    const char *webhook_config; /* --webhook-configuration */
+    const char *failure_policy; /* --webhook-failure-policy */
+    int64_t cert_ms[3];         /* --ca-validity, --cert-validity, --cert-check */
     struct engine_opts engine;
     const char *client_ca;
     struct clientauth_names client_names; /* --client-cn, --client-san */
@@ -83,7 +89,8 @@ struct serve_opts {
 
 static void serve_usage(FILE *out)
 {
-    fprintf(out, "usage: gpuguard serve --tls-cert FILE --tls-key FILE [flags]\n"
+    fprintf(out, "usage: gpuguard serve (--tls-cert FILE --tls-key FILE | --tls-secret [NS/]NAME)\n"
+                 "                      [flags]\n"
                  "\n"
                  "Serve the admission webhook over HTTPS (POST /mutate, POST /validate) and the\n"
                  "ops endpoints over plain HTTP (GET /healthz, /readyz, /metrics).\n"
@@ -91,8 +98,25 @@ static void serve_usage(FILE *out)
                  "flags:\n"
                  "  --listen ADDR:PORT        webhook address, HTTPS only [0.0.0.0:8443]\n"
                  "  --ops-listen ADDR:PORT    ops address, plain HTTP [0.0.0.0:9090]\n"
-                 "  --tls-cert FILE           serving certificate (PEM, leaf first) [required]\n"
-                 "  --tls-key FILE            its private key (PEM) [required]\n"
+                 "  --tls-cert FILE           serving certificate (PEM, leaf first), reloaded\n"
+                 "                            when the file changes\n"
+                 "  --tls-key FILE            its private key (PEM)\n"
+                 "  --tls-secret [NS/]NAME    instead of the two above: gpuguard makes its own\n"
+                 "                            CA and serving certificate, keeps them in this\n"
+                 "                            Secret (shipped empty; NS: POD_NAMESPACE, else the\n"
+                 "                            service account's), renews them, and writes the CA\n"
+                 "                            into its webhook configurations (docs/security.md)\n"
+                 "  --tls-service NAME        the Service the certificate names [gpuguard]\n"
+                 "  --webhook-configuration NAME\n"
+                 "                            the Validating- and MutatingWebhookConfiguration\n"
+                 "                            whose caBundle it writes [gpuguard]\n"
+                 "  --webhook-failure-policy Fail|Ignore\n"
+                 "                            written with the caBundle [Fail]\n"
+                 "  --ca-validity D, --cert-validity D\n"
+                 "                            lifetimes of the CA and the serving certificate;\n"
+                 "                            each is renewed with a third left [87600h, 8760h]\n"
+                 "  --cert-check D            how often the Secret and the webhook\n"
+                 "                            configurations are checked [10s]\n"
                  "  --client-ca FILE          require client certificates signed by these CAs\n"
                  "                            (mutual TLS with the API server) [off]\n"
                  "  --client-cn NAME          with --client-ca, accept only certificates whose\n"
@@ -185,6 +209,13 @@ enum {
     OPT_LEASE_RENEW,
     OPT_LEASE_RETRY,
     OPT_ENTRY_BOUND,
+    OPT_CA_VALIDITY, /* the three durations of cert_ms, in its order */
+    OPT_CERT_VALIDITY,
+    OPT_CERT_CHECK,
+    OPT_TLS_SECRET,
+    OPT_TLS_SERVICE,
+    OPT_WEBHOOK_CONFIG,
+    OPT_FAILURE_POLICY,
 };
 
 static const struct option long_options[] = {
@@ -192,6 +223,13 @@ static const struct option long_options[] = {
     {"ops-listen", required_argument, NULL, OPT_OPS_LISTEN},
     {"tls-cert", required_argument, NULL, OPT_TLS_CERT},
     {"tls-key", required_argument, NULL, OPT_TLS_KEY},
+    {"tls-secret", required_argument, NULL, OPT_TLS_SECRET},
+    {"tls-service", required_argument, NULL, OPT_TLS_SERVICE},
+    {"webhook-configuration", required_argument, NULL, OPT_WEBHOOK_CONFIG},
+    {"webhook-failure-policy", required_argument, NULL, OPT_FAILURE_POLICY},
+    {"ca-validity", required_argument, NULL, OPT_CA_VALIDITY},
+    {"cert-validity", required_argument, NULL, OPT_CERT_VALIDITY},
+    {"cert-check", required_argument, NULL, OPT_CERT_CHECK},
     {"client-ca", required_argument, NULL, OPT_CLIENT_CA},
     {"client-cn", required_argument, NULL, OPT_CLIENT_CN},
     {"client-san", required_argument, NULL, OPT_CLIENT_SAN},
@@ -279,6 +317,22 @@ static int take_flag(void *ctx, int opt, const char *arg)
     case OPT_TLS_KEY:
         o->tls_key = arg;
         return 0;
+    case OPT_TLS_SECRET:
+        o->tls_secret = arg;
+        return 0;
+    case OPT_TLS_SERVICE:
+        o->tls_service = arg;
+        return 0;
+    case OPT_WEBHOOK_CONFIG:
+        o->webhook_config = arg;
+        return 0;
+    case OPT_FAILURE_POLICY:
+        if (strcmp(arg, "Fail") != 0 && strcmp(arg, "Ignore") != 0) {
+            fprintf(stderr, "gpuguard serve: --webhook-failure-policy must be Fail or Ignore\n");
+            return -1;
+        }
+        o->failure_policy = arg;
+        return 0;
     case OPT_CLIENT_CA:
         o->client_ca = arg;
         return 0;
@@ -312,7 +366,10 @@ static int take_flag(void *ctx, int opt, const char *arg)
     case OPT_LEASE_DURATION:
     case OPT_LEASE_RENEW:
     case OPT_LEASE_RETRY:
-    case OPT_ENTRY_BOUND: {
+    case OPT_ENTRY_BOUND:
+    case OPT_CA_VALIDITY:
+    case OPT_CERT_VALIDITY:
+    case OPT_CERT_CHECK: {
         int64_t ms;
         if (duration_parse_ms(arg, &ms) != GG_OK || ms <= 0) {
             fprintf(stderr, "gpuguard serve: a duration such as 15s or 500ms, got \"%s\"\n", arg);
@@ -320,6 +377,8 @@ static int take_flag(void *ctx, int opt, const char *arg)
         }
         if (opt == OPT_ENTRY_BOUND)
             o->entry_bound_ms = ms;
+        else if (opt >= OPT_CA_VALIDITY)
+            o->cert_ms[opt - OPT_CA_VALIDITY] = ms;
         else
             o->lease_ms[opt - OPT_LEASE_DURATION] = ms;
         return 0;
@@ -343,7 +402,12 @@ static bool parse_flags(int argc, char **argv, struct serve_opts *o, int *exit_c
                              .ops_per_peer = OPS_PER_PEER,
                              .inventory = -1,
                              .quota_ledger = true,
-                             .lease_name = "gpuguard-quota"};
+                             .lease_name = "gpuguard-quota",
+                             .tls_service = "gpuguard",
+                             .webhook_config = "gpuguard",
+                             .failure_policy = "Fail",
+                             .cert_ms = {CK_DEFAULT_CA_LIFETIME_S * 1000,
+                                         CK_DEFAULT_CERT_LIFETIME_S * 1000, CK_DEFAULT_CHECK_MS}};
     static const struct eo_command serve_command = {
         .name = "gpuguard serve",
         .shared = EO_ENGINE,
@@ -355,8 +419,11 @@ static bool parse_flags(int argc, char **argv, struct serve_opts *o, int *exit_c
     if (!eo_parse(&serve_command, o, argc, argv, &o->engine, exit_code))
         return false;
     const char *problem = NULL;
-    if (!o->tls_cert || !o->tls_key)
-        problem = "--tls-cert and --tls-key are required";
+    if (o->tls_secret && (o->tls_cert || o->tls_key))
+        problem = "--tls-secret keeps certificates itself: give it or --tls-cert and --tls-key, "
+                  "not both";
+    else if (!o->tls_secret && (!o->tls_cert || !o->tls_key))
+        problem = "--tls-cert and --tls-key are required (or --tls-secret)";
     else if (!o->client_ca && o->client_names.n_cn + o->client_names.n_san)
         problem = "--client-cn and --client-san need --client-ca (the CAs that sign the "
                   "client certificates they name)";
@@ -450,10 +517,59 @@ static void reload_certificate(void *ctx)
     }
 }
 
-static enum gg_status start_certificates(const struct serve_opts *o, struct dirwatch **watch,
-                                         char **client_ca, struct gg_err *err)
+/* The namespace gpuguard runs in: POD_NAMESPACE (the downward API), else the service account's. */
+static void own_namespace(char *out, size_t size)
 {
-    enum gg_status st = tls_creds_load(o->tls_cert, o->tls_key, err);
+    const char *env = getenv("POD_NAMESPACE");
+    snprintf(out, size, "%s", env && *env ? env : "gpuguard-system");
+    FILE *f = env && *env ? NULL : fopen(KC_SA_DIR "/namespace", "r");
+    if (f && fgets(out, (int)size, f))
+        out[strcspn(out, "\r\n")] = '\0';
+    if (f)
+        fclose(f);
+}
+
+/* A client of the API server: the kubeconfig's, else the pod's service account. */
+static enum gg_status new_client(const struct serve_opts *o, struct kc_client **client,
+                                 struct gg_err *err)
+{
+    return o->kubeconfig ? kc_new_kubeconfig(o->kubeconfig, client, err)
+                         : kc_new_in_cluster(KC_SA_DIR, client, err);
+}
+
+/* --tls-secret: the certificates gpuguard keeps itself in a Secret (certkeeper.h). */
+static enum gg_status start_own_certificates(const struct serve_opts *o, struct certkeeper **keeper,
+                                             struct gg_err *err)
+{
+    char ns[256];
+    const char *slash = strchr(o->tls_secret, '/');
+    if (slash)
+        snprintf(ns, sizeof(ns), "%.*s", (int)(slash - o->tls_secret), o->tls_secret);
+    else
+        own_namespace(ns, sizeof(ns));
+    struct certkeeper_options ko = {.ns = ns,
+                                    .secret = slash ? slash + 1 : o->tls_secret,
+                                    .service = o->tls_service,
+                                    .webhooks = o->webhook_config,
+                                    .failure_policy = o->failure_policy,
+                                    .ca_lifetime_s = o->cert_ms[0] / 1000,
+                                    .cert_lifetime_s = o->cert_ms[1] / 1000,
+                                    .check_ms = o->cert_ms[2]};
+    struct kc_client *client = NULL;
+    enum gg_status st = new_client(o, &client, err);
+    return st == GG_OK ? certkeeper_start(client, &ko, keeper, err) : st;
+}
+
+/*
+ * The serving certificate: from files, reloaded when they change, or kept in
+ * a Secret with --tls-secret.  And the client CAs of --client-ca.
+ */
+static enum gg_status start_certificates(const struct serve_opts *o, struct dirwatch **watch,
+                                         struct certkeeper **keeper, char **client_ca,
+                                         struct gg_err *err)
+{
+    enum gg_status st = o->tls_secret ? start_own_certificates(o, keeper, err)
+                                      : tls_creds_load(o->tls_cert, o->tls_key, err);
     if (st != GG_OK)
         return st;
     metrics_tls(true, tls_creds_not_after());
@@ -464,19 +580,13 @@ static enum gg_status start_certificates(const struct serve_opts *o, struct dirw
         if (!strstr(*client_ca, "-----BEGIN CERTIFICATE-----"))
             return gg_fail(err, GG_ERR_TLS, "%s: no PEM certificate in the file", o->client_ca);
     }
+    if (o->tls_secret)
+        return GG_OK;
     char cert_dir[4096], key_dir[4096];
     dirwatch_dir_of(o->tls_cert, cert_dir, sizeof(cert_dir));
     dirwatch_dir_of(o->tls_key, key_dir, sizeof(key_dir));
     const char *dirs[] = {cert_dir, strcmp(cert_dir, key_dir) ? key_dir : NULL};
     return dirwatch_start(dirs, 2, reload_certificate, (void *)o, watch, err);
-}
-
-/* A client of the API server: the kubeconfig's, else the pod's service account. */
-static enum gg_status new_client(const struct serve_opts *o, struct kc_client **client,
-                                 struct gg_err *err)
-{
-    return o->kubeconfig ? kc_new_kubeconfig(o->kubeconfig, client, err)
-                         : kc_new_in_cluster(KC_SA_DIR, client, err);
 }
 
 /* What every charge depends on: the configuration, and the cluster's DeviceClasses. */
@@ -530,18 +640,6 @@ static enum gg_status start_inventory(const struct serve_opts *o, struct engine 
             st = inf_start(client, *inv, &opts, &inf[i], err);
     }
     return st;
-}
-
-/* The namespace gpuguard runs in: POD_NAMESPACE (the downward API), else the service account's. */
-static void own_namespace(char *out, size_t size)
-{
-    const char *env = getenv("POD_NAMESPACE");
-    snprintf(out, size, "%s", env && *env ? env : "gpuguard-system");
-    FILE *f = env && *env ? NULL : fopen(KC_SA_DIR "/namespace", "r");
-    if (f && fgets(out, (int)size, f))
-        out[strcspn(out, "\r\n")] = '\0';
-    if (f)
-        fclose(f);
 }
 
 /* Whether the live configuration gives ns a quota of its own (quotas.namespaces.<ns>). */
@@ -654,6 +752,7 @@ int cli_serve(int argc, char **argv)
     struct engine *engine = NULL;
     struct reloader *reloader = NULL;
     struct dirwatch *cert_watch = NULL;
+    struct certkeeper *keeper = NULL;
     struct srv *server = NULL;
     struct inventory *inventory = NULL;
     struct charger *charger = NULL;
@@ -662,7 +761,7 @@ int cli_serve(int argc, char **argv)
     struct ledger *ledger = NULL;
     struct quotactl *quotactl = NULL;
     char *client_ca = NULL;
-    if (start_certificates(&o, &cert_watch, &client_ca, &err) != GG_OK ||
+    if (start_certificates(&o, &cert_watch, &keeper, &client_ca, &err) != GG_OK ||
         eo_engine_new(&o.engine, &engine, &err) != GG_OK ||
         start_inventory(&o, engine, &inventory, &charger, informers, &err) != GG_OK ||
         start_quota(&o, engine, inventory, &ledger, &quotactl, &err) != GG_OK ||
@@ -686,6 +785,7 @@ int cli_serve(int argc, char **argv)
         goto out;
     srv_set_ready(server, true, NULL);
     log_serving(&o, server, engine);
+    certkeeper_serving(keeper);
     int sig = wait_for_signal();
     log_msg(LOG_INFO, "%s received: draining requests in flight", strsignal(sig));
     start_shutdown_deadline((int64_t)o.shutdown_grace_s * 1000);
@@ -696,6 +796,7 @@ out:
     if (rc)
         log_msg(LOG_ERROR, "%s", err.msg);
     dirwatch_stop(cert_watch);
+    certkeeper_stop(keeper);
     reload_stop(reloader);
     ps_stop(rightsizing);
     quotactl_stop(quotactl);

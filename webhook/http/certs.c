@@ -3,10 +3,12 @@
  * serving certificate for a Service, safe writing of the PEM files, and the
  * loader/checker the server uses for its certificate and key.
  *
- * The CA private key lives only in memory while the serving certificate is
- * signed, then is freed: rotating means creating a new CA and leaf together
- * and updating caBundle, and no long-lived key that could sign more
- * certificates is left on disk.  No argument parsing or printing here.
+ * `gpuguard certs` keeps no CA key: the CA private key lives only in memory
+ * while the serving certificate is signed, then is freed, so rotating means a
+ * new CA and leaf together and a caBundle update, and no long-lived key that
+ * could sign more certificates is left on disk.  The in-memory issuing that
+ * serve --tls-secret uses (http/certkeeper.c) keeps its CA key in its Secret.
+ * No argument parsing or printing here.
  */
 #include "http/certs.h"
 
@@ -169,10 +171,10 @@ out:
 /*
  * A v3 certificate for key with subject CN=cn, signed by signer as issuer
  * (issuer NULL: self-signed), valid from now - CERTS_BACKDATE_SECONDS to
- * now + days.  NULL on failure, reason left in OpenSSL's error queue.
+ * now + lifetime_s.  NULL on failure, reason left in OpenSSL's error queue.
  */
 static X509 *new_cert(const char *cn, EVP_PKEY *key, X509 *issuer, EVP_PKEY *signer, time_t now,
-                      int days, const struct ext_spec *exts, size_t n_exts)
+                      int64_t lifetime_s, const struct ext_spec *exts, size_t n_exts)
 {
     X509 *cert = X509_new();
     X509 *ret = NULL;
@@ -188,7 +190,7 @@ static X509 *new_cert(const char *cn, EVP_PKEY *key, X509 *issuer, EVP_PKEY *sig
     if (!X509_set_issuer_name(cert, issuer ? X509_get_subject_name(issuer) : name))
         goto out;
     if (!X509_time_adj_ex(X509_getm_notBefore(cert), 0, -CERTS_BACKDATE_SECONDS, &now) ||
-        !X509_time_adj_ex(X509_getm_notAfter(cert), days, 0, &now))
+        !X509_time_adj_ex(X509_getm_notAfter(cert), 0, (long)lifetime_s, &now))
         goto out;
     if (!X509_set_pubkey(cert, key))
         goto out;
@@ -249,33 +251,53 @@ static char *key_to_pem(EVP_PKEY *key)
     return pem;
 }
 
-enum gg_status certs_generate(const struct certs_opts *opts, struct certs_bundle *out,
-                              struct gg_err *err)
+static const struct ext_spec ca_exts[] = {
+    {NID_basic_constraints, "critical,CA:TRUE,pathlen:0"},
+    {NID_key_usage, "critical,keyCertSign,cRLSign"},
+    {NID_subject_key_identifier, "hash"},
+};
+
+/* The CA certificate of ca_key, self-signed, valid for lifetime_s from now. */
+static X509 *make_ca(EVP_PKEY *ca_key, time_t now, int64_t lifetime_s)
 {
-    static const struct ext_spec ca_exts[] = {
-        {NID_basic_constraints, "critical,CA:TRUE,pathlen:0"},
-        {NID_key_usage, "critical,keyCertSign,cRLSign"},
-        {NID_subject_key_identifier, "hash"},
-    };
-    char cn[CN_MAX + 1], san[1024] = "";
-    /* san is filled in below, before the table is used. */
+    return new_cert(CA_COMMON_NAME, ca_key, NULL, ca_key, now, lifetime_s, ca_exts,
+                    sizeof(ca_exts) / sizeof(ca_exts[0]));
+}
+
+/* The serving certificate of key for service.ns, signed by ca with ca_key. */
+static X509 *make_leaf(const char *service, const char *ns, bool dev, enum certs_key_type type,
+                       EVP_PKEY *key, X509 *ca, EVP_PKEY *ca_key, time_t now, int64_t lifetime_s)
+{
+    char cn[CN_MAX + 1], san[1024];
     const struct ext_spec leaf_exts[] = {
         {NID_basic_constraints, "critical,CA:FALSE"},
         /* keyEncipherment only means something for RSA key transport. */
-        {NID_key_usage, opts->key_type == CERTS_KEY_RSA
-                            ? "critical,digitalSignature,keyEncipherment"
-                            : "critical,digitalSignature"},
+        {NID_key_usage, type == CERTS_KEY_RSA ? "critical,digitalSignature,keyEncipherment"
+                                              : "critical,digitalSignature"},
         {NID_ext_key_usage, "serverAuth"},
         {NID_subject_alt_name, san},
         {NID_subject_key_identifier, "hash"},
         {NID_authority_key_identifier, "keyid:always"},
     };
+    /* Two 63-character labels overflow the 64-byte CN; SANs carry the names anyway. */
+    int n = snprintf(cn, sizeof(cn), "%s.%s.svc", service, ns);
+    if (n < 0 || (size_t)n >= sizeof(cn))
+        snprintf(cn, sizeof(cn), "%s", service);
+    snprintf(san, sizeof(san), "DNS:%s,DNS:%s.%s,DNS:%s.%s.svc,DNS:%s.%s.svc.cluster.local%s",
+             service, service, ns, service, ns, service, ns,
+             dev ? ",DNS:localhost,IP:127.0.0.1" : "");
+    return new_cert(cn, key, ca, ca_key, now, lifetime_s, leaf_exts,
+                    sizeof(leaf_exts) / sizeof(leaf_exts[0]));
+}
+
+enum gg_status certs_generate(const struct certs_opts *opts, struct certs_bundle *out,
+                              struct gg_err *err)
+{
     enum gg_status st;
     struct certs_bundle b = {0};
     EVP_PKEY *ca_key = NULL, *key = NULL;
     X509 *ca = NULL, *leaf = NULL;
     time_t now;
-    int n;
 
     if ((st = certs_check_service(opts->service, err)) != GG_OK ||
         (st = certs_check_namespace(opts->ns, err)) != GG_OK)
@@ -290,29 +312,19 @@ enum gg_status certs_generate(const struct certs_opts *opts, struct certs_bundle
         goto out;
     }
     now = opts->now ? opts->now : time(NULL);
-
-    /* Two 63-character labels overflow the 64-byte CN; SANs carry the names anyway. */
-    n = snprintf(cn, sizeof(cn), "%s.%s.svc", opts->service, opts->ns);
-    if (n < 0 || (size_t)n >= sizeof(cn))
-        snprintf(cn, sizeof(cn), "%s", opts->service);
-    snprintf(san, sizeof(san), "DNS:%s,DNS:%s.%s,DNS:%s.%s.svc,DNS:%s.%s.svc.cluster.local%s",
-             opts->service, opts->service, opts->ns, opts->service, opts->ns, opts->service,
-             opts->ns, opts->dev ? ",DNS:localhost,IP:127.0.0.1" : "");
-
     ca_key = new_key(opts->key_type);
     key = ca_key ? new_key(opts->key_type) : NULL;
     if (!key) {
         st = ossl_fail(err, GG_ERR_TLS, "generating a %s key", certs_key_type_name(opts->key_type));
         goto out;
     }
-    ca = new_cert(CA_COMMON_NAME, ca_key, NULL, ca_key, now, opts->days, ca_exts,
-                  sizeof(ca_exts) / sizeof(ca_exts[0]));
-    if (!ca) {
+    int64_t lifetime_s = (int64_t)opts->days * 86400;
+    if (!(ca = make_ca(ca_key, now, lifetime_s))) {
         st = ossl_fail(err, GG_ERR_TLS, "building the CA certificate");
         goto out;
     }
-    leaf = new_cert(cn, key, ca, ca_key, now, opts->days, leaf_exts,
-                    sizeof(leaf_exts) / sizeof(leaf_exts[0]));
+    leaf = make_leaf(opts->service, opts->ns, opts->dev, opts->key_type, key, ca, ca_key, now,
+                     lifetime_s);
     if (!leaf) {
         st = ossl_fail(err, GG_ERR_TLS, "building the serving certificate");
         goto out;
@@ -570,11 +582,15 @@ static int no_passphrase(char *buf, int size, int rwflag, void *u)
     return -1;
 }
 
-enum gg_status certs_load_pair(const char *cert_path, const char *key_path, struct certs_pair *out,
-                               struct gg_err *err)
+/*
+ * Parse and check p (read from cert_label and key_label, as messages name
+ * them): the key matches the first certificate, valid now.  On success *out
+ * takes p's texts and p is emptied.
+ */
+static enum gg_status check_pair(const char *cert_label, const char *key_label,
+                                 struct certs_pair *p, struct certs_pair *out, struct gg_err *err)
 {
     enum gg_status st;
-    struct certs_pair p = {0};
     BIO *bio = NULL;
     X509 *cert = NULL;
     EVP_PKEY *key = NULL;
@@ -582,66 +598,86 @@ enum gg_status certs_load_pair(const char *cert_path, const char *key_path, stru
     char *hex = NULL, when[CERTS_TIME_LEN];
     time_t now = time(NULL);
 
-    if ((st = read_file(cert_path, &p.cert_pem, &p.cert_len, err)) != GG_OK ||
-        (st = read_file(key_path, &p.key_pem, &p.key_len, err)) != GG_OK)
-        goto out;
-
-    bio = BIO_new_mem_buf(p.cert_pem, (int)p.cert_len);
+    bio = BIO_new_mem_buf(p->cert_pem, (int)p->cert_len);
     cert = bio ? PEM_read_bio_X509(bio, NULL, NULL, NULL) : NULL;
     if (!cert) {
         ERR_clear_error(); /* OpenSSL's reason ("no start line") adds nothing here */
-        st = gg_fail(err, GG_ERR_PARSE, "%s: no PEM certificate found%s", cert_path,
-                     strstr(p.cert_pem, "PRIVATE KEY") ? " (it holds a private key)" : "");
+        st = gg_fail(err, GG_ERR_PARSE, "%s: no PEM certificate found%s", cert_label,
+                     strstr(p->cert_pem, "PRIVATE KEY") ? " (it holds a private key)" : "");
         goto out;
     }
     BIO_free(bio);
-    bio = BIO_new_mem_buf(p.key_pem, (int)p.key_len);
+    bio = BIO_new_mem_buf(p->key_pem, (int)p->key_len);
     key = bio ? PEM_read_bio_PrivateKey(bio, NULL, no_passphrase, NULL) : NULL;
     if (!key) {
         ERR_clear_error();
-        st = gg_fail(err, GG_ERR_PARSE, "%s: %s", key_path,
-                     strstr(p.key_pem, "ENCRYPTED") ? "encrypted private keys are not supported"
-                                                    : "no PEM private key found");
+        st = gg_fail(err, GG_ERR_PARSE, "%s: %s", key_label,
+                     strstr(p->key_pem, "ENCRYPTED") ? "encrypted private keys are not supported"
+                                                     : "no PEM private key found");
         goto out;
     }
     if (X509_check_private_key(cert, key) != 1) {
         ERR_clear_error();
-        st = gg_fail(err, GG_ERR_TLS, "%s: private key does not match certificate %s", key_path,
-                     cert_path);
+        st = gg_fail(err, GG_ERR_TLS, "%s: private key does not match certificate %s", key_label,
+                     cert_label);
         goto out;
     }
-    if (!asn1_to_time(X509_get0_notBefore(cert), &p.not_before) ||
-        !asn1_to_time(X509_get0_notAfter(cert), &p.not_after)) {
-        st = ossl_fail(err, GG_ERR_TLS, "%s: unreadable validity period", cert_path);
+    if (!asn1_to_time(X509_get0_notBefore(cert), &p->not_before) ||
+        !asn1_to_time(X509_get0_notAfter(cert), &p->not_after)) {
+        st = ossl_fail(err, GG_ERR_TLS, "%s: unreadable validity period", cert_label);
         goto out;
     }
-    if (now < p.not_before) {
-        st = gg_fail(err, GG_ERR_TLS, "%s: not valid until %s", cert_path,
-                     certs_format_time(p.not_before, when));
+    if (now < p->not_before) {
+        st = gg_fail(err, GG_ERR_TLS, "%s: not valid until %s", cert_label,
+                     certs_format_time(p->not_before, when));
         goto out;
     }
-    if (now > p.not_after) {
-        st = gg_fail(err, GG_ERR_TLS, "%s: expired at %s", cert_path,
-                     certs_format_time(p.not_after, when));
+    if (now > p->not_after) {
+        st = gg_fail(err, GG_ERR_TLS, "%s: expired at %s", cert_label,
+                     certs_format_time(p->not_after, when));
         goto out;
     }
     serial = ASN1_INTEGER_to_BN(X509_get0_serialNumber(cert), NULL);
     hex = serial ? BN_bn2hex(serial) : NULL;
-    p.serial_hex = hex ? strdup(hex) : NULL;
-    if (!p.serial_hex) {
-        st = ossl_fail(err, GG_ERR_NOMEM, "%s: reading the serial number", cert_path);
+    p->serial_hex = hex ? strdup(hex) : NULL;
+    if (!p->serial_hex) {
+        st = ossl_fail(err, GG_ERR_NOMEM, "%s: reading the serial number", cert_label);
         goto out;
     }
-    *out = p;
-    memset(&p, 0, sizeof(p));
+    *out = *p;
+    memset(p, 0, sizeof(*p));
     st = GG_OK;
 out:
-    certs_pair_clear(&p);
     OPENSSL_free(hex);
     BN_free(serial);
     EVP_PKEY_free(key);
     X509_free(cert);
     BIO_free(bio);
+    return st;
+}
+
+enum gg_status certs_load_pair(const char *cert_path, const char *key_path, struct certs_pair *out,
+                               struct gg_err *err)
+{
+    struct certs_pair p = {0};
+    enum gg_status st;
+    if ((st = read_file(cert_path, &p.cert_pem, &p.cert_len, err)) == GG_OK &&
+        (st = read_file(key_path, &p.key_pem, &p.key_len, err)) == GG_OK)
+        st = check_pair(cert_path, key_path, &p, out, err);
+    certs_pair_clear(&p);
+    return st;
+}
+
+enum gg_status certs_check_pair(const char *cert_label, const char *key_label, const char *cert_pem,
+                                const char *key_pem, struct certs_pair *out, struct gg_err *err)
+{
+    struct certs_pair p = {.cert_pem = strdup(cert_pem),
+                           .cert_len = strlen(cert_pem),
+                           .key_pem = strdup(key_pem),
+                           .key_len = strlen(key_pem)};
+    enum gg_status st = p.cert_pem && p.key_pem ? check_pair(cert_label, key_label, &p, out, err)
+                                                : gg_fail(err, GG_ERR_NOMEM, "out of memory");
+    certs_pair_clear(&p);
     return st;
 }
 
@@ -653,4 +689,149 @@ void certs_pair_clear(struct certs_pair *pair)
     free_secret(pair->key_pem, pair->key_len);
     free(pair->serial_hex);
     memset(pair, 0, sizeof(*pair));
+}
+
+/* The first certificate of a PEM text; NULL (and OpenSSL's queue empty) when there is none. */
+static X509 *read_cert(const char *pem)
+{
+    BIO *bio = BIO_new_mem_buf(pem, -1);
+    X509 *cert = bio ? PEM_read_bio_X509(bio, NULL, NULL, NULL) : NULL;
+    BIO_free(bio);
+    ERR_clear_error();
+    return cert;
+}
+
+static EVP_PKEY *read_key(const char *pem)
+{
+    BIO *bio = BIO_new_mem_buf(pem, -1);
+    EVP_PKEY *key = bio ? PEM_read_bio_PrivateKey(bio, NULL, no_passphrase, NULL) : NULL;
+    BIO_free(bio);
+    ERR_clear_error();
+    return key;
+}
+
+enum gg_status certs_new_ca(const struct certs_issue *is, char **ca_pem, char **ca_key_pem,
+                            struct gg_err *err)
+{
+    EVP_PKEY *key = new_key(is->key_type);
+    X509 *ca = key ? make_ca(key, is->now, is->lifetime_s) : NULL;
+    enum gg_status st = GG_OK;
+    *ca_pem = ca ? cert_to_pem(ca) : NULL;
+    *ca_key_pem = *ca_pem ? key_to_pem(key) : NULL;
+    if (!*ca_key_pem) {
+        st = ossl_fail(err, GG_ERR_TLS, "making a CA");
+        free(*ca_pem);
+        *ca_pem = NULL;
+    }
+    X509_free(ca);
+    EVP_PKEY_free(key);
+    return st;
+}
+
+enum gg_status certs_new_leaf(const struct certs_issue *is, const char *ca_pem,
+                              const char *ca_key_pem, char **cert_pem, char **key_pem,
+                              struct gg_err *err)
+{
+    enum gg_status st = GG_OK;
+    X509 *ca = read_cert(ca_pem), *leaf = NULL;
+    EVP_PKEY *ca_key = read_key(ca_key_pem), *key = NULL;
+    time_t ca_end;
+    *cert_pem = *key_pem = NULL;
+    if (!ca || !ca_key || X509_check_private_key(ca, ca_key) != 1 ||
+        !asn1_to_time(X509_get0_notAfter(ca), &ca_end)) {
+        ERR_clear_error();
+        st = gg_fail(err, GG_ERR_TLS, "the CA certificate and key do not make a pair");
+        goto out;
+    }
+    /* A certificate outliving its CA would stop verifying before it says it expires. */
+    int64_t lifetime_s = is->lifetime_s;
+    if (is->now + lifetime_s > ca_end)
+        lifetime_s = ca_end - is->now;
+    if (lifetime_s <= 0) {
+        st = gg_fail(err, GG_ERR_TLS, "the CA has expired");
+        goto out;
+    }
+    key = new_key(is->key_type);
+    leaf = key ? make_leaf(is->service, is->ns, false, is->key_type, key, ca, ca_key, is->now,
+                           lifetime_s)
+               : NULL;
+    *cert_pem = leaf ? cert_to_pem(leaf) : NULL;
+    *key_pem = *cert_pem ? key_to_pem(key) : NULL;
+    if (!*key_pem) {
+        st = ossl_fail(err, GG_ERR_TLS, "making a serving certificate");
+        free(*cert_pem);
+        *cert_pem = NULL;
+    }
+out:
+    X509_free(leaf);
+    X509_free(ca);
+    EVP_PKEY_free(key);
+    EVP_PKEY_free(ca_key);
+    return st;
+}
+
+#define PEM_BEGIN "-----BEGIN CERTIFICATE-----"
+#define PEM_END "-----END CERTIFICATE-----"
+
+int certs_scan(const char *pem, struct certs_info *out, int max)
+{
+    int n = 0;
+    for (const char *p = pem ? strstr(pem, PEM_BEGIN) : NULL; p; p = strstr(p, PEM_BEGIN)) {
+        const char *end = strstr(p, PEM_END);
+        if (!end || n == max)
+            return -1;
+        end += strlen(PEM_END);
+        if (*end == '\n')
+            end++;
+        struct certs_info *c = &out[n];
+        c->start = (size_t)(p - pem);
+        c->len = (size_t)(end - p);
+        char *one = strndup(p, c->len);
+        X509 *cert = one ? read_cert(one) : NULL;
+        free(one);
+        bool ok = cert && asn1_to_time(X509_get0_notBefore(cert), &c->not_before) &&
+                  asn1_to_time(X509_get0_notAfter(cert), &c->not_after);
+        X509_free(cert);
+        if (!ok)
+            return -1;
+        n++;
+        p = end;
+    }
+    return n;
+}
+
+bool certs_signed_by(const char *cert_pem, const char *ca_pem)
+{
+    X509 *cert = read_cert(cert_pem), *ca = read_cert(ca_pem);
+    EVP_PKEY *ca_key = ca ? X509_get0_pubkey(ca) : NULL;
+    bool yes = cert && ca_key && X509_verify(cert, ca_key) == 1;
+    ERR_clear_error();
+    X509_free(cert);
+    X509_free(ca);
+    return yes;
+}
+
+bool certs_names_host(const char *cert_pem, const char *host)
+{
+    X509 *cert = read_cert(cert_pem);
+    bool yes = cert && X509_check_host(cert, host, 0, 0, NULL) == 1;
+    ERR_clear_error();
+    X509_free(cert);
+    return yes;
+}
+
+bool certs_key_matches(const char *cert_pem, const char *key_pem)
+{
+    X509 *cert = read_cert(cert_pem);
+    EVP_PKEY *key = cert ? read_key(key_pem) : NULL;
+    bool yes = key && X509_check_private_key(cert, key) == 1;
+    ERR_clear_error();
+    EVP_PKEY_free(key);
+    X509_free(cert);
+    return yes;
+}
+
+void certs_free_secret(char *pem)
+{
+    free_secret(pem, pem ? strlen(pem) : 0);
 }

@@ -13,6 +13,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <time.h>
 
 /* File names inside the output directory. */
@@ -102,6 +103,45 @@ enum gg_status certs_ca_bundle(const struct certs_bundle *bundle, char **out, st
 enum gg_status certs_load_pair(const char *cert_path, const char *key_path, struct certs_pair *out,
                                struct gg_err *err);
 void certs_pair_clear(struct certs_pair *pair);
+
+/*
+ * certs_load_pair's checks on a pair held in memory (cert_label and
+ * key_label name them in messages).  The texts are copied.
+ */
+enum gg_status certs_check_pair(const char *cert_label, const char *key_label, const char *cert_pem,
+                                const char *key_pem, struct certs_pair *out, struct gg_err *err);
+
+/* Issuing in memory, for certificates gpuguard keeps itself (http/certkeeper.c). */
+struct certs_issue {
+    const char *service, *ns; /* the serving certificate's names, as certs_generate's */
+    enum certs_key_type key_type;
+    time_t now;
+    int64_t lifetime_s; /* from now; a serving certificate's is cut at its CA's notAfter */
+};
+
+/* A new CA: its certificate and private key, PEM (free the key with certs_free_secret). */
+enum gg_status certs_new_ca(const struct certs_issue *is, char **ca_pem, char **ca_key_pem,
+                            struct gg_err *err);
+/* A serving certificate and its new key, signed by the CA pair given as PEM. */
+enum gg_status certs_new_leaf(const struct certs_issue *is, const char *ca_pem,
+                              const char *ca_key_pem, char **cert_pem, char **key_pem,
+                              struct gg_err *err);
+
+/* One certificate of a PEM text: where it is (its PEM block) and when it is valid. */
+struct certs_info {
+    size_t start, len;
+    time_t not_before, not_after;
+};
+/* The certificates of pem in order, at most max; -1 when one is malformed or more than max. */
+int certs_scan(const char *pem, struct certs_info *out, int max);
+/* Whether cert_pem's first certificate carries a signature of ca_pem's first one's key. */
+bool certs_signed_by(const char *cert_pem, const char *ca_pem);
+/* Whether cert_pem's first certificate is valid for the DNS name host. */
+bool certs_names_host(const char *cert_pem, const char *host);
+/* Whether key_pem is the private key of cert_pem's first certificate. */
+bool certs_key_matches(const char *cert_pem, const char *key_pem);
+/* Wipe and free a PEM text that holds a key. */
+void certs_free_secret(char *pem);
 
 /* t as "YYYY-MM-DDTHH:MM:SSZ" (UTC) into buf; returns buf. */
 char *certs_format_time(time_t t, char buf[CERTS_TIME_LEN]);

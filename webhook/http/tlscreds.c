@@ -72,21 +72,16 @@ static void sweep(time_t now)
     }
 }
 
-enum gg_status tls_creds_load(const char *cert_path, const char *key_path, struct gg_err *err)
+/* Make a checked pair the current generation (pair is cleared either way). */
+static enum gg_status install(struct certs_pair *pair, const char *label, struct gg_err *err)
 {
-    struct certs_pair pair = {0};
-    enum gg_status st = certs_load_pair(cert_path, key_path, &pair, err);
-    if (st != GG_OK)
-        return st;
     struct generation *g = calloc(1, sizeof(*g));
-    if (!g) {
-        certs_pair_clear(&pair);
-        return gg_fail(err, GG_ERR_NOMEM, "out of memory");
-    }
-    st = import(&pair, cert_path, g, err);
-    certs_pair_clear(&pair);
+    enum gg_status st =
+        g ? import(pair, label, g, err) : gg_fail(err, GG_ERR_NOMEM, "out of memory");
+    certs_pair_clear(pair);
     if (st != GG_OK) {
-        free_generation(g);
+        if (g)
+            free_generation(g);
         return st;
     }
     time_t now = time(NULL);
@@ -98,6 +93,21 @@ enum gg_status tls_creds_load(const char *cert_path, const char *key_path, struc
     sweep(now);
     pthread_mutex_unlock(&lock);
     return GG_OK;
+}
+
+enum gg_status tls_creds_load(const char *cert_path, const char *key_path, struct gg_err *err)
+{
+    struct certs_pair pair = {0};
+    enum gg_status st = certs_load_pair(cert_path, key_path, &pair, err);
+    return st == GG_OK ? install(&pair, cert_path, err) : st;
+}
+
+enum gg_status tls_creds_use(const char *cert_label, const char *key_label, const char *cert_pem,
+                             const char *key_pem, struct gg_err *err)
+{
+    struct certs_pair pair = {0};
+    enum gg_status st = certs_check_pair(cert_label, key_label, cert_pem, key_pem, &pair, err);
+    return st == GG_OK ? install(&pair, cert_label, err) : st;
 }
 
 time_t tls_creds_not_after(void)

@@ -22,6 +22,10 @@
 /* Load and check the pair; on success it serves new handshakes. */
 enum gg_status tls_creds_load(const char *cert_path, const char *key_path, struct gg_err *err);
 
+/* The same for a pair held in memory (labels name its parts in messages). */
+enum gg_status tls_creds_use(const char *cert_label, const char *key_label, const char *cert_pem,
+                             const char *key_pem, struct gg_err *err);
+
 /* notAfter and serial (hex) of the current certificate; 0 / "" before the first load. */
 time_t tls_creds_not_after(void);
 void tls_creds_serial(char *out, size_t size);

@@ -671,10 +671,11 @@ static enum outcome next_version(struct informer *f)
 {
     if (f->o.kind == INF_QUOTAS) {
         char msg[200];
-        snprintf(msg, sizeof(msg),
-                 "the API server serves no %s.%s/%s: GPUQuota limits are off "
-                 "until its CustomResourceDefinition is installed (deploy/base/crd-gpuquota.yaml)",
-                 GQ_PLURAL, GQ_GROUP, GQ_VERSION);
+        snprintf(
+            msg, sizeof(msg),
+            "the API server serves no %s.%s/%s: GPUQuota limits are off "
+            "until its CustomResourceDefinition is installed (charts/gpuguard/crds/gpuquota.yaml)",
+            GQ_PLURAL, GQ_GROUP, GQ_VERSION);
         set_error(f, msg);
         log_fields(LOG_INFO, "inventory: no GPUQuota API", json_pack("{s:s}", "message", msg));
         return FAILED;
@@ -1066,11 +1067,7 @@ enum gg_status inf_start(struct kc_client *client, struct inventory *inv,
     f->rng = (uint64_t)(gg_now_us() / 1000) * 2654435761u ^ (uint64_t)getpid() << 32 ^ (uintptr_t)f;
     if (!f->rng)
         f->rng = 88172645463325252ULL;
-    pthread_condattr_t attr;
-    pthread_condattr_init(&attr);
-    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-    pthread_cond_init(&f->cond, &attr);
-    pthread_condattr_destroy(&attr);
+    kc_cond_init(&f->cond);
     pthread_mutex_init(&f->lock, NULL);
     pthread_mutex_init(&f->fetch_lock, NULL);
     set_registered(f, inv);

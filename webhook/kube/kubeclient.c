@@ -113,6 +113,7 @@ unsigned char *kc_base64_decode(const char *in, size_t *out_len)
         }
         int v = b64_value((unsigned char)*p);
         if (v < 0 || pad) {
+            explicit_bzero(out, len);
             free(out);
             return NULL;
         }
@@ -124,11 +125,33 @@ unsigned char *kc_base64_decode(const char *in, size_t *out_len)
         }
     }
     if (pad > 2 || bits >= 6) {
+        explicit_bzero(out, len);
         free(out);
         return NULL;
     }
     out[len] = '\0';
     *out_len = len;
+    return out;
+}
+
+char *kc_base64_encode(const unsigned char *in, size_t len)
+{
+    static const char digits[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    char *out = malloc((len + 2) / 3 * 4 + 1), *o = out;
+    if (!out)
+        return NULL;
+    for (size_t i = 0; i < len; i += 3) {
+        uint32_t v = (uint32_t)in[i] << 16;
+        if (i + 1 < len)
+            v |= (uint32_t)in[i + 1] << 8;
+        if (i + 2 < len)
+            v |= in[i + 2];
+        *o++ = digits[v >> 18];
+        *o++ = digits[(v >> 12) & 63];
+        *o++ = i + 1 < len ? digits[(v >> 6) & 63] : '=';
+        *o++ = i + 2 < len ? digits[v & 63] : '=';
+    }
+    *o = '\0';
     return out;
 }
 
@@ -732,10 +755,59 @@ enum gg_status kc_send(struct kc_client *c, const struct kc_request *rq, const s
     return perform(c, rq, w, resp, err);
 }
 
+enum gg_status kc_json(struct kc_client *c, const struct kc_request *rq, const char *method,
+                       const json_t *body, json_t **out, long *status, struct gg_err *err)
+{
+    char *text = body ? json_dumps(body, JSON_COMPACT) : NULL;
+    const char *what = rq->what ? rq->what : rq->path;
+    *out = NULL;
+    *status = 0;
+    if (body && !text)
+        return gg_fail(err, GG_ERR_NOMEM, "out of memory");
+    struct kc_write w = {.method = method, .body = text, .len = text ? strlen(text) : 0};
+    struct kc_response resp = {0};
+    enum gg_status st = kc_send(c, rq, &w, &resp, err);
+    if (text) /* a Secret's keys may be in it, as in the answer */
+        explicit_bzero(text, strlen(text));
+    free(text);
+    *status = st == GG_OK ? resp.status : 0; /* a transfer cut after the headers is no answer */
+    if (st == GG_OK && resp.status / 100 == 2) {
+        *out = json_loads(resp.body, 0, NULL);
+        if (!json_is_object(*out)) {
+            json_decref(*out);
+            *out = NULL;
+            st = gg_fail(err, GG_ERR_PARSE, "%s %s: the answer is not a JSON object", method, what);
+        }
+    } else if (st == GG_OK) {
+        if (resp.status == 401)
+            kc_token_invalidate(c);
+        json_t *answer = resp.body ? json_loads(resp.body, 0, NULL) : NULL;
+        const char *msg = json_string_value(json_object_get(answer, "message"));
+        st = gg_fail(err, GG_ERR_IO, "%s %s: HTTP %ld: %.200s", method, what, resp.status,
+                     msg         ? msg
+                     : resp.body ? resp.body
+                                 : "no body");
+        json_decref(answer);
+    }
+    if (resp.body)
+        explicit_bzero(resp.body, strlen(resp.body));
+    kc_response_clear(&resp);
+    return st;
+}
+
 void kc_response_clear(struct kc_response *resp)
 {
     free(resp->body);
     memset(resp, 0, sizeof(*resp));
+}
+
+void kc_cond_init(pthread_cond_t *cond)
+{
+    pthread_condattr_t attr;
+    pthread_condattr_init(&attr);
+    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
+    pthread_cond_init(cond, &attr);
+    pthread_condattr_destroy(&attr);
 }
 
 bool kc_pause_ms(pthread_mutex_t *lock, pthread_cond_t *cond, const atomic_bool *stop, int64_t ms)

@@ -31,6 +31,7 @@
 
 #include "util/gpuguard.h"
 
+#include <jansson.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdbool.h>
@@ -141,17 +142,32 @@ struct kc_write {
 enum gg_status kc_send(struct kc_client *c, const struct kc_request *rq, const struct kc_write *w,
                        struct kc_response *resp, struct gg_err *err);
 
+/*
+ * A request with a JSON body (NULL: none) whose 2xx answer is a JSON object,
+ * parsed into *out (the caller's reference).  *status is the HTTP status (0
+ * when no whole answer came: a transfer cut after the headers is none).  A non-2xx answer is GG_ERR_IO with the message of the
+ * Kubernetes Status it carries, "METHOD WHAT: HTTP 409: ..."; a 401 also
+ * has the token file read again before the next request.
+ */
+enum gg_status kc_json(struct kc_client *c, const struct kc_request *rq, const char *method,
+                       const json_t *body, json_t **out, long *status, struct gg_err *err);
+
 /* Percent-encode s for a query value into out; false when it does not fit. */
 bool kc_query_escape(const char *s, char *out, size_t size);
 
 /* Standard base64 (padding optional, whitespace skipped); NULL when malformed. */
 unsigned char *kc_base64_decode(const char *in, size_t *out_len);
+/* Standard base64 with padding, NUL-terminated; NULL when out of memory. */
+char *kc_base64_encode(const unsigned char *in, size_t len);
 
 /*
  * The wait of a client thread between requests (backoff, refresh): up to ms
  * on cond under lock, cut short when *stop is set and cond signalled.  False
- * when stopped.
+ * when stopped.  cond must come from kc_cond_init (its deadline is on
+ * CLOCK_MONOTONIC; a condition variable on the default clock would take it
+ * as long past and never wait).
  */
+void kc_cond_init(pthread_cond_t *cond);
 bool kc_pause_ms(pthread_mutex_t *lock, pthread_cond_t *cond, const atomic_bool *stop, int64_t ms);
 
 #endif

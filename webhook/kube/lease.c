@@ -112,21 +112,6 @@ int64_t lease_duration_seconds(int64_t duration_ms)
     return s < 1 ? 1 : s;
 }
 
-/* A DNS-1123 subdomain: lowercase alphanumerics, '-' and '.', at most 253, alphanumeric ends. */
-static bool dns_subdomain(const char *s)
-{
-    size_t n = s ? strlen(s) : 0;
-    if (n == 0 || n > 253)
-        return false;
-    for (size_t i = 0; i < n; i++) {
-        char ch = s[i];
-        bool alnum = (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9');
-        if (!alnum && ((ch != '-' && ch != '.') || i == 0 || i == n - 1))
-            return false;
-    }
-    return true;
-}
-
 /* ---- state -------------------------------------------------------------- */
 
 static double next_unit(struct lease *l)
@@ -530,7 +515,7 @@ static enum gg_status check_config(const struct lease_config *cfg, struct gg_err
     if (!cfg->namespace || !gg_dns_label(cfg->namespace))
         return gg_fail(err, GG_ERR_INVALID, "lease: namespace \"%.80s\" is not a DNS label",
                        cfg->namespace ? cfg->namespace : "");
-    if (!dns_subdomain(cfg->name))
+    if (!gg_dns_subdomain(cfg->name))
         return gg_fail(err, GG_ERR_INVALID,
                        "lease: name \"%.80s\" is not a DNS subdomain (lowercase letters, digits, "
                        "'-' and '.')",
@@ -560,11 +545,7 @@ enum gg_status lease_start(struct kc_client *c, const struct lease_config *cfg, 
     if (!l)
         return gg_fail(err, GG_ERR_NOMEM, "out of memory");
     pthread_mutex_init(&l->lock, NULL);
-    pthread_condattr_t ca;
-    pthread_condattr_init(&ca);
-    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC); /* kc_pause_ms waits on it */
-    pthread_cond_init(&l->cond, &ca);
-    pthread_condattr_destroy(&ca);
+    kc_cond_init(&l->cond);
     l->t = t;
     l->rng = random_seed();
     l->ns = strdup(cfg->namespace);

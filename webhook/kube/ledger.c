@@ -109,7 +109,7 @@ enum gg_status ledger_fetch(struct kc_client *client, const json_t *obj, int64_t
     if (rq.timeout_ms <= 0)
         return gg_fail(err, GG_ERR_TIMEOUT, "no time left to read GPUQuota");
     enum gg_status st = kc_send(client, &rq, &get, &resp, err);
-    *status = resp.status;
+    *status = st == GG_OK ? resp.status : 0; /* a transfer cut after the headers is no answer */
     if (st == GG_OK && resp.status == 200 && !(*out = json_loads(resp.body, 0, NULL)))
         st = gg_fail(err, GG_ERR_PARSE, "GET %s: not JSON", path);
     else if (st == GG_OK && resp.status != 200)
@@ -138,7 +138,7 @@ enum gg_status ledger_write(struct kc_client *client, const json_t *next, int64_
     struct kc_write put = {.method = "PUT", .body = body, .len = strlen(body)};
     enum gg_status st = kc_send(client, &rq, &put, &resp, err);
     free(body);
-    *status = resp.status;
+    *status = st == GG_OK ? resp.status : 0; /* a transfer cut after the headers is no answer */
     if (st == GG_OK && resp.status == 200 && !(*written = json_loads(resp.body, 0, NULL)))
         st = gg_fail(err, GG_ERR_PARSE, "PUT %s: the answer is not JSON", path);
     else if (st == GG_OK && resp.status != 200)

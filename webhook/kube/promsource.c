@@ -208,11 +208,7 @@ enum gg_status ps_start(const struct rs_settings *s, struct inventory *inv, stru
         return st;
     }
     pthread_mutex_init(&p->lock, NULL);
-    pthread_condattr_t attr;
-    pthread_condattr_init(&attr);
-    pthread_condattr_setclock(&attr, CLOCK_MONOTONIC);
-    pthread_cond_init(&p->cond, &attr);
-    pthread_condattr_destroy(&attr);
+    kc_cond_init(&p->cond);
     rss_set_source("prometheus");
     rss_set_max_series(s->max_series);
     if (pthread_create(&p->thread, NULL, run, p) != 0) {

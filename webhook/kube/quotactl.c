@@ -237,7 +237,7 @@ enum gg_status quotactl_start(struct kc_client *client, struct inventory *inv,
     if (q->o.entry_bound_ms <= 0)
         q->o.entry_bound_ms = QC_DEFAULT_ENTRY_BOUND_MS;
     pthread_mutex_init(&q->lock, NULL);
-    pthread_cond_init(&q->wake, NULL);
+    kc_cond_init(&q->wake);
     enum gg_status st = lease_start(client, &q->o.lease, &q->lease, err);
     if (st == GG_OK && pthread_create(&q->thread, NULL, run, q) != 0)
         st = gg_fail(err, GG_ERR_NOMEM, "cannot start the quota controller's thread");

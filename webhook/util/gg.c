@@ -166,3 +166,17 @@ bool gg_dns_label(const char *s)
             return false;
     return true;
 }
+
+bool gg_dns_subdomain(const char *s)
+{
+    size_t n = s ? strlen(s) : 0;
+    if (n == 0 || n > 253)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        char ch = s[i];
+        bool alnum = (ch >= 'a' && ch <= 'z') || (ch >= '0' && ch <= '9');
+        if (!alnum && ((ch != '-' && ch != '.') || i == 0 || i == n - 1))
+            return false;
+    }
+    return true;
+}

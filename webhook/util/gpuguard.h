@@ -63,6 +63,9 @@ enum gg_status gg_read_file(const char *path, size_t max, char **data, size_t *l
  * a-z, 0-9 and '-', not starting or ending with '-', 1 to 63 characters.
  */
 bool gg_dns_label(const char *s);
+/* A DNS-1123 subdomain (object names): lowercase alphanumerics, '-' and '.', at most 253,
+ * alphanumeric at both ends. */
+bool gg_dns_subdomain(const char *s);
 
 /*
  * Length of the UTF-8 sequence a lead byte starts (1 for ASCII and for a
