@@ -1,4 +1,4 @@
-"""The GPUQuota custom resource (deploy/base/crd-gpuquota.yaml) as the real API server serves it:
+"""The GPUQuota custom resource (charts/gpuguard/crds/gpuquota.yaml) as the real API server serves it:
 installed with gpuguard's manifests, a quota with pools stored as written, bad quantities and a
 missing total refused by the schema with its message, HARD and USED in `kubectl get gpuquotas
 -A`, and the ledger's writes as gpuguard makes them, with its own ServiceAccount's token: a PUT
@@ -69,7 +69,7 @@ def test_the_crd_is_installed_with_gpuguards_manifests(kube):
     conditions = {c["type"]: c["status"] for c in crd["status"]["conditions"]}
     assert conditions["Established"] == "True" and conditions["NamesAccepted"] == "True"
     assert crd["metadata"]["labels"]["app.kubernetes.io/part-of"] == "gpuguard"
-    shipped = yaml.safe_load((REPO / "deploy" / "base" / "crd-gpuquota.yaml").read_text())["spec"]
+    shipped = yaml.safe_load((REPO / "charts" / "gpuguard" / "crds" / "gpuquota.yaml").read_text())["spec"]
     assert crd["spec"]["names"] == shipped["names"]
     assert crd["spec"]["versions"] == shipped["versions"], "the schema as shipped, nothing dropped"
     assert crd["status"]["acceptedNames"]["shortNames"] == ["gq"]

@@ -1,13 +1,17 @@
-"""image_smoke.py - the container image (`make image`), run the way deploy/base's
+"""image_smoke.py - the container image (`make image`), run the way the chart's
 Deployment runs it: `make test-image` (GPUGUARD_IMAGE names the image).
 
-buildah run has no read-only root, so the pod is made by hand: the image's root
-filesystem (`buildah mount`) is bound read-only in a private mount and PID
-namespace, the Deployment's volumes - a TLS Secret and the ConfigMaps' files,
-as kustomize generates them - are bound read-only at their mountPaths, and the
-image's entrypoint runs chrooted (tests/image/pod.sh) with the Deployment's
-user, group, fsGroup and arguments, its ports moved to 127.0.0.1:0 (loopback,
-ephemeral).  Its answers are checked against the tree's build (GPUGUARD_BIN)
+The Deployment is deploy/install.yaml's (charts/gpuguard) with the certificate
+read from a mounted Secret, as deploy/components/certs-from-secret makes it (its
+JSON patch applied here): the default, certs.mode self, keeps the certificate
+through the API server, which this test has not.  buildah run has no read-only
+root, so the pod is made by hand: the image's root filesystem (`buildah mount`)
+is bound read-only in a private mount and PID namespace, the Deployment's
+volumes - a TLS Secret and the ConfigMap's files - are bound read-only at their
+mountPaths, and the image's entrypoint runs chrooted (tests/image/pod.sh) with
+the Deployment's user, group, fsGroup and arguments, its ports moved to
+127.0.0.1:0 (loopback, ephemeral); the policies and the Lua library are the
+image's own.  Its answers are checked against the tree's build (GPUGUARD_BIN)
 serving the same files.  `make image-push` is checked against Debian's
 docker-registry on loopback.
 
@@ -24,6 +28,7 @@ import subprocess
 import urllib.request
 from pathlib import Path
 
+import jsonpatch
 import pytest
 import yaml
 
@@ -32,7 +37,8 @@ from conftest import REPO, launch, load_review, procs, start_server, wait_for
 IMAGE = os.environ.get("GPUGUARD_IMAGE")
 BIN = os.environ.get("GPUGUARD_BIN")
 POD_SH = Path(__file__).resolve().parent / "pod.sh"
-BASE = REPO / "deploy" / "base"
+INSTALL = REPO / "deploy" / "install.yaml"
+FROM_SECRET = REPO / "deploy" / "components" / "certs-from-secret" / "deployment.yaml"
 # Packages of compilers and build tools, and -dev packages: none may be in the final
 # stage (gcc-12-base, in every Debian base, holds no tool and does not match).
 BUILD_TOOLS = re.compile(r"(gcc|g\+\+|cpp|clang|llvm)(-\d+)?|binutils.*|build-essential|make"
@@ -72,32 +78,27 @@ def rootfs():
     assert ctr not in buildah("containers", "--format", "{{.ContainerName}}").split()
 
 
+def install_docs():
+    return [d for d in yaml.safe_load_all(INSTALL.read_text()) if d]
+
+
 @pytest.fixture(scope="module")
 def pod():
-    """The Deployment's pod template: (pod spec, its one container)."""
-    docs = list(yaml.safe_load_all((BASE / "deployment.yaml").read_text()))
-    spec = [d for d in docs if d and d["kind"] == "Deployment"][0]["spec"]["template"]["spec"]
+    """The Deployment's pod template, certificate from the mounted Secret: (pod spec, its one
+    container)."""
+    [dep] = [d for d in install_docs() if d["kind"] == "Deployment"]
+    dep = jsonpatch.apply_patch(dep, yaml.safe_load(FROM_SECRET.read_text()))
+    spec = dep["spec"]["template"]["spec"]
     assert len(spec["containers"]) == 1
     return spec, spec["containers"][0]
 
 
 def configmap_files(name):
-    """{key: text} of the ConfigMap `name` that deploy/base's kustomization (or one
-    of its resource directories) generates from files."""
-    kust_dirs = [BASE] + [(BASE / r).resolve() for r in
-                          yaml.safe_load((BASE / "kustomization.yaml").read_text())["resources"]]
-    for kdir in kust_dirs:
-        kfile = kdir / "kustomization.yaml"
-        if not kfile.is_file():
-            continue
-        for gen in yaml.safe_load(kfile.read_text()).get("configMapGenerator", []):
-            if gen["name"] == name:
-                files = {}
-                for entry in gen["files"]:
-                    key, _, path = entry.rpartition("=")
-                    files[key or Path(path).name] = (kdir / path).read_text()
-                return files
-    raise AssertionError(f"no kustomization under deploy/base generates ConfigMap {name}")
+    """{key: text} of deploy/install.yaml's ConfigMap `name`."""
+    found = [d for d in install_docs()
+             if d["kind"] == "ConfigMap" and d["metadata"]["name"] == name]
+    assert len(found) == 1, f"deploy/install.yaml has no ConfigMap {name}"
+    return found[0]["data"]
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +126,8 @@ def volumes(pod, tmp_path_factory):
             if "secret" in vol:
                 os.chown(host / key, 0, spec["securityContext"]["fsGroup"])
                 os.chmod(host / key, vol["secret"]["defaultMode"])
-        mounts.append((host / m["subPath"] if "subPath" in m else host, m["mountPath"]))
+        assert "subPath" not in m, f"volume {m['name']}: a subPath mount is never updated"
+        mounts.append((host, m["mountPath"]))
     return {"mounts": mounts, "ca": certs / "ca.crt"}
 
 
@@ -248,12 +250,13 @@ def test_serves_as_the_deployment_runs_it(rootfs, pod, config, volumes, tmp_path
     assert validated["response"]["allowed"] is True and "patch" not in validated["response"]
     assert bad == 400 and bad_body == "not an AdmissionReview: apiVersion is missing\n"
 
-    # The tree's build, given the same files, answers the same.
+    # The tree's build, given the same files (the volumes', else the image's), answers the same.
     def on_host(path):
         for src, dst in volumes["mounts"]:
             if path == dst or path.startswith(dst + "/"):
                 return str(src) + path[len(dst):]
-        raise AssertionError(f"{path} is not in a volume")
+        assert (rootfs / path.lstrip("/")).exists(), f"{path} is in no volume and not in the image"
+        return str(rootfs / path.lstrip("/"))
 
     local = tmp_path / "local"
     local.mkdir()

@@ -4,7 +4,7 @@ Checks what lands on disk (files, modes), that the openssl command accepts
 the chain and sees the expected names, the refusal to overwrite without
 --force, --help, usage errors (exit 2), the caBundle line, --print-ca-bundle
 and the kustomize patch of --kustomize-patch (tests/integration/test_deploy.py
-renders it into deploy/overlays/self-managed).  The openssl command only
+renders it into deploy/overlays/provided-certs).  The openssl command only
 inspects the output; gpuguard itself uses the library.
 """
 
@@ -51,7 +51,7 @@ FLAGS = (
     "--print-ca-bundle",
     "--help",
 )
-# The webhook configurations of deploy/base/webhooks.yaml that the patch targets.
+# The webhook configurations of charts/gpuguard/templates/webhooks.yaml that the patch targets.
 PATCH_TARGETS = [
     ("MutatingWebhookConfiguration", "gpuguard",
      ["mutate.gpuguard.io", "workloads.mutate.gpuguard.io"]),

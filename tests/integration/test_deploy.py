@@ -1,11 +1,14 @@
-"""test_deploy.py - the Kubernetes manifests (deploy/) and the container image
-recipe (deploy/Dockerfile) against the server they deploy.
+"""test_deploy.py - the Kubernetes manifests (deploy/, rendered from charts/gpuguard) and
+the container image recipe (deploy/Dockerfile) against the server they deploy.
 
-Renders `kubectl kustomize deploy/` (the base) and both overlays, parses
-every document and checks the fields README.md "Install in a cluster"
-relies on.  Ports, paths and flags are not restated here: they come from
-`gpuguard serve --help` (GPUGUARD_BIN), and the rendered ConfigMaps and
-Deployment arguments are run through the real server on loopback.
+Renders `kubectl kustomize deploy/` (deploy/install.yaml: the chart's defaults, gpuguard
+managing its own certificate) and deploy/ with each certificate overlay (kustomize
+Components: cert-manager, provided-certs), parses every document and checks the fields
+README.md "Install in a cluster" relies on.  Ports, paths and flags are not restated here:
+they come from `gpuguard serve --help` (GPUGUARD_BIN), and the rendered ConfigMap and
+Deployment arguments of provided-certs (the certificate from files: self-management needs an
+API server) are run through the real server on loopback.  test_chart.py holds these renders
+equal to `helm template`.
 """
 
 import base64
@@ -30,8 +33,15 @@ from conftest import load_review, start_server
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
 OVERLAYS = DEPLOY / "overlays"
-KUBECTL = shutil.which("kubectl")
+CHART = REPO / "charts" / "gpuguard"
+# The project's kubectl (make k8s-bin), else one on PATH.
+KUBECTL = next((str(k) for k in [REPO / "build" / "k8s" / "bin" / "kubectl"] if k.exists()),
+               shutil.which("kubectl"))
 BIN = os.environ.get("GPUGUARD_BIN")
+# What deploy/Dockerfile copies into the image from the repository: the policies and the Lua
+# library the Deployment's --policies and --lua name.
+IMAGE_DIRS = {"/usr/share/gpuguard/policies": REPO / "policies",
+              "/usr/share/gpuguard/lua": REPO / "lua"}
 
 NAMESPACE = "gpuguard-system"
 SERVICE = "gpuguard"
@@ -73,17 +83,25 @@ def one(docs, kind, name=None):
     return found[0]
 
 
-def configmap(docs, base_name):
-    """A generated ConfigMap by its name before the content hash suffix."""
-    found = [d for d in find(docs, "ConfigMap")
-             if re.fullmatch(re.escape(base_name) + r"-[a-z0-9]{10}", d["metadata"]["name"])]
-    assert len(found) == 1, f"expected one ConfigMap {base_name}-<hash>, got {len(found)}"
-    return found[0]
+def compose(where, deploy, *components):
+    """Render deploy/ (the directory `deploy`) with kustomize Components, as a user's
+    kustomization does: from a directory outside deploy/ (kustomize refuses a base that
+    contains the kustomization)."""
+    where.mkdir(parents=True, exist_ok=True)
+    (where / "kustomization.yaml").write_text(yaml.safe_dump({
+        "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+        "resources": [os.path.relpath(deploy, where)],
+        "components": [os.path.relpath(c, where) for c in components]}))
+    return kustomize(where)
 
 
-def split_flags(args):
-    """["--a=1", "--b", "2", "--c"] -> {"--a": "1", "--b": "2", "--c": None}."""
-    flags, i = {}, 0
+# Flags a command line may repeat: split_flags gives each a list.
+REPEATABLE = {"--policies"}
+
+
+def flag_pairs(args):
+    """["--a=1", "--b", "2", "--c"] -> [("--a", "1"), ("--b", "2"), ("--c", None)]."""
+    pairs, i = [], 0
     while i < len(args):
         arg = args[i]
         assert arg.startswith("--"), f"unexpected argument {arg!r}"
@@ -94,10 +112,26 @@ def split_flags(args):
             i += 1
         else:
             name, value = arg, None
+        pairs.append((name, value))
+        i += 1
+    return pairs
+
+
+def split_flags(args):
+    """{"--a": "1", "--c": None, "--policies": [dir, ...]}: each flag once, but REPEATABLE."""
+    flags = {}
+    for name, value in flag_pairs(args):
+        if name in REPEATABLE:
+            flags.setdefault(name, []).append(value)
+            continue
         assert name not in flags, f"{name} given twice"
         flags[name] = value
-        i += 1
     return flags
+
+
+def self_managed(docs):
+    """Whether gpuguard keeps its certificate through the API (certs.mode self)."""
+    return "--tls-secret" in split_flags(container(docs)["args"])
 
 
 def port_of(addr):
@@ -172,32 +206,41 @@ def base():
 
 
 @pytest.fixture(scope="module")
-def cert_manager():
+def cert_manager(tmp_path_factory):
     if KUBECTL is None:
         pytest.skip("kubectl is not installed: the kustomize renders are not checked")
-    return kustomize(OVERLAYS / "cert-manager")
+    return compose(tmp_path_factory.mktemp("cert-manager"), DEPLOY, OVERLAYS / "cert-manager")
 
 
 @pytest.fixture(scope="module")
-def self_managed():
+def provided_certs(tmp_path_factory):
     if KUBECTL is None:
         pytest.skip("kubectl is not installed: the kustomize renders are not checked")
-    return kustomize(OVERLAYS / "self-managed")
+    return compose(tmp_path_factory.mktemp("provided"), DEPLOY, OVERLAYS / "provided-certs")
 
 
-@pytest.fixture(scope="module", params=["base", "cert-manager", "self-managed"])
+@pytest.fixture(scope="module", params=["base", "cert-manager", "provided-certs"])
 def render(request):
     """Each of the three renders: what holds for the base holds for both overlays."""
     return request.getfixturevalue(request.param.replace("-", "_"))
 
 
-def test_base_render_is_deploy_base(base):
-    """`kubectl kustomize deploy/` is deploy/base, and no overlay (no Secret, no caBundle)."""
-    assert kustomize(DEPLOY / "base") == base
-    assert not find(base, "Secret")
+def test_base_render_is_install_yaml(base):
+    """`kubectl kustomize deploy/` is deploy/install.yaml, object for object: gpuguard keeps
+    its certificate in the Secret shipped empty, and the webhooks wait for its CA with
+    failurePolicy Ignore (a first install never blocks pods)."""
+    installed = [d for d in yaml.safe_load_all((DEPLOY / "install.yaml").read_text()) if d]
+
+    def key(d):
+        return d["kind"], d["metadata"].get("namespace", ""), d["metadata"]["name"]
+    assert sorted(base, key=key) == sorted(installed, key=key)
+    assert installed[0]["kind"] == "Namespace", "kubectl apply -f creates the namespace first"
+    secret = one(base, "Secret", TLS_SECRET)
+    assert secret["type"] == "Opaque" and "data" not in secret and "stringData" not in secret
     for kind in WEBHOOK_KINDS:
         for hook in one(base, kind, WEBHOOK_CONFIG)["webhooks"]:
             assert "caBundle" not in hook["clientConfig"]
+            assert hook["failurePolicy"] == "Ignore"
 
 
 def test_every_document_is_an_object(render):
@@ -247,15 +290,26 @@ GRANTED = {
     ("leases.coordination.k8s.io", ("gpuguard-quota",), ("get", "update"), NAMESPACE),
     ("leases.coordination.k8s.io", (), ("create",), NAMESPACE),
 }
+# And with a certificate of its own (certs.mode self), its Secret and the two webhook
+# configurations' caBundle and failurePolicy, by name; no create.
+GRANTED_SELF = {
+    ("secrets", (TLS_SECRET,), ("get", "update"), NAMESPACE),
+    ("validatingwebhookconfigurations.admissionregistration.k8s.io", (WEBHOOK_CONFIG,),
+     ("get", "update"), CLUSTER_WIDE),
+    ("mutatingwebhookconfigurations.admissionregistration.k8s.io", (WEBHOOK_CONFIG,),
+     ("get", "update"), CLUSTER_WIDE),
+}
 
 
 def test_rbac_is_least_privilege(render):
     roles = find(render, "ClusterRole")
     assert len(roles) == 1, "one ClusterRole"
     for rule in roles[0]["rules"]:
-        assert set(rule) == {"apiGroups", "resources", "verbs"}, rule  # no names, no URLs
+        # no URLs; names only on the webhook configurations
+        assert set(rule) <= {"apiGroups", "resources", "resourceNames", "verbs"}, rule
+        assert ("resourceNames" in rule) == (rule["apiGroups"] == ["admissionregistration.k8s.io"])
     ns_roles = find(render, "Role")
-    assert len(ns_roles) == 1, "one Role, for the Lease"
+    assert len(ns_roles) == 1, "one Role, for the Lease (and the certificate's Secret)"
     role = ns_roles[0]
     assert role["metadata"]["namespace"] == NAMESPACE
     for rule in role["rules"]:
@@ -264,7 +318,7 @@ def test_rbac_is_least_privilege(render):
         # every other verb is
         assert ("resourceNames" in rule) == (rule["verbs"] != ["create"]), rule
     granted = rbac_rows(roles[0]["rules"], CLUSTER_WIDE) | rbac_rows(role["rules"], NAMESPACE)
-    assert granted == GRANTED
+    assert granted == GRANTED | (GRANTED_SELF if self_managed(render) else set())
     for verb in ("create", "update", "patch", "delete", "deletecollection", "*"):
         assert not [r for r in granted if r[0] == "gpuquotas.gpuguard.io" and verb in r[2]], verb
 
@@ -311,8 +365,9 @@ def readme_rbac_table():
 
 
 def test_readme_rbac_table_is_the_rbac(base):
-    """README.md's table says what rbac.yaml grants, row for row (`make e2e` checks the same
-    table against what the API server says the account may do)."""
+    """README.md's table says what the default install (deploy/install.yaml, gpuguard keeping
+    its own certificate) grants, row for row (`make e2e` checks the same table against what the
+    API server says the account may do)."""
     sa = one(base, "ServiceAccount")
     granted = set()
     for kind, binding_kind, where in (("ClusterRole", "ClusterRoleBinding", CLUSTER_WIDE),
@@ -398,18 +453,30 @@ def test_args_are_serve_flags(render, serve_help):
     assert not unknown, f"not flags of `gpuguard serve`: {sorted(unknown)}"
     assert flags["--listen"] == f"0.0.0.0:{serve_help['webhook_port']}"
     assert flags["--ops-listen"] == f"0.0.0.0:{serve_help['ops_port']}"
-    for required in ("--tls-cert", "--tls-key", "--config", "--policies", "--lua"):
+    if self_managed(render):
+        assert flags["--tls-secret"] == f"{NAMESPACE}/{TLS_SECRET}"
+        assert flags["--tls-service"] == SERVICE
+        assert flags["--webhook-configuration"] == WEBHOOK_CONFIG
+        assert flags["--webhook-failure-policy"] == "Fail"
+        assert "--tls-cert" not in flags and "--tls-key" not in flags
+    else:
+        assert flags.get("--tls-cert") and flags.get("--tls-key")
+        assert not {"--tls-secret", "--webhook-configuration"} & set(flags)
+    for required in ("--config", "--policies", "--lua"):
         assert flags.get(required), required
 
 
 def test_mounts_match_args(render):
-    """Every file the arguments name comes read-only from the right volume."""
+    """Every file the arguments name comes read-only from the right volume, or is the image's
+    own (the shipped policies and Lua library)."""
     dep = one(render, "Deployment", SERVICE)
     volumes = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
     ctr = container(render)
     mounts = {m["mountPath"]: m for m in ctr["volumeMounts"]}
     for m in mounts.values():
         assert m.get("readOnly") is True, m
+        # The kubelet never updates a subPath mount: gpuguard would not see an edit.
+        assert "subPath" not in m, m
     flags = split_flags(ctr["args"])
 
     def mount_for(path):
@@ -418,20 +485,22 @@ def test_mounts_match_args(render):
         m = mounts[max(best, key=len)]
         return m, volumes[m["name"]], os.path.relpath(path, m["mountPath"])
 
-    for flag, key in (("--tls-cert", "tls.crt"), ("--tls-key", "tls.key")):
-        m, vol, rel = mount_for(flags[flag])
-        assert vol["secret"]["secretName"] == TLS_SECRET
-        assert rel == key, f"{flag} must name the Secret's {key}"
-        # Readable by the non-root user through fsGroup, not world-readable.
-        assert vol["secret"].get("defaultMode", 0o644) & 0o007 == 0
+    if self_managed(render):
+        assert not [v for v in volumes.values() if "secret" in v], "the Secret is read via the API"
+    else:
+        for flag, key in (("--tls-cert", "tls.crt"), ("--tls-key", "tls.key")):
+            m, vol, rel = mount_for(flags[flag])
+            assert vol["secret"]["secretName"] == TLS_SECRET
+            assert rel == key, f"{flag} must name the Secret's {key}"
+            # Readable by the non-root user through fsGroup, not world-readable.
+            assert vol["secret"].get("defaultMode", 0o644) & 0o007 == 0
     m, vol, rel = mount_for(flags["--config"])
-    assert rel == "." and m["subPath"] == "gpuguard.yaml"
-    assert re.fullmatch(r"gpuguard-config-[a-z0-9]{10}", vol["configMap"]["name"])
-    for flag, cm in (("--policies", "gpuguard-policies"), ("--lua", "gpuguard-lua")):
-        m, vol, rel = mount_for(flags[flag])
-        assert rel == "." and "subPath" not in m, flag
-        assert re.fullmatch(re.escape(cm) + r"-[a-z0-9]{10}", vol["configMap"]["name"]), flag
-        assert configmap(render, cm)["metadata"]["name"] == vol["configMap"]["name"]
+    assert rel == "gpuguard.yaml" and vol["configMap"]["name"] == "gpuguard-config"
+    one(render, "ConfigMap", "gpuguard-config")
+    assert flags["--lua"] == "/usr/share/gpuguard/lua"
+    assert flags["--policies"] == ["/usr/share/gpuguard/policies"], "the image's, no others"
+    for path in (flags["--lua"], *flags["--policies"]):
+        assert path in IMAGE_DIRS and not [p for p in mounts if path.startswith(p)], path
     assert dep["spec"]["template"]["spec"]["securityContext"].get("fsGroup"), \
         "fsGroup makes the Secret's files readable by the non-root user"
 
@@ -480,25 +549,21 @@ def test_image(render, binary):
     version = subprocess.run([binary, "version"], capture_output=True, text=True).stdout
     assert re.search(r"\b(\d+\.\d+\.\d+)\b", version)
     tag = ctr["image"].rsplit(":", 1)[1]
-    assert tag in version, "the image tag in deploy/base/kustomization.yaml is the version"
+    assert tag in version, "the image tag (the chart's appVersion) is gpuguard's version"
     assert ctr["imagePullPolicy"] == "IfNotPresent"
 
 
 # ---------------------------------------------------------------- ConfigMaps
 
 
-def test_configmaps_hold_the_repository_files(render):
-    """What the cluster gets is what `make run` serves; else run deploy/sync.sh."""
-    hint = "stale ConfigMap: run deploy/sync.sh"
-    cfg = configmap(render, "gpuguard-config")
-    assert cfg["data"] == {"gpuguard.yaml": (DEPLOY / "gpuguard.yaml").read_text()}, hint
-    for name, directory in (("gpuguard-policies", "policies"), ("gpuguard-lua", "lua")):
-        want = {p.name: p.read_text() for p in sorted((REPO / directory).glob("*.lua"))}
-        assert want, directory
-        got = configmap(render, name)["data"]
-        assert sorted(got) == sorted(want), hint
-        for key in want:
-            assert got[key] == want[key], f"{directory}/{key}: {hint}"
+def test_the_configmap_is_the_repository_configuration(render):
+    """What the cluster gets is what `make run` serves (else: make chart-schema install-yaml);
+    the policies and the Lua library are the image's, in no ConfigMap."""
+    [cfg] = find(render, "ConfigMap")
+    assert cfg["metadata"]["name"] == "gpuguard-config" and set(cfg["data"]) == {"gpuguard.yaml"}
+    assert yaml.safe_load(cfg["data"]["gpuguard.yaml"]) == \
+        yaml.safe_load((DEPLOY / "gpuguard.yaml").read_text()), \
+        "stale: run make chart-schema install-yaml"
 
 
 def test_configmaps_fit_kubectl_apply(render):
@@ -507,12 +572,6 @@ def test_configmaps_fit_kubectl_apply(render):
         assert size < ANNOTATION_LIMIT, (
             f"{cm['metadata']['name']} is {size} bytes: too big for the last-applied annotation"
             " of `kubectl apply`; use `kubectl apply --server-side`")
-
-
-def test_sync_script_check_passes():
-    res = subprocess.run([str(DEPLOY / "sync.sh"), "--check"], capture_output=True, text=True,
-                         timeout=60)
-    assert res.returncode == 0, res.stderr
 
 
 # ---------------------------------------------------------------- webhooks
@@ -531,7 +590,8 @@ def test_webhook_configuration(render, kind, serve_help):
     # The validating webhook charges what it admits to the GPUQuota ledger, never on a dry run.
     assert hook["sideEffects"] == ("None" if mutating else "NoneOnDryRun")
     assert hook["timeoutSeconds"] == 5
-    assert hook["failurePolicy"] == "Fail"
+    # A first install of a self-managed gpuguard must not block pods before it has its CA.
+    assert hook["failurePolicy"] == ("Ignore" if self_managed(render) else "Fail")
     assert hook["matchPolicy"] == "Equivalent"
     if mutating:
         assert hook["reinvocationPolicy"] == "IfNeeded"
@@ -1077,37 +1137,41 @@ def test_cert_manager_overlay(cert_manager, base):
         assert cfg["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == \
             f"{NAMESPACE}/{serving['metadata']['name']}"
         assert "caBundle" not in cfg["webhooks"][0]["clientConfig"], "the CA injector sets it"
-        # Otherwise the base's configuration, untouched.
-        want = one(base, kind, WEBHOOK_CONFIG)
-        assert cfg["webhooks"] == want["webhooks"]
+        # Otherwise the base's configuration, failing closed from the start.
+        assert cfg["webhooks"] == closed(one(base, kind, WEBHOOK_CONFIG)["webhooks"])
 
 
-def test_self_managed_overlay_placeholder(self_managed):
+def closed(hooks):
+    """The base's webhooks with failurePolicy Fail."""
+    return [dict(h, failurePolicy="Fail") for h in hooks]
+
+
+def test_provided_certs_overlay_placeholder(provided_certs):
     """The checked-in patch is a placeholder that the API server cannot decode."""
-    assert not find(self_managed, "Secret"), "the Secret is created with kubectl, not in git"
-    assert not find(self_managed, "Certificate")
-    patch = (OVERLAYS / "self-managed" / "webhook-cabundle.yaml").read_text()
+    assert not find(provided_certs, "Secret"), "the Secret is created with kubectl, not in git"
+    assert not find(provided_certs, "Certificate")
+    patch = (OVERLAYS / "provided-certs" / "webhook-cabundle.yaml").read_text()
     assert patch.count(PLACEHOLDER) == 4
     with pytest.raises(binascii.Error):
         base64.b64decode(PLACEHOLDER, validate=True)
     for kind in WEBHOOK_KINDS:
-        hooks = one(self_managed, kind, WEBHOOK_CONFIG)["webhooks"]
+        hooks = one(provided_certs, kind, WEBHOOK_CONFIG)["webhooks"]
         assert len(hooks) == 2
         assert [h["clientConfig"]["caBundle"] for h in hooks] == [PLACEHOLDER] * 2
 
 
 @pytest.fixture
 def repo_copy(tmp_path):
-    """deploy/, policies/ and lua/ copied, so an overlay can be changed and rendered."""
-    root = tmp_path / "repo"
-    for name in ("deploy", "policies", "lua"):
-        shutil.copytree(REPO / name, root / name)
+    """deploy/ copied as gpuguard/deploy, so an overlay can be changed and rendered from a
+    kustomization beside it (tmp_path/mine, as a user's: ../gpuguard/deploy)."""
+    root = tmp_path / "gpuguard"
+    shutil.copytree(DEPLOY, root / "deploy")
     return root
 
 
 @needs_kubectl
-def test_self_managed_overlay_with_generated_patch(repo_copy, tmp_path, binary, base):
-    overlay = repo_copy / "deploy" / "overlays" / "self-managed"
+def test_provided_certs_overlay_with_generated_patch(repo_copy, tmp_path, binary, base):
+    overlay = repo_copy / "deploy" / "overlays" / "provided-certs"
     patch = overlay / "webhook-cabundle.yaml"
     out = tmp_path / "certs"
     args = [binary, "certs", "--service", SERVICE, "--namespace", NAMESPACE, "--out", str(out),
@@ -1119,7 +1183,7 @@ def test_self_managed_overlay_with_generated_patch(repo_copy, tmp_path, binary, 
     res = subprocess.run(args + ["--force"], capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
 
-    docs = kustomize(overlay)
+    docs = compose(tmp_path / "mine", repo_copy / "deploy", overlay)
     ca = (out / "ca.crt").read_bytes()
     for kind in WEBHOOK_KINDS:
         cfg = one(docs, kind, WEBHOOK_CONFIG)
@@ -1131,7 +1195,7 @@ def test_self_managed_overlay_with_generated_patch(repo_copy, tmp_path, binary, 
             bundle = hook["clientConfig"].pop("caBundle")
             assert base64.b64decode(bundle, validate=True) == ca
             hooks.append(hook)
-        assert hooks == want["webhooks"], "only caBundle changes"
+        assert hooks == closed(want["webhooks"]), "only caBundle and failurePolicy change"
     if shutil.which("openssl"):
         bundle_file = tmp_path / "bundle.pem"
         bundle_file.write_bytes(base64.b64decode(bundle))
@@ -1199,7 +1263,7 @@ def check_network_policy(docs, serve_help):
 
 @needs_bin
 def test_network_policy_is_shipped(render, serve_help):
-    """Base and both overlays: the webhook port from anywhere (the API server's address is not
+    """Every render: the webhook port from anywhere (the API server's address is not
     known in general, and a policy that blocked it would stop pod creation cluster-wide: only
     the optional component narrows it), the ops port from the monitoring namespace only."""
     _, rules = check_network_policy(render, serve_help)
@@ -1207,20 +1271,24 @@ def test_network_policy_is_shipped(render, serve_help):
     assert rules[1]["from"] == [{"namespaceSelector": {"matchLabels": MONITORING}}]
 
 
+def user_kustomization(where, text):
+    """Render a kustomization of the user's, tmp_path/mine beside the copy of deploy/
+    (repo_copy): its resources are ../gpuguard/deploy, the rest is text."""
+    where.mkdir()
+    (where / "kustomization.yaml").write_text(
+        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
+        "resources:\n  - ../gpuguard/deploy\n" + text)
+    return kustomize(where)
+
+
 @needs_kubectl
 @needs_bin
-def test_network_policy_monitoring_selector_as_documented(repo_copy, serve_help):
-    """The patch deploy/base/networkpolicy.yaml documents for Prometheus in another namespace
-    changes the ops port's namespace selector, and nothing else."""
-    overlays = repo_copy / "deploy" / "overlays"
-    mine = overlays / "mine"
-    mine.mkdir()
-    (mine / "kustomization.yaml").write_text(
-        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
-        "resources:\n  - ../self-managed\n"
-        + documented_lines(DEPLOY / "base" / "networkpolicy.yaml"))
-    docs = kustomize(mine)
-    without = kustomize(overlays / "self-managed")
+def test_network_policy_monitoring_selector_as_documented(repo_copy, tmp_path, serve_help):
+    """The kustomize patch the chart's NetworkPolicy documents for Prometheus in another
+    namespace changes the ops port's namespace selector, and nothing else."""
+    docs = user_kustomization(tmp_path / "mine", documented_lines(
+        CHART / "templates" / "networkpolicy.yaml"))
+    without = kustomize(repo_copy / "deploy")
     assert [d for d in docs if d["kind"] != "NetworkPolicy"] == \
         [d for d in without if d["kind"] != "NetworkPolicy"]
     _, rules = check_network_policy(docs, serve_help)
@@ -1242,18 +1310,12 @@ def test_network_policy_placeholder_is_refused():
 
 @needs_kubectl
 @needs_bin
-def test_network_policy_component(repo_copy, serve_help):
-    """Added to an overlay as documented, the component narrows the shipped
+def test_network_policy_component(repo_copy, tmp_path, serve_help):
+    """Added to a kustomization as documented, the component narrows the shipped
     NetworkPolicy's webhook rule to the control-plane CIDR, and leaves the ops
     port's rule and every other object as they were."""
-    overlays = repo_copy / "deploy" / "overlays"
-    mine = overlays / "mine"
-    mine.mkdir()
-    (mine / "kustomization.yaml").write_text(
-        "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n"
-        "resources:\n  - ../self-managed\n" + documented_netpol_overlay())
-    docs = kustomize(mine)
-    without = kustomize(overlays / "self-managed")
+    docs = user_kustomization(tmp_path / "mine", documented_netpol_overlay())
+    without = kustomize(repo_copy / "deploy")
     assert [d for d in docs if d["kind"] != "NetworkPolicy"] == \
         [d for d in without if d["kind"] != "NetworkPolicy"]
     _, rules = check_network_policy(docs, serve_help)
@@ -1268,7 +1330,8 @@ def test_network_policy_component(repo_copy, serve_help):
 
 def materialize(docs, root, certs):
     """Lay out the Deployment's volumes under root as the kubelet would mount them;
-    return the container's arguments with /-paths moved under root."""
+    return the container's arguments with /-paths moved under root, or to the repository's
+    copies of the image's directories (IMAGE_DIRS)."""
     dep = one(docs, "Deployment", SERVICE)
     volumes = {v["name"]: v for v in dep["spec"]["template"]["spec"]["volumes"]}
     ctr = container(docs)
@@ -1280,18 +1343,16 @@ def materialize(docs, root, certs):
             for name in ("tls.crt", "tls.key"):
                 shutil.copy(certs / name, target / name)
             continue
-        data = configmap(docs, re.sub(r"-[a-z0-9]{10}$", "", vol["configMap"]["name"]))["data"]
-        if "subPath" in m:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(data[m["subPath"]])
-        else:
-            target.mkdir(parents=True)
-            for key, text in data.items():
-                (target / key).write_text(text)
+        data = one(docs, "ConfigMap", vol["configMap"]["name"])["data"]
+        target.mkdir(parents=True)
+        for key, text in data.items():
+            (target / key).write_text(text)
     args = []
-    for name, value in split_flags(ctr["args"]).items():
+    for name, value in flag_pairs(ctr["args"]):
         if name in ("--listen", "--ops-listen"):
             value = "127.0.0.1:0"
+        elif value in IMAGE_DIRS:
+            value = str(IMAGE_DIRS[value])
         elif value and value.startswith("/"):
             value = str(root / value.lstrip("/"))
         args += [name] + ([value] if value is not None else [])
@@ -1309,20 +1370,22 @@ BIG_DENIAL = ("gpu-sharing: container main: a time-slicing GPU is shared, one re
 
 
 @needs_kubectl
-def test_rendered_pod_serves(base, binary, certs, tmp_path):
-    """The rendered ConfigMaps and arguments start the real server: ready, both webhook
-    paths answer a pod review, and every resource of the workload rules is reviewed as a
-    workload (its template denied, the denial naming the template)."""
-    args = materialize(base, tmp_path / "pod", certs)
+def test_rendered_pod_serves(provided_certs, binary, certs, tmp_path):
+    """The rendered ConfigMap and arguments (provided-certs: the certificate from the Secret's
+    files) start the real server, with the policies and Lua library the image holds: ready,
+    both webhook paths answer a pod review, and every resource of the workload rules is reviewed
+    as a workload (its template denied, the denial naming the template)."""
+    args = materialize(provided_certs, tmp_path / "pod", certs)
     server = start_server(binary, certs, tmp_path, *args, ready_timeout=30)
     try:
-        ctr = container(base)
+        ctr = container(provided_certs)
         for probe in ("readinessProbe", "livenessProbe"):
             status, body = server.ops(ctr[probe]["httpGet"]["path"])
             assert status == 200, (probe, body)
         review = load_review("pod-create.json")
         for kind in WEBHOOK_KINDS:
-            path = one(base, kind, WEBHOOK_CONFIG)["webhooks"][0]["clientConfig"]["service"]["path"]
+            hook = one(provided_certs, kind, WEBHOOK_CONFIG)["webhooks"][0]
+            path = hook["clientConfig"]["service"]["path"]
             conn = server.connect()
             status, _, answer = conn.review(review, path=path, timeout="5s")
             conn.close()
@@ -1341,7 +1404,7 @@ def test_rendered_pod_serves(base, binary, certs, tmp_path):
                                   "namespace": "team-a", "name": "w", "object": obj,
                                   "userInfo": {"username": "alice"}}}
             for kind_ in WEBHOOK_KINDS:
-                path = workload_hook(base, kind_)["clientConfig"]["service"]["path"]
+                path = workload_hook(provided_certs, kind_)["clientConfig"]["service"]["path"]
                 conn = server.connect()
                 status, _, answer = conn.review(review, path=path, timeout="5s")
                 conn.close()
@@ -1351,7 +1414,7 @@ def test_rendered_pod_serves(base, binary, certs, tmp_path):
                     (resource, msg)
         log = server.log_lines()
         assert not [rec for rec in log if rec.get("level") == "error"], log
-        # The policies came from the rendered ConfigMap, all of them.
+        # The shipped policies, all of them.
         serving = [rec for rec in log if rec.get("msg") == "serving"]
         loaded = serving[0].get("policies")
         if isinstance(loaded, list):
@@ -1452,26 +1515,28 @@ def test_dockerfile_final_stage():
     assert not [p for p in pkgs if p.endswith("-dev") or p in ("build-essential", "pkg-config")]
     copies = [rest.split() for op, rest in final if op == "COPY"]
     sources = {tuple(c[:-1]): c[-1] for c in copies}
-    assert sources[("deploy/gpuguard.yaml",)] == "/etc/gpuguard/gpuguard.yaml"
-    assert sources[("policies/*.lua",)] == "/etc/gpuguard/policies/"
-    assert sources[("lua/*.lua",)] == "/etc/gpuguard/lua/"
+    # The configuration's default, where the chart mounts its ConfigMap over it.
+    assert sources[("deploy/gpuguard.yaml",)] == "/etc/gpuguard/config/gpuguard.yaml"
+    for path, src in IMAGE_DIRS.items():
+        assert sources[(f"{src.name}/*.lua",)] == path + "/"
     binary = [c[-1] for c in copies if c[0] == "--from=build"]
     assert len(binary) == 1
     entry = [json.loads(rest) for op, rest in final if op == "ENTRYPOINT"]
     assert entry == [[binary[0], "serve"]]
 
 
-def test_dockerfile_matches_deployment(base, serve_help):
-    """The image's defaults and the manifests agree: same user, same paths, same flags."""
+def test_dockerfile_matches_deployment(provided_certs, serve_help):
+    """The image's defaults and the manifests (with the certificate from a mounted Secret, as
+    the image's CMD has it) agree: same user, same paths, same flags."""
     _, (_, final) = dockerfile_stages()
     uid = int([rest for op, rest in final if op == "USER"][0].split(":")[0])
-    dep = one(base, "Deployment", SERVICE)
+    dep = one(provided_certs, "Deployment", SERVICE)
     assert dep["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == uid
     cmd = [json.loads(rest) for op, rest in final if op == "CMD"]
     assert len(cmd) == 1
     image_flags = split_flags(cmd[0])
     assert set(image_flags) <= serve_help["flags"]
-    deploy_flags = split_flags(container(base)["args"])
+    deploy_flags = split_flags(container(provided_certs)["args"])
     for name, value in image_flags.items():
         assert deploy_flags[name] == value, name
     exposed = [rest for op, rest in final if op == "EXPOSE"]

@@ -1,6 +1,6 @@
 """The shipped guardrails on the real server over TLS, for the reviews that only the API server
 sends: a pod UPDATE with its oldObject and the requester's userInfo, and a
-pods/ephemeralcontainers update (`kubectl debug`), to /validate as deploy/base/webhooks.yaml
+pods/ephemeralcontainers update (`kubectl debug`), to /validate as charts/gpuguard/templates/webhooks.yaml
 registers them."""
 
 import copy

@@ -9,7 +9,7 @@
 
 `up` starts etcd, kube-apiserver, kube-controller-manager, kube-scheduler and kwok (built by
 `make k8s-bin` into build/k8s/bin) on ephemeral ports with certificates made at start; creates a
-fake GPU node pair for every pool of the configuration (tests/k8s/nodes.py); installs deploy/base
+fake GPU node pair for every pool of the configuration (tests/k8s/nodes.py); installs deploy/
 with `kubectl apply -k` through an overlay that changes only what a control plane without kubelets
 needs (the webhooks call https://127.0.0.1:PORT with the test CA; the Deployment scaled to 0);
 then runs `gpuguard serve` on the host with a TokenRequest token of its ServiceAccount, so that
@@ -103,12 +103,14 @@ class Cluster:
     def kubeconfig(self):
         return self.dir / "kubeconfig"
 
-    def start(self, name, argv):
+    def start(self, name, argv, env=None):
         """Start argv in its own process group, output to logs/<name>.log; record its PID.
-        Not procs.spawn: the cluster outlives the process that starts it."""
+        Not procs.spawn: the cluster outlives the process that starts it.  env: variables
+        added to this process's environment."""
         with open(self.dir / "logs" / f"{name}.log", "ab") as log:
             proc = subprocess.Popen([str(a) for a in argv], stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True, cwd=REPO)
+                                    stdin=subprocess.DEVNULL, start_new_session=True, cwd=REPO,
+                                    env={**os.environ, **(env or {})} if env else None)
         with self.changing() as st:
             st.setdefault("pids", {})[name] = proc.pid
             st.setdefault("starts", {})[name] = procs.start_time(proc.pid)
@@ -234,7 +236,10 @@ class Cluster:
             "--profiling=false"]
 
     def start_apiserver(self):
-        self.start("kube-apiserver", self.apiserver_argv())
+        # Webhooks that name a Service reach it through the keeper (keeper.py, service_proxy).
+        proxy = f"http://127.0.0.1:{self.state['ports']['proxy']}"
+        self.start("kube-apiserver", self.apiserver_argv(),
+                   env={"HTTPS_PROXY": proxy, "https_proxy": proxy})
         self.wait("kube-apiserver", lambda: self.kubectl(
             "get", "--raw", "/readyz", check=False).stdout.strip() == "ok", name="kube-apiserver")
 
@@ -319,15 +324,19 @@ class Cluster:
         return config
 
     def write_overlay(self):
-        """deploy/base with the webhooks pointed at the host and the Deployment scaled to 0."""
+        """deploy/ (deploy/install.yaml) with the webhooks pointed at the host with failurePolicy
+        Fail (the install's is Ignore until gpuguard writes its CA: here the CA is the test's),
+        the Deployment scaled to 0 and the configuration replaced."""
         ov = self.dir / "overlay"
         ov.mkdir(exist_ok=True)
         ca = base64.b64encode((self.dir / "gpuguard" / "ca.crt").read_bytes()).decode()
         url = f"https://127.0.0.1:{self.state['ports']['webhook']}"
 
         def client(path):
-            return [{"op": "replace", "path": f"/webhooks/{i}/clientConfig",
-                     "value": {"url": url + path, "caBundle": ca}} for i in (0, 1)]
+            return [op for i in (0, 1) for op in (
+                {"op": "replace", "path": f"/webhooks/{i}/clientConfig",
+                 "value": {"url": url + path, "caBundle": ca}},
+                {"op": "replace", "path": f"/webhooks/{i}/failurePolicy", "value": "Fail"})]
         patches = [
             {"target": {"kind": "MutatingWebhookConfiguration", "name": "gpuguard"},
              "patch": yaml.safe_dump(client("/mutate"))},
@@ -338,13 +347,14 @@ class Cluster:
         ]
         (ov / "gpuguard.yaml").write_bytes((self.dir / "gpuguard" / "gpuguard.yaml").read_bytes())
         (ov / "kustomization.yaml").write_text(
-            "# Written by tests/k8s/cluster.py: deploy/base as shipped, but for what a control\n"
+            "# Written by tests/k8s/cluster.py: deploy/ as shipped, but for what a control\n"
             "# plane without kubelets needs (the webhooks call gpuguard on the host).\n"
             + yaml.safe_dump({
                 "apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-                "resources": [os.path.relpath(REPO / "deploy" / "base", ov)],
-                "configMapGenerator": [{"name": "gpuguard-config", "behavior": "replace",
-                                        "files": ["gpuguard.yaml"]}],
+                "resources": [os.path.relpath(REPO / "deploy", ov)],
+                # The install's ConfigMap is not generated: the namespace finds it.
+                "configMapGenerator": [{"name": "gpuguard-config", "namespace": NAMESPACE,
+                                        "behavior": "replace", "files": ["gpuguard.yaml"]}],
                 "patches": patches}, sort_keys=False))
         return ov
 
@@ -422,17 +432,26 @@ class Cluster:
 
     # ---- up and down --------------------------------------------------------------------
 
-    def up(self, config, add_config, replicas, owner=None):
+    def route(self, service, ports):
+        """Connections to service ("name.namespace.svc:443") go to ports on 127.0.0.1 in turn
+        (keeper.py, service_proxy); no ports: the Service has no endpoints."""
+        with self.changing():
+            path = self.dir / "services.json"
+            routes = json.loads(path.read_text()) if path.exists() else {}
+            routes[service] = list(ports)
+            write_atomic(path, json.dumps(routes))
+
+    def up(self, config, add_config, replicas, owner=None, install=True):
         for d in ("logs", "pki", "gpuguard"):
             (self.dir / d).mkdir(parents=True, exist_ok=True)
         self.state = {"config": str(Path(config).resolve()),
                       "add_config": str(Path(add_config).resolve()) if add_config else None,
                       "replicas": replicas, "owner": owner, "pids": {},
                       "ports": {}}
-        ports = free_ports(4 + replicas + (replicas if replicas > 1 else 0))
+        ports = free_ports(5 + replicas + (replicas if replicas > 1 else 0))
         self.state["ports"] = {"etcd": ports[0], "etcd_peer": ports[1], "api": ports[2],
                                "webhook": ports[3], "ops": ports[4:4 + replicas],
-                               "replicas": ports[4 + replicas:]}
+                               "replicas": ports[4 + replicas:-1], "proxy": ports[-1]}
         self.save()
         started = time.monotonic()
         pki.make(self.dir / "pki")
@@ -448,14 +467,21 @@ class Cluster:
         self.start_apiserver()
         self.start_controllers()
         self.make_fleet(cfg)
+        if install:
+            self.install_gpuguard()
+        else:  # the chart's tests install gpuguard themselves (tests/chart); the proxy is here
+            self.start("keeper", [sys.executable, HERE / "keeper.py", self.dir])
+        with self.changing() as st:
+            st["started_in_s"] = round(time.monotonic() - started, 1)
+
+    def install_gpuguard(self):
+        """deploy/ through the tests' overlay, and gpuguard serving on the host."""
         self.kubectl("apply", "-k", self.write_overlay())
         self.wait("the gpuguard ServiceAccount", lambda: self.kubectl(
             "get", "serviceaccount", "gpuguard", "-n", NAMESPACE, check=False).returncode == 0)
         self.refresh_token()
         self.start_gpuguard()
         self.wait_webhooks()
-        with self.changing() as st:
-            st["started_in_s"] = round(time.monotonic() - started, 1)
 
     def down(self, spare=()):
         """Stop every process of the cluster but those named in spare (the keeper stopping the
@@ -524,6 +550,9 @@ def main():
                     help="up: do nothing when this cluster runs already")
     ap.add_argument("--owner", type=int,
                     help="up: stop the cluster when the process with this PID is gone")
+    ap.add_argument("--no-gpuguard", action="store_true",
+                    help="up: the control plane and its fleet only (the chart's tests install "
+                         "gpuguard with helm)")
     a = ap.parse_args()
     c = Cluster(a.dir)
     if a.command == "status":
@@ -548,7 +577,7 @@ def main():
     # Stop what was started when up fails or is interrupted.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
-        c.up(a.config, a.add_config, a.replicas, a.owner)
+        c.up(a.config, a.add_config, a.replicas, a.owner, install=not a.no_gpuguard)
     except BaseException:
         c.down()
         raise

@@ -3,7 +3,7 @@
  * serving certificate.
  *
  * Parses the flags, prints the caBundle and optionally writes it as a
- * kustomize patch for deploy/overlays/self-managed; all the certificate work
+ * kustomize patch for deploy/overlays/provided-certs; all the certificate work
  * is certs.c.  Exit codes: 0 done, 1 failed (including a refusal to
  * overwrite), 2 usage error.
  */
@@ -35,7 +35,7 @@ static const char help_text[] =
     "patch that sets caBundle on the MutatingWebhookConfiguration and the\n"
     "ValidatingWebhookConfiguration named gpuguard (webhooks mutate.gpuguard.io,\n"
     "workloads.mutate.gpuguard.io, validate.gpuguard.io and\n"
-    "workloads.validate.gpuguard.io), for deploy/overlays/self-managed/webhook-cabundle.yaml.\n"
+    "workloads.validate.gpuguard.io), for deploy/overlays/provided-certs/webhook-cabundle.yaml.\n"
     "\n"
     "flags:\n"
     "  --service NAME    name of the webhook Service (required)\n"
@@ -135,7 +135,7 @@ static bool parse_days(const char *s, int *out)
 }
 
 /*
- * The webhook configurations of deploy/base/webhooks.yaml: a strategic merge
+ * The webhook configurations of charts/gpuguard/templates/webhooks.yaml: a strategic merge
  * patch finds each by kind and name, and its webhook by name (the merge key),
  * so these must match the manifests (tests/integration/test_deploy.py checks).
  */

@@ -71,7 +71,7 @@ struct check_run {
 };
 
 /* The namespaces the shipped webhooks' namespaceSelector leaves out by name
- * (deploy/base/webhooks.yaml; test_cli_check.py holds the two to the same list). */
+ * (charts/gpuguard/templates/webhooks.yaml; test_cli_check.py holds the two to the same list). */
 static const char *const unseen_namespaces[] = {"kube-system", "gpuguard-system"};
 
 static void check_usage(FILE *out)

@@ -13,7 +13,8 @@
 #define GG_KEY_KUEUE_QUEUE "kueue.x-k8s.io/queue-name" /* set by lua/queues.lua */
 #define GG_KEY_KUEUE_PRIORITY "kueue.x-k8s.io/priority-class"
 #define GG_KEY_KAI_QUEUE "kai.scheduler/queue"
-/* A namespace label "true" keeps the namespace from the webhooks (deploy/base/webhooks.yaml). */
+/* A namespace label "true" keeps the namespace from the webhooks
+ * (charts/gpuguard/templates/webhooks.yaml). */
 #define GG_KEY_IGNORE "gpuguard.io/ignore"
 
 /* The keys by their name in gpuguard.keys: X(name, key) for each. */
