@@ -249,5 +249,17 @@ def server(binary, certs, tmp_path):
         assert srv.stop() == 0
 
 
+def unreachable_cluster(tmp_path):
+    """The flags of a pod whose API server does not answer: a kubeconfig naming a closed port,
+    and the inventory off (as outside a cluster, where it is off by default)."""
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
+    return ["--kubeconfig", str(kubeconfig), "--inventory", "off"]
+
+
 def load_review(name):
     return json.loads((DATA / "reviews" / name).read_text())

@@ -10,9 +10,9 @@ helm template, and the files made from the chart held to it.
   network-policy component;
 - what values do: extra policy sources, monitoring objects only where the Prometheus
   Operator's API is served, the release namespace, each certificate mode's rights;
-- certs.mode self: the webhooks are Ignore without a CA in the cluster, and carry the live CA
-  and webhook.failurePolicy when lookup finds them (on a copy of the chart whose lookup reads
-  values instead);
+- every certificate mode: the webhooks are Ignore until lookup finds the policy gpuguard
+  writes (webhook.failurePolicy) in the cluster, then webhook.failurePolicy, in self mode with
+  the live CA (on a copy of the chart whose lookup reads values instead);
 - `helm uninstall` deletes the webhook configurations first (the pre-delete hooks).
 
 Skipped, saying why, without build/k8s/bin/helm (`make helm-bin`); the kustomize comparisons
@@ -279,44 +279,62 @@ def test_the_release_namespace_is_used_throughout():
 
 @pytest.mark.parametrize("mode", ["self", "cert-manager", "provided"])
 def test_certificate_rights_and_secret_by_mode(mode):
-    """Only a self-managed gpuguard may read and update its Secret (shipped empty) and the two
-    webhook configurations, each by name; no mode creates anything but the Lease."""
+    """Every mode may read and update the two webhook configurations by name (gpuguard writes
+    their failurePolicy); only a self-managed gpuguard its Secret (shipped empty); no mode
+    creates anything but the Lease."""
     docs = template("--set", f"certs.mode={mode}", "--set", f"certs.caBundle={CA_BUNDLE}")
     rules = one(docs, "ClusterRole", "gpuguard")["rules"] + one(docs, "Role", "gpuguard")["rules"]
     for rule in rules:
         assert "create" not in rule["verbs"] or rule["resources"] == ["leases"], rule
-    mine = [r for r in rules if {"secrets", "validatingwebhookconfigurations",
-                                 "mutatingwebhookconfigurations"} & set(r["resources"])]
+    mine = [(r["resources"], r["resourceNames"], r["verbs"]) for r in rules
+            if {"secrets", "validatingwebhookconfigurations",
+                "mutatingwebhookconfigurations"} & set(r["resources"])]
+    webhooks = (["validatingwebhookconfigurations", "mutatingwebhookconfigurations"],
+                ["gpuguard"], ["get", "update"])
     secrets = find(docs, "Secret")
     if mode == "self":
-        assert [(r["resources"], r["resourceNames"], r["verbs"]) for r in mine] == [
-            (["validatingwebhookconfigurations", "mutatingwebhookconfigurations"], ["gpuguard"],
-             ["get", "update"]),
-            (["secrets"], ["gpuguard-tls"], ["get", "update"])]
+        assert mine == [webhooks, (["secrets"], ["gpuguard-tls"], ["get", "update"])]
         [secret] = secrets
         assert secret["metadata"]["name"] == "gpuguard-tls" and set(secret) == {
             "apiVersion", "kind", "metadata", "type"}
     else:
-        assert not mine and not secrets, "the Secret is cert-manager's or yours"
+        assert mine == [webhooks]
+        assert not secrets, "the Secret is cert-manager's or yours"
 
 
 def test_provided_certs_need_the_ca_bundle():
     assert "certs.caBundle" in refused("--set", "certs.mode=provided")
 
 
-# ---------------------------------------------------------------- self mode: first install, upgrade
+# ---------------------------------------------------------------- first install, upgrade
+
+# Each mode's values, and the caBundle its manifest carries (cert-manager: none, the
+# injector's; self: gpuguard's, from the cluster only).
+MODES = {"self": ((), None),
+         "cert-manager": (("--set", "certs.mode=cert-manager"), None),
+         "provided": (("--set", "certs.mode=provided", "--set", f"certs.caBundle={CA_BUNDLE}"),
+                      CA_BUNDLE)}
 
 
-def test_self_mode_ships_ignore_without_a_cluster():
-    """`helm template` (lookup finds nothing): no caBundle, failurePolicy Ignore, and the
-    policy gpuguard writes with its CA is webhook.failurePolicy."""
+def webhooks(docs):
+    return [hook for kind in WEBHOOK_KINDS for hook in one(docs, kind, "gpuguard")["webhooks"]]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_every_mode_ships_ignore_without_a_cluster(mode):
+    """`helm template` (lookup finds nothing): failurePolicy Ignore, whatever the mode, and the
+    policy gpuguard writes into both configurations once it is trusted is
+    webhook.failurePolicy."""
+    args, bundle = MODES[mode]
     for policy in ("Fail", "Ignore"):
-        docs = template("--set", f"webhook.failurePolicy={policy}")
-        for kind in WEBHOOK_KINDS:
-            for hook in one(docs, kind, "gpuguard")["webhooks"]:
-                assert hook["failurePolicy"] == "Ignore"
-                assert "caBundle" not in hook["clientConfig"]
-        assert split_flags(container(docs)["args"])["--webhook-failure-policy"] == policy
+        docs = template(*args, "--set", f"webhook.failurePolicy={policy}")
+        for hook in webhooks(docs):
+            assert hook["failurePolicy"] == "Ignore"
+            assert hook["clientConfig"].get("caBundle") == bundle
+        flags = split_flags(container(docs)["args"])
+        assert (flags["--webhook-configuration"], flags["--webhook-failure-policy"]) == \
+            ("gpuguard", policy)
+        assert ("--tls-secret" in flags) == (mode == "self")
 
 
 @pytest.fixture(scope="module")
@@ -337,10 +355,12 @@ def looking_chart(tmp_path_factory):
     return chart
 
 
-def live_configurations(validating_bundles, mutating_bundles):
-    """live values: the configurations with these caBundles per webhook (None: none)."""
+def live_configurations(policy, validating_bundles, mutating_bundles):
+    """live values: the configurations with failurePolicy policy and these caBundles per
+    webhook (None: none)."""
     def hooks(names, bundles):
-        return {"webhooks": [{"name": n, "clientConfig": {} if b is None else {"caBundle": b}}
+        return {"webhooks": [{"name": n, "failurePolicy": policy,
+                              "clientConfig": {} if b is None else {"caBundle": b}}
                              for n, b in zip(names, bundles)]}
     return {"live": {
         "validating": hooks(["validate.gpuguard.io", "workloads.validate.gpuguard.io"],
@@ -349,29 +369,37 @@ def live_configurations(validating_bundles, mutating_bundles):
                           mutating_bundles)}}
 
 
-def test_an_upgrade_keeps_the_live_ca_and_failure_policy(looking_chart, tmp_path):
-    """Once gpuguard has written its CA (the validating configuration's first webhook has a
-    caBundle), an upgrade renders every webhook with its live caBundle (a webhook without one
-    gets the first's) and webhook.failurePolicy: the upgrade never reopens them."""
-    values = values_file(tmp_path, live_configurations(["Q0E=", "Q0E="], ["Q0E=", None]))
-    docs = template("-f", values, chart=looking_chart)
-    for kind in WEBHOOK_KINDS:
-        for hook in one(docs, kind, "gpuguard")["webhooks"]:
-            assert (hook["failurePolicy"], hook["clientConfig"]["caBundle"]) == ("Fail", "Q0E=")
-    # Not in self mode, the cluster's configurations are not looked at.
-    docs = template("-f", values, "--set", "certs.mode=cert-manager", chart=looking_chart)
-    assert "caBundle" not in one(docs, "ValidatingWebhookConfiguration", "gpuguard")[
-        "webhooks"][0]["clientConfig"]
+@pytest.mark.parametrize("mode", MODES)
+def test_an_upgrade_keeps_the_failure_policy_gpuguard_wrote(looking_chart, tmp_path, mode):
+    """Once gpuguard has written webhook.failurePolicy (on the validating configuration's first
+    webhook), an upgrade renders every webhook with it: the upgrade never reopens them.  In self
+    mode each webhook keeps its live caBundle (a webhook without one gets the first's); the
+    other modes' caBundle is their own (certs.caBundle, or none: the injector's)."""
+    args, bundle = MODES[mode]
+    for policy in ("Fail", "Ignore"):
+        values = values_file(tmp_path, live_configurations(policy, ["Q0E=", "Q0E="],
+                                                           ["Q0E=", None]))
+        docs = template("-f", values, *args, "--set", f"webhook.failurePolicy={policy}",
+                        chart=looking_chart)
+        for hook in webhooks(docs):
+            assert hook["failurePolicy"] == policy
+            assert hook["clientConfig"].get("caBundle") == ("Q0E=" if mode == "self" else bundle)
 
 
-def test_an_install_before_gpuguard_wrote_its_ca_stays_open(looking_chart, tmp_path):
-    """Configurations in the cluster without a CA on the first validating webhook (an earlier
-    install whose gpuguard has not started yet) are no reason to close the webhooks."""
-    values = values_file(tmp_path, live_configurations([None, "Q0E="], ["Q0E=", "Q0E="]))
-    docs = template("-f", values, chart=looking_chart)
-    for kind in WEBHOOK_KINDS:
-        for hook in one(docs, kind, "gpuguard")["webhooks"]:
-            assert hook["failurePolicy"] == "Ignore" and "caBundle" not in hook["clientConfig"]
+@pytest.mark.parametrize("mode", MODES)
+def test_an_install_before_gpuguard_wrote_its_policy_stays_open(looking_chart, tmp_path, mode):
+    """Configurations in the cluster whose first validating webhook is not webhook.failurePolicy
+    (an earlier install whose gpuguard has not served yet, or webhook.failurePolicy changed
+    since) are no reason to close the webhooks, nor a live CA one to trust (self mode)."""
+    args, bundle = MODES[mode]
+    for live, policy in (("Ignore", "Fail"), ("Fail", "Ignore")):
+        values = values_file(tmp_path, live_configurations(live, ["Q0E=", "Q0E="],
+                                                           ["Q0E=", "Q0E="]))
+        docs = template("-f", values, *args, "--set", f"webhook.failurePolicy={policy}",
+                        chart=looking_chart)
+        for hook in webhooks(docs):
+            assert hook["failurePolicy"] == "Ignore"
+            assert hook["clientConfig"].get("caBundle") == bundle
 
 
 # ---------------------------------------------------------------- uninstall

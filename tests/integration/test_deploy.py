@@ -7,8 +7,8 @@ Components: cert-manager, provided-certs), parses every document and checks the 
 README.md "Install in a cluster" relies on.  Ports, paths and flags are not restated here:
 they come from `gpuguard serve --help` (GPUGUARD_BIN), and the rendered ConfigMap and
 Deployment arguments of provided-certs (the certificate from files: self-management needs an
-API server) are run through the real server on loopback.  test_chart.py holds these renders
-equal to `helm template`.
+API server) are run through the real server on loopback, its API server a closed port.
+test_chart.py holds these renders equal to `helm template`.
 """
 
 import base64
@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from cel_subset import CelError, compile_cel, evaluate
-from conftest import load_review, start_server
+from conftest import load_review, start_server, unreachable_cluster
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -48,7 +48,7 @@ SERVICE = "gpuguard"
 TLS_SECRET = "gpuguard-tls"
 WEBHOOK_CONFIG = "gpuguard"
 WEBHOOK_KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
-STAGE_LABEL, STAGE_VALUE = "app.kubernetes.io/component", "webhook-configuration"
+COMPONENT_LABEL, CONFIG_COMPONENT = "app.kubernetes.io/component", "webhook-configuration"
 PLACEHOLDER = "REPLACE-ME--run-gpuguard-certs--kustomize-patch"
 # Bytes the client-side `kubectl apply` can keep in its last-applied annotation.
 ANNOTATION_LIMIT = 256 * 1024
@@ -276,7 +276,8 @@ def rbac_rows(rules, where):
 
 
 # What gpuguard's ServiceAccount is granted: the inventory's reads, the GPUQuota ledger (status
-# only) everywhere, and the quota controller's Lease in its own namespace.
+# only) everywhere, the quota controller's Lease in its own namespace, and the two webhook
+# configurations (their failurePolicy, and in self mode their caBundle) by name, no create.
 CLUSTER_WIDE = "cluster-wide"
 GRANTED = {
     ("pods", (), ("list", "watch"), CLUSTER_WIDE),
@@ -289,15 +290,14 @@ GRANTED = {
     ("gpuquotas.gpuguard.io/status", (), ("update",), CLUSTER_WIDE),
     ("leases.coordination.k8s.io", ("gpuguard-quota",), ("get", "update"), NAMESPACE),
     ("leases.coordination.k8s.io", (), ("create",), NAMESPACE),
-}
-# And with a certificate of its own (certs.mode self), its Secret and the two webhook
-# configurations' caBundle and failurePolicy, by name; no create.
-GRANTED_SELF = {
-    ("secrets", (TLS_SECRET,), ("get", "update"), NAMESPACE),
     ("validatingwebhookconfigurations.admissionregistration.k8s.io", (WEBHOOK_CONFIG,),
      ("get", "update"), CLUSTER_WIDE),
     ("mutatingwebhookconfigurations.admissionregistration.k8s.io", (WEBHOOK_CONFIG,),
      ("get", "update"), CLUSTER_WIDE),
+}
+# And with a certificate of its own (certs.mode self), its Secret, by name; no create.
+GRANTED_SELF = {
+    ("secrets", (TLS_SECRET,), ("get", "update"), NAMESPACE),
 }
 
 
@@ -453,15 +453,16 @@ def test_args_are_serve_flags(render, serve_help):
     assert not unknown, f"not flags of `gpuguard serve`: {sorted(unknown)}"
     assert flags["--listen"] == f"0.0.0.0:{serve_help['webhook_port']}"
     assert flags["--ops-listen"] == f"0.0.0.0:{serve_help['ops_port']}"
+    # Every mode: gpuguard writes the webhooks' failurePolicy once it is trusted.
+    assert flags["--webhook-configuration"] == WEBHOOK_CONFIG
+    assert flags["--webhook-failure-policy"] == "Fail"
     if self_managed(render):
         assert flags["--tls-secret"] == f"{NAMESPACE}/{TLS_SECRET}"
         assert flags["--tls-service"] == SERVICE
-        assert flags["--webhook-configuration"] == WEBHOOK_CONFIG
-        assert flags["--webhook-failure-policy"] == "Fail"
         assert "--tls-cert" not in flags and "--tls-key" not in flags
     else:
         assert flags.get("--tls-cert") and flags.get("--tls-key")
-        assert not {"--tls-secret", "--webhook-configuration"} & set(flags)
+        assert not {"--tls-secret", "--tls-service"} & set(flags)
     for required in ("--config", "--policies", "--lua"):
         assert flags.get(required), required
 
@@ -590,8 +591,9 @@ def test_webhook_configuration(render, kind, serve_help):
     # The validating webhook charges what it admits to the GPUQuota ledger, never on a dry run.
     assert hook["sideEffects"] == ("None" if mutating else "NoneOnDryRun")
     assert hook["timeoutSeconds"] == 5
-    # A first install of a self-managed gpuguard must not block pods before it has its CA.
-    assert hook["failurePolicy"] == ("Ignore" if self_managed(render) else "Fail")
+    # A first install must not block pods before gpuguard serves, trusted by the caBundle; it
+    # then writes Fail itself.
+    assert hook["failurePolicy"] == "Ignore"
     assert hook["matchPolicy"] == "Equivalent"
     if mutating:
         assert hook["reinvocationPolicy"] == "IfNeeded"
@@ -882,12 +884,12 @@ def test_gpuguard_mutates_before_kueue(render):
     assert all(h["reinvocationPolicy"] == "IfNeeded" for h in cfg["webhooks"])
 
 
-def test_webhook_configurations_can_be_applied_last(render):
-    """README.md installs in two steps: everything but the webhook configurations, then,
-    once the replicas are ready, the configurations (and removes them first)."""
-    staged = [d for d in render
-              if d["metadata"].get("labels", {}).get(STAGE_LABEL) == STAGE_VALUE]
-    assert sorted(d["kind"] for d in staged) == sorted(WEBHOOK_KINDS)
+def test_webhook_configurations_have_a_component_of_their_own(render):
+    """The webhook configurations, and nothing else, are component webhook-configuration: a
+    label selector finds them apart from the pods' objects."""
+    labelled = [d for d in render
+                if d["metadata"].get("labels", {}).get(COMPONENT_LABEL) == CONFIG_COMPONENT]
+    assert sorted(d["kind"] for d in labelled) == sorted(WEBHOOK_KINDS)
 
 
 def label_selector_matches(selector, labels):
@@ -1008,8 +1010,8 @@ def test_gpuquota_crd(render):
 
 
 def test_the_crd_is_applied_before_the_webhooks(render):
-    """kustomize writes CustomResourceDefinitions first; the webhook configurations come last
-    (and README.md's two-step install applies them apart)."""
+    """kustomize writes CustomResourceDefinitions first; the webhook configurations come
+    last."""
     kinds = [d["kind"] for d in render]
     first_crd = kinds.index("CustomResourceDefinition")
     assert first_crd < min(kinds.index(k) for k in WEBHOOK_KINDS)
@@ -1137,13 +1139,8 @@ def test_cert_manager_overlay(cert_manager, base):
         assert cfg["metadata"]["annotations"]["cert-manager.io/inject-ca-from"] == \
             f"{NAMESPACE}/{serving['metadata']['name']}"
         assert "caBundle" not in cfg["webhooks"][0]["clientConfig"], "the CA injector sets it"
-        # Otherwise the base's configuration, failing closed from the start.
-        assert cfg["webhooks"] == closed(one(base, kind, WEBHOOK_CONFIG)["webhooks"])
-
-
-def closed(hooks):
-    """The base's webhooks with failurePolicy Fail."""
-    return [dict(h, failurePolicy="Fail") for h in hooks]
+        # Otherwise the base's configuration, Ignore until gpuguard is trusted.
+        assert cfg["webhooks"] == one(base, kind, WEBHOOK_CONFIG)["webhooks"]
 
 
 def test_provided_certs_overlay_placeholder(provided_certs):
@@ -1195,7 +1192,7 @@ def test_provided_certs_overlay_with_generated_patch(repo_copy, tmp_path, binary
             bundle = hook["clientConfig"].pop("caBundle")
             assert base64.b64decode(bundle, validate=True) == ca
             hooks.append(hook)
-        assert hooks == closed(want["webhooks"]), "only caBundle and failurePolicy change"
+        assert hooks == want["webhooks"], "only caBundle changes"
     if shutil.which("openssl"):
         bundle_file = tmp_path / "bundle.pem"
         bundle_file.write_bytes(base64.b64decode(bundle))
@@ -1374,9 +1371,12 @@ def test_rendered_pod_serves(provided_certs, binary, certs, tmp_path):
     """The rendered ConfigMap and arguments (provided-certs: the certificate from the Secret's
     files) start the real server, with the policies and Lua library the image holds: ready,
     both webhook paths answer a pod review, and every resource of the workload rules is reviewed
-    as a workload (its template denied, the denial naming the template)."""
+    as a workload (its template denied, the denial naming the template).  The API server, where
+    --webhook-configuration writes the webhooks' failurePolicy, does not answer: gpuguard serves
+    all the same."""
     args = materialize(provided_certs, tmp_path / "pod", certs)
-    server = start_server(binary, certs, tmp_path, *args, ready_timeout=30)
+    server = start_server(binary, certs, tmp_path, *args, *unreachable_cluster(tmp_path),
+                          ready_timeout=30)
     try:
         ctr = container(provided_certs)
         for probe in ("readinessProbe", "livenessProbe"):

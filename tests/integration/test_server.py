@@ -3,7 +3,6 @@ loopback, with a client configured like the Kubernetes API server's."""
 
 import base64
 import collections
-import copy
 import json
 import re
 import socket
@@ -15,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, SNI, ApiServerConnection, load_review, procs, start_server
+from conftest import (REPO, SNI, ApiServerConnection, load_review, procs, start_server,
+                      unreachable_cluster)
 
 
 def review(version="v1", operation="CREATE", **request):
@@ -423,6 +423,8 @@ def test_version(binary):
      "--webhook-failure-policy must be Fail or Ignore"),
     (["--tls-secret", "gpuguard-tls", "--cert-check", "soon"],
      'a duration such as 15s or 500ms, got "soon"'),
+    (["--tls-cert", "a", "--tls-key", "b", "--ca-validity", "1h"],
+     "--tls-service, --ca-validity and --cert-validity are for --tls-secret"),
     (["--tls-cert", "a", "--tls-key", "b", "--client-san", "kube-apiserver"],
      "--client-cn and --client-san need --client-ca"),
     (["--tls-cert", "a", "--tls-key", "b", "--client-ca", "c", "--client-cn", ""],
@@ -447,15 +449,9 @@ def test_usage_errors_exit_2(binary, args, message):
 def test_own_certificate_settings_are_checked_before_any_request(binary, tmp_path, args, message):
     """--tls-secret's settings are refused at start (exit 1), before the API server is asked:
     the kubeconfig's server is a closed port."""
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
-        "users": [{"name": "u", "user": {"token": "t"}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}]}))
     out = subprocess.run([binary, "serve", "--listen", "127.0.0.1:0", "--ops-listen",
-                          "127.0.0.1:0", "--kubeconfig", str(kubeconfig), "--inventory", "off",
-                          *args], capture_output=True, text=True, timeout=30)
+                          "127.0.0.1:0", *unreachable_cluster(tmp_path), *args],
+                         capture_output=True, text=True, timeout=30)
     assert out.returncode == 1
     assert message in out.stderr
 

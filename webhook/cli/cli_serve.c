@@ -59,7 +59,8 @@ struct serve_opts {
     const char *tls_key;
     const char *tls_secret;     /* --tls-secret: certificates gpuguard keeps (certkeeper.h) */
     const char *tls_service;    /* --tls-service */
-    const char *webhook_config; /* --webhook-configuration */
+    const char *webhook_config; /* --webhook-configuration (gpuguard with --tls-secret) */
+    bool secret_only;           /* a flag that only --tls-secret uses was given */
     const char *failure_policy; /* --webhook-failure-policy */
     int64_t cert_ms[3];         /* --ca-validity, --cert-validity, --cert-check */
     struct engine_opts engine;
@@ -109,9 +110,13 @@ static void serve_usage(FILE *out)
                  "  --tls-service NAME        the Service the certificate names [gpuguard]\n"
                  "  --webhook-configuration NAME\n"
                  "                            the Validating- and MutatingWebhookConfiguration\n"
-                 "                            whose caBundle it writes [gpuguard]\n"
+                 "                            whose failurePolicy gpuguard writes once it serves\n"
+                 "                            (the manifests ship them Ignore), and with\n"
+                 "                            --tls-secret their caBundle; with --tls-cert, once\n"
+                 "                            their caBundle trusts it [gpuguard with\n"
+                 "                            --tls-secret, else none]\n"
                  "  --webhook-failure-policy Fail|Ignore\n"
-                 "                            written with the caBundle [Fail]\n"
+                 "                            the failurePolicy written [Fail]\n"
                  "  --ca-validity D, --cert-validity D\n"
                  "                            lifetimes of the CA and the serving certificate;\n"
                  "                            each is renewed with a third left [87600h, 8760h]\n"
@@ -322,6 +327,7 @@ static int take_flag(void *ctx, int opt, const char *arg)
         return 0;
     case OPT_TLS_SERVICE:
         o->tls_service = arg;
+        o->secret_only = true;
         return 0;
     case OPT_WEBHOOK_CONFIG:
         o->webhook_config = arg;
@@ -381,6 +387,7 @@ static int take_flag(void *ctx, int opt, const char *arg)
             o->cert_ms[opt - OPT_CA_VALIDITY] = ms;
         else
             o->lease_ms[opt - OPT_LEASE_DURATION] = ms;
+        o->secret_only = o->secret_only || opt == OPT_CA_VALIDITY || opt == OPT_CERT_VALIDITY;
         return 0;
     }
     default:
@@ -404,7 +411,6 @@ static bool parse_flags(int argc, char **argv, struct serve_opts *o, int *exit_c
                              .quota_ledger = true,
                              .lease_name = "gpuguard-quota",
                              .tls_service = "gpuguard",
-                             .webhook_config = "gpuguard",
                              .failure_policy = "Fail",
                              .cert_ms = {CK_DEFAULT_CA_LIFETIME_S * 1000,
                                          CK_DEFAULT_CERT_LIFETIME_S * 1000, CK_DEFAULT_CHECK_MS}};
@@ -424,6 +430,8 @@ static bool parse_flags(int argc, char **argv, struct serve_opts *o, int *exit_c
                   "not both";
     else if (!o->tls_secret && (!o->tls_cert || !o->tls_key))
         problem = "--tls-cert and --tls-key are required (or --tls-secret)";
+    else if (!o->tls_secret && o->secret_only)
+        problem = "--tls-service, --ca-validity and --cert-validity are for --tls-secret";
     else if (!o->client_ca && o->client_names.n_cn + o->client_names.n_san)
         problem = "--client-cn and --client-san need --client-ca (the CAs that sign the "
                   "client certificates they name)";
@@ -550,7 +558,7 @@ static enum gg_status start_own_certificates(const struct serve_opts *o, struct 
     struct certkeeper_options ko = {.ns = ns,
                                     .secret = slash ? slash + 1 : o->tls_secret,
                                     .service = o->tls_service,
-                                    .webhooks = o->webhook_config,
+                                    .webhooks = o->webhook_config ? o->webhook_config : "gpuguard",
                                     .failure_policy = o->failure_policy,
                                     .ca_lifetime_s = o->cert_ms[0] / 1000,
                                     .cert_lifetime_s = o->cert_ms[1] / 1000,
@@ -582,6 +590,16 @@ static enum gg_status start_certificates(const struct serve_opts *o, struct dirw
     }
     if (o->tls_secret)
         return GG_OK;
+    if (o->webhook_config) {
+        struct certkeeper_options ko = {.cert_file = o->tls_cert,
+                                        .webhooks = o->webhook_config,
+                                        .failure_policy = o->failure_policy,
+                                        .check_ms = o->cert_ms[2]};
+        struct kc_client *client = NULL;
+        if ((st = new_client(o, &client, err)) != GG_OK ||
+            (st = certkeeper_start(client, &ko, keeper, err)) != GG_OK)
+            return st;
+    }
     char cert_dir[4096], key_dir[4096];
     dirwatch_dir_of(o->tls_cert, cert_dir, sizeof(cert_dir));
     dirwatch_dir_of(o->tls_key, key_dir, sizeof(key_dir));

@@ -35,6 +35,7 @@ static const char *const secret_keys[] = {"ca.crt", "ca.key", "tls.crt", "tls.ke
 struct certkeeper {
     struct kc_client *kc;
     char ns[64], secret[NAME_MAX_LEN], service[64], webhooks[NAME_MAX_LEN], policy[8];
+    const char *cert_file; /* certificates from files: failurePolicy only (certkeeper.h) */
     int64_t ca_lifetime_s, cert_lifetime_s, check_ms;
     pthread_t thread;
     bool started;
@@ -335,16 +336,25 @@ static enum gg_status serve(struct certkeeper *k, const struct material *m, stru
 }
 
 /* Whether every webhook of cfg carries bundle as its caBundle and policy as its failurePolicy. */
+static const char *hook_bundle(const json_t *hook)
+{
+    return json_string_value(json_object_get(json_object_get(hook, "clientConfig"), "caBundle"));
+}
+
+/*
+ * Whether every webhook of cfg has policy as its failurePolicy and, unless
+ * bundle_b64 is NULL (certificates from files), bundle_b64 as its caBundle.
+ */
 static bool config_current(const json_t *cfg, const char *bundle_b64, const char *policy)
 {
     size_t i;
     const json_t *hook;
     json_array_foreach(json_object_get(cfg, "webhooks"), i, hook)
     {
-        const char *has =
-            json_string_value(json_object_get(json_object_get(hook, "clientConfig"), "caBundle"));
+        const char *has = hook_bundle(hook);
         const char *fp = json_string_value(json_object_get(hook, "failurePolicy"));
-        if (!has || strcmp(has, bundle_b64) != 0 || !fp || strcmp(fp, policy) != 0)
+        if ((bundle_b64 && (!has || strcmp(has, bundle_b64) != 0)) || !fp ||
+            strcmp(fp, policy) != 0)
             return false;
     }
     return true;
@@ -359,9 +369,39 @@ static void set_config(json_t *cfg, const char *bundle_b64, const char *policy)
         json_t *cc = json_object_get(hook, "clientConfig");
         if (!json_is_object(cc))
             json_object_set_new(hook, "clientConfig", cc = json_object());
-        json_object_set_new(cc, "caBundle", json_string(bundle_b64));
+        if (bundle_b64)
+            json_object_set_new(cc, "caBundle", json_string(bundle_b64));
         json_object_set_new(hook, "failurePolicy", json_string(policy));
     }
+}
+
+/*
+ * Certificates from files: whether every webhook's caBundle trusts the
+ * serving certificate (one of its CAs signed it).  Until then failurePolicy
+ * Fail would refuse every request the webhooks match.
+ */
+static bool bundles_trust(const json_t *cfg, const char *cert_pem)
+{
+    size_t i;
+    const json_t *hook;
+    bool all = json_array_size(json_object_get(cfg, "webhooks")) > 0;
+    json_array_foreach(json_object_get(cfg, "webhooks"), i, hook)
+    {
+        size_t len;
+        const char *b64 = hook_bundle(hook);
+        char *pem = b64 ? (char *)kc_base64_decode(b64, &len) : NULL;
+        struct certs_info cas[MAX_CAS];
+        int n = pem ? certs_scan(pem, cas, MAX_CAS) : 0;
+        bool trusted = false;
+        for (int c = 0; c < n && !trusted; c++) {
+            char *ca = strndup(pem + cas[c].start, cas[c].len);
+            trusted = ca && certs_signed_by(cert_pem, ca);
+            free(ca);
+        }
+        free(pem);
+        all = all && trusted;
+    }
+    return all;
 }
 
 /*
@@ -370,9 +410,7 @@ static void set_config(json_t *cfg, const char *bundle_b64, const char *policy)
  */
 static time_t newest_in_bundle(const json_t *cfg)
 {
-    const char *b64 = json_string_value(json_object_get(
-        json_object_get(json_array_get(json_object_get(cfg, "webhooks"), 0), "clientConfig"),
-        "caBundle"));
+    const char *b64 = hook_bundle(json_array_get(json_object_get(cfg, "webhooks"), 0));
     size_t len;
     char *pem = b64 ? (char *)kc_base64_decode(b64, &len) : NULL;
     struct certs_info cas[MAX_CAS];
@@ -391,10 +429,12 @@ static time_t newest_in_bundle(const json_t *cfg)
  * does not exist.  A configuration that holds a CA newer than this replica's
  * newest was written from a Secret newer than the one read here: it is left
  * alone (writing would drop that CA).  A 409 is GG_ERR_EXISTS: another
- * replica wrote it first.
+ * replica wrote it first.  Certificates from files (bundle_b64 NULL):
+ * failurePolicy only, once the configuration's caBundle trusts cert_pem.
  */
 static enum gg_status inject(struct certkeeper *k, int kind, const char *bundle_b64,
-                             time_t newest_ca, bool *carries, struct gg_err *err)
+                             time_t newest_ca, const char *cert_pem, bool *carries,
+                             struct gg_err *err)
 {
     char path[512], what[384];
     snprintf(path, sizeof(path), "/apis/admissionregistration.k8s.io/v1/%s/%s", config_kinds[kind],
@@ -417,7 +457,8 @@ static enum gg_status inject(struct certkeeper *k, int kind, const char *bundle_
     k->absent[kind] = false;
     if (st == GG_OK && config_current(cfg, bundle_b64, k->policy)) {
         *carries = true;
-    } else if (st == GG_OK && atomic_load(&k->serving) && newest_in_bundle(cfg) <= newest_ca) {
+    } else if (st == GG_OK && atomic_load(&k->serving) &&
+               (bundle_b64 ? newest_in_bundle(cfg) <= newest_ca : bundles_trust(cfg, cert_pem))) {
         set_config(cfg, bundle_b64, k->policy);
         st = kc_json(k->kc, &rq, "PUT", cfg, &written, &status, err);
         if (st == GG_OK)
@@ -446,7 +487,7 @@ static enum gg_status inject_all(struct certkeeper *k, const struct material *m,
     enum gg_status st = GG_OK;
     for (int i = 0; st == GG_OK && i < N_CONFIGS; i++) {
         bool carries;
-        st = inject(k, i, b64, cas[n - 1].not_before, &carries, err);
+        st = inject(k, i, b64, cas[n - 1].not_before, NULL, &carries, err);
         all = all && (carries || k->absent[i]);
         any = any || carries;
     }
@@ -511,6 +552,20 @@ static enum round run_round(struct certkeeper *k, struct gg_err *err)
     return r;
 }
 
+/* A round with certificates from files: failurePolicy only, once the bundles trust them. */
+static enum round policy_round(struct certkeeper *k, struct gg_err *err)
+{
+    char *pem = NULL;
+    size_t len;
+    enum gg_status st = gg_read_file(k->cert_file, CERTS_MAX_PEM_SIZE, &pem, &len, err);
+    for (int i = 0; st == GG_OK && i < N_CONFIGS; i++) {
+        bool carries;
+        st = inject(k, i, NULL, 0, pem, &carries, err);
+    }
+    free(pem);
+    return st == GG_OK ? ROUND_DONE : st == GG_ERR_EXISTS ? ROUND_LOST : ROUND_FAILED;
+}
+
 /* A failed round is logged when its message differs from the last one's. */
 static void note_problem(struct certkeeper *k, enum round r, const struct gg_err *err)
 {
@@ -543,7 +598,7 @@ static void *keeper_main(void *arg)
     int64_t wait_ms = k->check_ms;
     while (pause_ms(k, wait_ms)) {
         struct gg_err err = {{0}};
-        enum round r = run_round(k, &err);
+        enum round r = k->cert_file ? policy_round(k, &err) : run_round(k, &err);
         note_problem(k, r, &err);
         wait_ms = r == ROUND_LOST ? LOST_RETRY_MS : k->check_ms;
     }
@@ -553,18 +608,22 @@ static void *keeper_main(void *arg)
 static enum gg_status check_options(const struct certkeeper_options *o, struct gg_err *err)
 {
     enum gg_status st;
-    if ((st = certs_check_namespace(o->ns, err)) != GG_OK ||
-        (st = certs_check_service(o->service, err)) != GG_OK)
-        return st;
-    if (!o->secret || !gg_dns_subdomain(o->secret))
-        return gg_fail(err, GG_ERR_INVALID, "--tls-secret: '%s' is not a Secret name",
-                       o->secret ? o->secret : "");
     if (!o->webhooks || !gg_dns_subdomain(o->webhooks))
         return gg_fail(err, GG_ERR_INVALID, "--webhook-configuration: '%s' is not an object name",
                        o->webhooks ? o->webhooks : "");
     if (strcmp(o->failure_policy, "Fail") != 0 && strcmp(o->failure_policy, "Ignore") != 0)
         return gg_fail(err, GG_ERR_INVALID, "--webhook-failure-policy: Fail or Ignore, not '%s'",
                        o->failure_policy);
+    if (o->cert_file)
+        return o->check_ms >= 100
+                   ? GG_OK
+                   : gg_fail(err, GG_ERR_INVALID, "--cert-check must be at least 100ms");
+    if ((st = certs_check_namespace(o->ns, err)) != GG_OK ||
+        (st = certs_check_service(o->service, err)) != GG_OK)
+        return st;
+    if (!o->secret || !gg_dns_subdomain(o->secret))
+        return gg_fail(err, GG_ERR_INVALID, "--tls-secret: '%s' is not a Secret name",
+                       o->secret ? o->secret : "");
     if (o->ca_lifetime_s < CK_MIN_LIFETIME_S || o->cert_lifetime_s < CK_MIN_LIFETIME_S)
         return gg_fail(err, GG_ERR_INVALID, "certificate lifetimes must be at least %d s",
                        CK_MIN_LIFETIME_S);
@@ -592,9 +651,10 @@ enum gg_status certkeeper_start(struct kc_client *c, const struct certkeeper_opt
         return gg_fail(err, GG_ERR_NOMEM, "out of memory");
     }
     k->kc = c;
-    snprintf(k->ns, sizeof(k->ns), "%s", o->ns);
-    snprintf(k->secret, sizeof(k->secret), "%s", o->secret);
-    snprintf(k->service, sizeof(k->service), "%s", o->service);
+    k->cert_file = o->cert_file;
+    snprintf(k->ns, sizeof(k->ns), "%s", o->ns ? o->ns : "");
+    snprintf(k->secret, sizeof(k->secret), "%s", o->secret ? o->secret : "");
+    snprintf(k->service, sizeof(k->service), "%s", o->service ? o->service : "");
     snprintf(k->webhooks, sizeof(k->webhooks), "%s", o->webhooks);
     snprintf(k->policy, sizeof(k->policy), "%s", o->failure_policy);
     k->ca_lifetime_s = o->ca_lifetime_s;
@@ -604,7 +664,7 @@ enum gg_status certkeeper_start(struct kc_client *c, const struct certkeeper_opt
     kc_cond_init(&k->cond);
     int64_t deadline = gg_now_us() + (int64_t)CK_START_MS * 1000;
     enum round r = ROUND_FAILED;
-    while (!k->loaded && gg_now_us() < deadline) {
+    while (!k->cert_file && !k->loaded && gg_now_us() < deadline) {
         r = run_round(k, err);
         note_problem(k, r, err);
         /* No Secret, or no right to it: waiting will not help (an API server starting will). */
@@ -613,7 +673,7 @@ enum gg_status certkeeper_start(struct kc_client *c, const struct certkeeper_opt
         if (!k->loaded)
             pause_ms(k, r == ROUND_LOST ? LOST_RETRY_MS : START_RETRY_MS);
     }
-    if (!k->loaded) {
+    if (!k->cert_file && !k->loaded) {
         certkeeper_stop(k);
         if (r == ROUND_FAILED && (k->last_status == 403 || k->last_status == 404))
             return GG_ERR_INVALID;

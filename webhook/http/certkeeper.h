@@ -28,8 +28,15 @@
  *     failurePolicy Ignore and no caBundle, so a first install never refuses
  *     pods for want of a CA; from this write on they fail closed.
  *
- * RBAC: secrets get, update (named); validatingwebhookconfigurations and
- * mutatingwebhookconfigurations get, update (named).  Nothing is created.
+ * With certificates from files instead (--tls-cert, cert_file here: the
+ * cert-manager and provided modes) there is no Secret to keep, and step 4
+ * writes failurePolicy only, and only once every webhook's caBundle trusts
+ * the serving certificate: the manifests ship Ignore in every mode, so that
+ * no install refuses pods before gpuguard answers.
+ *
+ * RBAC: secrets get, update (named; --tls-secret only);
+ * validatingwebhookconfigurations and mutatingwebhookconfigurations get,
+ * update (named).  Nothing is created.
  */
 #ifndef GG_CERTKEEPER_H
 #define GG_CERTKEEPER_H
@@ -48,7 +55,8 @@
 #define CK_MAX_BODY (1 << 20)
 
 struct certkeeper_options {
-    const char *ns, *secret;    /* the Secret */
+    const char *cert_file;      /* set: certificates from files, failurePolicy only */
+    const char *ns, *secret;    /* the Secret (cert_file NULL) */
     const char *service;        /* the Service whose DNS names the certificate carries */
     const char *webhooks;       /* the Validating- and MutatingWebhookConfiguration */
     const char *failure_policy; /* written with the caBundle: "Fail" or "Ignore" */
@@ -58,9 +66,10 @@ struct certkeeper_options {
 struct certkeeper;
 
 /*
- * Run rounds until one leaves a valid certificate serving (tls_creds), for
- * up to CK_START_MS, then go on in a thread of its own with c (which it now
- * owns).  The error names the last failure: the Secret missing, RBAC, ...
+ * With the Secret: run rounds until one leaves a valid certificate serving
+ * (tls_creds), for up to CK_START_MS; then (at once with cert_file) go on in
+ * a thread of its own with c (which it now owns).  The error names the last
+ * failure: the Secret missing, RBAC, ...
  */
 enum gg_status certkeeper_start(struct kc_client *c, const struct certkeeper_options *o,
                                 struct certkeeper **out, struct gg_err *err);

@@ -145,9 +145,10 @@ enum gg_status kc_send(struct kc_client *c, const struct kc_request *rq, const s
 /*
  * A request with a JSON body (NULL: none) whose 2xx answer is a JSON object,
  * parsed into *out (the caller's reference).  *status is the HTTP status (0
- * when no whole answer came: a transfer cut after the headers is none).  A non-2xx answer is GG_ERR_IO with the message of the
- * Kubernetes Status it carries, "METHOD WHAT: HTTP 409: ..."; a 401 also
- * has the token file read again before the next request.
+ * when no whole answer came: a transfer cut after the headers is none).  A
+ * non-2xx answer is GG_ERR_IO with the message of the Kubernetes Status it
+ * carries, "METHOD WHAT: HTTP 409: ..."; a 401 also has the token file read
+ * again before the next request.
  */
 enum gg_status kc_json(struct kc_client *c, const struct kc_request *rq, const char *method,
                        const json_t *body, json_t **out, long *status, struct gg_err *err);

@@ -26,23 +26,19 @@ app.kubernetes.io/component: webhook
 
 {{- /*
 failurePolicy and clientConfig of one webhook.  Arguments: root (the chart's context), path
-(/mutate or /validate), name (the webhook's name) and live (caBundle by webhook name, from the
-configurations in the cluster: webhooks.yaml says when they count).
+(/mutate or /validate), name (the webhook's name), policy (its failurePolicy) and live (self
+mode: caBundle by webhook name, from the configurations in the cluster; webhooks.yaml says when
+they count).
 */ -}}
 {{- define "gpuguard.webhookClient" -}}
 {{- $v := .root.Values -}}
 {{- $bundle := "" -}}
-{{- $policy := $v.webhook.failurePolicy -}}
 {{- if eq $v.certs.mode "self" -}}
-{{- if .live -}}
 {{- $bundle = get .live .name | default (get .live "") -}}
-{{- else -}}
-{{- $policy = "Ignore" -}}
-{{- end -}}
 {{- else if eq $v.certs.mode "provided" -}}
 {{- $bundle = required "certs.caBundle: the base64 of the CA certificate is needed with certs.mode=provided" $v.certs.caBundle -}}
 {{- end -}}
-failurePolicy: {{ $policy }}
+failurePolicy: {{ .policy }}
 clientConfig:
   service:
     name: gpuguard
