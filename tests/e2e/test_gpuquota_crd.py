@@ -251,6 +251,10 @@ def test_a_dry_run_is_judged_and_charges_nothing(kube, namespace):
         "validate.gpuguard.io": "NoneOnDryRun", "workloads.validate.gpuguard.io": "None",
         "mutate.gpuguard.io": "None", "workloads.mutate.gpuguard.io": "None"}
     kube.create(example(namespace))
+    # Until the quota controller has counted the quota (its next round, 2 s at most), GPU pods
+    # of the namespace are refused as not counted yet.
+    wait_for("the quota counted", lambda: kube.get("gpuquota", "gpu", namespace)
+             .get("status", {}).get("used"))
     pod = {"apiVersion": "v1", "kind": "Pod",
            "metadata": {"name": "dry", "labels": {"team": "e2e",
                                                   "gpuguard.io/workload-class": "training"}},
