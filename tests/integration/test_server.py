@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import (REPO, SNI, ApiServerConnection, load_review, procs, start_server,
-                      unreachable_cluster)
+                      unreachable_cluster, wait_for)
 
 
 def review(version="v1", operation="CREATE", **request):
@@ -151,6 +151,9 @@ def test_a_burst_of_connections_spreads_across_the_workers(binary, certs, tmp_pa
     try:
         # The TCP connections first, all waiting in the kernel; then TLS and a review on each.
         socks = [socket.create_connection(("127.0.0.1", srv.port), 10) for _ in range(48)]
+        # All handed to the workers before the first review: a loaded machine's acceptor may
+        # lag, and a connection it hands over while a worker runs a review skips that worker.
+        assert wait_for(lambda: "gpuguard_open_connections 48\n" in srv.ops("/metrics")[1])
         seen = collections.Counter()
         for sock in socks:
             conn = srv.connect()
