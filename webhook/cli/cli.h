@@ -13,6 +13,7 @@ int cli_certs(int argc, char **argv);
 int cli_check(int argc, char **argv);
 int cli_test(int argc, char **argv);
 int cli_usage(int argc, char **argv);
+int cli_report(int argc, char **argv);
 int cli_config(int argc, char **argv);
 
 /* True when s is "-h" or "--help". */

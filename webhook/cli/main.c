@@ -23,6 +23,7 @@ static const struct command {
     {"test", cli_test, "run policy test suites (*.suite.yaml)"},
     {"config", cli_config, "check a configuration file and show its defaults; its JSON Schema"},
     {"usage", cli_usage, "save workloads' GPU memory history from Prometheus for check --usage"},
+    {"report", cli_report, "the GPU running workloads hold and need, from a dump and usage file"},
     {"version", cmd_version, "print the version"},
 };
 

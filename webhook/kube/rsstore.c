@@ -37,6 +37,8 @@ static struct {
     unsigned long long recommended, applied;
     struct report *reported; /* open addressing on "ns/workload"; cap a power of two */
     size_t n_reported, cap_reported;
+    struct rss_last last; /* rss_take_last */
+    bool have_last;
 } S;
 
 void rss_publish(struct rs_data *d, int64_t stale_after_s)
@@ -165,7 +167,23 @@ void rss_report(const char *ns, const char *workload, const char *action, int64_
         r->requested = requested_milli;
         r->needed = needed_milli;
     }
+    S.last = (struct rss_last){.requested = requested_milli, .needed = needed_milli};
+    snprintf(S.last.ns, sizeof(S.last.ns), "%s", ns);
+    snprintf(S.last.workload, sizeof(S.last.workload), "%s", workload);
+    snprintf(S.last.action, sizeof(S.last.action), "%s", action);
+    S.have_last = true;
     pthread_mutex_unlock(&lock);
+}
+
+bool rss_take_last(struct rss_last *out)
+{
+    pthread_mutex_lock(&lock);
+    bool had = S.have_last;
+    if (had)
+        *out = S.last;
+    S.have_last = false;
+    pthread_mutex_unlock(&lock);
+    return had;
 }
 
 void rss_describe(char *out, size_t size)
