@@ -1,7 +1,9 @@
 """The chart with a certificate of the user's own (certs.mode provided, made by `gpuguard certs`):
 the webhooks ship Ignore with the user's CA, and gpuguard sets them Fail once it serves a
-certificate that CA signed, so that this install, too, never refuses pods while gpuguard starts.
-Runs after test_install.py, whose release is gone by then."""
+certificate that CA signed and its Service has a ready endpoint, so that this install, too,
+never refuses pods while gpuguard starts.  The Deployment is installed scaled to 0, so that the
+Service has no endpoint until the test scales it: kwok then runs the pod, and the endpointslice
+controller publishes it ready.  Runs after test_install.py, whose release is gone by then."""
 
 import base64
 import subprocess
@@ -30,7 +32,7 @@ def release(cluster, helm, tmp_path_factory):
     cluster.kubectl("create", "secret", "tls", "gpuguard-tls", "-n", NAMESPACE,
                     "--cert", out / "tls.crt", "--key", out / "tls.key")
     ca = base64.b64encode((out / "ca.crt").read_bytes()).decode()
-    helm.run("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--set", "replicaCount=1",
+    helm.run("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--set", "replicaCount=0",
              "--set", "certs.mode=provided", "--set", f"certs.caBundle={ca}")
     dep = Deployment(cluster, NAMESPACE, RELEASE)
     yield dep, ca
@@ -46,8 +48,14 @@ def test_the_webhooks_wait_for_gpuguard_then_fail_closed(cluster, release, api):
     assert {h["clientConfig"]["caBundle"] for h in cfg["webhooks"]} == {ca}
     status, body = api.create_pod(gpu_pod(NS), dry_run=True)
     assert status == 201, body  # nothing answers yet: admitted unreviewed, not refused
-    dep.start()
-    wait("failurePolicy Fail once gpuguard serves", lambda: policies(cluster)[0] == {"Fail"})
+    dep.start(replicas=1)  # serving, but no endpoint of the Service is ready
+    log = cluster.dir / "logs" / f"{dep.running[0][0]}.log"
+    wait("gpuguard waiting for an endpoint",
+         lambda: "failurePolicy Fail waits for a ready endpoint" in log.read_text())
+    assert policies(cluster)[0] == {"Ignore"}
+    cluster.kubectl("scale", "deployment", RELEASE, "-n", NAMESPACE, "--replicas=1")
+    wait("failurePolicy Fail once the Service has a ready endpoint",
+         lambda: policies(cluster)[0] == {"Fail"})
     _, cfg = policies(cluster)
     assert {h["clientConfig"]["caBundle"] for h in cfg["webhooks"]} == {ca}, "the user's CA kept"
     status, body = api.create_pod(gpu_pod(NS, "trainer"))

@@ -290,6 +290,7 @@ GRANTED = {
     ("gpuquotas.gpuguard.io/status", (), ("update",), CLUSTER_WIDE),
     ("leases.coordination.k8s.io", ("gpuguard-quota",), ("get", "update"), NAMESPACE),
     ("leases.coordination.k8s.io", (), ("create",), NAMESPACE),
+    ("endpointslices.discovery.k8s.io", (), ("list",), NAMESPACE),
     ("validatingwebhookconfigurations.admissionregistration.k8s.io", (WEBHOOK_CONFIG,),
      ("get", "update"), CLUSTER_WIDE),
     ("mutatingwebhookconfigurations.admissionregistration.k8s.io", (WEBHOOK_CONFIG,),
@@ -314,9 +315,9 @@ def test_rbac_is_least_privilege(render):
     assert role["metadata"]["namespace"] == NAMESPACE
     for rule in role["rules"]:
         assert set(rule) <= {"apiGroups", "resources", "resourceNames", "verbs"}, rule
-        # create cannot be limited by name (the object has none yet when it is authorized);
-        # every other verb is
-        assert ("resourceNames" in rule) == (rule["verbs"] != ["create"]), rule
+        # create and list cannot be limited by name (a new object has none yet when it is
+        # authorized; a list names none); every other verb is
+        assert ("resourceNames" in rule) == (rule["verbs"] not in (["create"], ["list"])), rule
     granted = rbac_rows(roles[0]["rules"], CLUSTER_WIDE) | rbac_rows(role["rules"], NAMESPACE)
     assert granted == GRANTED | (GRANTED_SELF if self_managed(render) else set())
     for verb in ("create", "update", "patch", "delete", "deletecollection", "*"):

@@ -42,13 +42,14 @@ struct certkeeper {
     pthread_mutex_t lock;
     pthread_cond_t cond;
     atomic_bool stop, serving;
-    bool wake;              /* under lock: cut the wait short (certkeeper_serving) */
-    char *loaded;           /* the tls.crt serving now */
-    char *confirmed_ca;     /* the newest CA, as both webhook configurations carry it ... */
-    int64_t confirmed_us;   /* ... since this time (CLOCK_MONOTONIC) */
-    char last_problem[512]; /* logged once until it changes */
-    bool absent[N_CONFIGS]; /* a webhook configuration found missing (logged once) */
-    long last_status;       /* of the round's last request that failed */
+    bool wake;               /* under lock: cut the wait short (certkeeper_serving) */
+    char *loaded;            /* the tls.crt serving now */
+    char *confirmed_ca;      /* the newest CA, as both webhook configurations carry it ... */
+    int64_t confirmed_us;    /* ... since this time (CLOCK_MONOTONIC) */
+    char last_problem[512];  /* logged once until it changes */
+    bool absent[N_CONFIGS];  /* a webhook configuration found missing (logged once) */
+    bool awaiting_endpoints; /* the wait for a ready endpoint is logged (once) */
+    long last_status;        /* of the round's last request that failed */
 };
 
 /* The Secret's four PEM texts ("" when absent); [1] and [3] hold keys.  new_ca and leaf_why
@@ -424,6 +425,66 @@ static time_t newest_in_bundle(const json_t *cfg)
 }
 
 /*
+ * Whether the Services the webhooks of cfg name have a ready endpoint (an
+ * EndpointSlice endpoint whose ready condition is true or unset, which the
+ * API says to read as ready), so that failurePolicy Fail refuses nothing for
+ * want of one.  Webhooks that name a URL are not asked about.  An answer that
+ * cannot be had (RBAC without endpointslices list, an API server error) is
+ * logged and taken as ready: the check narrows a window, it is no gate.
+ */
+static bool endpoints_ready(struct certkeeper *k, const json_t *cfg)
+{
+    size_t i;
+    const json_t *hook;
+    json_array_foreach(json_object_get(cfg, "webhooks"), i, hook)
+    {
+        const json_t *svc = json_object_get(json_object_get(hook, "clientConfig"), "service");
+        const char *ns = json_string_value(json_object_get(svc, "namespace"));
+        const char *name = json_string_value(json_object_get(svc, "name"));
+        if (!ns || !name || !gg_dns_label(ns) || !gg_dns_label(name))
+            continue;
+        char path[512], what[384];
+        snprintf(path, sizeof(path),
+                 "/apis/discovery.k8s.io/v1/namespaces/%s/endpointslices"
+                 "?labelSelector=kubernetes.io%%2Fservice-name%%3D%s",
+                 ns, name);
+        snprintf(what, sizeof(what), "the EndpointSlices of Service %s/%s", ns, name);
+        struct kc_request rq = request(k, path, what);
+        json_t *list = NULL;
+        long status;
+        struct gg_err err = {{0}};
+        if (kc_json(k->kc, &rq, "GET", NULL, &list, &status, &err) != GG_OK) {
+            log_fields(LOG_WARN, "certificates: endpoints not known, failurePolicy written anyway",
+                       json_pack("{s:s}", "error", err.msg));
+            return true;
+        }
+        bool ready = false;
+        size_t s_i, e_i;
+        const json_t *slice, *ep;
+        json_array_foreach(json_object_get(list, "items"), s_i, slice)
+        {
+            json_array_foreach(json_object_get(slice, "endpoints"), e_i, ep)
+            {
+                const json_t *r = json_object_get(json_object_get(ep, "conditions"), "ready");
+                ready = ready || !r || json_is_true(r);
+            }
+        }
+        json_decref(list);
+        if (!ready) {
+            if (!k->awaiting_endpoints)
+                log_fields(LOG_INFO,
+                           "certificates: failurePolicy Fail waits for a ready endpoint of the "
+                           "webhooks' Service",
+                           json_pack("{s:s,s:s}", "namespace", ns, "service", name));
+            k->awaiting_endpoints = true;
+            return false;
+        }
+    }
+    k->awaiting_endpoints = false;
+    return true;
+}
+
+/*
  * Step 4 for one configuration.  *carries: it held the bundle when read (a
  * write of this round is not yet known to every API server); *absent: it
  * does not exist.  A configuration that holds a CA newer than this replica's
@@ -458,7 +519,9 @@ static enum gg_status inject(struct certkeeper *k, int kind, const char *bundle_
     if (st == GG_OK && config_current(cfg, bundle_b64, k->policy)) {
         *carries = true;
     } else if (st == GG_OK && atomic_load(&k->serving) &&
-               (bundle_b64 ? newest_in_bundle(cfg) <= newest_ca : bundles_trust(cfg, cert_pem))) {
+               (bundle_b64 ? newest_in_bundle(cfg) <= newest_ca : bundles_trust(cfg, cert_pem)) &&
+               (strcmp(k->policy, "Fail") != 0 || config_current(cfg, NULL, "Fail") ||
+                endpoints_ready(k, cfg))) {
         set_config(cfg, bundle_b64, k->policy);
         st = kc_json(k->kc, &rq, "PUT", cfg, &written, &status, err);
         if (st == GG_OK)
