@@ -20,6 +20,7 @@ REPO = Path(__file__).resolve().parent.parent.parent
 sys.path[:0] = [str(REPO / "tests" / "k8s")]
 
 NAMESPACE = "gpuguard-system"
+PAUSE = 0.01  # seconds between Load's requests
 RELEASE = "gpuguard"
 
 def wait(what, check, timeout=120, interval=0.25):
@@ -83,7 +84,9 @@ def gpu_pod(namespace, name=None, labels=None, gpus=1):
 class Load:
     """Dry-run GPU pods sent through the API server, one after another on a thread, while a test
     changes something: every answer is counted, and any but a decision (201 admitted, 403 denied
-    by a webhook) is kept as a failure.  The webhooks are Fail: a review that fails is a 500."""
+    by a webhook) is kept as a failure.  The webhooks are Fail: a review that fails is a 500.
+    A pause between requests leaves the 2-core machine's kwok its node heartbeats (nodes that
+    miss them go NotReady, and their pods with them)."""
 
     def __init__(self, api, namespace):
         self.api, self.ns = api, namespace
@@ -98,6 +101,7 @@ class Load:
             message = body.get("message", "")
             if status != 201 and not (status == 403 and "denied the request" in message):
                 self.failed.append((status, message or body))
+            self.stop_flag.wait(PAUSE)
 
     def __enter__(self):
         self.thread.start()
@@ -114,3 +118,22 @@ def kubectl_json(cluster, *args):
 
 def apply(cluster, *objs):
     cluster.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(objs, sort_keys=False))
+
+
+def publish_ready_endpoint(cluster):
+    """A ready endpoint for gpuguard's Service, as the endpointslice controller publishes one
+    for a ready pod; gpuguard waits for it before it sets its webhooks to Fail.  (Not a pod run
+    by kwok: this control plane's kwok nodes miss a heartbeat for a few seconds every minute,
+    and the node controller then marks their pods not ready for good.)"""
+    apply(cluster, {
+        "apiVersion": "discovery.k8s.io/v1", "kind": "EndpointSlice",
+        "metadata": {"name": "gpuguard-ready", "namespace": NAMESPACE,
+                     "labels": {"kubernetes.io/service-name": RELEASE,
+                                "endpointslice.kubernetes.io/managed-by": "chart-test"}},
+        "addressType": "IPv4", "ports": [{"name": "https", "port": 8443, "protocol": "TCP"}],
+        "endpoints": [{"addresses": ["10.244.0.9"], "conditions": {"ready": True}}]})
+
+
+def unpublish_ready_endpoint(cluster):
+    cluster.kubectl("delete", "endpointslice", "gpuguard-ready", "-n", NAMESPACE,
+                    "--ignore-not-found")

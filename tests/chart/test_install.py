@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from chart_support import (NAMESPACE, RELEASE, REPO, Load, apply, gpu_pod, kubectl_json, wait)
+from chart_support import (NAMESPACE, RELEASE, REPO, Load, apply, gpu_pod, kubectl_json,
+                           publish_ready_endpoint, unpublish_ready_endpoint, wait)
 from podrun import Deployment
 
 CHART = REPO / "charts" / "gpuguard"
@@ -77,9 +78,11 @@ def release(cluster, helm):
            "metadata": {"name": "team-a-policies", "namespace": NAMESPACE},
            "data": {"70-team-experiments.lua": TEAM_POLICY}})
     helm.run("install", RELEASE, str(CHART), *install_args())
+    publish_ready_endpoint(cluster)
     dep = Deployment(cluster, NAMESPACE, RELEASE)
     yield dep
     dep.stop()
+    unpublish_ready_endpoint(cluster)
 
 
 def test_first_install_never_blocks_pods(cluster, release, api):

@@ -2,15 +2,16 @@
 the webhooks ship Ignore with the user's CA, and gpuguard sets them Fail once it serves a
 certificate that CA signed and its Service has a ready endpoint, so that this install, too,
 never refuses pods while gpuguard starts.  The Deployment is installed scaled to 0, so that the
-Service has no endpoint until the test scales it: kwok then runs the pod, and the endpointslice
-controller publishes it ready.  Runs after test_install.py, whose release is gone by then."""
+Service has no endpoint until the test publishes one (chart_support.publish_ready_endpoint).
+Runs after test_install.py, whose release is gone by then."""
 
 import base64
 import subprocess
 
 import pytest
 
-from chart_support import NAMESPACE, RELEASE, REPO, apply, gpu_pod, kubectl_json, wait
+from chart_support import (NAMESPACE, RELEASE, REPO, apply, gpu_pod, kubectl_json,
+                           publish_ready_endpoint, unpublish_ready_endpoint, wait)
 from podrun import Deployment
 
 CHART = REPO / "charts" / "gpuguard"
@@ -39,6 +40,7 @@ def release(cluster, helm, tmp_path_factory):
     dep.stop()
     helm.run("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait")
     cluster.kubectl("delete", "secret", "gpuguard-tls", "-n", NAMESPACE)
+    unpublish_ready_endpoint(cluster)
 
 
 def test_the_webhooks_wait_for_gpuguard_then_fail_closed(cluster, release, api):
@@ -53,7 +55,7 @@ def test_the_webhooks_wait_for_gpuguard_then_fail_closed(cluster, release, api):
     wait("gpuguard waiting for an endpoint",
          lambda: "failurePolicy Fail waits for a ready endpoint" in log.read_text())
     assert policies(cluster)[0] == {"Ignore"}
-    cluster.kubectl("scale", "deployment", RELEASE, "-n", NAMESPACE, "--replicas=1")
+    publish_ready_endpoint(cluster)
     wait("failurePolicy Fail once the Service has a ready endpoint",
          lambda: policies(cluster)[0] == {"Fail"})
     _, cfg = policies(cluster)
