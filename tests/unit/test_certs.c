@@ -958,6 +958,10 @@ static void test_issue_in_memory(void **state)
     /* Another CA's key signs nothing that verifies against this one. */
     assert_int_equal(certs_new_ca(&ca_is, &other, &other_key, &err), GG_OK);
     assert_false(certs_signed_by(cert, other));
+    char *both = NULL;
+    assert_true(asprintf(&both, "%s%s", other, ca) > 0);
+    assert_true(certs_signed_by(cert, both)); /* its CA second in a bundle */
+    free(both);
     char *bad_cert = NULL, *bad_key = NULL;
     assert_int_equal(certs_new_leaf(&leaf_is, ca, other_key, &bad_cert, &bad_key, &err),
                      GG_ERR_TLS);

@@ -869,7 +869,7 @@ int cli_check(int argc, char **argv)
     }
     if (r.o.cluster_state_path) {
         if (eo_load_snapshot(r.engine, r.inventory, r.o.cluster_state_path, r.state_counts,
-                             &r.charger, &err) != GG_OK) {
+                             &r.charger, NULL, &err) != GG_OK) {
             fprintf(stderr, "gpuguard check: --cluster-state: %s\n", err.msg);
             goto out;
         }

@@ -322,13 +322,13 @@ int cli_report(int argc, char **argv)
     }
     rss_set_source("file");
     rss_publish(&usage, 0);
+    rss_record_last();
     if (eo_engine_new(&o.engine, &engine, &err) != GG_OK) {
         fprintf(stderr, "gpuguard report: cannot load the policies: %s\n", err.msg);
         goto out;
     }
     if (!(inv = inv_new()) ||
-        eo_load_snapshot(engine, inv, o.state, counts, &charger, &err) != GG_OK ||
-        inv_read_snapshot(o.state, &state, counts, &err) != GG_OK) {
+        eo_load_snapshot(engine, inv, o.state, counts, &charger, &state, &err) != GG_OK) {
         fprintf(stderr, "gpuguard report: --cluster-state: %s\n",
                 err.msg[0] ? err.msg : "out of memory");
         goto out;

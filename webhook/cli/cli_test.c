@@ -926,7 +926,8 @@ static enum gg_status suite_state(struct test_run *r, const struct suite *s, str
         return none ? GG_OK : gg_fail(err, GG_ERR_NOMEM, "out of memory");
     }
     size_t counts[MF_STATE_N];
-    if (eo_load_snapshot(engine, r->inventory, s->cluster_state, counts, charger, err) == GG_OK)
+    if (eo_load_snapshot(engine, r->inventory, s->cluster_state, counts, charger, NULL, err) ==
+        GG_OK)
         return GG_OK;
     struct gg_err inner = *err;
     return bad(s, "/cluster_state", err, "%s", inner.msg);

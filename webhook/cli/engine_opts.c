@@ -197,7 +197,7 @@ enum gg_status eo_engine_new(const struct engine_opts *o, struct engine **out, s
 }
 
 enum gg_status eo_load_snapshot(struct engine *e, struct inventory *inv, const char *path,
-                                size_t counts[MF_STATE_N], struct charger **charger,
+                                size_t counts[MF_STATE_N], struct charger **charger, json_t **keep,
                                 struct gg_err *err)
 {
     json_t *state = NULL;
@@ -212,6 +212,8 @@ enum gg_status eo_load_snapshot(struct engine *e, struct inventory *inv, const c
     } else {
         gg_fail(err, st, "cannot load the charge model: %s", inner.msg);
     }
+    if (st == GG_OK && keep)
+        *keep = json_incref(state);
     json_decref(state);
     return st;
 }

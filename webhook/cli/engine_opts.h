@@ -99,10 +99,10 @@ enum gg_status eo_engine_new(const struct engine_opts *o, struct engine **out, s
  * charged by the engine's own charge model: the snapshot is read and
  * checked first, then *charger is made inv's charger, then the snapshot's
  * objects are charged into inv, which is marked ready.  Nothing is kept on
- * failure.
+ * failure.  With keep, *keep is the snapshot as read (the caller's reference).
  */
 enum gg_status eo_load_snapshot(struct engine *e, struct inventory *inv, const char *path,
-                                size_t counts[MF_STATE_N], struct charger **charger,
+                                size_t counts[MF_STATE_N], struct charger **charger, json_t **keep,
                                 struct gg_err *err);
 
 #endif

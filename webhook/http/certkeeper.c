@@ -204,7 +204,7 @@ static bool leaf_usable(const struct certkeeper *k, const struct material *m, co
     snprintf(host, sizeof(host), "%s.%s.svc", k->service, k->ns);
     struct certs_pair pair = {0};
     struct gg_err ignored = {{0}};
-    struct certs_info cas[MAX_CAS], leaf;
+    struct certs_info leaf;
     *by_newest = *renew = false;
     if (certs_check_pair("tls.crt", "tls.key", m->pem[TLS_CRT], m->pem[TLS_KEY], &pair, &ignored) !=
         GG_OK)
@@ -215,15 +215,7 @@ static bool leaf_usable(const struct certkeeper *k, const struct material *m, co
         return false;
     *renew = due(&leaf, now);
     *by_newest = certs_signed_by(m->pem[TLS_CRT], newest);
-    int n = certs_scan(kept, cas, MAX_CAS);
-    for (int i = 0; i < n; i++) {
-        char *ca = strndup(kept + cas[i].start, cas[i].len);
-        bool by = ca && certs_signed_by(m->pem[TLS_CRT], ca);
-        free(ca);
-        if (by)
-            return true;
-    }
-    return false;
+    return certs_signed_by(m->pem[TLS_CRT], kept);
 }
 
 /*
@@ -391,16 +383,8 @@ static bool bundles_trust(const json_t *cfg, const char *cert_pem)
         size_t len;
         const char *b64 = hook_bundle(hook);
         char *pem = b64 ? (char *)kc_base64_decode(b64, &len) : NULL;
-        struct certs_info cas[MAX_CAS];
-        int n = pem ? certs_scan(pem, cas, MAX_CAS) : 0;
-        bool trusted = false;
-        for (int c = 0; c < n && !trusted; c++) {
-            char *ca = strndup(pem + cas[c].start, cas[c].len);
-            trusted = ca && certs_signed_by(cert_pem, ca);
-            free(ca);
-        }
+        all = all && pem && certs_signed_by(cert_pem, pem);
         free(pem);
-        all = all && trusted;
     }
     return all;
 }

@@ -800,14 +800,19 @@ int certs_scan(const char *pem, struct certs_info *out, int max)
     return n;
 }
 
-bool certs_signed_by(const char *cert_pem, const char *ca_pem)
+bool certs_signed_by(const char *cert_pem, const char *cas_pem)
 {
-    X509 *cert = read_cert(cert_pem), *ca = read_cert(ca_pem);
-    EVP_PKEY *ca_key = ca ? X509_get0_pubkey(ca) : NULL;
-    bool yes = cert && ca_key && X509_verify(cert, ca_key) == 1;
+    X509 *cert = read_cert(cert_pem), *ca = NULL;
+    BIO *bio = cert ? BIO_new_mem_buf(cas_pem, -1) : NULL;
+    bool yes = false;
+    while (!yes && bio && (ca = PEM_read_bio_X509(bio, NULL, NULL, NULL))) {
+        EVP_PKEY *ca_key = X509_get0_pubkey(ca);
+        yes = ca_key && X509_verify(cert, ca_key) == 1;
+        X509_free(ca);
+    }
     ERR_clear_error();
+    BIO_free(bio);
     X509_free(cert);
-    X509_free(ca);
     return yes;
 }
 

@@ -134,8 +134,8 @@ struct certs_info {
 };
 /* The certificates of pem in order, at most max; -1 when one is malformed or more than max. */
 int certs_scan(const char *pem, struct certs_info *out, int max);
-/* Whether cert_pem's first certificate carries a signature of ca_pem's first one's key. */
-bool certs_signed_by(const char *cert_pem, const char *ca_pem);
+/* Whether cert_pem's first certificate carries a signature of the key of one of cas_pem's. */
+bool certs_signed_by(const char *cert_pem, const char *cas_pem);
 /* Whether cert_pem's first certificate is valid for the DNS name host. */
 bool certs_names_host(const char *cert_pem, const char *host);
 /* Whether key_pem is the private key of cert_pem's first certificate. */

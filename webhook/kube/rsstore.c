@@ -38,7 +38,7 @@ static struct {
     struct report *reported; /* open addressing on "ns/workload"; cap a power of two */
     size_t n_reported, cap_reported;
     struct rss_last last; /* rss_take_last */
-    bool have_last;
+    bool record_last, have_last;
 } S;
 
 void rss_publish(struct rs_data *d, int64_t stale_after_s)
@@ -167,11 +167,20 @@ void rss_report(const char *ns, const char *workload, const char *action, int64_
         r->requested = requested_milli;
         r->needed = needed_milli;
     }
-    S.last = (struct rss_last){.requested = requested_milli, .needed = needed_milli};
-    snprintf(S.last.ns, sizeof(S.last.ns), "%s", ns);
-    snprintf(S.last.workload, sizeof(S.last.workload), "%s", workload);
-    snprintf(S.last.action, sizeof(S.last.action), "%s", action);
-    S.have_last = true;
+    if (S.record_last) {
+        S.last = (struct rss_last){.requested = requested_milli, .needed = needed_milli};
+        snprintf(S.last.ns, sizeof(S.last.ns), "%s", ns);
+        snprintf(S.last.workload, sizeof(S.last.workload), "%s", workload);
+        snprintf(S.last.action, sizeof(S.last.action), "%s", action);
+        S.have_last = true;
+    }
+    pthread_mutex_unlock(&lock);
+}
+
+void rss_record_last(void)
+{
+    pthread_mutex_lock(&lock);
+    S.record_last = true;
     pthread_mutex_unlock(&lock);
 }
 

@@ -65,13 +65,15 @@ void rss_report(const char *ns, const char *workload, const char *action, int64_
 /* One /readyz line, "rightsizing: ok (N workloads, updated 40s ago)", ...; "" while off. */
 void rss_describe(char *out, size_t size);
 
-/* The last rss_report, for `gpuguard report`, which reviews one pod at a time. */
+/* The last rss_report, for `gpuguard report`, which reviews one pod at a time; recorded only
+ * after rss_record_last (the server's reviews do not pay for it). */
 struct rss_last {
     char ns[256], workload[384], action[16];
     int64_t requested, needed; /* milli-GPU */
 };
 /* The last report since the previous call, if any (then forgotten). */
 bool rss_take_last(struct rss_last *out);
+void rss_record_last(void);
 
 /* The gpuguard_rightsizing_* metrics in Prometheus text (nothing while off). */
 enum gg_status rss_render_metrics(struct buf *out);
