@@ -15,7 +15,8 @@ validate, at pod CREATE:
   * no hostPath volume that is, holds or lies under a GPU device or driver path
     (guardrails.host_paths), the path normalised first (/dev/./nvidia0 is /dev/nvidia0);
   * no spec.nodeName (it skips the scheduler and every taint) unless the requester is in
-    guardrails.bind_allowed (default: group system:nodes, the kubelet's mirror pods);
+    guardrails.bind_allowed (default: group system:nodes, the kubelet's mirror pods); not judged
+    in the audit of a running pod (req.background), whose nodeName the scheduler set;
   * no privileged container in a pod without a GPU (privileged sees every device of the node);
   * on a shared GPU (fractional, MIG, MPS, time-sliced, HAMi, Volcano vGPU, KAI, a DRA MIG device
     or shared claim: intent.shared): no privileged container, no added capability SYS_ADMIN or
@@ -295,6 +296,9 @@ local function host_path_rules(ctx)
 end
 
 local function node_name_rule(ctx)
+    if ctx.req.background then -- the audit of a running pod: the scheduler bound it
+        return
+    end
     local node = ctx.spec.nodeName
     if node ~= nil and node ~= gg.null and node ~= "" and
         not requester_in(ctx.req, guardrails_of(ctx.cfg).bind_allowed or DEFAULT_BIND_ALLOWED) then
@@ -681,6 +685,7 @@ end
 return {
     name = "gpu-guardrails",
     description = "Keeps GPU access through the device plugin and GPU accounting honest.",
+    severity = "high",
     match = { kinds = { "Pod" }, operations = { "CREATE", "UPDATE" } },
     check = check,
     mutate = mutate,

@@ -4,6 +4,9 @@ second policy source from a ConfigMap of the team's), a GPU pod admitted through
 the chart registered, an upgrade that changes the configuration, a CA rotation under load, and
 an uninstall after which pods are created as if gpuguard had never been there.
 
+The policy report CRDs (audit.reportCRDs) along the way: installed with the release where
+absent, kept by the upgrade and the uninstall, and another tool's left alone by a later install.
+
 The tests share one release and run in file order; each states what it relies on."""
 
 import base64
@@ -11,12 +14,17 @@ import json
 import time
 
 import pytest
+import yaml
 
 from chart_support import (NAMESPACE, RELEASE, REPO, Load, apply, gpu_pod, kubectl_json,
                            publish_ready_endpoint, unpublish_ready_endpoint, wait)
 from podrun import Deployment
 
 CHART = REPO / "charts" / "gpuguard"
+# The CRDs of the default report API (config.audit.report_api wgpolicyk8s.io/v1alpha2).
+WGPOLICY_CRDS = ("policyreports.wgpolicyk8s.io", "clusterpolicyreports.wgpolicyk8s.io")
+# What the report CRD tests saw: {CRD name: uid}.
+REPORT_CRD_UIDS = {}
 TEAM_NS = "chart-team-a"
 REPLICAS = 2
 # Short lifetimes: the CA is renewed 60 s after it is made, the serving certificate every 30 s.
@@ -94,6 +102,31 @@ def test_first_install_never_blocks_pods(cluster, release, api):
             assert not hook["clientConfig"].get("caBundle"), (kind, hook["name"])
     status, body = api.create_pod(gpu_pod(TEAM_NS), dry_run=True)
     assert status == 201, body
+
+
+def crd(cluster, name):
+    """The CRD of that name in the cluster, or None."""
+    r = cluster.kubectl("get", "crd", name, "-o", "json", check=False)
+    return json.loads(r.stdout) if r.returncode == 0 else None
+
+
+def helm_owner(obj):
+    annotations = obj["metadata"].get("annotations") or {}
+    return (annotations.get("meta.helm.sh/release-name"),
+            annotations.get("meta.helm.sh/release-namespace"))
+
+
+def test_the_report_crds_are_installed_where_absent(cluster, release):
+    """The release installed the report API's CRDs, established, owned by it and kept at
+    uninstall (helm.sh/resource-policy keep)."""
+    for name in WGPOLICY_CRDS:
+        obj = crd(cluster, name)
+        assert obj, name
+        assert helm_owner(obj) == (RELEASE, NAMESPACE)
+        assert obj["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+        assert any(c["type"] == "Established" and c["status"] == "True"
+                   for c in obj["status"]["conditions"]), name
+        REPORT_CRD_UIDS[name] = obj["metadata"]["uid"]
 
 
 def test_gpuguard_writes_its_bundle_and_then_fails_closed(cluster, release):
@@ -195,3 +228,44 @@ def test_uninstall_leaves_no_webhook_and_pods_are_created(cluster, helm, release
     assert "gpuguard.io/decision" not in (body["metadata"].get("annotations") or {})
     # The GPUQuota CRD is kept (crds/): users' quotas outlive the release.
     assert cluster.kubectl("get", "crd", "gpuquotas.gpuguard.io", check=False).returncode == 0
+
+
+def test_report_crds_outlive_the_release_and_another_tools_are_left_alone(cluster, helm):
+    """After the uninstall: the report CRDs are still there, the very objects the release
+    installed (an upgrade kept them too: same uid).  Then, with the openreports.io API's
+    ClusterReport CRD created by another tool (kubectl create, no Helm annotations), an install
+    with report_api openreports.io neither fails nor takes it over, and installs the Report CRD
+    it lacks; an upgrade back to wgpolicyk8s.io takes the release's kept CRDs back and keeps
+    the Report CRD it no longer renders; its uninstall leaves all four."""
+    assert set(REPORT_CRD_UIDS) == set(WGPOLICY_CRDS), "the install's test ran"
+    for name, uid in REPORT_CRD_UIDS.items():
+        obj = crd(cluster, name)
+        assert obj and obj["metadata"]["uid"] == uid, name
+
+    files = [d for d in yaml.safe_load_all(
+        (REPO / "deploy" / "reports" / "openreports.io.yaml").read_text()) if d]
+    [foreign] = [d for d in files if d["metadata"]["name"] == "clusterreports.openreports.io"]
+    foreign["metadata"]["labels"] = {"app.kubernetes.io/managed-by": "another-tool"}
+    cluster.kubectl("create", "-f", "-", input=yaml.safe_dump(foreign))
+    foreign_uid = crd(cluster, "clusterreports.openreports.io")["metadata"]["uid"]
+
+    args = ["--namespace", NAMESPACE, "--set", "replicaCount=0"]
+    helm.run("install", RELEASE, str(CHART), *args,
+             "--set", "config.audit.report_api=openreports.io/v1alpha1")
+    theirs = crd(cluster, "clusterreports.openreports.io")
+    assert theirs["metadata"]["uid"] == foreign_uid
+    assert helm_owner(theirs) == (None, None)
+    assert theirs["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "another-tool"}
+    ours = crd(cluster, "reports.openreports.io")
+    assert ours and helm_owner(ours) == (RELEASE, NAMESPACE)
+
+    helm.run("upgrade", RELEASE, str(CHART), *args)
+    for name, uid in REPORT_CRD_UIDS.items():
+        obj = crd(cluster, name)
+        assert obj["metadata"]["uid"] == uid and helm_owner(obj) == (RELEASE, NAMESPACE), name
+    assert crd(cluster, "reports.openreports.io")["metadata"]["uid"] == \
+        ours["metadata"]["uid"], "kept though no longer rendered"
+
+    helm.run("uninstall", RELEASE, "--namespace", NAMESPACE, "--wait")
+    for name in (*WGPOLICY_CRDS, "reports.openreports.io", "clusterreports.openreports.io"):
+        assert crd(cluster, name), name

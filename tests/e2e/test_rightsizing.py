@@ -9,6 +9,8 @@ is cheapest as a 1g.10gb slice on a100-mig (0.143 x cost 2, against 0.375 of a s
 recommend says so and leaves the pods on the L4s; apply patches the template as `gpuguard check
 --usage FILE --emit-mutated` does, and the pods it makes run on the A100 MIG nodes."""
 
+import json
+import re
 import subprocess
 import sys
 import urllib.request
@@ -137,3 +139,84 @@ def test_recommend_then_apply_moves_the_deployment_onto_a100_slices(kube, gpugua
     for p in pods:
         assert p["spec"]["containers"][0]["resources"]["limits"] == {"nvidia.com/mig-1g.10gb": "1"}
         assert p["metadata"]["annotations"]["gpuguard.io/pool"] == "a100-mig"
+
+
+def workload(kind, name, replicas, cls, limits, annotations=None):
+    template = {"metadata": {"labels": {"app": name, "team": "ml", CLASS: cls},
+                             "annotations": annotations or {}},
+                "spec": {"containers": [{"name": "main", "image": "registry.example/serve:1",
+                                         "resources": {"limits": limits}}]}}
+    spec = {"replicas": replicas, "selector": {"matchLabels": {"app": name}}, "template": template}
+    if kind == "StatefulSet":
+        spec["serviceName"] = name
+    return {"apiVersion": "apps/v1", "kind": kind, "metadata": {"name": name}, "spec": spec}
+
+
+# The running workloads of namespace ml against the backfilled history, by hand (charges in
+# GPU-equivalents, peak x headroom 1.25, the cheapest allocation by pools[].cost):
+#   chat   2 pods on whole L4s (2.000); peak 7,270 MiB -> 9,088: mig-1g.10gb, 0.143 a pod (0.286)
+#   vec    1 pod on a whole L4 (1.000); peak 3,000 -> 3,750: a quarter of a time-sliced L4 (0.250,
+#          cost 0.25) rather than mig-1g.10gb (0.143 x cost 2)
+#   embed  1 pod asking for 40Gi: mig-3g.40gb (0.429); peak 15,000 -> 18,750: mig-1g.20gb (0.143)
+#   lab    2 pods on quarters of a time-sliced L4 (0.500): the device's memory is not a pod's,
+#          no history
+WASTE = {"requested": 3.429, "needed": 0.679, "waste": 2.75, "unknown": 0.5}
+WORKLOADS = [workload("Deployment", "chat", 2, "inference", {"nvidia.com/gpu": 1}),
+             workload("Deployment", "vec", 1, "inference", {"nvidia.com/gpu": 1}),
+             workload("StatefulSet", "embed", 1, "inference", {},
+                      {"gpuguard.io/gpu-memory": "40Gi"}),
+             workload("Deployment", "lab", 2, "interactive", {},
+                      {"gpuguard.io/gpu-fraction": "0.25"})]
+
+
+def leader_waste(gpuguard):
+    """The leader's gpuguard_rightsizing_*_gpus{namespace="ml"}, or None before its audit."""
+    text = gpuguard.metrics()
+    got = {}
+    for figure in WASTE:
+        values = re.findall(rf'^gpuguard_rightsizing_{figure}_gpus\{{namespace="ml"\}} (\S+)$',
+                            text, re.M)
+        got[figure] = float(values[0]) if len(values) == 1 else None
+    return got if None not in got.values() and got != {} else None
+
+
+def test_the_waste_of_the_running_workloads_from_their_history(kube, gpuguard, ml, rightsizing,
+                                                                prom, tmp_path, cluster):
+    kube.run("delete", "deployments,statefulsets", "--all", "-n", ml, "--wait=true")
+    wait_for("ml's pods gone", lambda: not kube.items("pods", ml))
+    rightsizing("recommend")
+    for w in WORKLOADS:
+        kube.run("apply", "-n", ml, "-f", "-", input=w)
+    wait_for("ml's 6 pods running", lambda: len([
+        p for p in kube.items("pods", ml) if p.get("status", {}).get("phase") == "Running"]) == 6)
+    # An audit now (a reload starts one), and the leader's figures.
+    from cluster import write_atomic
+    write_atomic(gpuguard.config, gpuguard.config.read_text() + "\n")
+    got = wait_for("the audit's figures for ml", lambda: (w := leader_waste(gpuguard)) and
+                   w["requested"] == WASTE["requested"] and w)
+    assert got == WASTE
+    # gpuguard report, offline, from a dump of the cluster and the saved history: the same.
+    state, usage = tmp_path / "state.json", tmp_path / "usage.json"
+    state.write_text(kube.run("get", "pods,resourceclaims,resourceclaimtemplates,deviceclasses",
+                              "-A", "-o", "json").stdout)
+    r = subprocess.run([gpuguard.binary, "usage", "--config", str(gpuguard.config), "-o", str(usage)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([gpuguard.binary, "report", "--config", str(gpuguard.config), "--policies",
+                        str(REPO / "policies"), "--lua", str(REPO / "lua"), "--cluster-state",
+                        str(state), "--usage", str(usage), "-o", "json"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    ns = report["namespaces"]["ml"]
+    assert (ns["held_gpus"], ns["needed_gpus"], ns["waste_gpus"], ns["without_history"]) == (
+        3.929, WASTE["needed"], WASTE["waste"], 1)
+    # The workloads' reports carry their rightsizing results.
+    reports = {r["scope"]["name"]: r for r in kube.items("policyreports", ml)
+               if r["scope"]["kind"] in ("Deployment", "StatefulSet")}
+    chat = next(x for x in reports["chat"]["results"] if x["policy"] == "rightsizing")
+    assert chat["result"] == "warn" and chat["properties"]["waste_gpus"] == "1.714"
+    assert chat["message"].startswith("2 running pods hold 2.000 GPU-equivalents; their usage "
+                                      "history needs 0.286: used at most 7.1 GiB")
+    lab = next(x for x in reports["lab"]["results"] if x["policy"] == "rightsizing")
+    assert lab["result"] == "skip"

@@ -41,7 +41,13 @@ ALERTS = {
     "GpuguardDeadlineOverruns", "GpuguardCertificateExpiresSoon",
     "GpuguardCertificateAboutToExpire", "GpuguardCertificateReloadRefused",
     "GpuguardInventoryNotReady", "GpuguardInventoryStale", "GpuguardQuotaNotEnforced",
-    "GpuguardPolicyReloadRefused", "GpuguardMetricsAbsent",
+    "GpuguardPolicyReloadRefused", "GpuguardMetricsAbsent", "GpuguardAuditStale",
+}
+# The recording rules: the audit's per-namespace gauges summed cluster-wide.
+RECORDS = {
+    "gpuguard:rightsizing_requested_gpus:sum": "sum(gpuguard_rightsizing_requested_gpus)",
+    "gpuguard:rightsizing_needed_gpus:sum": "sum(gpuguard_rightsizing_needed_gpus)",
+    "gpuguard:rightsizing_waste_gpus:sum": "sum(gpuguard_rightsizing_waste_gpus)",
 }
 
 # Labels every scraped series carries (added by Prometheus), which queries may group on.
@@ -106,11 +112,22 @@ def test_every_alert_exists_with_severity_and_text():
 def test_every_alert_is_tested_firing_and_silent():
     """Each alert has a case in the unit tests where it fires and one where it does not."""
     cases = [case for group in yaml.safe_load(RULE_TEST.read_text())["tests"]
-             for case in group["alert_rule_test"]]
+             for case in group.get("alert_rule_test", [])]
     fires = {c["alertname"] for c in cases if c.get("exp_alerts")}
     silent = {c["alertname"] for c in cases if not c.get("exp_alerts")}
     assert fires == ALERTS, ALERTS - fires
     assert silent == ALERTS, ALERTS - silent
+
+
+def test_the_recording_rules_are_tested():
+    """The audit's cluster-wide sums, each with the expression it records and a promtool case
+    that checks its value."""
+    records = {r["record"]: " ".join(r["expr"].split()) for g in load_rule()["spec"]["groups"]
+               for r in g["rules"] if "record" in r}
+    assert records == RECORDS
+    cases = [case for group in yaml.safe_load(RULE_TEST.read_text())["tests"]
+             for case in group.get("promql_expr_test", [])]
+    assert {c["expr"] for c in cases if c.get("exp_samples")} >= set(RECORDS)
 
 
 def test_the_latency_alert_sits_below_the_webhook_timeout():
@@ -201,16 +218,52 @@ def test_panels_have_queries_and_do_not_overlap():
         assert exprs(p), f"{p['title']}: no query"
 
 
+AUDIT_ROW = "GPU waste (audit)"
+
+
 def test_rightsizing_panels_sit_in_the_rightsizing_row():
+    """The rightsizing metrics in the Rightsizing row, or in the audit's row (the waste of
+    what runs); each row queries only its own metrics."""
     placed = rows_and_panels(load_dashboard())
     rs = [(row, p) for row, p in placed
           if any("gpuguard_rightsizing_" in e for e in exprs(p))]
     assert len(rs) >= 3, "the Rightsizing panels"
     for row, p in rs:
-        assert row == "Rightsizing", f"{p['title']}: in row {row}"
+        assert row in ("Rightsizing", AUDIT_ROW), f"{p['title']}: in row {row}"
     for row, p in placed:
         if row == "Rightsizing":
             assert all("gpuguard_rightsizing_" in e for e in exprs(p)), p["title"]
+        if row == AUDIT_ROW:
+            assert all(re.search(r"gpuguard_(rightsizing|audit)_", e) for e in exprs(p)), \
+                p["title"]
+        else:
+            assert not any("gpuguard_audit_" in e for e in exprs(p)), p["title"]
+
+
+# The audit's row: a title word and what each panel queries.
+AUDIT_PANELS = [
+    ("waste by namespace", r"^sort_desc\(sum by \(namespace\) \(gpuguard_rightsizing_waste_gpus\)\)$"),
+    ("held vs. needed vs. waste", r"^sum\(gpuguard_rightsizing_requested_gpus\)$"),
+    ("held vs. needed vs. waste", r"^sum\(gpuguard_rightsizing_needed_gpus\)$"),
+    ("held vs. needed vs. waste", r"^sum\(gpuguard_rightsizing_waste_gpus\)$"),
+    ("without usage history", r"gpuguard_rightsizing_unknown_gpus"),
+    ("Audit results", r"^sum by \(result\) \(gpuguard_audit_results\)$"),
+    ("last success", r"^time\(\) - max\(gpuguard_audit_last_success_timestamp_seconds\)$"),
+]
+
+
+def test_the_audit_row():
+    """Per-namespace and cluster sums (only the leader exports the gauges, so sums over
+    replicas are right), and the time since the last audit with GpuguardAuditStale's
+    threshold."""
+    placed = [p for row, p in rows_and_panels(load_dashboard()) if row == AUDIT_ROW]
+    assert len(placed) == 5
+    for word, query in AUDIT_PANELS:
+        assert [p for p in placed if word in p["title"]
+                and any(re.search(query, e) for e in exprs(p))], f"a {word} panel on {query}"
+    [stale] = [p for p in placed if "last success" in p["title"]]
+    steps = stale["fieldConfig"]["defaults"]["thresholds"]["steps"]
+    assert steps[-1]["value"] == 1800 and "> 1800" in alert_rules()["GpuguardAuditStale"]["expr"]
 
 
 # Panels the dashboard must have: a title word and what it queries.
@@ -313,6 +366,7 @@ def queries():
     out = [(f"dashboard: {p['title']}", e) for _, p in rows_and_panels(load_dashboard())
            for e in exprs(p)]
     out += [(f"rule: {name}", r["expr"]) for name, r in alert_rules().items()]
+    out += [(f"rule: {name}", expr) for name, expr in RECORDS.items()]
     return out
 
 

@@ -13,17 +13,24 @@ helm template, and the files made from the chart held to it.
 - every certificate mode: the webhooks are Ignore until lookup finds the policy gpuguard
   writes (webhook.failurePolicy) in the cluster, then webhook.failurePolicy, in self mode with
   the live CA (on a copy of the chart whose lookup reads values instead);
-- `helm uninstall` deletes the webhook configurations first (the pre-delete hooks).
+- `helm uninstall` deletes the webhook configurations first (the pre-delete hooks);
+- the policy report CRDs of config.audit.report_api (files/reports, symlinks to deploy/reports):
+  rendered where lookup finds none or this release's own, never another tool's, kept at
+  uninstall, left out with audit.reportCRDs=false (and of deploy/install.yaml); each a
+  structural CRD whose schema takes a Kyverno-like report and refuses a malformed result; the
+  ClusterRole's rights for the audit.
 
 Skipped, saying why, without build/k8s/bin/helm (`make helm-bin`); the kustomize comparisons
 also need kubectl.  The helpers of test_deploy.py render the kustomize side.
 """
 
 import base64
+import re
 import shutil
 import subprocess
 import tarfile
 
+import jsonschema
 import pytest
 import yaml
 
@@ -35,6 +42,9 @@ GENERATE = REPO / "charts" / "generate.py"
 ALERTS = DEPLOY / "prometheus" / "gpuguard-alerts.yaml"
 # A caBundle as `gpuguard certs` prints one (the base64 of a PEM file).
 CA_BUNDLE = base64.b64encode(b"-----BEGIN CERTIFICATE-----\n...\n").decode()
+# What deploy/ leaves out of the default render (charts/generate.py, DEPLOY_ARGS; --no-hooks is
+# template()'s own): the policy report CRDs.
+AS_DEPLOY = ("--set", "audit.reportCRDs=false")
 
 pytestmark = pytest.mark.skipif(
     not HELM.exists(), reason="build/k8s/bin/helm is missing: `make helm-bin` builds it")
@@ -169,13 +179,13 @@ def test_the_packaged_chart_holds_the_alerts(tmp_path):
 
 @needs_kubectl
 def test_deploy_is_the_default_render():
-    assert_same_objects(kustomize(DEPLOY), template())
+    assert_same_objects(kustomize(DEPLOY), template(*AS_DEPLOY))
 
 
 @needs_kubectl
 def test_cert_manager_overlay_is_the_chart_with_cert_manager(tmp_path):
     assert_same_objects(compose(tmp_path / "k", DEPLOY, OVERLAYS / "cert-manager"),
-                        template("--set", "certs.mode=cert-manager"))
+                        template(*AS_DEPLOY, "--set", "certs.mode=cert-manager"))
 
 
 @needs_kubectl
@@ -187,7 +197,7 @@ def test_provided_certs_overlay_is_the_chart_with_provided_certs(tmp_path):
     patch = deploy / "overlays" / "provided-certs" / "webhook-cabundle.yaml"
     patch.write_text(patch.read_text().replace(PLACEHOLDER, CA_BUNDLE))
     assert_same_objects(compose(tmp_path / "k", deploy, deploy / "overlays" / "provided-certs"),
-                        template("--set", "certs.mode=provided", "--set",
+                        template(*AS_DEPLOY, "--set", "certs.mode=provided", "--set",
                                  f"certs.caBundle={CA_BUNDLE}"))
 
 
@@ -197,7 +207,7 @@ def test_network_policy_component_is_the_chart_with_webhook_from(tmp_path):
     assert_same_objects(
         compose(tmp_path / "k", DEPLOY, OVERLAYS / "cert-manager",
                 DEPLOY / "components" / "network-policy"),
-        template("--set", "certs.mode=cert-manager",
+        template(*AS_DEPLOY, "--set", "certs.mode=cert-manager",
                  "--set", f"networkPolicy.webhookFrom[0].ipBlock.cidr={cidr}"))
 
 
@@ -281,11 +291,12 @@ def test_the_release_namespace_is_used_throughout():
 def test_certificate_rights_and_secret_by_mode(mode):
     """Every mode may read and update the two webhook configurations by name (gpuguard writes
     their failurePolicy); only a self-managed gpuguard its Secret (shipped empty); no mode
-    creates anything but the Lease."""
+    creates anything but the Lease and the audit's policy reports."""
     docs = template("--set", f"certs.mode={mode}", "--set", f"certs.caBundle={CA_BUNDLE}")
     rules = one(docs, "ClusterRole", "gpuguard")["rules"] + one(docs, "Role", "gpuguard")["rules"]
     for rule in rules:
-        assert "create" not in rule["verbs"] or rule["resources"] == ["leases"], rule
+        assert "create" not in rule["verbs"] or rule["resources"] == ["leases"] or \
+            rule["apiGroups"] in (["wgpolicyk8s.io"], ["openreports.io"]), rule
     mine = [(r["resources"], r["resourceNames"], r["verbs"]) for r in rules
             if {"secrets", "validatingwebhookconfigurations",
                 "mutatingwebhookconfigurations"} & set(r["resources"])]
@@ -424,3 +435,292 @@ def test_uninstall_deletes_the_webhook_configurations_first():
         assert {"before-hook-creation", "hook-succeeded"} <= set(policies)
         assert hook["webhooks"] == []
     assert "helm.sh/hook" not in (DEPLOY / "install.yaml").read_text(), "kubectl has no hooks"
+
+
+# ---------------------------------------------------------------- policy report CRDs
+
+REPORTS = DEPLOY / "reports"
+# The CRDs of each report API (config.audit.report_api), as the upstream Go types name them:
+# {CRD name: (kind, short name, scope)}.
+REPORT_CRDS = {
+    "wgpolicyk8s.io/v1alpha2": {
+        "policyreports.wgpolicyk8s.io": ("PolicyReport", "polr", "Namespaced"),
+        "clusterpolicyreports.wgpolicyk8s.io": ("ClusterPolicyReport", "cpolr", "Cluster")},
+    "openreports.io/v1alpha1": {
+        "reports.openreports.io": ("Report", "reps", "Namespaced"),
+        "clusterreports.openreports.io": ("ClusterReport", "creps", "Cluster")},
+}
+RESULTS = ["pass", "fail", "warn", "error", "skip"]
+OBJECT_REFERENCE = {"apiVersion", "kind", "namespace", "name", "uid", "resourceVersion",
+                    "fieldPath"}
+LABEL_SELECTOR = {"matchLabels", "matchExpressions"}
+# The fields of the upstream types (policyreport_types.go, report_types.go): what each schema
+# must have, no more, so that a cluster with upstream's CRD and one with ours prune and accept
+# alike.
+RESULT_FIELDS = {"source", "policy", "rule", "category", "severity", "timestamp", "result",
+                 "scored", "resources", "resourceSelector", "message", "properties"}
+TOP_FIELDS = {"apiVersion", "kind", "metadata", "scope", "scopeSelector", "summary", "results"}
+OPENREPORTS_TOP_FIELDS = {"source", "configuration"}
+
+
+def report_crds(docs):
+    return {d["metadata"]["name"]: d for d in find(docs, "CustomResourceDefinition")
+            if d["spec"]["group"] in ("wgpolicyk8s.io", "openreports.io")}
+
+
+def report_files():
+    """{CRD name: the CRD as deploy/reports holds it}, both APIs."""
+    out = {}
+    for path in sorted(REPORTS.glob("*.yaml")):
+        for d in yaml.safe_load_all(path.read_text()):
+            if d:
+                out[d["metadata"]["name"]] = d
+    return out
+
+
+def report_schema(name):
+    [version] = report_files()[name]["spec"]["versions"]
+    return version["schema"]["openAPIV3Schema"]
+
+
+@pytest.mark.parametrize("api", [None, *REPORT_CRDS])
+def test_the_report_crds_of_the_configured_api_render(api):
+    """audit.reportCRDs (on): the two CRDs of config.audit.report_api (default wgpolicyk8s.io),
+    as deploy/reports holds them, with the chart's labels and helm.sh/resource-policy keep;
+    none of the other API."""
+    args = ("--set", f"config.audit.report_api={api}") if api else ()
+    crds = report_crds(template(*args))
+    files = report_files()
+    assert set(crds) == set(REPORT_CRDS[api or "wgpolicyk8s.io/v1alpha2"])
+    for name, crd in crds.items():
+        assert crd["spec"] == files[name]["spec"], name
+        meta = crd["metadata"]
+        assert meta["annotations"] == {"helm.sh/resource-policy": "keep"}, name
+        assert meta["labels"]["app.kubernetes.io/managed-by"] == "Helm"
+        assert meta["labels"]["app.kubernetes.io/instance"] == "gpuguard"
+        assert "namespace" not in meta
+
+
+def test_report_crds_off():
+    for api in REPORT_CRDS:
+        assert not report_crds(template("--set", "audit.reportCRDs=false",
+                                        "--set", f"config.audit.report_api={api}"))
+
+
+def test_deploy_install_yaml_leaves_the_report_crds_out():
+    """kubectl apply would take over another tool's CRDs (kubectl create -f deploy/reports/...
+    instead): install.yaml holds the GPUQuota CRD alone."""
+    docs = [d for d in yaml.safe_load_all((DEPLOY / "install.yaml").read_text()) if d]
+    assert [d["metadata"]["name"] for d in find(docs, "CustomResourceDefinition")] == [
+        "gpuquotas.gpuguard.io"]
+
+
+def test_the_chart_reads_the_report_crds_from_deploy(tmp_path):
+    """files/reports/*.yaml are symlinks to deploy/reports (the CRDs' one home, as the alerts'),
+    and `helm package` stores the files they point to."""
+    links = sorted((CHART / "files" / "reports").iterdir())
+    assert [p.name for p in links] == ["openreports.io.yaml", "wgpolicyk8s.io.yaml"]
+    for link in links:
+        assert link.is_symlink() and link.resolve() == (REPORTS / link.name).resolve()
+    res = subprocess.run([str(HELM), "package", str(CHART), "--destination", str(tmp_path)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    [tgz] = tmp_path.glob("gpuguard-*.tgz")
+    with tarfile.open(tgz) as tar:
+        for link in links:
+            member = tar.getmember(f"gpuguard/files/reports/{link.name}")
+            assert member.isfile()
+            assert tar.extractfile(member).read() == (REPORTS / link.name).read_bytes()
+
+
+@pytest.fixture(scope="module")
+def crd_looking_chart(tmp_path_factory):
+    """A copy of the chart whose lookup of a report CRD reads the value live.crds.<name>."""
+    chart = tmp_path_factory.mktemp("chart") / "gpuguard"
+    shutil.copytree(CHART, chart)
+    (chart / "values.schema.json").unlink()
+    path = chart / "templates" / "report-crds.yaml"
+    text = path.read_text()
+    lookup = 'lookup "apiextensions.k8s.io/v1" "CustomResourceDefinition" "" $crd.metadata.name'
+    assert text.count(lookup) == 1, lookup
+    path.write_text(text.replace(
+        lookup, "(get ($.Values.live.crds | default dict) $crd.metadata.name)"))
+    return chart
+
+
+def live_crd(release=None, namespace=NAMESPACE):
+    """A CRD in the cluster: Helm's (its ownership annotations) or another tool's (None)."""
+    meta = {"labels": {"app.kubernetes.io/managed-by": "kyverno"}}
+    if release:
+        meta = {"labels": {"app.kubernetes.io/managed-by": "Helm"}, "annotations": {
+            "meta.helm.sh/release-name": release, "meta.helm.sh/release-namespace": namespace}}
+    return {"metadata": meta}
+
+
+@pytest.mark.parametrize("live,rendered", [
+    ({}, {"policyreports.wgpolicyk8s.io", "clusterpolicyreports.wgpolicyk8s.io"}),
+    # this release's own (an upgrade, or a release installed again after an uninstall): kept
+    ({"policyreports.wgpolicyk8s.io": live_crd("gpuguard"),
+      "clusterpolicyreports.wgpolicyk8s.io": live_crd("gpuguard")},
+     {"policyreports.wgpolicyk8s.io", "clusterpolicyreports.wgpolicyk8s.io"}),
+    # another tool's (kubectl create, Kyverno's chart, a release of another name or namespace)
+    ({"policyreports.wgpolicyk8s.io": live_crd(),
+      "clusterpolicyreports.wgpolicyk8s.io": live_crd("kyverno", "kyverno")}, set()),
+    ({"clusterpolicyreports.wgpolicyk8s.io": live_crd("gpuguard", "elsewhere")},
+     {"policyreports.wgpolicyk8s.io"}),
+], ids=["absent", "this-release", "other-tools", "other-namespace"])
+def test_report_crds_render_only_where_absent_or_ours(crd_looking_chart, tmp_path, live,
+                                                      rendered):
+    """Helm refuses to install over an object it does not own: a CRD another tool installed is
+    not rendered (left as it is, and the install goes on); this release's is (kept)."""
+    values = values_file(tmp_path, {"live": {"crds": live}})
+    assert set(report_crds(template("-f", values, chart=crd_looking_chart))) == rendered
+
+
+def schema_problems(node, path="."):
+    """What makes an OpenAPI schema not structural (a type on every node, no logic keywords
+    but under x-kubernetes-int-or-string, nothing kept unknown) or looser than upstream's."""
+    problems = []
+    if "type" not in node:
+        problems.append(f"{path}: no type")
+    for key in ("anyOf", "allOf", "oneOf", "not", "x-kubernetes-preserve-unknown-fields",
+                "x-kubernetes-int-or-string", "nullable", "default"):
+        if key in node:
+            problems.append(f"{path}: {key}")
+    for key, sub in node.get("properties", {}).items():
+        problems += schema_problems(sub, f"{path}.{key}".replace("..", "."))
+    if "items" in node:
+        problems += schema_problems(node["items"], path + "[]")
+    if isinstance(node.get("additionalProperties"), dict):
+        problems += schema_problems(node["additionalProperties"], path + ".*")
+    return problems
+
+
+@pytest.mark.parametrize("name", [n for crds in REPORT_CRDS.values() for n in crds])
+def test_each_report_crd_is_structural_and_upstreams_shape(name):
+    crd = report_files()[name]
+    spec = crd["spec"]
+    kind, short, scope = next(c[name] for c in REPORT_CRDS.values() if name in c)
+    plural, group = name.split(".", 1)
+    assert crd["apiVersion"] == "apiextensions.k8s.io/v1"
+    assert (spec["group"], spec["scope"]) == (group, scope)
+    assert spec["names"] == {"kind": kind, "listKind": kind + "List", "plural": plural,
+                             "singular": plural[:-1], "shortNames": [short]}
+    [version] = spec["versions"]
+    assert version["name"] == ("v1alpha2" if group == "wgpolicyk8s.io" else "v1alpha1")
+    assert version["served"] and version["storage"]
+    assert [(c["name"], c["jsonPath"]) for c in version["additionalPrinterColumns"]] == [
+        ("Kind", ".scope.kind"), ("Name", ".scope.name"),
+        *[(r.capitalize(), f".summary.{r}") for r in RESULTS],
+        ("Age", ".metadata.creationTimestamp")]
+    schema = version["schema"]["openAPIV3Schema"]
+    assert schema_problems(schema) == []
+    props = schema["properties"]
+    openreports = group == "openreports.io"
+    assert set(props) == TOP_FIELDS | (OPENREPORTS_TOP_FIELDS if openreports else set())
+    assert "required" not in schema
+    assert set(props["scope"]["properties"]) == OBJECT_REFERENCE
+    assert set(props["scopeSelector"]["properties"]) == LABEL_SELECTOR
+    assert set(props["summary"]["properties"]) == set(RESULTS)
+    result = props["results"]["items"]
+    assert set(result["properties"]) == RESULT_FIELDS
+    assert result["required"] == ["policy"]
+    assert result["properties"]["result"]["enum"] == RESULTS
+    assert sorted(result["properties"]["severity"]["enum"]) == sorted(
+        ["critical", "high", "medium", "low", "info"])
+    stamp = result["properties"]["timestamp"]
+    assert (stamp["type"], sorted(stamp["required"])) == ("object", ["nanos", "seconds"])
+    assert set(result["properties"]["resources"]["items"]["properties"]) == OBJECT_REFERENCE
+    if openreports:
+        conf = props["configuration"]
+        assert conf["required"] == ["limits"]
+        assert set(conf["properties"]["limits"]["properties"]) == {"maxResults", "statusFilter"}
+    # No bound upstream lacks: what upstream's CRD takes, ours takes.
+    text = yaml.safe_dump(schema)
+    for bound in ("maxLength", "maxItems", "maxProperties", "pattern", "minimum", "maximum"):
+        assert bound not in text, bound
+
+
+def kyverno_like_report(api="wgpolicyk8s.io/v1alpha2", kind="PolicyReport"):
+    """A per-resource report as Kyverno's reports controller writes one (and Policy Reporter
+    reads): scope, summary, results with every field."""
+    uid = "0c4f3a0e-3f4e-4b8a-9d0e-5f7a4c2b1e6d"
+    ref = {"apiVersion": "apps/v1", "kind": "Deployment", "name": "chat", "namespace": "ml",
+           "uid": uid}
+    return {
+        "apiVersion": api, "kind": kind,
+        "metadata": {"name": uid, "namespace": "ml",
+                     "labels": {"app.kubernetes.io/managed-by": "kyverno"},
+                     "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment",
+                                          "name": "chat", "uid": uid}]},
+        "scope": ref,
+        "summary": {"pass": 1, "fail": 1, "warn": 0, "error": 0, "skip": 0},
+        "results": [
+            {"source": "kyverno", "policy": "require-labels", "rule": "check-team",
+             "result": "pass", "scored": True, "severity": "medium", "category": "Best Practices",
+             "message": "validation rule 'check-team' passed.",
+             "timestamp": {"seconds": 1764403200, "nanos": 0},
+             "properties": {"process": "background scan"}},
+            {"source": "kyverno", "policy": "disallow-latest-tag", "rule": "validate-image-tag",
+             "result": "fail", "scored": True, "severity": "high",
+             "resources": [ref],
+             "resourceSelector": {"matchLabels": {"app": "chat"}, "matchExpressions": [
+                 {"key": "tier", "operator": "In", "values": ["gpu"]}]},
+             "timestamp": {"seconds": 1764403200, "nanos": 512}},
+        ]}
+
+
+def report_errors(name, obj):
+    return sorted(e.message for e in jsonschema.Draft7Validator(report_schema(name))
+                  .iter_errors(obj))
+
+
+@pytest.mark.parametrize("name", [n for crds in REPORT_CRDS.values() for n in crds])
+def test_a_kyverno_like_report_validates(name):
+    kind = next(c[name][0] for c in REPORT_CRDS.values() if name in c)
+    api = next(a for a, c in REPORT_CRDS.items() if name in c)
+    report = kyverno_like_report(api, kind)
+    if kind.startswith("Cluster"):
+        del report["metadata"]["namespace"]
+    if api.startswith("openreports.io"):
+        report["source"] = "kyverno"
+        report["configuration"] = {"limits": {"maxResults": 100, "statusFilter": ["fail"]}}
+    assert report_errors(name, report) == []
+    # gpuguard's own: a result without resources is about the scope.
+    report["results"] = [{"policy": "gpu-rightsizing", "result": "warn", "source": "gpuguard",
+                          "timestamp": {"seconds": 1764403200, "nanos": 0}}]
+    assert report_errors(name, report) == []
+
+
+@pytest.mark.parametrize("name", [n for crds in REPORT_CRDS.values() for n in crds])
+@pytest.mark.parametrize("breaks,refused", [
+    (lambda r: r.pop("policy"), "'policy' is a required property"),
+    (lambda r: r.update(timestamp="2026-11-29T10:00:00Z"), "is not of type 'object'"),
+    (lambda r: r["timestamp"].pop("nanos"), "'nanos' is a required property"),
+    (lambda r: r.update(result="passed"), "is not one of"),
+    (lambda r: r.update(severity="urgent"), "is not one of"),
+    (lambda r: r.update(resources={"kind": "Pod"}), "is not of type 'array'"),
+], ids=["no-policy", "timestamp-string", "no-nanos", "result", "severity", "resources"])
+def test_a_malformed_result_is_refused(name, breaks, refused):
+    report = kyverno_like_report()
+    breaks(report["results"][0])
+    errors = report_errors(name, report)
+    assert any(refused in e for e in errors), errors
+
+
+def test_the_cluster_role_lets_the_audit_read_owners_and_write_reports():
+    """In every certificate mode: get on each workload kind the audit resolves owners through,
+    and get, list, create, update, delete on both report APIs' reports (no patch, no watch)."""
+    from test_deploy import AUDIT_OWNER_KINDS, CLUSTER_WIDE, REPORT_KINDS, REPORT_VERBS, rbac_rows
+    for args, _ in MODES.values():
+        rows = rbac_rows(one(template(*args), "ClusterRole", "gpuguard")["rules"], CLUSTER_WIDE)
+        for group, resources in AUDIT_OWNER_KINDS.items():
+            for r in resources:
+                full = r + ("." + group if group else "")
+                assert [row for row in rows if row[0] == full] == [
+                    (full, (), ("get",), CLUSTER_WIDE)], full
+        for group, resources in REPORT_KINDS.items():
+            for r in resources:
+                assert [row for row in rows if row[0] == f"{r}.{group}"] == [
+                    (f"{r}.{group}", (), REPORT_VERBS, CLUSTER_WIDE)]
+    assert re.search(r"# The audit", (CHART / "templates" / "rbac.yaml").read_text())

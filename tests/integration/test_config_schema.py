@@ -158,7 +158,7 @@ def test_a_section_of_ones_own_policy_is_known_to_config_check(binary, tmp_path)
     out = subprocess.run([binary, *run, "--policies", str(REPO / "policies")],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 1
-    assert f"{path}: teams: unknown key (known: classes, " in out.stderr
+    assert f"{path}: teams: unknown key (known: audit, classes, " in out.stderr
 
 
 @pytest.mark.parametrize("args,message", [

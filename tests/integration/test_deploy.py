@@ -276,10 +276,29 @@ def rbac_rows(rules, where):
 
 
 # What gpuguard's ServiceAccount is granted: the inventory's reads, the GPUQuota ledger (status
-# only) everywhere, the quota controller's Lease in its own namespace, and the two webhook
-# configurations (their failurePolicy, and in self mode their caBundle) by name, no create.
+# only) everywhere, the quota controller's Lease in its own namespace, the two webhook
+# configurations (their failurePolicy, and in self mode their caBundle) by name, no create; and
+# the audit's: get on the workload kinds it resolves owners through, and its policy reports in
+# either report API.
 CLUSTER_WIDE = "cluster-wide"
+AUDIT_OWNER_KINDS = {
+    "apps": ["replicasets", "deployments", "statefulsets", "daemonsets"],
+    "batch": ["jobs", "cronjobs"],
+    "": ["replicationcontrollers"],
+    "kubeflow.org": ["pytorchjobs", "tfjobs", "mpijobs", "xgboostjobs", "paddlejobs", "jaxjobs",
+                     "notebooks"],
+    "ray.io": ["rayclusters", "rayjobs", "rayservices"],
+    "jobset.x-k8s.io": ["jobsets"],
+    "leaderworkerset.x-k8s.io": ["leaderworkersets"],
+    "serving.kserve.io": ["inferenceservices"],
+}
+REPORT_KINDS = {"wgpolicyk8s.io": ["policyreports", "clusterpolicyreports"],
+                "openreports.io": ["reports", "clusterreports"]}
+REPORT_VERBS = ("create", "delete", "get", "list", "update")
 GRANTED = {
+    *((r + ("." + g if g else ""), (), ("get",), CLUSTER_WIDE)
+      for g, rs in AUDIT_OWNER_KINDS.items() for r in rs),
+    *((f"{r}.{g}", (), REPORT_VERBS, CLUSTER_WIDE) for g, rs in REPORT_KINDS.items() for r in rs),
     ("pods", (), ("list", "watch"), CLUSTER_WIDE),
     ("namespaces", (), ("get",), CLUSTER_WIDE),
     ("resourceclaims.resource.k8s.io", (), ("list", "watch"), CLUSTER_WIDE),

@@ -140,7 +140,7 @@ def test_a_section_no_policy_reads_is_refused_and_the_last_good_set_serves(polic
     write_atomically(policy_server.config, "stamp: from-config\n")
     assert wait_for(lambda: stamp_of(policy_server) == "from-config")
     write_atomically(policy_server.config, "stamps: typo\n")
-    want = f"{policy_server.config}: stamps: unknown key; did you mean stamp? (known: classes, "
+    want = f"{policy_server.config}: stamps: unknown key; did you mean stamp? (known: audit, classes, "
     assert wait_for(lambda: "stamps: unknown key; did you mean stamp?" in
                     policy_server.ops("/readyz")[1])
     status, _ = policy_server.ops("/readyz")

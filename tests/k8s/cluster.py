@@ -475,8 +475,12 @@ class Cluster:
             st["started_in_s"] = round(time.monotonic() - started, 1)
 
     def install_gpuguard(self):
-        """deploy/ through the tests' overlay, and gpuguard serving on the host."""
+        """deploy/ through the tests' overlay, the policy reports' CRDs of both APIs (as
+        README's install says, for the audit: tests/e2e/test_audit.py), and gpuguard serving
+        on the host."""
         self.kubectl("apply", "-k", self.write_overlay())
+        self.kubectl("create", "-f", REPO / "deploy" / "reports" / "wgpolicyk8s.io.yaml",
+                     "-f", REPO / "deploy" / "reports" / "openreports.io.yaml")
         self.wait("the gpuguard ServiceAccount", lambda: self.kubectl(
             "get", "serviceaccount", "gpuguard", "-n", NAMESPACE, check=False).returncode == 0)
         self.refresh_token()

@@ -2,10 +2,12 @@
  * engine_tool.c - evaluate one AdmissionReview with the policy engine, for
  * the Python tests: prints the verdict as JSON.
  *
- *   engine_tool --policies DIR --lua DIR [--config FILE] [--phases mutate|validate|both]
+ *   engine_tool --policies DIR --lua DIR [--config FILE] [--phases mutate|validate|both|audit]
  *               [--cluster-state PODS.json] [--repeat N] REVIEW.json
  *
- * --repeat evaluates the same review N times on one engine (VM reuse).
+ * --repeat evaluates the same review N times on one engine (VM reuse).  --phases audit
+ * evaluates the review's object as the audit does (validate, req.background, each policy's
+ * outcome under "outcomes").
  * Exit 0 with the verdict, 1 when the engine cannot load or the review
  * cannot be decoded (message on stderr).
  */
@@ -13,6 +15,7 @@
 #include "codec/admission.h"
 #include "util/clock.h"
 #include "kube/inventory.h"
+#include "engine/charger.h"
 #include "engine/policy.h"
 
 #include <stdio.h>
@@ -22,6 +25,7 @@
 
 struct tool_opts {
     unsigned phases;
+    bool background;
     const char *cluster_state;
     long repeat;
 };
@@ -42,7 +46,10 @@ static int take_flag(void *ctx, int opt, const char *arg)
         t->cluster_state = arg;
     else if (opt == OPT_REPEAT)
         t->repeat = strtol(arg, NULL, 10);
-    else /* OPT_PHASES */
+    else if (strcmp(arg, "audit") == 0) {
+        t->phases = PHASE_VALIDATE | PHASE_OUTCOMES;
+        t->background = true;
+    } else /* OPT_PHASES */
         t->phases =
             PHASE_KEEP_MUTATED | (strcmp(arg, "mutate") == 0     ? PHASE_MUTATE
                                   : strcmp(arg, "validate") == 0 ? PHASE_VALIDATE
@@ -57,7 +64,7 @@ static const struct eo_command tool_command = {
     .options = long_options,
     .take = take_flag,
     .usage = "engine_tool [flags] REVIEW.json",
-    .own_flags = "  --phases PHASES        mutate, validate or both [both]\n"
+    .own_flags = "  --phases PHASES        mutate, validate, both or audit [both]\n"
                  "  --cluster-state FILE   pods in use, for gpuguard.usage() [none]\n"
                  "  --repeat N             evaluations on one engine [1]\n",
     .missing_args = "no REVIEW.json given",
@@ -80,11 +87,15 @@ int main(int argc, char **argv)
     size_t len = 0;
     struct adm_request req;
     struct inventory *inv = inv_new();
-    if ((cluster_state && inv_load_snapshot(inv, cluster_state, &err) != GG_OK) ||
-        eo_engine_new(&eo, &engine, &err) != GG_OK ||
+    struct charger *charger = NULL;
+    size_t counts[MF_STATE_N];
+    if (eo_engine_new(&eo, &engine, &err) != GG_OK ||
+        (cluster_state &&
+         eo_load_snapshot(engine, inv, cluster_state, counts, &charger, NULL, &err) != GG_OK) ||
         gg_read_file(review, 64 << 20, &text, &len, &err) != GG_OK ||
         adm_decode(text, len, &req, &err) != GG_OK) {
         fprintf(stderr, "%s\n", err.msg);
+        charger_free(charger);
         engine_free(engine);
         inv_free(inv);
         free(text);
@@ -92,6 +103,8 @@ int main(int argc, char **argv)
     }
     if (cluster_state)
         engine_set_inventory(engine, inv);
+    req.background = t.background;
+    req.dry_run = req.dry_run || t.background;
     rc = 0;
     for (long n = 0; n < repeat; n++) {
         struct policy_verdict v;
@@ -101,9 +114,10 @@ int main(int argc, char **argv)
             break;
         }
         if (n == repeat - 1) {
-            json_t *out = json_pack("{s:b,s:s?,s:O?,s:O?,s:O,s:O,s:O}", "allowed", v.allowed,
-                                    "message", v.message, "patch", v.patch, "mutated", v.mutated,
-                                    "warnings", v.warnings, "audit", v.audit, "fired", v.fired);
+            json_t *out =
+                json_pack("{s:b,s:s?,s:O?,s:O?,s:O,s:O,s:O,s:O?}", "allowed", v.allowed, "message",
+                          v.message, "patch", v.patch, "mutated", v.mutated, "warnings", v.warnings,
+                          "audit", v.audit, "fired", v.fired, "outcomes", v.outcomes);
             if (!v.message)
                 json_object_del(out, "message");
             char *dump = NULL;
@@ -117,6 +131,7 @@ int main(int argc, char **argv)
     }
     adm_request_clear(&req);
     free(text);
+    charger_free(charger);
     engine_free(engine);
     inv_free(inv);
     return rc;

@@ -670,7 +670,7 @@ end }
     v = engine.run(review(pod(), operation="UPDATE", oldObject=old,
                           options={"fieldManager": "kubectl"}), phases="validate")
     assert v["warnings"] == [
-        "req: audit,deny,dry_run,group,kind,name,namespace,old_object,operation,options,"
+        "req: audit,background,deny,dry_run,group,kind,name,namespace,old_object,operation,options,"
         "sub_resource,uid,user,warn",
         "req: dev,kubectl,before,false,attempt to modify a read-only table"]
 

@@ -28,6 +28,7 @@
 #include "kube/inventory.h"
 #include "kube/ledger.h"
 #include "kube/quotactl.h"
+#include "engine/audit.h"
 #include "util/duration.h"
 #include "kube/kubeclient.h"
 #include "util/log.h"
@@ -671,37 +672,73 @@ static bool configured_quota(void *ctx, const char *ns)
 }
 
 /*
- * With the inventory on and --quota-ledger on: the GPUQuota ledger admission
- * charges, and the controller that keeps it true (elected on a Lease).
+ * With the inventory on: the election of the replica that does what one replica does at a
+ * time, the quota controller's recounts and the audit (one Lease, --lease-name).
  */
-static enum gg_status start_quota(const struct serve_opts *o, struct engine *engine,
-                                  struct inventory *inv, struct ledger **ledger,
-                                  struct quotactl **ctl, struct gg_err *err)
+static enum gg_status start_election(const struct serve_opts *o, struct inventory *inv,
+                                     struct lease **lease, struct gg_err *err)
 {
-    if (!inv || !o->quota_ledger)
+    if (!inv)
         return GG_OK;
-    static char ns[256];
+    char ns[256];
     if (o->lease_namespace)
         snprintf(ns, sizeof(ns), "%s", o->lease_namespace);
     else
         own_namespace(ns, sizeof(ns));
+    const char *pod = getenv("POD_NAME");
+    struct lease_config lc = {.namespace = ns,
+                              .name = o->lease_name,
+                              .identity = pod && *pod ? pod : NULL,
+                              .duration_ms = o->lease_ms[0],
+                              .renew_deadline_ms = o->lease_ms[1],
+                              .retry_ms = o->lease_ms[2]};
+    struct kc_client *c = NULL;
+    enum gg_status st = new_client(o, &c, err);
+    if (st == GG_OK)
+        st = lease_start(c, &lc, lease, err); /* it elects with a clone of c */
+    kc_free(c);
+    return st;
+}
+
+/*
+ * With the inventory on and --quota-ledger on: the GPUQuota ledger admission
+ * charges, and the controller that keeps it true (while this replica leads).
+ */
+static enum gg_status start_quota(const struct serve_opts *o, struct engine *engine,
+                                  struct inventory *inv, struct lease *lease,
+                                  struct ledger **ledger, struct quotactl **ctl, struct gg_err *err)
+{
+    if (!inv || !o->quota_ledger)
+        return GG_OK;
     struct kc_client *writes = NULL, *control = NULL;
     enum gg_status st = new_client(o, &writes, err);
     if (st == GG_OK && (st = ledger_new(writes, inv, ledger, err)) == GG_OK)
         engine_set_ledger(engine, *ledger);
-    const char *pod = getenv("POD_NAME");
     struct quotactl_options qo = {.entry_bound_ms = o->entry_bound_ms,
-                                  .lease = {.namespace = ns,
-                                            .name = o->lease_name,
-                                            .identity = pod && *pod ? pod : NULL,
-                                            .duration_ms = o->lease_ms[0],
-                                            .renew_deadline_ms = o->lease_ms[1],
-                                            .retry_ms = o->lease_ms[2]},
+                                  .lease = lease,
                                   .configured = configured_quota,
                                   .configured_ctx = engine};
     if (st == GG_OK && (st = new_client(o, &control, err)) == GG_OK)
         st = quotactl_start(control, inv, &qo, ctl, err);
     return st;
+}
+
+/* With the inventory on: the background audit (it works while this replica leads and the
+ * configuration's audit.enabled is true). */
+static enum gg_status start_audit(const struct serve_opts *o, struct engine *engine,
+                                  struct inventory *inv, struct lease *lease, struct audit **out,
+                                  struct gg_err *err)
+{
+    if (!inv)
+        return GG_OK;
+    struct kc_client *c = NULL;
+    enum gg_status st = new_client(o, &c, err);
+    struct audit_options ao = {.client = c,
+                               .engine = engine,
+                               .inv = inv,
+                               .lease = lease,
+                               .webhook_config = o->webhook_config};
+    return st == GG_OK ? audit_start(&ao, out, err) : st;
 }
 
 /*
@@ -778,11 +815,15 @@ int cli_serve(int argc, char **argv)
     struct ps_source *rightsizing = NULL;
     struct ledger *ledger = NULL;
     struct quotactl *quotactl = NULL;
+    struct lease *lease = NULL;
+    struct audit *audit = NULL;
     char *client_ca = NULL;
     if (start_certificates(&o, &cert_watch, &keeper, &client_ca, &err) != GG_OK ||
         eo_engine_new(&o.engine, &engine, &err) != GG_OK ||
         start_inventory(&o, engine, &inventory, &charger, informers, &err) != GG_OK ||
-        start_quota(&o, engine, inventory, &ledger, &quotactl, &err) != GG_OK ||
+        start_election(&o, inventory, &lease, &err) != GG_OK ||
+        start_quota(&o, engine, inventory, lease, &ledger, &quotactl, &err) != GG_OK ||
+        start_audit(&o, engine, inventory, lease, &audit, &err) != GG_OK ||
         start_rightsizing(&o, inventory, &rightsizing, &err) != GG_OK ||
         reload_start(engine, &reloader, &err) != GG_OK)
         goto out;
@@ -817,7 +858,9 @@ out:
     certkeeper_stop(keeper);
     reload_stop(reloader);
     ps_stop(rightsizing);
+    audit_stop(audit);
     quotactl_stop(quotactl);
+    lease_stop(lease); /* after the work it elects for: released when leading */
     for (size_t i = 0; i < N_INFORMERS; i++)
         inf_stop(informers[i]);
     ledger_free(ledger);

@@ -46,6 +46,9 @@ struct adm_request {
     /* Not from the review: set by gpuguard when the object is the Pod it built from a
      * workload's pod template, that template's path ("spec.template"); NULL otherwise. */
     const char *template_path;
+    /* Not from the review: the object is one the API server stores, audited in the background
+     * (engine/audit.h); policies see req.background true.  Always with dry_run. */
+    bool background;
 };
 
 /* The object's name, or its generateName prefix on CREATE; "" when neither is known. */

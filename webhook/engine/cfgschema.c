@@ -223,6 +223,16 @@ static const struct cfg_key queues_keys[] = {
     {0},
 };
 
+static const struct cfg_key audit_keys[] = {
+    V("enabled", "boolean", NULL, "true",
+      "audit the running GPU pods and their workloads (serve, with the inventory on)"),
+    V("interval", "string", NULL, "\"10m\"", "between audits; one also runs after each reload"),
+    V("report_api", "string", "wgpolicyk8s.io/v1alpha2|openreports.io/v1alpha1",
+      "\"wgpolicyk8s.io/v1alpha2\"", "the reports' API: PolicyReport or OpenReports' Report"),
+    V("rate", "integer", NULL, "50", "evaluations per second at most: a large audit is spread"),
+    {0},
+};
+
 static const struct cfg_key engine_keys[] = {
     V("memory", "string integer", NULL, "\"32Mi\"", "Lua memory per worker VM"),
     V("instructions", "integer", NULL, "10000000", "Lua instructions per policy call"),
@@ -260,6 +270,7 @@ static const struct cfg_key workloads_keys[] = {
 };
 
 const struct cfg_key cfg_schema[] = {
+    OBJ("audit", "the background audit of what runs, into policy reports", audit_keys),
     MAP("classes", "workload classes: their sharing modes, pools and namespaces", a_class),
     V("default_class", "string", NULL, NULL, "the class of a pod that names none"),
     OBJ("dra", "DRA claims of other GPU drivers and classes", dra_keys),

@@ -211,6 +211,47 @@ void cfg_enforcement_for(const json_t *root, const char *policy, const char *ns,
         *mode = m;
 }
 
+enum gg_status cfg_audit(const json_t *root, struct cfg_audit *out, struct gg_err *err)
+{
+    const json_t *section = json_object_get(root, "audit");
+    *out = (struct cfg_audit){.enabled = true,
+                              .interval_ms = 600000,
+                              .report_api = "wgpolicyk8s.io/v1alpha2",
+                              .rate = 50};
+    if (!section || json_is_null(section))
+        return GG_OK;
+    if (!json_is_object(section))
+        return gg_fail(err, GG_ERR_INVALID, "audit: must be a mapping");
+    const json_t *v;
+    if ((v = json_object_get(section, "enabled"))) {
+        if (!json_is_boolean(v))
+            return gg_fail(err, GG_ERR_INVALID, "audit.enabled: must be true or false");
+        out->enabled = json_is_true(v);
+    }
+    if ((v = json_object_get(section, "interval")) &&
+        (!json_is_string(v) ||
+         duration_parse_ms(json_string_value(v), &out->interval_ms) != GG_OK ||
+         out->interval_ms < CFG_AUDIT_MIN_INTERVAL_MS))
+        return gg_fail(err, GG_ERR_INVALID,
+                       "audit.interval: must be a duration of at least 10s, such as 10m");
+    if ((v = json_object_get(section, "report_api"))) {
+        const char *api = json_string_value(v);
+        if (!api || (strcmp(api, "wgpolicyk8s.io/v1alpha2") != 0 &&
+                     strcmp(api, "openreports.io/v1alpha1") != 0))
+            return gg_fail(err, GG_ERR_INVALID,
+                           "audit.report_api: must be wgpolicyk8s.io/v1alpha2 or "
+                           "openreports.io/v1alpha1");
+        out->report_api = api;
+    }
+    if ((v = json_object_get(section, "rate")) &&
+        (!json_is_integer(v) || json_integer_value(v) < 1 ||
+         json_integer_value(v) > CFG_AUDIT_MAX_RATE))
+        return gg_fail(err, GG_ERR_INVALID, "audit.rate: must be an integer from 1 to 100000");
+    if (v)
+        out->rate = json_integer_value(v);
+    return GG_OK;
+}
+
 enum gg_status cfg_workloads_mode(const json_t *root, enum cfg_workloads_mode *out,
                                   struct gg_err *err)
 {

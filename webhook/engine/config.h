@@ -62,6 +62,18 @@ enum gg_status cfg_check_enforcement(const json_t *root, struct gg_err *err);
 void cfg_enforcement_for(const json_t *root, const char *policy, const char *ns, int *mode,
                          int *failure);
 
+/* The audit: section (engine/audit.h), with its defaults. */
+#define CFG_AUDIT_MIN_INTERVAL_MS 10000
+#define CFG_AUDIT_MAX_RATE 100000
+struct cfg_audit {
+    bool enabled;
+    int64_t interval_ms;
+    const char *report_api; /* borrowed from the configuration, or the default */
+    int64_t rate;           /* evaluations per second at most */
+};
+/* audit: with defaults; err names the key when a value is wrong. */
+enum gg_status cfg_audit(const json_t *root, struct cfg_audit *out, struct gg_err *err);
+
 enum cfg_workloads_mode { CFG_WORKLOADS_MUTATE, CFG_WORKLOADS_VALIDATE };
 
 /* workloads.mode (mutate when absent); err names the key when it is wrong. */

@@ -102,7 +102,7 @@ static json_t *dr_review(const json_t *object, const json_t *old_object, const c
         version, "kind", kind, "requestResource", "group", group, "version", version, "resource",
         resource, "name", name ? name : "", "namespace", ns, "operation", op, "userInfo",
         "username", o->user ? o->user : DR_DEFAULT_USER, "groups", groups, "object", object,
-        "oldObject", old_object, "dryRun", o->dry_run);
+        "oldObject", old_object, "dryRun", o->dry_run || o->background);
     if (!request)
         return NULL;
     if (o->sub_resource && *o->sub_resource &&
@@ -135,6 +135,7 @@ static enum gg_status call(struct engine *e, const json_t *object, const json_t 
     if (st != GG_OK)
         return st;
     req.template_path = o->template_path;
+    req.background = o->background;
     int64_t timeout = o->timeout_ms > 0 ? o->timeout_ms : DR_DEFAULT_TIMEOUT_MS;
     int64_t deadline = o->deadline_us > 0 ? o->deadline_us : gg_now_us() + timeout * 1000;
     st = engine_evaluate(e, &req, phase, deadline, v, err);
@@ -284,17 +285,31 @@ out:
     return GG_OK;
 }
 
+/* One call of obj, in the request's namespace, through phases. */
+static enum gg_status call_one(struct engine *e, const json_t *obj, const struct dr_options *o,
+                               unsigned phases, struct policy_verdict *v, struct gg_err *err)
+{
+    const char *ns = dr_namespace(obj, o->namespace);
+    json_t *object = with_namespace(obj, ns);
+    char uid[37];
+    dr_uid(uid);
+    enum gg_status st = object ? call(e, object, NULL, ns, o, uid, phases, v, err)
+                               : gg_fail(err, GG_ERR_NOMEM, "out of memory");
+    json_decref(object);
+    return st;
+}
+
+enum gg_status dr_validate(struct engine *e, const json_t *obj, const struct dr_options *o,
+                           struct policy_verdict *out, struct gg_err *err)
+{
+    return call_one(e, obj, o, PHASE_VALIDATE | PHASE_OUTCOMES, out, err);
+}
+
 enum gg_status dr_mutate(struct engine *e, const json_t *pod, const struct dr_options *o,
                          json_t **patch, char **denial, struct gg_err *err)
 {
     struct policy_verdict v = {0};
-    const char *ns = dr_namespace(pod, o->namespace);
-    json_t *object = with_namespace(pod, ns);
-    char uid[37];
-    dr_uid(uid);
-    enum gg_status st = object ? call(e, object, NULL, ns, o, uid, PHASE_MUTATE, &v, err)
-                               : gg_fail(err, GG_ERR_NOMEM, "out of memory");
-    json_decref(object);
+    enum gg_status st = call_one(e, pod, o, PHASE_MUTATE, &v, err);
     if (st != GG_OK)
         return st;
     *patch = v.patch ? json_incref(v.patch) : json_array();

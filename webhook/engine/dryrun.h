@@ -40,6 +40,9 @@ struct dr_options {
     /* The review says dryRun: an admitted pod is not reserved in the inventory.  The
      * webhook's workload templates: their pods are charged when they are created. */
     bool dry_run;
+    /* The object is one the API server stores, audited (engine/audit.h): req.background, and
+     * a dry run.  Its own charge is not counted in the usage its quota is checked against. */
+    bool background;
 };
 
 struct dr_result {
@@ -72,6 +75,13 @@ void dr_result_clear(struct dr_result *r);
  */
 enum gg_status dr_mutate(struct engine *e, const json_t *pod, const struct dr_options *o,
                          json_t **patch, char **denial, struct gg_err *err);
+
+/*
+ * Only the validating call, on obj as it is, with PHASE_OUTCOMES: what each policy that ran
+ * made of it (the audit, engine/audit.h).  *out as engine_evaluate fills it.
+ */
+enum gg_status dr_validate(struct engine *e, const json_t *obj, const struct dr_options *o,
+                           struct policy_verdict *out, struct gg_err *err);
 
 /* Append to the array into the names of names it does not hold yet. */
 void dr_add_fired(json_t *into, const json_t *names);

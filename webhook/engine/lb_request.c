@@ -275,7 +275,7 @@ static int build_request(lua_State *L)
     lb_freeze(L); /* what validate gets */
     static const luaL_Reg methods[] = {
         {"deny", l_req_deny}, {"warn", l_req_warn}, {"audit", l_req_audit}, {NULL, NULL}};
-    lua_createtable(L, 0, 12);
+    lua_createtable(L, 0, 13);
     luaL_setfuncs(L, methods, 0);
     set_string(L, "uid", req->uid);
     set_string(L, "operation", adm_operation_name(req->operation));
@@ -286,6 +286,8 @@ static int build_request(lua_State *L)
     set_string(L, "sub_resource", req->sub_resource);
     lua_pushboolean(L, req->dry_run);
     lua_setfield(L, -2, "dry_run");
+    lua_pushboolean(L, req->background);
+    lua_setfield(L, -2, "background");
     if (req->template_path) { /* nil for a Pod under review */
         lua_pushstring(L, req->template_path);
         lua_setfield(L, -2, "template");

@@ -348,6 +348,16 @@ static json_t *declared_sections(const struct lb_policy_info *infos, size_t n)
     return all;
 }
 
+/* The severities of policy reports (wgpolicyk8s.io and openreports.io alike). */
+static bool known_severity(const char *s)
+{
+    static const char *const known[] = {"critical", "high", "medium", "low", "info"};
+    for (size_t i = 0; s && i < sizeof(known) / sizeof(known[0]); i++)
+        if (strcmp(s, known[i]) == 0)
+            return true;
+    return false;
+}
+
 static enum gg_status policy_from_info(struct policy *p, struct lb_policy_info *info,
                                        const char *file, struct gg_err *err)
 {
@@ -365,6 +375,10 @@ static enum gg_status policy_from_info(struct policy *p, struct lb_policy_info *
         return gg_fail(err, GG_ERR_INVALID, "policy %s: mode must be enforce, warn or audit", name);
     if (p->failure < 0)
         return gg_fail(err, GG_ERR_INVALID, "policy %s: failure must be deny or allow", name);
+    if (json_object_get(decl, "severity") &&
+        !known_severity(json_string_value(json_object_get(decl, "severity"))))
+        return gg_fail(err, GG_ERR_INVALID,
+                       "policy %s: severity must be critical, high, medium, low or info", name);
     if (!info->has_mutate && !info->has_validate)
         return gg_fail(err, GG_ERR_INVALID, "policy %s: has neither mutate nor validate", name);
     enum gg_status st = check_match(json_object_get(decl, "match"), name, err);
@@ -562,8 +576,10 @@ static enum gg_status policy_set_load(const struct policy_paths *paths, uint64_t
     struct gg_err sub = {{0}};
     enum gg_status st = cfg_load(paths->config, &set->config, err);
     enum cfg_workloads_mode wmode;
+    struct cfg_audit audit;
     if (st == GG_OK && ((st = cfg_limits(set->config, &set->limits, &sub)) != GG_OK ||
                         (st = cfg_check_enforcement(set->config, &sub)) != GG_OK ||
+                        (st = cfg_audit(set->config, &audit, &sub)) != GG_OK ||
                         (st = cfg_workloads_mode(set->config, &wmode, &sub)) != GG_OK))
         gg_fail(err, st, "%s: %s", paths->config, sub.msg);
     if (st == GG_OK)
@@ -961,8 +977,9 @@ struct rebuilt {
 /* What the evaluation has gathered so far. */
 struct gather {
     json_t *denials, *warnings, *audit, *fired;
-    json_t *modes; /* fired policy -> the mode it ran in */
-    size_t denied; /* bytes of the denials */
+    json_t *modes;    /* fired policy -> the mode it ran in */
+    json_t *outcomes; /* PHASE_OUTCOMES: each validate call's (policy_verdict.outcomes); or NULL */
+    size_t denied;    /* bytes of the denials */
     size_t denials_left_out, warnings_left_out, audit_left_out; /* past the LB_REPORT_ limits */
     json_t *checkpoint;         /* the patch before the last mutate call that may fail open */
     char checkpoint_error[256]; /* why there is none (its edits are not JSON) */
@@ -1198,6 +1215,55 @@ static void drop_edits(struct lb_vm *vm, const struct adm_request *req, const st
     g->failed_mutation = true;
 }
 
+static char *join_lines(const json_t *list)
+{
+    size_t i, len = 1;
+    json_t *item;
+    json_array_foreach(list, i, item) len += json_string_length(item) + 1;
+    char *out = malloc(len), *p = out;
+    if (!out)
+        return NULL;
+    json_array_foreach(list, i, item)
+    {
+        if (i)
+            *p++ = '\n';
+        memcpy(p, json_string_value(item), json_string_length(item));
+        p += json_string_length(item);
+    }
+    *p = '\0';
+    return out;
+}
+
+/* What a validate call made of the object, for the reports of an audit (policy_verdict.outcomes).
+ */
+static void add_outcome(struct gather *g, const struct policy *p, enum lb_outcome outcome,
+                        const struct lb_report *r, const char *error)
+{
+    const char *result = "pass";
+    char *joined = NULL, text[512];
+    const char *message = json_string_value(json_object_get(p->decl, "description"));
+    if (outcome != LB_DONE) {
+        result = "error";
+        snprintf(text, sizeof(text), "%s: %s",
+                 outcome == LB_RAISED ? "policy error" : "policy stopped",
+                 outcome == LB_RAISED ? error : kill_reason(outcome));
+        message = text;
+    } else if (json_array_size(r->denials) || r->denials_left_out) {
+        result = "fail";
+        message = joined = join_lines(r->denials);
+    } else if (json_array_size(r->warnings)) {
+        result = "warn";
+        message = joined = join_lines(r->warnings);
+    }
+    const char *severity = json_string_value(json_object_get(p->decl, "severity"));
+    json_t *o = json_pack("{s:s,s:s,s:s,s:s}", "policy", p->name, "result", result, "message",
+                          message ? message : "", "severity",
+                          severity ? severity : POLICY_DEFAULT_SEVERITY);
+    if (!o || json_array_append_new(g->outcomes, o) != 0)
+        g->lost = true; /* a result missing from a report would read as no finding */
+    free(joined);
+}
+
 /* One policy's call in a phase, its report and its failure verdict. */
 static void run_policy(struct lb_vm *vm, const struct policy_set *set, size_t i,
                        const struct adm_request *req, enum lb_phase phase, struct gather *g)
@@ -1218,6 +1284,8 @@ static void run_policy(struct lb_vm *vm, const struct policy_set *set, size_t i,
     metrics_policy_observe(p->metric_slot, policy_result(outcome, mode, &report),
                            (gg_now_ns() - start) / 1e9);
     take_report(g, p, mode, &report);
+    if (g->outcomes && phase == LB_VALIDATE)
+        add_outcome(g, p, outcome, &report, err.msg);
     lb_report_clear(&report);
     if (outcome != LB_DONE) {
         take_failure(g, p, mode, failure, outcome, err.msg, traceback, req);
@@ -1243,25 +1311,6 @@ static bool run_phase(struct lb_vm *vm, const struct policy_set *set, const stru
             run_policy(vm, set, i, req, phase, g);
     }
     return !lb_vm_broken(vm);
-}
-
-static char *join_lines(const json_t *list)
-{
-    size_t i, len = 1;
-    json_t *item;
-    json_array_foreach(list, i, item) len += json_string_length(item) + 1;
-    char *out = malloc(len), *p = out;
-    if (!out)
-        return NULL;
-    json_array_foreach(list, i, item)
-    {
-        if (i)
-            *p++ = '\n';
-        memcpy(p, json_string_value(item), json_string_length(item));
-        p += json_string_length(item);
-    }
-    *p = '\0';
-    return out;
 }
 
 /*
@@ -1469,6 +1518,8 @@ static enum gg_status evaluate(struct engine *e, const struct adm_request *req, 
                        .fired = json_array(),
                        .modes = json_object()};
     g.lost = !g.denials || !g.warnings || !g.audit || !g.fired || !g.modes;
+    if ((phases & PHASE_OUTCOMES) && !(g.outcomes = json_array()))
+        g.lost = true;
     uint64_t reserved = 0;
     if (lb_request_begin(vm, req, req->object, lua_deadline, err) != GG_OK) {
         /* The object itself is beyond what policies may see (too deep, too big). */
@@ -1497,7 +1548,13 @@ static enum gg_status evaluate(struct engine *e, const struct adm_request *req, 
             if (!g.lost && json_array_size(g.denials) == 0)
                 reserved = reserve(e, req, out, &h);
             inv_read_before(reserved);
+            /* A stored object's own charge is in the usage already: not counted twice. */
+            const struct jf_node *uid = req->background && req->object
+                                            ? jf_get_str(jf_get_str(req->object, "metadata"), "uid")
+                                            : NULL;
+            inv_read_without(uid ? jf_string(uid) : NULL);
             run_phase(vm, set, req, LB_VALIDATE, &g);
+            inv_read_without(NULL);
             inv_read_before(0);
             if (!g.lost && json_array_size(g.denials) == 0 && g.denials_left_out == 0)
                 charge_ledger(e, req, &h, deadline_us, &g);
@@ -1528,6 +1585,7 @@ static enum gg_status evaluate(struct engine *e, const struct adm_request *req, 
         out->warnings = sanitize_warnings(g.warnings, g.warnings_left_out);
         out->audit = json_incref(g.audit);
         out->fired = json_incref(g.fired);
+        out->outcomes = json_incref(g.outcomes);
         out->errors = g.errors;
     }
     if (reserved && (st != GG_OK || !out->allowed))
@@ -1537,6 +1595,7 @@ static enum gg_status evaluate(struct engine *e, const struct adm_request *req, 
     json_decref(g.audit);
     json_decref(g.fired);
     json_decref(g.modes);
+    json_decref(g.outcomes);
     json_decref(g.checkpoint);
     json_decref(g.stopped);
     policy_set_release(set);
@@ -1555,5 +1614,6 @@ void policy_verdict_clear(struct policy_verdict *v)
     json_decref(v->warnings);
     json_decref(v->audit);
     json_decref(v->fired);
+    json_decref(v->outcomes);
     memset(v, 0, sizeof(*v));
 }

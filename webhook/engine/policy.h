@@ -113,7 +113,11 @@ enum policy_phases {
     PHASE_MUTATE = 1,
     PHASE_VALIDATE = 2,
     PHASE_KEEP_MUTATED = 4, /* also fill verdict.mutated (the CLI); the server never needs it */
+    PHASE_OUTCOMES = 8,     /* also fill verdict.outcomes: each validate call's result (audit) */
 };
+
+/* A policy's severity when it declares none: the reports' severity of its failures. */
+#define POLICY_DEFAULT_SEVERITY "medium"
 
 /* Where the time of one evaluation went, in nanoseconds. */
 struct policy_timing {
@@ -135,7 +139,14 @@ struct policy_verdict {
     json_t *warnings; /* sanitized array of strings */
     json_t *audit;    /* object of valid audit annotation keys */
     json_t *fired;    /* names of the policies that denied, warned or changed something */
-    unsigned errors;  /* policies that raised or broke a budget (their failure verdict applies) */
+    /*
+     * With PHASE_OUTCOMES: one object per validate call, in the order they ran: "policy",
+     * "result" (pass: nothing reported; fail: a denial, in whatever mode; warn: warnings only;
+     * error: it raised or broke a budget), "message" (the denials, else the warnings, else the
+     * error, one a line; the policy's description on pass) and "severity".
+     */
+    json_t *outcomes;
+    unsigned errors; /* policies that raised or broke a budget (their failure verdict applies) */
     struct policy_timing timing;
 };
 

@@ -44,6 +44,7 @@
 #include "http/clientauth.h"
 #include "http/opsdoor.h"
 #include "http/review.h"
+#include "engine/audit.h"
 #include "http/sweeper.h"
 #include "http/tlscreds.h"
 #include "kube/informer.h"
@@ -494,7 +495,8 @@ static enum MHD_Result on_ops(void *cls, struct MHD_Connection *c, const char *u
         buf_init(&out, 16 << 20);
         /* The process metrics, then those of the layers above util that keep their own. */
         if (metrics_render(&out) != GG_OK || inf_render_metrics(&out) != GG_OK ||
-            rss_render_metrics(&out) != GG_OK || engine_render_quotas(s->engine, &out) != GG_OK) {
+            rss_render_metrics(&out) != GG_OK || audit_render_metrics(&out) != GG_OK ||
+            engine_render_quotas(s->engine, &out) != GG_OK) {
             buf_clear(&out);
             return send_text(c, MHD_HTTP_INTERNAL_SERVER_ERROR, "metrics unavailable\n");
         }

@@ -221,6 +221,8 @@ struct inventory *inv_new(void)
 
 /* The reservation this thread's review holds: its usage reads count older ones only. */
 static _Thread_local uint64_t reading_before;
+/* The pod this thread's usage reads leave out (inv_read_without). */
+static _Thread_local const char *reading_without;
 
 static void drop_reservation(struct inventory *inv, size_t i)
 {
@@ -1024,6 +1026,11 @@ void inv_read_before(uint64_t seq)
     reading_before = seq;
 }
 
+void inv_read_without(const char *uid)
+{
+    reading_without = uid;
+}
+
 /* The sum at key and the reservations of ns matching cls, or pool (either NULL or "": any);
  * inv->lock held. */
 static int64_t usage_at(struct inventory *inv, const char *key, const char *ns, const char *cls,
@@ -1031,6 +1038,11 @@ static int64_t usage_at(struct inventory *inv, const char *key, const char *ns, 
 {
     struct slot *s = map_find(&inv->st.sums, key);
     int64_t used = s ? s->value : 0;
+    const struct slot *self = reading_without ? map_find(&inv->st.pods, reading_without) : NULL;
+    const struct record *own = self ? self->ptr : NULL;
+    if (own && strcmp(own->ns, ns) == 0 && (!cls || !*cls || strcmp(own->cls, cls) == 0) &&
+        (!pool || !*pool || strcmp(own->pool, pool) == 0))
+        used -= own->charge;
     int64_t now = (gg_now_us() / 1000);
     for (size_t i = 0; i < inv->n_res;) {
         struct reservation *r = &inv->res[i];

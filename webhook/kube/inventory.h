@@ -140,6 +140,12 @@ void inv_unreserve(struct inventory *inv, uint64_t seq);
  * earlier need not see the later's, which saw its own.
  */
 void inv_read_before(uint64_t seq);
+/*
+ * This thread's inv_usage and inv_pool_usage calls leave out the pod with this uid (NULL:
+ * none): an audited pod is judged against the usage of the others, as at its admission.
+ * The string must live until the next call.
+ */
+void inv_read_without(const char *uid);
 
 /* Usage of a namespace (and of one workload class in it when cls is not NULL). */
 int64_t inv_usage(struct inventory *inv, const char *ns, const char *cls);

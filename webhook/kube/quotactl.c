@@ -238,11 +238,11 @@ enum gg_status quotactl_start(struct kc_client *client, struct inventory *inv,
         q->o.entry_bound_ms = QC_DEFAULT_ENTRY_BOUND_MS;
     pthread_mutex_init(&q->lock, NULL);
     kc_cond_init(&q->wake);
-    enum gg_status st = lease_start(client, &q->o.lease, &q->lease, err);
-    if (st == GG_OK && pthread_create(&q->thread, NULL, run, q) != 0)
+    q->lease = o->lease;
+    enum gg_status st = GG_OK;
+    if (pthread_create(&q->thread, NULL, run, q) != 0)
         st = gg_fail(err, GG_ERR_NOMEM, "cannot start the quota controller's thread");
     if (st != GG_OK) {
-        lease_stop(q->lease);
         kc_free(client);
         json_decref(q->told);
         pthread_cond_destroy(&q->wake);
@@ -263,7 +263,6 @@ void quotactl_stop(struct quotactl *q)
     pthread_cond_broadcast(&q->wake);
     pthread_mutex_unlock(&q->lock);
     pthread_join(q->thread, NULL);
-    lease_stop(q->lease);
     kc_free(q->client);
     json_decref(q->told);
     pthread_cond_destroy(&q->wake);

@@ -38,7 +38,7 @@
 struct quotactl_options {
     int64_t period_ms;      /* between recounts; 0: QC_DEFAULT_PERIOD_MS */
     int64_t entry_bound_ms; /* an entry whose pod never appeared goes after this; 0: default */
-    struct lease_config lease;
+    struct lease *lease;    /* the election it works under (borrowed: stopped after it) */
     /* Whether the configuration also gives namespace ns a quota (quotas.namespaces): the
      * GPUQuota wins, and the controller says so once per namespace.  NULL: never. */
     bool (*configured)(void *ctx, const char *ns);
@@ -48,13 +48,12 @@ struct quotactl_options {
 struct quotactl;
 
 /*
- * Start the controller's thread: it elects (lease_start with client's
- * credentials) and, while leading, recounts.  client is taken over.
+ * Start the controller's thread: while o->lease leads, it recounts.  client is taken over.
  */
 enum gg_status quotactl_start(struct kc_client *client, struct inventory *inv,
                               const struct quotactl_options *o, struct quotactl **out,
                               struct gg_err *err);
-/* Stop recounting and electing (releasing the Lease when leading); free. */
+/* Stop recounting; free (the lease is the caller's). */
 void quotactl_stop(struct quotactl *q);
 
 /*

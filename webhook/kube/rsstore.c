@@ -37,9 +37,14 @@ static struct {
     unsigned long long recommended, applied;
     struct report *reported; /* open addressing on "ns/workload"; cap a power of two */
     size_t n_reported, cap_reported;
-    struct rss_last last; /* rss_take_last */
-    bool record_last, have_last;
+    json_t *audited; /* rss_publish_audit's figures; NULL: none, the reports' sums are shown */
 } S;
+
+/* rss_record_last: this thread's reports are kept for rss_take_last, and not counted. */
+static _Thread_local struct {
+    struct rss_last last;
+    bool record, have;
+} T;
 
 void rss_publish(struct rs_data *d, int64_t stale_after_s)
 {
@@ -150,6 +155,14 @@ void rss_report(const char *ns, const char *workload, const char *action, int64_
 {
     char key[640];
     snprintf(key, sizeof(key), "%s/%s", ns, workload);
+    if (T.record) {
+        T.last = (struct rss_last){.requested = requested_milli, .needed = needed_milli};
+        snprintf(T.last.ns, sizeof(T.last.ns), "%s", ns);
+        snprintf(T.last.workload, sizeof(T.last.workload), "%s", workload);
+        snprintf(T.last.action, sizeof(T.last.action), "%s", action);
+        T.have = true;
+        return;
+    }
     pthread_mutex_lock(&lock);
     if (strcmp(action, "recommend") == 0)
         S.recommended++;
@@ -167,32 +180,30 @@ void rss_report(const char *ns, const char *workload, const char *action, int64_
         r->requested = requested_milli;
         r->needed = needed_milli;
     }
-    if (S.record_last) {
-        S.last = (struct rss_last){.requested = requested_milli, .needed = needed_milli};
-        snprintf(S.last.ns, sizeof(S.last.ns), "%s", ns);
-        snprintf(S.last.workload, sizeof(S.last.workload), "%s", workload);
-        snprintf(S.last.action, sizeof(S.last.action), "%s", action);
-        S.have_last = true;
-    }
     pthread_mutex_unlock(&lock);
 }
 
 void rss_record_last(void)
 {
-    pthread_mutex_lock(&lock);
-    S.record_last = true;
-    pthread_mutex_unlock(&lock);
+    T.record = true;
 }
 
 bool rss_take_last(struct rss_last *out)
 {
-    pthread_mutex_lock(&lock);
-    bool had = S.have_last;
+    bool had = T.have;
     if (had)
-        *out = S.last;
-    S.have_last = false;
-    pthread_mutex_unlock(&lock);
+        *out = T.last;
+    T.have = false;
     return had;
+}
+
+void rss_publish_audit(json_t *by_namespace)
+{
+    pthread_mutex_lock(&lock);
+    json_t *old = S.audited;
+    S.audited = by_namespace;
+    pthread_mutex_unlock(&lock);
+    json_decref(old);
 }
 
 void rss_describe(char *out, size_t size)
@@ -237,59 +248,72 @@ enum gg_status rss_render_metrics(struct buf *out)
 {
     int64_t now = (gg_now_us() / 1000000);
     pthread_mutex_lock(&lock);
-    if (!*S.source) {
-        pthread_mutex_unlock(&lock);
-        return GG_OK;
-    }
     bool fresh = S.have_data && !stale_locked(now);
-    enum gg_status st = buf_appendf(
-        out,
-        "# HELP gpuguard_rightsizing_source_up Whether policies see fresh usage history.\n"
-        "# TYPE gpuguard_rightsizing_source_up gauge\n"
-        "gpuguard_rightsizing_source_up %d\n"
-        "# HELP gpuguard_rightsizing_data_age_seconds Age of the usage history policies see.\n"
-        "# TYPE gpuguard_rightsizing_data_age_seconds gauge\n"
-        "gpuguard_rightsizing_data_age_seconds %lld\n"
-        "# HELP gpuguard_rightsizing_refreshes_total Queries of the usage source, by result.\n"
-        "# TYPE gpuguard_rightsizing_refreshes_total counter\n"
-        "gpuguard_rightsizing_refreshes_total{result=\"ok\"} %llu\n"
-        "gpuguard_rightsizing_refreshes_total{result=\"error\"} %llu\n"
-        "# HELP gpuguard_rightsizing_workloads Workloads with usage history.\n"
-        "# TYPE gpuguard_rightsizing_workloads gauge\n"
-        "gpuguard_rightsizing_workloads %zu\n"
-        "# HELP gpuguard_rightsizing_recommendations_total Smaller GPU requests recommended or "
-        "applied.\n"
-        "# TYPE gpuguard_rightsizing_recommendations_total counter\n"
-        "gpuguard_rightsizing_recommendations_total{action=\"recommend\"} %llu\n"
-        "gpuguard_rightsizing_recommendations_total{action=\"apply\"} %llu\n"
-        "# HELP gpuguard_rightsizing_no_evidence_workloads Workloads left out of the usage "
-        "history: their peak is below 1 GiB, no evidence of a small workload.\n"
-        "# TYPE gpuguard_rightsizing_no_evidence_workloads gauge\n"
-        "gpuguard_rightsizing_no_evidence_workloads %zu\n"
-        "# HELP gpuguard_rightsizing_series Series of each answer in the usage history policies "
-        "see.\n"
-        "# TYPE gpuguard_rightsizing_series gauge\n"
-        "gpuguard_rightsizing_series{query=\"peak\"} %zu\n"
-        "gpuguard_rightsizing_series{query=\"history\"} %zu\n"
-        "# HELP gpuguard_rightsizing_max_series The most series an answer may have "
-        "(rightsizing.max_series).\n"
-        "# TYPE gpuguard_rightsizing_max_series gauge\n"
-        "gpuguard_rightsizing_max_series %zu\n"
-        "# HELP gpuguard_rightsizing_refused_total Refreshes refused for an answer past a bound "
-        "(the last data is kept until stale).\n"
-        "# TYPE gpuguard_rightsizing_refused_total counter\n"
-        "gpuguard_rightsizing_refused_total{limit=\"series\"} %llu\n"
-        "gpuguard_rightsizing_refused_total{limit=\"bytes\"} %llu\n",
-        fresh ? 1 : 0, S.have_data ? (long long)(now - S.published_s) : -1LL, S.refreshes_ok,
-        S.refreshes_failed, S.data.n, S.recommended, S.applied, S.data.no_evidence,
-        S.data.peak_series, S.data.history_series, S.max_series, S.refused_series, S.refused_bytes);
-    json_t *sums = per_namespace_locked();
+    enum gg_status st =
+        !*S.source
+            ? GG_OK
+            : buf_appendf(
+                  out,
+                  "# HELP gpuguard_rightsizing_source_up Whether policies see fresh usage "
+                  "history.\n"
+                  "# TYPE gpuguard_rightsizing_source_up gauge\n"
+                  "gpuguard_rightsizing_source_up %d\n"
+                  "# HELP gpuguard_rightsizing_data_age_seconds Age of the usage history policies "
+                  "see.\n"
+                  "# TYPE gpuguard_rightsizing_data_age_seconds gauge\n"
+                  "gpuguard_rightsizing_data_age_seconds %lld\n"
+                  "# HELP gpuguard_rightsizing_refreshes_total Queries of the usage source, by "
+                  "result.\n"
+                  "# TYPE gpuguard_rightsizing_refreshes_total counter\n"
+                  "gpuguard_rightsizing_refreshes_total{result=\"ok\"} %llu\n"
+                  "gpuguard_rightsizing_refreshes_total{result=\"error\"} %llu\n"
+                  "# HELP gpuguard_rightsizing_workloads Workloads with usage history.\n"
+                  "# TYPE gpuguard_rightsizing_workloads gauge\n"
+                  "gpuguard_rightsizing_workloads %zu\n"
+                  "# HELP gpuguard_rightsizing_recommendations_total Smaller GPU requests "
+                  "recommended or "
+                  "applied.\n"
+                  "# TYPE gpuguard_rightsizing_recommendations_total counter\n"
+                  "gpuguard_rightsizing_recommendations_total{action=\"recommend\"} %llu\n"
+                  "gpuguard_rightsizing_recommendations_total{action=\"apply\"} %llu\n"
+                  "# HELP gpuguard_rightsizing_no_evidence_workloads Workloads left out of the "
+                  "usage "
+                  "history: their peak is below 1 GiB, no evidence of a small workload.\n"
+                  "# TYPE gpuguard_rightsizing_no_evidence_workloads gauge\n"
+                  "gpuguard_rightsizing_no_evidence_workloads %zu\n"
+                  "# HELP gpuguard_rightsizing_series Series of each answer in the usage history "
+                  "policies "
+                  "see.\n"
+                  "# TYPE gpuguard_rightsizing_series gauge\n"
+                  "gpuguard_rightsizing_series{query=\"peak\"} %zu\n"
+                  "gpuguard_rightsizing_series{query=\"history\"} %zu\n"
+                  "# HELP gpuguard_rightsizing_max_series The most series an answer may have "
+                  "(rightsizing.max_series).\n"
+                  "# TYPE gpuguard_rightsizing_max_series gauge\n"
+                  "gpuguard_rightsizing_max_series %zu\n"
+                  "# HELP gpuguard_rightsizing_refused_total Refreshes refused for an answer past "
+                  "a bound "
+                  "(the last data is kept until stale).\n"
+                  "# TYPE gpuguard_rightsizing_refused_total counter\n"
+                  "gpuguard_rightsizing_refused_total{limit=\"series\"} %llu\n"
+                  "gpuguard_rightsizing_refused_total{limit=\"bytes\"} %llu\n",
+                  fresh ? 1 : 0, S.have_data ? (long long)(now - S.published_s) : -1LL,
+                  S.refreshes_ok, S.refreshes_failed, S.data.n, S.recommended, S.applied,
+                  S.data.no_evidence, S.data.peak_series, S.data.history_series, S.max_series,
+                  S.refused_series, S.refused_bytes);
+    /* The last audit's figures when there are some; else, with a source, the reviews'. */
+    json_t *sums = S.audited ? json_incref(S.audited) : *S.source ? per_namespace_locked() : NULL;
+    size_t figures = S.audited ? 4 : 2;
     pthread_mutex_unlock(&lock);
-    static const char *const names[] = {"requested", "needed"};
+    static const char *const names[] = {"requested", "needed", "waste", "unknown"};
     static const char *const helps[] = {
-        "GPU-equivalents the workloads with usage history request, as last admitted.",
-        "GPU-equivalents their peak GPU memory x headroom needs on the same pools."};
-    for (size_t i = 0; i < 2 && st == GG_OK; i++) {
+        "GPU-equivalents the workloads with usage history request: the running ones at the "
+        "last audit, else as last admitted.",
+        "GPU-equivalents their peak GPU memory x headroom needs, at the allocation the fleet "
+        "would give.",
+        "GPU-equivalents the running workloads with usage history hold beyond what they need.",
+        "GPU-equivalents the running workloads without usage history hold."};
+    for (size_t i = 0; i < figures && st == GG_OK; i++) {
         st = buf_appendf(out,
                          "# HELP gpuguard_rightsizing_%s_gpus %s\n"
                          "# TYPE gpuguard_rightsizing_%s_gpus gauge\n",
@@ -312,6 +336,7 @@ void rss_reset(void)
 {
     pthread_mutex_lock(&lock);
     rs_data_clear(&S.data);
+    json_decref(S.audited);
     for (size_t i = 0; i < S.cap_reported; i++)
         free(S.reported[i].key);
     free(S.reported);

@@ -15,6 +15,7 @@
 #include "util/gpuguard.h"
 #include "kube/rightsize.h"
 
+#include <jansson.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -65,8 +66,9 @@ void rss_report(const char *ns, const char *workload, const char *action, int64_
 /* One /readyz line, "rightsizing: ok (N workloads, updated 40s ago)", ...; "" while off. */
 void rss_describe(char *out, size_t size);
 
-/* The last rss_report, for `gpuguard report`, which reviews one pod at a time; recorded only
- * after rss_record_last (the server's reviews do not pay for it). */
+/* The last rss_report of this thread, for `gpuguard report` and the audit, which review one pod
+ * at a time: after rss_record_last, this thread's reports are kept for it and not counted in
+ * the metrics (the server's reviews do not pay for it). */
 struct rss_last {
     char ns[256], workload[384], action[16];
     int64_t requested, needed; /* milli-GPU */
@@ -75,7 +77,14 @@ struct rss_last {
 bool rss_take_last(struct rss_last *out);
 void rss_record_last(void);
 
-/* The gpuguard_rightsizing_* metrics in Prometheus text (nothing while off). */
+/*
+ * The last audit's figures (engine/audit.h), taken over: per namespace, an array of the
+ * milli-GPU its running workloads with history hold, need and hold beyond that, and those
+ * without history hold.  They replace the reviews' sums in the metrics; NULL: back to those.
+ */
+void rss_publish_audit(json_t *by_namespace);
+
+/* The gpuguard_rightsizing_* metrics in Prometheus text (the source's only while it is on). */
 enum gg_status rss_render_metrics(struct buf *out);
 
 /* Forget everything (the CLI at exit, tests). */
