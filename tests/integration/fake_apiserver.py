@@ -286,6 +286,9 @@ def lease_problem(lease):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body go out in two writes: without this, a keep-alive client's next request
+    # waits on the delayed ACK (40 ms), as no real API server makes it wait.
+    disable_nagle_algorithm = True
     server_fake = None
 
     def log_message(self, fmt, *args):  # quiet

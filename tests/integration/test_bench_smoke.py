@@ -217,3 +217,19 @@ def test_policy_cost_splits_a_review(binary, tmp_path):
     assert decision.startswith("mig on pool a100-mig for class inference")
     assert audit(work / "plain", "mutate")["driver.decision"] == decision
     assert "driver.decision" not in audit(work / "copy", "mutate")
+
+
+def test_audit_cost_runs_and_reports(binary, tmp_path):
+    """tests/bench/audit_cost.py, briefly (200 pods, 2 s of reviews each way): it runs, audits
+    every pod and reports the figures docs/audit.md quotes."""
+    report = tmp_path / "audit.txt"
+    r = subprocess.run(["/usr/bin/python3", str(REPO / "tests" / "bench" / "audit_cost.py"),
+                        "--bin", binary, "--pods", "200", "--seconds", "2", "--report",
+                        str(report)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    text = report.read_text()
+    assert text == r.stdout
+    assert re.search(r"^audit: 220 evaluations in \S+ s: [\d,]+ evaluations/s; CPU of the audit "
+                     r"thread \S+ s, [\d,]+ µs an evaluation; 201 reports built$", text, re.M), text
+    assert len(re.findall(r"^admission, [^:]*:\s+p50 \S+ ms, p99 \S+ ms, max \S+ ms \(\d+ reviews\)",
+                          text, re.M)) == 2

@@ -211,3 +211,29 @@ def test_every_suite_passes_with_its_effective_configuration(binary, tmp_path, s
                           str(REPO / "lua"), str(path)], capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr
+
+
+@pytest.mark.parametrize("audit,message", [
+    ("{interval: 5s}", "audit.interval: must be a duration of at least 10s, such as 10m"),
+    ("{interval: soon}", "audit.interval: must be a duration of at least 10s, such as 10m"),
+    ("{report_api: wgpolicyk8s.io/v1beta1}",
+     "audit.report_api: must be wgpolicyk8s.io/v1alpha2 or openreports.io/v1alpha1"),
+    ("{rate: 0}", "audit.rate: must be an integer from 1 to 100000"),
+    ("{enabled: 'yes'}", "audit.enabled: must be true or false"),
+    ("{intervall: 10m}", "audit.intervall: unknown key; did you mean interval?"),
+])
+def test_a_wrong_audit_section_is_refused_with_its_key(binary, tmp_path, audit, message):
+    path = tmp_path / "c.yaml"
+    path.write_text(f"audit: {audit}\n")
+    out = config_check(binary, path)
+    assert out.returncode == 1
+    assert message in out.stderr, out.stderr
+
+
+def test_the_audit_section_s_defaults(binary, tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("audit: {rate: 200}\n")
+    out = config_check(binary, path)
+    assert out.returncode == 0, out.stderr
+    assert yaml.safe_load(out.stdout)["audit"] == {
+        "enabled": True, "interval": "10m", "report_api": "wgpolicyk8s.io/v1alpha2", "rate": 200}

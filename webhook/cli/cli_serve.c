@@ -159,7 +159,8 @@ static void serve_usage(FILE *out)
                  "                            quota's status, and a controller elected on a\n"
                  "                            Lease recounts it (docs/quotas.md) [on with the\n"
                  "                            inventory]\n"
-                 "  --lease-namespace NS      the controller's Lease [POD_NAMESPACE, else the\n"
+                 "  --lease-namespace NS      the Lease that elects the replica running the quota\n"
+                 "                            controller and the audit [POD_NAMESPACE, else the\n"
                  "                            service account's namespace, else gpuguard-system]\n"
                  "  --lease-name NAME         [gpuguard-quota]\n"
                  "  --lease-duration D, --lease-renew-deadline D, --lease-retry D\n"
@@ -172,6 +173,8 @@ static void serve_usage(FILE *out)
             "Port 0 picks a free port; the ports in use are logged at start.  The certificate\n"
             "and key are reloaded when their files change (a bad pair is refused and the\n"
             "current one kept); policies, the Lua library and the config likewise.\n"
+            "With the inventory on, the elected replica audits what runs (the config's audit:\n"
+            "section, docs/audit.md): reports of the running GPU pods and their workloads.\n"
             "With the config's rightsizing: section on (mode and prometheus.url), GPU memory\n"
             "history is read from Prometheus every refresh (docs/rightsizing.md).\n");
 }

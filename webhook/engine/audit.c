@@ -794,6 +794,7 @@ static void settings(struct audit *a, struct cfg_audit *out)
 static void *run(void *arg)
 {
     struct audit *a = arg;
+    pthread_setname_np(pthread_self(), "audit"); /* its CPU apart in top -H and /proc */
     uint64_t term = 0, generation = 0;
     int64_t next_us = 0;
     while (!atomic_load(&a->stop)) {
