@@ -78,6 +78,11 @@ local function limit_of(ns, q, gq)
 end
 
 local function validate(req, pod, cfg)
+    if req.background and req.template then
+        -- The audit of a running workload: its pods are judged one by one, each against the
+        -- others; its template as one more pod would count its own pods twice.
+        return
+    end
     local q = cfg.quotas
     local spec = k8s.pod_spec(pod)
     if spec == nil or not workload.wants_gpu(pod, cfg, req.namespace) then

@@ -218,7 +218,7 @@ def test_every_suite_passes_with_its_effective_configuration(binary, tmp_path, s
     ("{interval: soon}", "audit.interval: must be a duration of at least 10s, such as 10m"),
     ("{report_api: wgpolicyk8s.io/v1beta1}",
      "audit.report_api: must be wgpolicyk8s.io/v1alpha2 or openreports.io/v1alpha1"),
-    ("{rate: 0}", "audit.rate: must be an integer from 1 to 100000"),
+    ("{rate: 9}", "audit.rate: must be an integer from 10 to 100000"),
     ("{enabled: 'yes'}", "audit.enabled: must be true or false"),
     ("{intervall: 10m}", "audit.intervall: unknown key; did you mean interval?"),
 ])

@@ -86,17 +86,37 @@ static void test_the_cluster_report_in_openreports(void **state)
     json_decref(report);
 }
 
-static void test_results_past_the_bound_are_cut_and_counted_as_skipped(void **state)
+static void test_failures_come_first_and_past_the_bound_a_note_says_how_many_went(void **state)
 {
     (void)state;
     json_t *results = json_array();
-    struct pr_finding f = {.policy = "p", .result = "fail", .message = "m"};
-    for (int i = 0; i < PR_MAX_RESULTS + 5; i++)
-        json_array_append_new(results, pr_result(&f, NULL, 1));
+    struct pr_finding pass = {.policy = "p", .result = "pass", .message = "m"};
+    struct pr_finding fail = {.policy = "f", .result = "fail", .message = "m"};
+    struct pr_finding warn = {.policy = "w", .result = "warn", .message = "m"};
+    for (int i = 0; i < PR_MAX_RESULTS; i++)
+        json_array_append_new(results, pr_result(&pass, NULL, 1));
+    for (int i = 0; i < 3; i++)
+        json_array_append_new(results, pr_result(&fail, NULL, 1));
+    json_array_append_new(results, pr_result(&warn, NULL, 1));
     json_t *report = pr_report(PR_WGPOLICY, &pod, results);
-    assert_int_equal(json_array_size(json_object_get(report, "results")), PR_MAX_RESULTS);
+    const json_t *kept = json_object_get(report, "results");
+    assert_int_equal(json_array_size(kept), PR_MAX_RESULTS);
+    assert_string_equal(json_string_value(json_object_get(json_array_get(kept, 0), "policy")), "f");
+    assert_string_equal(json_string_value(json_object_get(json_array_get(kept, 3), "policy")), "w");
+    const json_t *note = json_array_get(kept, PR_MAX_RESULTS - 1);
+    assert_string_equal(json_string_value(json_object_get(note, "message")),
+                        "5 more results left out (at most 200 a report)");
     assert_json(json_object_get(report, "summary"),
-                "{\"pass\":0,\"fail\":200,\"warn\":0,\"error\":0,\"skip\":5}");
+                "{\"pass\":195,\"fail\":3,\"warn\":1,\"error\":0,\"skip\":1}");
+    json_decref(report);
+    /* At the bound, nothing is left out and no note is added. */
+    results = json_array();
+    for (int i = 0; i < PR_MAX_RESULTS; i++)
+        json_array_append_new(results, pr_result(&pass, NULL, 1));
+    report = pr_report(PR_WGPOLICY, &pod, results);
+    assert_int_equal(json_array_size(json_object_get(report, "results")), PR_MAX_RESULTS);
+    assert_int_equal(
+        json_integer_value(json_object_get(json_object_get(report, "summary"), "skip")), 0);
     json_decref(report);
 }
 
@@ -185,7 +205,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_a_pod_report_is_owned_by_the_pod_and_counts_its_results),
         cmocka_unit_test(test_the_cluster_report_in_openreports),
-        cmocka_unit_test(test_results_past_the_bound_are_cut_and_counted_as_skipped),
+        cmocka_unit_test(test_failures_come_first_and_past_the_bound_a_note_says_how_many_went),
         cmocka_unit_test(test_a_long_message_is_cut_on_a_character_boundary),
         cmocka_unit_test(test_the_digest_ignores_timestamps_and_nothing_else),
         cmocka_unit_test(test_report_apis_by_name),

@@ -204,13 +204,12 @@ int cli_report(int argc, char **argv)
     {
         const char *kind = json_string_value(json_object_get(item, "kind"));
         if (kind && strcmp(kind, "Pod") == 0 && waste_running(item) &&
-            waste_add_pod(&set, item, &err) != GG_OK)
+            waste_add_pod(engine, &set, item, NULL, NULL, &err) != GG_OK) {
+            fprintf(stderr, "gpuguard report: %s\n", err.msg);
             goto out;
+        }
     }
-    if (waste_review_all(engine, &set, NULL, NULL, &err) != GG_OK) {
-        fprintf(stderr, "gpuguard report: %s\n", err.msg);
-        goto out;
-    }
+    waste_finish(&set);
     if (o.json)
         print_json(set.w, set.n);
     else

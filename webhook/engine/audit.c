@@ -103,11 +103,13 @@ struct pending {
 
 struct run {
     struct audit *a;
-    struct cfg_audit cfg;
+    struct cfg_audit cfg; /* its report_api is read into api: the string goes with its set */
     enum pr_api api;
     int64_t start_us, now_s;
+    int64_t next_us; /* when the next evaluation may start (pace) */
     unsigned long long evaluations, written;
     bool aborted; /* the lead was lost or the server stops: nothing is deleted */
+    bool unread;  /* a GET failed: its report may be missing, so nothing is deleted */
     struct pr_existing existing;
     struct waste_set waste;
     json_t *owners;  /* "ns/Kind/name" of a controller -> its top workload's uid, or null */
@@ -129,6 +131,12 @@ static bool leading(struct run *r)
     return !r->aborted;
 }
 
+/* leading() for kube/polreport.c, before each of its requests. */
+static bool still_leading(void *ctx)
+{
+    return leading(ctx);
+}
+
 static void note_error(struct run *r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static void note_error(struct run *r, const char *fmt, ...)
 {
@@ -142,14 +150,24 @@ static void note_error(struct run *r, const char *fmt, ...)
         json_array_append_new(r->errors, json_string(text));
 }
 
-/* At most cfg.rate evaluations a second since the audit began: wait for the next one's turn. */
+/*
+ * At most cfg.rate evaluations a second: wait for the next one's turn.  Time lost waiting on
+ * the API server is credit for at most a second's evaluations, never for a burst.
+ */
 static void pace(struct run *r)
 {
-    int64_t due = r->start_us + (int64_t)(r->evaluations * 1000000ULL / (uint64_t)r->cfg.rate);
     int64_t now = gg_now_us();
-    if (due > now)
-        kc_pause_ms(&r->a->lock, &r->a->wake, &r->a->stop, (due - now + 999) / 1000);
+    if (r->next_us < now - 1000000)
+        r->next_us = now - 1000000;
+    if (r->next_us > now)
+        kc_pause_ms(&r->a->lock, &r->a->wake, &r->a->stop, (r->next_us - now + 999) / 1000);
+    r->next_us += 1000000 / r->cfg.rate;
     r->evaluations++;
+}
+
+static void paced(void *ctx)
+{
+    pace(ctx);
 }
 
 static const char *str(const json_t *obj, const char *a, const char *b)
@@ -167,13 +185,6 @@ static bool resource_of(const json_t *obj, struct pr_resource *res)
                                 .name = str(obj, "metadata", "name"),
                                 .uid = str(obj, "metadata", "uid")};
     return res->api_version && res->kind && res->ns && res->name && res->uid;
-}
-
-static void count_result(struct run *r, const char *result)
-{
-    for (size_t i = 0; i < 4; i++)
-        if (strcmp(result, result_names[i]) == 0)
-            r->results[i]++;
 }
 
 /*
@@ -218,27 +229,42 @@ static void judge(struct run *r, const json_t *obj, const struct dr_options *o,
             json_array_append(results, one);
         json_decref(one);
     }
+    /* A denial no outcome explains (one lost for want of memory) is an error, never a pass. */
+    bool explained = v.allowed;
+    json_array_foreach(v.outcomes, i, out)
+    {
+        const char *result = str(out, "result", NULL);
+        explained = explained || strcmp(result, "fail") == 0 || strcmp(result, "error") == 0;
+    }
+    if (!explained) {
+        struct pr_finding f = {.policy = "audit",
+                               .result = "error",
+                               .message = v.message ? v.message : "denied without a reason",
+                               .category = CATEGORY,
+                               .scored = true};
+        json_array_append_new(results, pr_result(&f, res, r->now_s));
+    }
     policy_verdict_clear(&v);
 }
 
 /* Write a report of res (NULL: the cluster's) with its results (taken over). */
 static void write_report(struct run *r, const struct pr_resource *res, json_t *results)
 {
-    size_t i;
-    json_t *one;
     if (json_array_size(results) == 0) { /* nothing judged it: no report (an old one goes) */
         json_decref(results);
         return;
     }
-    json_array_foreach(results, i, one) count_result(r, str(one, "result", NULL));
     r->resources++;
     json_t *report = pr_report(r->api, res, results);
+    const json_t *summary = json_object_get(report, "summary");
+    for (size_t i = 0; i < 4; i++) /* what the report holds, past its bound */
+        r->results[i] += json_integer_value(json_object_get(summary, result_names[i]));
     struct gg_err err = {{0}};
     bool wrote = false;
     if (!report)
         note_error(r, "out of memory building a report");
-    else if (leading(r) &&
-             pr_write(r->a->o.client, r->api, &r->existing, report, &wrote, &err) != GG_OK)
+    else if (leading(r) && pr_write(r->a->o.client, r->api, &r->existing, report, still_leading, r,
+                                    &wrote, &err) != GG_OK)
         note_error(r, "%s", err.msg);
     r->written += wrote;
     json_decref(report);
@@ -246,7 +272,8 @@ static void write_report(struct run *r, const struct pr_resource *res, json_t *r
 
 /* ---- scope ----------------------------------------------------------------------------- */
 
-/* GET path into *out; false (and noted, but for a 404 when quiet_404) when it cannot be read. */
+/* GET path into *out; false when it cannot be read: noted, and unread set, but for a 404 when
+ * quiet_404. */
 static bool get_json(struct run *r, const char *path, bool quiet_404, json_t **out)
 {
     struct kc_request rq = {.path = path, .timeout_ms = AUDIT_REQUEST_TIMEOUT_MS};
@@ -254,8 +281,10 @@ static bool get_json(struct run *r, const char *path, bool quiet_404, json_t **o
     struct gg_err err = {{0}};
     if (kc_json(r->a->o.client, &rq, "GET", NULL, out, &status, &err) == GG_OK)
         return true;
-    if (!(quiet_404 && status == 404))
-        note_error(r, "%s", err.msg);
+    if (quiet_404 && status == 404)
+        return false;
+    note_error(r, "%s", err.msg);
+    r->unread = true;
     return false;
 }
 
@@ -299,19 +328,22 @@ static void read_scope(struct run *r)
     json_decref(cfg);
 }
 
-/* Whether admission sees ns (its labels against the selector; unreadable: yes). */
+/* Whether to audit ns: admission sees it (its labels against the selector) and it is not going
+ * away; one that cannot be read is audited. */
 static bool in_scope(struct run *r, const char *ns)
 {
-    if (!r->selector)
-        return true;
     const json_t *known = json_object_get(r->scoped, ns);
     if (known)
         return json_is_true(known);
     char path[400];
     snprintf(path, sizeof(path), "/api/v1/namespaces/%s", ns);
     json_t *obj = NULL;
-    bool in = !get_json(r, path, true, &obj) ||
-              ls_matches(r->selector, json_object_get(json_object_get(obj, "metadata"), "labels"));
+    bool in = true; /* unreadable: audited */
+    if (get_json(r, path, true, &obj)) {
+        const json_t *meta = json_object_get(obj, "metadata");
+        in = !json_object_get(meta, "deletionTimestamp") && /* going: nothing to write there */
+             (!r->selector || ls_matches(r->selector, json_object_get(meta, "labels")));
+    }
     json_decref(obj);
     json_object_set_new(r->scoped, ns, json_boolean(in));
     return in;
@@ -319,38 +351,54 @@ static bool in_scope(struct run *r, const char *ns)
 
 /* ---- workloads ------------------------------------------------------------------------- */
 
-/* The kinds an owner is looked up as (RBAC: get on each), with their resource names. */
+/* The kinds an owner is looked up as (RBAC: get on each): their API group, fixed here (an
+ * ownerReference's apiVersion is whatever its writer put), and resource. */
 static const struct {
-    const char *kind, *plural;
+    const char *kind, *group, *plural;
 } owner_kinds[] = {
-    {"ReplicaSet", "replicasets"},
-    {"Deployment", "deployments"},
-    {"StatefulSet", "statefulsets"},
-    {"DaemonSet", "daemonsets"},
-    {"ReplicationController", "replicationcontrollers"},
-    {"Job", "jobs"},
-    {"CronJob", "cronjobs"},
-    {"PyTorchJob", "pytorchjobs"},
-    {"TFJob", "tfjobs"},
-    {"MPIJob", "mpijobs"},
-    {"XGBoostJob", "xgboostjobs"},
-    {"PaddleJob", "paddlejobs"},
-    {"JAXJob", "jaxjobs"},
-    {"Notebook", "notebooks"},
-    {"RayCluster", "rayclusters"},
-    {"RayJob", "rayjobs"},
-    {"RayService", "rayservices"},
-    {"JobSet", "jobsets"},
-    {"LeaderWorkerSet", "leaderworkersets"},
-    {"InferenceService", "inferenceservices"},
+    {"ReplicaSet", "apps", "replicasets"},
+    {"Deployment", "apps", "deployments"},
+    {"StatefulSet", "apps", "statefulsets"},
+    {"DaemonSet", "apps", "daemonsets"},
+    {"ReplicationController", "", "replicationcontrollers"},
+    {"Job", "batch", "jobs"},
+    {"CronJob", "batch", "cronjobs"},
+    {"PyTorchJob", "kubeflow.org", "pytorchjobs"},
+    {"TFJob", "kubeflow.org", "tfjobs"},
+    {"MPIJob", "kubeflow.org", "mpijobs"},
+    {"XGBoostJob", "kubeflow.org", "xgboostjobs"},
+    {"PaddleJob", "kubeflow.org", "paddlejobs"},
+    {"JAXJob", "kubeflow.org", "jaxjobs"},
+    {"Notebook", "kubeflow.org", "notebooks"},
+    {"RayCluster", "ray.io", "rayclusters"},
+    {"RayJob", "ray.io", "rayjobs"},
+    {"RayService", "ray.io", "rayservices"},
+    {"JobSet", "jobset.x-k8s.io", "jobsets"},
+    {"LeaderWorkerSet", "leaderworkerset.x-k8s.io", "leaderworkersets"},
+    {"InferenceService", "serving.kserve.io", "inferenceservices"},
 };
 
-static const char *owner_plural(const char *kind)
+/* Where ref's object is read in ns, into path; false for a kind (or an apiVersion for it)
+ * gpuguard does not read workloads of. */
+static bool owner_path(const json_t *ref, const char *ns, char *path, size_t size)
 {
-    for (size_t i = 0; kind && i < sizeof(owner_kinds) / sizeof(owner_kinds[0]); i++)
-        if (strcmp(owner_kinds[i].kind, kind) == 0)
-            return owner_kinds[i].plural;
-    return NULL;
+    const char *api = str(ref, "apiVersion", NULL), *kind = str(ref, "kind", NULL);
+    const char *name = str(ref, "name", NULL), *slash = api ? strrchr(api, '/') : NULL;
+    const char *version = slash ? slash + 1 : api;
+    size_t group_len = slash ? (size_t)(slash - api) : 0;
+    if (!api || !kind || !name || !gg_dns_subdomain(name) || !*version ||
+        strspn(version, "abcdefghijklmnopqrstuvwxyz0123456789") != strlen(version))
+        return false;
+    for (size_t i = 0; i < sizeof(owner_kinds) / sizeof(owner_kinds[0]); i++) {
+        const char *group = owner_kinds[i].group;
+        if (strcmp(owner_kinds[i].kind, kind) != 0 || strlen(group) != group_len ||
+            strncmp(api, group, group_len) != 0)
+            continue;
+        snprintf(path, size, "%s%s%s%s/namespaces/%s/%s/%s", *group ? "/apis/" : "/api/", group,
+                 *group ? "/" : "", version, ns, owner_kinds[i].plural, name);
+        return true;
+    }
+    return false;
 }
 
 /* The controller reference of obj's metadata, or NULL. */
@@ -363,17 +411,13 @@ static const json_t *controller_ref(const json_t *obj)
     return NULL;
 }
 
-/* GET the object ref names in ns; NULL (and noted) when it cannot be read. */
+/* GET the object ref names in ns; NULL when it cannot be read (noted but for a 404). */
 static json_t *fetch_owner(struct run *r, const char *ns, const json_t *ref)
 {
-    const char *api = str(ref, "apiVersion", NULL), *kind = str(ref, "kind", NULL);
-    const char *name = str(ref, "name", NULL), *plural = owner_plural(kind);
-    if (!api || !name || !plural || !gg_dns_subdomain(name))
-        return NULL; /* a kind gpuguard does not read workloads of */
     char path[1024];
-    snprintf(path, sizeof(path), "%s%s/namespaces/%s/%s/%s", strchr(api, '/') ? "/apis/" : "/api/",
-             api, ns, plural, name);
     json_t *obj = NULL;
+    if (!owner_path(ref, ns, path, sizeof(path)))
+        return NULL;
     return get_json(r, path, true, &obj) ? obj : NULL; /* a 404: gone meanwhile */
 }
 
@@ -420,7 +464,7 @@ static void judge_workload(struct run *r, const json_t *obj, const struct pr_res
         note_error(r, "out of memory");
         return;
     }
-    struct dr_options o = {.namespace = res->ns, .user = AUDIT_USER, .background = true};
+    struct dr_options o = {.namespace = res->ns, .user = DR_BACKGROUND_USER, .background = true};
     struct mf_set set = {0};
     struct gg_err err = {{0}};
     if (mf_collect_object(obj, "audit", &set, &err) == GG_OK) {
@@ -475,13 +519,13 @@ static const char *top_workload(struct run *r, const char *ns, const json_t *ref
 static void audit_pod(struct run *r, json_t *pod)
 {
     struct pr_resource res;
-    if (!resource_of(pod, &res) || inv_pod_seen(r->a->o.inv, res.uid) != INV_POD_HOLDING ||
-        !in_scope(r, res.ns))
+    if (!resource_of(pod, &res) || !inv_pod_holding(r->a->o.inv, res.uid) || !in_scope(r, res.ns))
         return;
-    struct dr_options o = {.namespace = res.ns, .user = AUDIT_USER, .background = true};
+    struct dr_options o = {.namespace = res.ns, .user = DR_BACKGROUND_USER, .background = true};
     const json_t *ref = controller_ref(pod);
     struct gg_err err = {{0}};
-    if (waste_running(pod) && waste_add_pod(&r->waste, pod, &err) != GG_OK)
+    if (waste_running(pod) &&
+        waste_add_pod(r->a->o.engine, &r->waste, pod, paced, r, &err) != GG_OK)
         note_error(r, "%s", err.msg);
     if (ref) {
         json_t *results = json_array();
@@ -653,17 +697,10 @@ static void namespace_results(struct run *r, const json_t *by_ns, json_t *result
     }
 }
 
-static void paced(void *ctx)
-{
-    pace(ctx);
-}
-
-/* The rightsizing findings, the waiting reports, the cluster's; the figures published. */
+/* The rightsizing findings into their workloads' reports (and bare pods'), and those written. */
 static void finish(struct run *r)
 {
-    struct gg_err err = {{0}};
-    if (waste_review_all(r->a->o.engine, &r->waste, paced, r, &err) != GG_OK)
-        note_error(r, "rightsizing: %s", err.msg);
+    waste_finish(&r->waste);
     for (size_t i = 0; i < r->waste.n; i++) {
         struct pending *p = home_of(r, &r->waste.w[i]);
         if (p)
@@ -673,7 +710,12 @@ static void finish(struct run *r)
         write_report(r, &r->pend[i].res, r->pend[i].results);
         r->pend[i].results = NULL;
     }
-    json_t *by_ns = waste_by_namespace(&r->waste), *cluster = json_array();
+}
+
+/* The cluster's report: the waste per namespace, and what the audit could not do. */
+static void cluster_report(struct run *r, const json_t *by_ns)
+{
+    json_t *cluster = json_array();
     namespace_results(r, by_ns, cluster);
     size_t i;
     json_t *msg;
@@ -689,10 +731,6 @@ static void finish(struct run *r)
         write_report(r, NULL, cluster);
     else
         json_decref(cluster);
-    if (leading(r))
-        rss_publish_audit(by_ns);
-    else
-        json_decref(by_ns);
 }
 
 /* Delete the reports of resources gone, in the API in use and the other one (a switch). */
@@ -700,13 +738,13 @@ static size_t sweep(struct run *r)
 {
     size_t deleted = 0, n = 0;
     struct gg_err err = {{0}};
-    if (pr_sweep(r->a->o.client, r->api, &r->existing, &n, &err) != GG_OK)
+    if (pr_sweep(r->a->o.client, r->api, &r->existing, still_leading, r, &n, &err) != GG_OK)
         note_error(r, "deleting reports: %s", err.msg);
     deleted += n;
     enum pr_api other = r->api == PR_WGPOLICY ? PR_OPENREPORTS : PR_WGPOLICY;
     struct pr_existing old = {0};
     if (pr_list(r->a->o.client, other, &old, &err) == GG_OK &&
-        pr_sweep(r->a->o.client, other, &old, &n, &err) == GG_OK)
+        pr_sweep(r->a->o.client, other, &old, still_leading, r, &n, &err) == GG_OK)
         deleted += n;
     pr_existing_clear(&old);
     return deleted;
@@ -729,7 +767,7 @@ static void run_clear(struct run *r)
     json_decref(r->scoped);
 }
 
-static void audit_once(struct audit *a, const struct cfg_audit *cfg)
+static void audit_once(struct audit *a, const struct cfg_audit *cfg, enum pr_api api)
 {
     struct timespec wall;
     clock_gettime(CLOCK_REALTIME, &wall);
@@ -742,7 +780,7 @@ static void audit_once(struct audit *a, const struct cfg_audit *cfg)
                     .bare = json_object(),
                     .errors = json_array(),
                     .scoped = json_object()};
-    pr_api_parse(cfg->report_api, &r.api);
+    r.api = api;
     struct gg_err err = {{0}};
     rss_record_last(); /* this thread's rightsizing findings are the audit's, not admissions' */
     bool listed = pr_list(a->o.client, r.api, &r.existing, &err) == GG_OK;
@@ -750,9 +788,19 @@ static void audit_once(struct audit *a, const struct cfg_audit *cfg)
         note_error(&r, "listing gpuguard's reports: %s", err.msg);
     read_scope(&r);
     bool complete = audit_pods(&r) && listed; /* without the list, nothing can be deleted */
-    if (!r.aborted)
+    size_t deleted = 0;
+    if (!r.aborted) {
         finish(&r);
-    size_t deleted = complete && !r.aborted ? sweep(&r) : 0;
+        /* Deleting waits for a whole audit, every report it owes written or noted as kept. */
+        if (complete && !r.unread && !r.aborted)
+            deleted = sweep(&r);
+        json_t *by_ns = waste_by_namespace(&r.waste);
+        cluster_report(&r, by_ns);
+        if (complete && leading(&r)) /* a part of the pods would read as their namespaces' */
+            rss_publish_audit(by_ns);
+        else
+            json_decref(by_ns);
+    }
     double took = (double)(gg_now_us() - r.start_us) / 1e6;
     pthread_mutex_lock(&stats_lock);
     stats.any = true;
@@ -782,12 +830,16 @@ static void audit_once(struct audit *a, const struct cfg_audit *cfg)
 
 /* ---- the thread ------------------------------------------------------------------------ */
 
-/* The live configuration's audit: section (checked when it was loaded). */
-static void settings(struct audit *a, struct cfg_audit *out)
+/* The live configuration's audit: section (checked when it was loaded); its report_api as
+ * *api, read while the set is held (the string is the set's). */
+static void settings(struct audit *a, struct cfg_audit *out, enum pr_api *api)
 {
     struct policy_set *set = engine_live_set(a->o.engine);
     struct gg_err err = {{0}};
     cfg_audit(policy_set_config(set), out, &err);
+    if (!pr_api_parse(out->report_api, api))
+        *api = PR_WGPOLICY;
+    out->report_api = NULL;
     policy_set_release(set);
 }
 
@@ -797,20 +849,28 @@ static void *run(void *arg)
     pthread_setname_np(pthread_self(), "audit"); /* its CPU apart in top -H and /proc */
     uint64_t term = 0, generation = 0;
     int64_t next_us = 0;
+    int shown = -1; /* the figures: 0 the reviews' (audit off), 1 the leader's (none here) */
     while (!atomic_load(&a->stop)) {
         struct cfg_audit cfg;
-        settings(a, &cfg);
-        if (!cfg.enabled || !lease_is_leader(a->o.lease)) {
-            if (term) /* the figures are the leader's alone */
-                rss_publish_audit(NULL);
+        enum pr_api api;
+        settings(a, &cfg, &api);
+        bool leads = cfg.enabled && lease_is_leader(a->o.lease);
+        if (!leads && shown != !!cfg.enabled) {
+            /* The per-namespace figures are the leader's alone: a sum over the replicas is the
+             * cluster's.  With the audit off, each replica shows its own reviews', as before. */
+            rss_publish_audit(cfg.enabled ? json_object() : NULL);
+            shown = cfg.enabled;
+        }
+        if (!leads) {
             term = 0;
         } else if (inv_ready(a->o.inv) &&
                    (lease_term(a->o.lease) != term ||
                     engine_generation(a->o.engine) != generation || gg_now_us() >= next_us)) {
             term = lease_term(a->o.lease);
             generation = engine_generation(a->o.engine);
-            audit_once(a, &cfg);
+            audit_once(a, &cfg, api);
             next_us = gg_now_us() + cfg.interval_ms * 1000;
+            shown = -1; /* its figures are up: the next loss of the lead takes them down */
         }
         kc_pause_ms(&a->lock, &a->wake, &a->stop, POLL_MS);
     }

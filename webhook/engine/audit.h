@@ -10,7 +10,7 @@
  *   1. lists gpuguard's reports (to write only what changed and delete what no longer is),
  *      and reads the namespaceSelector of gpuguard's pods webhook: a namespace admission
  *      leaves out is left out (one that cannot be read is audited);
- *   2. lists the pods, paged, and takes those the inventory counts as holding GPUs: each goes
+ *   2. lists the pods, 100 a page, and takes those the inventory counts as holding GPUs: each goes
  *      through the validate policies as a background review (dr_validate: req.background,
  *      a dry run, the object as stored, its own charge left out of its quota's usage), and
  *      the top-level workload that owns it (ReplicaSet -> Deployment, Job -> CronJob, an
@@ -36,12 +36,11 @@
 
 #include <stdint.h>
 
-#define AUDIT_POD_PAGE 200             /* pods a list page asks for */
-#define AUDIT_MAX_PAGE_BODY (64 << 20) /* bytes of one page of pods */
+#define AUDIT_POD_PAGE 100             /* pods a list page asks for */
+#define AUDIT_MAX_PAGE_BODY (32 << 20) /* bytes of one page of pods: jansson holds ~6 times it */
 #define AUDIT_REQUEST_TIMEOUT_MS 60000 /* one API request */
 #define AUDIT_OWNER_DEPTH 4            /* owners followed up from a pod */
 #define AUDIT_MAX_ERRORS 20            /* audit errors kept for the cluster's report */
-#define AUDIT_USER "gpuguard-audit"    /* req.user.username of a background review */
 
 struct audit_options {
     struct kc_client *client; /* taken over */

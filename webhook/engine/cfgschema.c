@@ -229,7 +229,7 @@ static const struct cfg_key audit_keys[] = {
     V("interval", "string", NULL, "\"10m\"", "between audits; one also runs after each reload"),
     V("report_api", "string", "wgpolicyk8s.io/v1alpha2|openreports.io/v1alpha1",
       "\"wgpolicyk8s.io/v1alpha2\"", "the reports' API: PolicyReport or OpenReports' Report"),
-    V("rate", "integer", NULL, "50", "evaluations per second at most: a large audit is spread"),
+    V("rate", "integer", NULL, "50", "evaluations per second at most (10 to 100000)"),
     {0},
 };
 

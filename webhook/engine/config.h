@@ -64,6 +64,9 @@ void cfg_enforcement_for(const json_t *root, const char *policy, const char *ns,
 
 /* The audit: section (engine/audit.h), with its defaults. */
 #define CFG_AUDIT_MIN_INTERVAL_MS 10000
+/* A list page's continue token lives some 5 minutes (etcd's compaction): at 10 evaluations a
+ * second, the pods of a page and their workloads are judged well within it. */
+#define CFG_AUDIT_MIN_RATE 10
 #define CFG_AUDIT_MAX_RATE 100000
 struct cfg_audit {
     bool enabled;

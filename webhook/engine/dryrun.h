@@ -23,6 +23,8 @@
 #include <stdint.h>
 
 #define DR_DEFAULT_USER "gpuguard-check"
+/* The user of a background review (o.background): who created a stored object is not known. */
+#define DR_BACKGROUND_USER "gpuguard-audit"
 
 /* What the API server fills in around the object.  Zero means the default. */
 struct dr_options {

@@ -1281,8 +1281,9 @@ static void run_policy(struct lb_vm *vm, const struct policy_set *set, size_t i,
     char *traceback = NULL;
     int64_t start = gg_now_ns();
     enum lb_outcome outcome = lb_policy_call(vm, (int)i, phase, &report, &err, &traceback);
-    metrics_policy_observe(p->metric_slot, policy_result(outcome, mode, &report),
-                           (gg_now_ns() - start) / 1e9);
+    if (!req->background) /* the policy metrics are admission's; the audit counts its own */
+        metrics_policy_observe(p->metric_slot, policy_result(outcome, mode, &report),
+                               (gg_now_ns() - start) / 1e9);
     take_report(g, p, mode, &report);
     if (g->outcomes && phase == LB_VALIDATE)
         add_outcome(g, p, outcome, &report, err.msg);
@@ -1493,7 +1494,7 @@ enum gg_status engine_evaluate(struct engine *e, const struct adm_request *req, 
     enum gg_status st = evaluate(e, req, phases, deadline_us, out, err);
     if (flight)
         atomic_store_explicit(flight, 0, memory_order_relaxed);
-    if (gg_now_us() > deadline_us)
+    if (gg_now_us() > deadline_us && !req->background)
         metrics_deadline_overrun();
     return st;
 }

@@ -11,8 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-/* The user a stored object's review names: the audit's, whoever created the object. */
-#define WASTE_USER "gpuguard-audit"
 #define RECOMMENDATION_KEY "gpuguard.io/recommendation"
 
 static const char *str(const json_t *obj, const char *a, const char *b)
@@ -42,7 +40,35 @@ char *waste_controller(const json_t *pod)
     return NULL;
 }
 
-enum gg_status waste_add_pod(struct waste_set *s, json_t *pod, struct gg_err *err)
+/* Review one workload's pod: what the rightsizing policy found for it, else its charge. */
+static enum gg_status review(struct engine *e, struct waste_workload *w, const json_t *pod,
+                             struct gg_err *err)
+{
+    struct dr_options o = {.namespace = w->ns, .user = DR_BACKGROUND_USER, .background = true};
+    struct dr_result res = {0};
+    struct rss_last ignored;
+    rss_record_last();
+    rss_take_last(&ignored);
+    enum gg_status st = dr_evaluate(e, pod, &o, &res, err);
+    if (st != GG_OK)
+        return st;
+    w->known = rss_take_last(&w->rs);
+    /* The charge of the review, else (a pod the policies now refuse) the one it was admitted
+     * with. */
+    const json_t *ann = json_object_get(json_object_get(res.mutated, "metadata"), "annotations");
+    const json_t *stored = json_object_get(json_object_get(pod, "metadata"), "annotations");
+    const char *charge = json_string_value(json_object_get(ann, GG_KEY_CHARGE));
+    if (!charge)
+        charge = json_string_value(json_object_get(stored, GG_KEY_CHARGE));
+    w->held_milli = charge ? strtoll(charge, NULL, 10) : 0;
+    const char *rec = json_string_value(json_object_get(ann, RECOMMENDATION_KEY));
+    w->would_hold = rec ? strdup(rec) : NULL;
+    dr_result_clear(&res);
+    return GG_OK;
+}
+
+enum gg_status waste_add_pod(struct engine *e, struct waste_set *s, const json_t *pod,
+                             void (*before)(void *ctx), void *ctx, struct gg_err *err)
 {
     const char *ns = str(pod, "metadata", "namespace"), *name = str(pod, "metadata", "name");
     if (!ns || !name)
@@ -50,11 +76,7 @@ enum gg_status waste_add_pod(struct waste_set *s, json_t *pod, struct gg_err *er
     char *owner = waste_controller(pod), *key = NULL;
     if (!owner && !(owner = strdup(name)))
         return gg_fail(err, GG_ERR_NOMEM, "out of memory");
-    if (!s->index && !(s->index = json_object())) {
-        free(owner);
-        return gg_fail(err, GG_ERR_NOMEM, "out of memory");
-    }
-    if (asprintf(&key, "%s\x1f%s", ns, owner) < 0) {
+    if ((!s->index && !(s->index = json_object())) || asprintf(&key, "%s\x1f%s", ns, owner) < 0) {
         free(owner);
         return gg_fail(err, GG_ERR_NOMEM, "out of memory");
     }
@@ -77,38 +99,17 @@ enum gg_status waste_add_pod(struct waste_set *s, json_t *pod, struct gg_err *er
         s->cap = cap;
     }
     struct waste_workload *w = &s->w[s->n];
-    *w = (struct waste_workload){
-        .ns = strdup(ns), .owner = owner, .pod = json_incref(pod), .pods = 1};
+    *w = (struct waste_workload){.ns = strdup(ns), .owner = owner, .pods = 1};
     bool ok = w->ns && json_object_set_new(s->index, key, json_integer((json_int_t)s->n)) == 0;
     free(key);
     s->n++; /* freed with the set, whatever happened */
-    return ok ? GG_OK : gg_fail(err, GG_ERR_NOMEM, "out of memory");
-}
-
-/* Review one workload's pod: what the rightsizing policy found for it, else its charge. */
-static enum gg_status review(struct engine *e, struct waste_workload *w, struct gg_err *err)
-{
-    struct dr_options o = {.namespace = w->ns, .user = WASTE_USER, .background = true};
-    struct dr_result res = {0};
-    struct rss_last ignored;
-    rss_record_last();
-    rss_take_last(&ignored);
-    enum gg_status st = dr_evaluate(e, w->pod, &o, &res, err);
-    if (st != GG_OK)
-        return st;
-    w->known = rss_take_last(&w->rs);
-    /* The charge of the review, else (a pod the policies now refuse) the one it was admitted
-     * with. */
-    const json_t *ann = json_object_get(json_object_get(res.mutated, "metadata"), "annotations");
-    const json_t *stored = json_object_get(json_object_get(w->pod, "metadata"), "annotations");
-    const char *charge = json_string_value(json_object_get(ann, GG_KEY_CHARGE));
-    if (!charge)
-        charge = json_string_value(json_object_get(stored, GG_KEY_CHARGE));
-    w->held_milli = charge ? strtoll(charge, NULL, 10) : 0;
-    const char *rec = json_string_value(json_object_get(ann, RECOMMENDATION_KEY));
-    w->would_hold = rec ? strdup(rec) : NULL;
-    dr_result_clear(&res);
-    return GG_OK;
+    if (!ok)
+        return gg_fail(err, GG_ERR_NOMEM, "out of memory");
+    if (before)
+        before(ctx);
+    struct gg_err sub = {{0}};
+    enum gg_status st = review(e, w, pod, &sub);
+    return st == GG_OK ? GG_OK : gg_fail(err, st, "%s/%s: %s", w->ns, w->owner, sub.msg);
 }
 
 static void workload_clear(struct waste_workload *w)
@@ -116,22 +117,12 @@ static void workload_clear(struct waste_workload *w)
     free(w->ns);
     free(w->owner);
     free(w->would_hold);
-    json_decref(w->pod);
 }
 
-enum gg_status waste_review_all(struct engine *e, struct waste_set *s, void (*before)(void *ctx),
-                                void *ctx, struct gg_err *err)
+void waste_finish(struct waste_set *s)
 {
     size_t kept = 0;
     for (size_t i = 0; i < s->n; i++) {
-        if (before)
-            before(ctx);
-        enum gg_status st = review(e, &s->w[i], err);
-        if (st != GG_OK) {
-            char where[600];
-            snprintf(where, sizeof(where), "%s/%s", s->w[i].ns, s->w[i].owner);
-            return gg_fail(err, st, "%s: %s", where, err->msg);
-        }
         if (waste_held(&s->w[i]) > 0 || s->w[i].known)
             s->w[kept++] = s->w[i];
         else
@@ -140,7 +131,6 @@ enum gg_status waste_review_all(struct engine *e, struct waste_set *s, void (*be
     s->n = kept;
     json_decref(s->index); /* the positions moved */
     s->index = NULL;
-    return GG_OK;
 }
 
 void waste_set_clear(struct waste_set *s)

@@ -3,7 +3,8 @@
  * (docs/audit.md): `gpuguard report` from a dump, the audit (audit.h) from the cluster.
  *
  * The running GPU pods are grouped by controller (one pod without is a workload of its own);
- * one pod of each is reviewed as stored (dr_evaluate, background): the rightsizing policy's
+ * the first pod of each is reviewed as stored, when it comes (dr_evaluate, background; the
+ * pod is not kept, so that memory grows with the workloads' count alone): the rightsizing policy's
  * finding (rsstore.h, rss_take_last) gives what a pod holds and needs, in milli-GPU, and the
  * allocation that would hold it.  A workload the history does not cover counts as held, its
  * need unknown.
@@ -22,7 +23,6 @@
 /* One workload: the running pods of one controller (or one pod without). */
 struct waste_workload {
     char *ns, *owner; /* the owner's "Kind/name", or the pod's name */
-    json_t *pod;      /* the one reviewed */
     long pods;
     bool known;         /* the rightsizing policy reported it */
     struct rss_last rs; /* what it reported: per pod */
@@ -41,12 +41,15 @@ bool waste_running(const json_t *pod);
 /* Its controller as "Kind/name" (malloc'ed), else NULL. */
 char *waste_controller(const json_t *pod);
 
-/* Count a running pod in its workload (the first pod of a workload is kept for the review). */
-enum gg_status waste_add_pod(struct waste_set *s, json_t *pod, struct gg_err *err);
-/* Review each workload's pod: its finding, else its charge.  A workload that holds nothing
- * and has no finding is dropped.  before (NULL: none) is called before each review. */
-enum gg_status waste_review_all(struct engine *e, struct waste_set *s, void (*before)(void *ctx),
-                                void *ctx, struct gg_err *err);
+/*
+ * Count a running pod in its workload.  The first pod of a workload is reviewed at once (before,
+ * unless NULL, is called first): its finding, else its charge.  An error leaves the workload
+ * counted, its need unknown, and says why.
+ */
+enum gg_status waste_add_pod(struct engine *e, struct waste_set *s, const json_t *pod,
+                             void (*before)(void *ctx), void *ctx, struct gg_err *err);
+/* Once every pod is in: drop the workloads that hold nothing and have no finding. */
+void waste_finish(struct waste_set *s);
 void waste_set_clear(struct waste_set *s);
 
 /* What a workload holds, and needs (0 when not known), in milli-GPU, its pods together. */

@@ -34,6 +34,7 @@
  * (/metrics), within a per-address cap (--ops-max-per-peer).
  */
 #include "http/server.h"
+#include "engine/audit.h"
 #include "util/duration.h"
 #include "util/clock.h"
 
@@ -44,7 +45,6 @@
 #include "http/clientauth.h"
 #include "http/opsdoor.h"
 #include "http/review.h"
-#include "engine/audit.h"
 #include "http/sweeper.h"
 #include "http/tlscreds.h"
 #include "kube/informer.h"

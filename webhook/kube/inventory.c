@@ -333,6 +333,14 @@ static void note_gone(struct inventory *inv, const char *uid)
         s->value = now;
 }
 
+bool inv_pod_holding(struct inventory *inv, const char *uid)
+{
+    pthread_mutex_lock(&inv->lock);
+    bool holding = map_find(&inv->st.pods, uid) != NULL;
+    pthread_mutex_unlock(&inv->lock);
+    return holding;
+}
+
 enum inv_pod_seen inv_pod_seen(struct inventory *inv, const char *uid)
 {
     pthread_mutex_lock(&inv->lock);
@@ -1039,9 +1047,9 @@ static int64_t usage_at(struct inventory *inv, const char *key, const char *ns, 
     struct slot *s = map_find(&inv->st.sums, key);
     int64_t used = s ? s->value : 0;
     const struct slot *self = reading_without ? map_find(&inv->st.pods, reading_without) : NULL;
-    const struct record *own = self ? self->ptr : NULL;
+    const struct record *own = s && self ? self->ptr : NULL; /* in this sum, when it has one */
     if (own && strcmp(own->ns, ns) == 0 && (!cls || !*cls || strcmp(own->cls, cls) == 0) &&
-        (!pool || !*pool || strcmp(own->pool, pool) == 0))
+        (!pool || strcmp(own->pool, pool) == 0))
         used -= own->charge;
     int64_t now = (gg_now_us() / 1000);
     for (size_t i = 0; i < inv->n_res;) {

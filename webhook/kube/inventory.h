@@ -165,6 +165,9 @@ int64_t inv_held(struct inventory *inv, const char *ns, const char *pool);
  * deleted or finished lately (pods), or nothing. */
 enum inv_pod_seen { INV_POD_UNSEEN, INV_POD_HOLDING, INV_POD_GONE };
 enum inv_pod_seen inv_pod_seen(struct inventory *inv, const char *uid);
+/* Whether the pod of uid holds GPUs now (inv_pod_seen's first answer for pods alone: no claim
+ * is looked through, so that a walk over every pod of a cluster stays cheap). */
+bool inv_pod_holding(struct inventory *inv, const char *uid);
 
 /*
  * GPUQuota objects (kind "GPUQuota", through inv_upsert, inv_delete and the

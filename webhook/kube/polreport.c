@@ -88,17 +88,61 @@ json_t *pr_result(const struct pr_finding *f, const struct pr_resource *res, int
     return r;
 }
 
+/* Where a result goes in a report: failures first, then errors, warnings, the rest. */
+static int rank(const json_t *r)
+{
+    static const char *const first[] = {"fail", "error", "warn"};
+    const char *result = json_string_value(json_object_get(r, "result"));
+    for (int k = 0; result && k < 3; k++)
+        if (strcmp(result, first[k]) == 0)
+            return k;
+    return 3;
+}
+
+/* The results (taken over) in rank order, each rank as it came; past PR_MAX_RESULTS, the last
+ * a skip that says how many were left out.  NULL when out of memory. */
+static json_t *ordered(json_t *results)
+{
+    json_t *out = json_array(), *r;
+    size_t i,
+        left_out = 0,
+        room = json_array_size(results) <= PR_MAX_RESULTS ? PR_MAX_RESULTS : PR_MAX_RESULTS - 1;
+    for (int k = 0; out && k < 4; k++)
+        json_array_foreach(results, i, r)
+        {
+            if (rank(r) != k)
+                continue;
+            if (json_array_size(out) < room)
+                json_array_append(out, r);
+            else
+                left_out++;
+        }
+    json_t *ts = json_object_get(json_array_get(results, 0), "timestamp");
+    json_t *note = NULL;
+    if (out && left_out) {
+        char text[100];
+        snprintf(text, sizeof(text), "%zu more results left out (at most %d a report)", left_out,
+                 PR_MAX_RESULTS);
+        note = json_pack("{s:s,s:s,s:s,s:s,s:b,s:s,s:O?}", "policy", "audit", "rule", "audit",
+                         "result", "skip", "message", text, "scored", 0, "source", PR_SOURCE,
+                         "timestamp", ts);
+        if (!note || json_array_append_new(out, note) != 0) {
+            json_decref(out);
+            out = NULL;
+        }
+    }
+    json_decref(results);
+    return out;
+}
+
 json_t *pr_report(enum pr_api api, const struct pr_resource *res, json_t *results)
 {
     static const char *const counted[] = {"pass", "fail", "warn", "error", "skip"};
     json_int_t counts[5] = {0};
-    size_t n = json_array_size(results), i;
+    size_t i;
     json_t *r;
-    if (n > PR_MAX_RESULTS) {
-        counts[4] = (json_int_t)(n - PR_MAX_RESULTS);
-        while (json_array_size(results) > PR_MAX_RESULTS)
-            json_array_remove(results, PR_MAX_RESULTS);
-    }
+    if (!(results = ordered(results)))
+        return NULL;
     json_array_foreach(results, i, r)
     {
         const char *result = json_string_value(json_object_get(r, "result"));
@@ -215,6 +259,7 @@ static enum gg_status list_all(struct kc_client *c, const char *collection, stru
         long status = 0;
         st = kc_json(c, &rq, "GET", NULL, &list, &status, err);
         if (status == 404) { /* the API is not served: no reports of it */
+            ex->unserved = true;
             st = GG_OK;
             break;
         }
@@ -244,29 +289,47 @@ enum gg_status pr_list(struct kc_client *c, enum pr_api api, struct pr_existing 
 /* Give each result of fresh that old holds unchanged the timestamp old gave it. */
 static void keep_timestamps(json_t *fresh, const json_t *old)
 {
+    json_t *a = untimed(fresh), *b = untimed(old);
     size_t i, j;
     json_t *r, *o;
-    json_array_foreach(fresh, i, r)
+    json_array_foreach(a, i, r)
     {
-        json_t *a = json_deep_copy(r);
-        json_object_del(a, "timestamp");
-        json_array_foreach(old, j, o)
+        json_array_foreach(b, j, o)
         {
-            json_t *b = json_deep_copy(o);
-            json_object_del(b, "timestamp");
-            bool same = json_equal(a, b);
-            json_decref(b);
-            if (same && json_object_get(o, "timestamp")) {
-                json_object_set(r, "timestamp", json_object_get(o, "timestamp"));
+            const json_t *ts = json_object_get(json_array_get(old, j), "timestamp");
+            if (ts && json_equal(r, o)) {
+                json_object_set(json_array_get(fresh, i), "timestamp", (json_t *)ts);
                 break;
             }
         }
-        json_decref(a);
     }
+    json_decref(a);
+    json_decref(b);
+}
+
+/* The answer to a create in a namespace that is going: nothing to write there. */
+static bool namespace_going(struct kc_client *c, const char *ns, long status)
+{
+    if (status == 404)
+        return true;
+    if (status != 403 || !ns) /* 403: forbidden, or the namespace is terminating */
+        return false;
+    char path[400];
+    snprintf(path, sizeof(path), "/api/v1/namespaces/%s", ns);
+    struct kc_request rq = {.path = path, .timeout_ms = PR_TIMEOUT_MS};
+    json_t *obj = NULL;
+    long got = 0;
+    struct gg_err err = {{0}};
+    kc_json(c, &rq, "GET", NULL, &obj, &got, &err);
+    bool going = got == 404 ||
+                 json_object_get(json_object_get(obj, "metadata"), "deletionTimestamp") != NULL;
+    json_decref(obj);
+    return going;
 }
 
 enum gg_status pr_write(struct kc_client *c, enum pr_api api, struct pr_existing *ex,
-                        json_t *report, bool *wrote, struct gg_err *err)
+                        json_t *report, pr_go_on_fn go_on, void *ctx, bool *wrote,
+                        struct gg_err *err)
 {
     const json_t *meta = json_object_get(report, "metadata");
     const char *name = json_string_value(json_object_get(meta, "name"));
@@ -280,16 +343,23 @@ enum gg_status pr_write(struct kc_client *c, enum pr_api api, struct pr_existing
         return gg_fail(err, GG_ERR_NOMEM, "out of memory");
     key_of(ns, name, key, sizeof(key));
     json_t *known = json_object_get(ex->reports, key);
-    const char *was = json_string_value(json_array_get(known, 0));
-    if (was && strcmp(was, digest) == 0) {
+    if (known) /* kept, whatever comes of the write: a failure leaves the last report standing */
         json_array_set_new(known, 1, json_true());
+    const char *was = json_string_value(json_array_get(known, 0));
+    if (was && strcmp(was, digest) == 0)
         return GG_OK;
-    }
+    if (ex->unserved)
+        return gg_fail(err, GG_ERR_INVALID,
+                       "the API %s is not served: its CRDs are not installed "
+                       "(deploy/reports/%.*s.yaml)",
+                       apis[api].version, (int)strcspn(apis[api].version, "/"), apis[api].version);
     path_of(api, ns, name, item, sizeof(item));
     path_of(api, ns, NULL, collection, sizeof(collection));
     bool exists = known != NULL;
     enum gg_status st = GG_OK;
     for (int tries = 0; tries < 3; tries++) {
+        if (!go_on(ctx))
+            return gg_fail(err, GG_ERR_INVALID, "%s: not written: stopped", item);
         struct kc_request rq = {.path = exists ? item : collection, .timeout_ms = PR_TIMEOUT_MS};
         json_t *answer = NULL;
         long status = 0;
@@ -324,7 +394,7 @@ enum gg_status pr_write(struct kc_client *c, enum pr_api api, struct pr_existing
             exists = true;
             continue;
         }
-        if (!exists && status == 404) /* its namespace is going */
+        if (!exists && namespace_going(c, ns, status))
             return GG_OK;
         if (st != GG_OK)
             return st;
@@ -336,7 +406,7 @@ enum gg_status pr_write(struct kc_client *c, enum pr_api api, struct pr_existing
 }
 
 enum gg_status pr_sweep(struct kc_client *c, enum pr_api api, struct pr_existing *ex,
-                        size_t *deleted, struct gg_err *err)
+                        pr_go_on_fn go_on, void *ctx, size_t *deleted, struct gg_err *err)
 {
     const char *key;
     json_t *state;
@@ -345,6 +415,8 @@ enum gg_status pr_sweep(struct kc_client *c, enum pr_api api, struct pr_existing
     {
         if (json_is_true(json_array_get(state, 1)))
             continue;
+        if (!go_on(ctx))
+            return gg_fail(err, GG_ERR_INVALID, "reports not deleted: stopped");
         const char *slash = strchr(key, '/');
         char ns[256], path[PATH_MAX_LEN];
         snprintf(ns, sizeof(ns), "%.*s", slash ? (int)(slash - key) : 0, key);
@@ -364,5 +436,5 @@ enum gg_status pr_sweep(struct kc_client *c, enum pr_api api, struct pr_existing
 void pr_existing_clear(struct pr_existing *ex)
 {
     json_decref(ex->reports);
-    ex->reports = NULL;
+    *ex = (struct pr_existing){0};
 }

@@ -10,9 +10,9 @@
  * no report without it.  A report is written only when its results changed (compared without
  * their timestamps): a result keeps the timestamp of the audit that first wrote it as it is.
  *
- * Bounds: PR_MAX_RESULTS results a report (the rest counted in the summary's skip, with a
- * result that says so), PR_MESSAGE_MAX bytes a message: a report stays far below etcd's
- * 1.5 MiB.  Requests are bounded in time (PR_TIMEOUT_MS) and answers in size.
+ * Bounds: PR_MAX_RESULTS results a report (failures and errors first; past it, the last is a
+ * skip that says how many were left out), PR_MESSAGE_MAX bytes a message: a report stays far
+ * below etcd's 1.5 MiB.  Requests are bounded in time (PR_TIMEOUT_MS) and answers in size.
  *
  * RBAC: get, list, create, update and delete on the report kinds of the API in use.
  */
@@ -55,15 +55,19 @@ struct pr_finding {
 json_t *pr_result(const struct pr_finding *f, const struct pr_resource *res, int64_t now_s);
 
 /*
- * The report of res (NULL: the cluster's), its results taken over (cut at PR_MAX_RESULTS)
- * and counted in its summary.  NULL when out of memory.
+ * The report of res (NULL: the cluster's), its results taken over (in the order fail, error,
+ * warn, the rest; cut at PR_MAX_RESULTS) and counted in its summary.  NULL when out of memory.
  */
 json_t *pr_report(enum pr_api api, const struct pr_resource *res, json_t *results);
 
-/* What the API holds of gpuguard's reports: "ns/name" ("/name" cluster-scoped) -> state. */
+/* What the API holds of gpuguard's reports. */
 struct pr_existing {
-    json_t *reports; /* key -> [resourceVersion, digest of the results, false until kept] */
+    json_t *reports; /* "ns/name" ("/name" cluster-scoped) -> [digest of the results, kept] */
+    bool unserved;   /* the list found no such API (404): its CRDs are not installed */
 };
+
+/* Whether to go on: asked before each request (the audit's replica still leads). */
+typedef bool (*pr_go_on_fn)(void *ctx);
 
 /*
  * List gpuguard's reports of api (paged, every namespace, and the cluster's).  An API the
@@ -74,15 +78,18 @@ enum gg_status pr_list(struct kc_client *c, enum pr_api api, struct pr_existing 
 
 /*
  * Create report, or replace the one ex lists when its results differ (a 409: read again and
- * replace once more); nothing when they are the same.  The key is marked kept either way.
- * *wrote says whether a request changed it.  A namespace gone (404 on create) is no error.
+ * replace once more); nothing when they are the same.  The key is marked kept first, so that a
+ * write that fails leaves the report there is.  *wrote says whether a request changed it.  A
+ * namespace gone or going (404, 403 NamespaceTerminating on create) is no error; an API ex
+ * found unserved is one.  go_on false: stopped, GG_ERR_INVALID.
  */
 enum gg_status pr_write(struct kc_client *c, enum pr_api api, struct pr_existing *ex,
-                        json_t *report, bool *wrote, struct gg_err *err);
+                        json_t *report, pr_go_on_fn go_on, void *ctx, bool *wrote,
+                        struct gg_err *err);
 
-/* Delete the reports ex lists and no pr_write kept; *deleted counts them. */
+/* Delete the reports ex lists and no pr_write kept; *deleted counts them.  go_on as above. */
 enum gg_status pr_sweep(struct kc_client *c, enum pr_api api, struct pr_existing *ex,
-                        size_t *deleted, struct gg_err *err);
+                        pr_go_on_fn go_on, void *ctx, size_t *deleted, struct gg_err *err);
 void pr_existing_clear(struct pr_existing *ex);
 
 /* The digest pr_write compares: SHA-256 of the results without their timestamps, in hex. */

@@ -80,7 +80,8 @@ void rss_record_last(void);
 /*
  * The last audit's figures (engine/audit.h), taken over: per namespace, an array of the
  * milli-GPU its running workloads with history hold, need and hold beyond that, and those
- * without history hold.  They replace the reviews' sums in the metrics; NULL: back to those.
+ * without history hold.  They replace the reviews' sums in the metrics (an empty object: none
+ * shown, as by a replica that does not lead); NULL: back to those.
  */
 void rss_publish_audit(json_t *by_namespace);
 
