@@ -44,6 +44,7 @@ static struct {
     double last_success_s, duration_s;
     long results[4]; /* of the last complete audit: pass, fail, warn, error */
     long resources;
+    bool leading; /* results and resources are shown by the replica that leads alone */
 } stats;
 
 static const char *const result_names[] = {"pass", "fail", "warn", "error"};
@@ -77,15 +78,21 @@ enum gg_status audit_render_metrics(struct buf *out)
         "gpuguard_audit_last_success_timestamp_seconds %.3f\n"
         "# HELP gpuguard_audit_duration_seconds How long the last complete audit took.\n"
         "# TYPE gpuguard_audit_duration_seconds gauge\n"
-        "gpuguard_audit_duration_seconds %.3f\n"
-        "# HELP gpuguard_audit_resources Resources the last complete audit reported on.\n"
-        "# TYPE gpuguard_audit_resources gauge\n"
-        "gpuguard_audit_resources %ld\n"
-        "# HELP gpuguard_audit_results Results of the last complete audit, by result.\n"
-        "# TYPE gpuguard_audit_results gauge\n",
+        "gpuguard_audit_duration_seconds %.3f\n",
         stats.ok, stats.failed, stats.evaluations, stats.written, stats.deleted,
-        stats.last_success_s, stats.duration_s, stats.resources);
-    for (size_t i = 0; i < 4 && st == GG_OK; i++)
+        stats.last_success_s, stats.duration_s);
+    /* Its last results are the cluster's while it leads: a sum over the replicas is theirs. */
+    if (st == GG_OK && stats.leading)
+        st = buf_appendf(out,
+                         "# HELP gpuguard_audit_resources Resources the last complete audit "
+                         "reported on.\n"
+                         "# TYPE gpuguard_audit_resources gauge\n"
+                         "gpuguard_audit_resources %ld\n"
+                         "# HELP gpuguard_audit_results Results of the last complete audit, by "
+                         "result.\n"
+                         "# TYPE gpuguard_audit_results gauge\n",
+                         stats.resources);
+    for (size_t i = 0; i < 4 && st == GG_OK && stats.leading; i++)
         st = buf_appendf(out, "gpuguard_audit_results{result=\"%s\"} %ld\n", result_names[i],
                          stats.results[i]);
     pthread_mutex_unlock(&stats_lock);
@@ -263,8 +270,9 @@ static void write_report(struct run *r, const struct pr_resource *res, json_t *r
     bool wrote = false;
     if (!report)
         note_error(r, "out of memory building a report");
-    else if (leading(r) && pr_write(r->a->o.client, r->api, &r->existing, report, still_leading, r,
-                                    &wrote, &err) != GG_OK)
+    else if (!r->existing.unserved /* noted once */ && leading(r) &&
+             pr_write(r->a->o.client, r->api, &r->existing, report, still_leading, r, &wrote,
+                      &err) != GG_OK)
         note_error(r, "%s", err.msg);
     r->written += wrote;
     json_decref(report);
@@ -311,7 +319,10 @@ static void read_scope(struct run *r)
     snprintf(path, sizeof(path),
              "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations/%s", name);
     json_t *cfg = NULL;
-    if (!get_json(r, path, false, &cfg)) {
+    bool unread = r->unread; /* an unknown scope audits more; it need not keep reports */
+    bool got = get_json(r, path, false, &cfg);
+    r->unread = unread;
+    if (!got) {
         note_error(r, "the audit covers every namespace: the webhooks' namespaceSelector is "
                       "unknown");
         return;
@@ -786,17 +797,21 @@ static void audit_once(struct audit *a, const struct cfg_audit *cfg, enum pr_api
     bool listed = pr_list(a->o.client, r.api, &r.existing, &err) == GG_OK;
     if (!listed)
         note_error(&r, "listing gpuguard's reports: %s", err.msg);
+    else if (r.existing.unserved) /* said once: every write would fail alike */
+        note_error(&r, "the API %s is not served (its CRDs are not installed): no reports",
+                   pr_api_version(r.api));
     read_scope(&r);
-    bool complete = audit_pods(&r) && listed; /* without the list, nothing can be deleted */
+    bool seen_all = audit_pods(&r);
+    /* A whole audit: every pod seen, every report it owes written or kept as it was. */
+    bool complete = seen_all && listed && !r.existing.unserved && !r.unread;
     size_t deleted = 0;
     if (!r.aborted) {
         finish(&r);
-        /* Deleting waits for a whole audit, every report it owes written or noted as kept. */
-        if (complete && !r.unread && !r.aborted)
+        if (complete && !r.aborted)
             deleted = sweep(&r);
         json_t *by_ns = waste_by_namespace(&r.waste);
         cluster_report(&r, by_ns);
-        if (complete && leading(&r)) /* a part of the pods would read as their namespaces' */
+        if (seen_all && leading(&r)) /* a part of the pods would read as their namespaces' */
             rss_publish_audit(by_ns);
         else
             json_decref(by_ns);
@@ -855,6 +870,9 @@ static void *run(void *arg)
         enum pr_api api;
         settings(a, &cfg, &api);
         bool leads = cfg.enabled && lease_is_leader(a->o.lease);
+        pthread_mutex_lock(&stats_lock);
+        stats.leading = leads;
+        pthread_mutex_unlock(&stats_lock);
         if (!leads && shown != !!cfg.enabled) {
             /* The per-namespace figures are the leader's alone: a sum over the replicas is the
              * cluster's.  With the audit off, each replica shows its own reviews', as before. */
