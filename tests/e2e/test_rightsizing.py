@@ -157,14 +157,14 @@ def workload(kind, name, replicas, cls, limits, annotations=None):
 #   chat   2 pods on whole L4s (2.000); peak 7,270 MiB -> 9,088: mig-1g.10gb, 0.143 a pod (0.286)
 #   vec    1 pod on a whole L4 (1.000); peak 3,000 -> 3,750: a quarter of a time-sliced L4 (0.250,
 #          cost 0.25) rather than mig-1g.10gb (0.143 x cost 2)
-#   embed  1 pod asking for 40Gi: mig-3g.40gb (0.429); peak 15,000 -> 18,750: mig-1g.20gb (0.143)
+#   embed  1 pod asking for 19Gi: mig-1g.20gb (0.143); peak 15,000 -> 18,750: the same, right-sized
 #   lab    2 pods on quarters of a time-sliced L4 (0.500): the device's memory is not a pod's,
 #          no history
-WASTE = {"requested": 3.429, "needed": 0.679, "waste": 2.75, "unknown": 0.5}
+WASTE = {"requested": 3.143, "needed": 0.679, "waste": 2.464, "unknown": 0.5}
 WORKLOADS = [workload("Deployment", "chat", 2, "inference", {"nvidia.com/gpu": 1}),
              workload("Deployment", "vec", 1, "inference", {"nvidia.com/gpu": 1}),
              workload("StatefulSet", "embed", 1, "inference", {},
-                      {"gpuguard.io/gpu-memory": "40Gi"}),
+                      {"gpuguard.io/gpu-memory": "19Gi"}),
              workload("Deployment", "lab", 2, "interactive", {},
                       {"gpuguard.io/gpu-fraction": "0.25"})]
 
@@ -215,7 +215,7 @@ def test_the_waste_of_the_running_workloads_from_their_history(kube, gpuguard, m
     report = json.loads(r.stdout)
     ns = report["namespaces"]["ml"]
     assert (ns["held_gpus"], ns["needed_gpus"], ns["waste_gpus"], ns["without_history"]) == (
-        3.929, WASTE["needed"], WASTE["waste"], 1)
+        3.643, WASTE["needed"], WASTE["waste"], 1)
     # The workloads' reports carry their rightsizing results.
     reports = {r["scope"]["name"]: r for r in kube.items("policyreports", ml)
                if r["scope"]["kind"] in ("Deployment", "StatefulSet")}
@@ -223,9 +223,11 @@ def test_the_waste_of_the_running_workloads_from_their_history(kube, gpuguard, m
     assert chat["result"] == "warn" and chat["properties"]["waste_gpus"] == "1.714"
     assert chat["message"].startswith("2 running pods hold 2.000 GPU-equivalents; their usage "
                                       "history needs 0.286: used at most 7.1 GiB")
+    embed = next(x for x in reports["embed"]["results"] if x["policy"] == "rightsizing")
+    assert embed["result"] == "pass" and embed["properties"]["waste_gpus"] == "0.000"
     lab = next(x for x in reports["lab"]["results"] if x["policy"] == "rightsizing")
     assert lab["result"] == "skip"
-    # ml runs 3.929 of its 4 GPUs: a workload's template is not one more pod on top of its own.
+    # ml runs 3.643 of its 4 GPUs: a workload's template is not one more pod on top of its own.
     for name, report in reports.items():
         quota = [x["result"] for x in report["results"] if x["policy"] == "gpu-quota"]
         assert quota == ["pass"], (name, report["results"])
