@@ -9,20 +9,22 @@
  *
  *   1. lists gpuguard's reports (to write only what changed and delete what no longer is),
  *      and reads the namespaceSelector of gpuguard's pods webhook: a namespace admission
- *      leaves out is left out (one that cannot be read is audited);
- *   2. lists the pods, 100 a page, and takes those the inventory counts as holding GPUs: each goes
- *      through the validate policies as a background review (dr_validate: req.background,
- *      a dry run, the object as stored, its own charge left out of its quota's usage), and
- *      the top-level workload that owns it (ReplicaSet -> Deployment, Job -> CronJob, an
- *      operator's kind) once, its pod templates and itself;
- *   3. reviews one running pod of each workload for the rightsizing finding (waste.h);
+ *      leaves out, or one being deleted, is left out (one that cannot be read is audited);
+ *   2. lists the pods, 100 a page, and takes those the inventory counts as holding GPUs:
+ *      each goes through the validate policies as a background review (dr_validate:
+ *      req.background, a dry run, the object as stored, its own charge left out of its
+ *      quota's usage), and the top-level workload that owns it (ReplicaSet -> Deployment,
+ *      Job -> CronJob, an operator's kind) once, its pod templates and itself;
+ *   3. reviews the first running pod of each workload, as it comes, for the rightsizing
+ *      finding (waste.h);
  *   4. writes one report per pod and per workload (rightsizing results on the workload's,
  *      or on a bare pod's own), the cluster's report (waste per namespace, what could not be
  *      audited), deletes the reports of resources gone, and publishes the figures.
  *
  * Evaluations are spread at audit.rate a second at most, and the audit runs on a thread of
  * its own with its own Lua VM: admission never waits on it.  An audit stops where it is when
- * the replica loses the lead or the server stops; a partial audit deletes nothing.
+ * the replica loses the lead or the server stops; an audit that is not whole (a list or a
+ * read failed, the report API is not served) deletes nothing.
  */
 #ifndef GG_AUDIT_H
 #define GG_AUDIT_H
