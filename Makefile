@@ -62,8 +62,9 @@ UNIT_BIN  := $(UNIT_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 BENCH_SRC := $(wildcard tests/bench/*.c)
 BENCH_BIN := $(BENCH_SRC:tests/bench/%.c=$(BUILD)/bench/%)
 # Small programs over the core library that the Python tests drive.
-TOOL_SRC  := $(filter-out tests/tools/failmalloc.c,$(wildcard tests/tools/*.c))
-TOOL_BIN  := $(TOOL_SRC:tests/tools/%.c=$(BUILD)/tests/tools/%) $(BUILD)/tests/tools/failmalloc.so
+SHIMS     := failmalloc fixedtime
+TOOL_SRC  := $(filter-out $(SHIMS:%=tests/tools/%.c),$(wildcard tests/tools/*.c))
+TOOL_BIN  := $(TOOL_SRC:tests/tools/%.c=$(BUILD)/tests/tools/%) $(SHIMS:%=$(BUILD)/tests/tools/%.so)
 
 # Fuzz targets (tests/fuzz/fuzz_<target>.c): each also links with replay.c into
 # a corpus replayer that `make test` runs over tests/fuzz/corpus/<target>.
@@ -132,8 +133,9 @@ $(BUILD)/tests/tools/%: tests/tools/%.c $(CORE_LIB) $(LINK_STAMP)
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(DEPFLAGS) $(LDFLAGS) -o $@ $< $(CORE_LIB) $(LDLIBS)
 
-# An LD_PRELOAD shim that fails allocations in the running server (not under sanitizers).
-$(BUILD)/tests/tools/failmalloc.so: tests/tools/failmalloc.c
+# LD_PRELOAD shims: failmalloc fails allocations in the running server (not under
+# sanitizers), fixedtime stops time() for instruction counts that repeat.
+$(BUILD)/tests/tools/%.so: tests/tools/%.c
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) $(DEPFLAGS) -fPIC -shared -o $@ $<
 
@@ -231,7 +233,7 @@ fuzz: deps
 # per review under callgrind, share of nginx's req/s, p99 with one connection, RSS with
 # 1,000 idle TLS connections).
 bench: deps
-	@$(MAKE) --no-print-directory $(BIN) $(BENCH_BIN)
+	@$(MAKE) --no-print-directory $(BIN) $(BENCH_BIN) $(BUILD)/tests/tools/fixedtime.so
 	$(BUILD)/bench/bench_engine --policies policies --lua lua --config deploy/gpuguard.yaml \
 	    -n 20000 tests/data/reviews/bench-pod.json
 	$(PYTHON) tests/bench/bench_check.py --bin $(BIN) --policies policies --lua lua --config deploy/gpuguard.yaml -n 10000
@@ -250,7 +252,7 @@ lua-profile: deps $(BUILD)/bench/bench_engine_profile
 # floor (no-op policies), the shipped policies' logic on plain tables, and the bridge between.
 COST_REVIEWS ?= tests/data/reviews/bench-pod.json
 COST_FLAGS ?= --phases both
-policy-cost: deps $(BUILD)/bench/bench_engine
+policy-cost: deps $(BUILD)/bench/bench_engine $(BUILD)/tests/tools/fixedtime.so
 	$(PYTHON) tests/bench/policy_cost.py --bench-engine $(BUILD)/bench/bench_engine \
 	    --policies policies --lua lua --config deploy/gpuguard.yaml $(COST_FLAGS) $(COST_REVIEWS)
 

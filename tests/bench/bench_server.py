@@ -69,6 +69,7 @@ import time
 from pathlib import Path
 
 import procs  # tests/bench/procs.py: children stopped whatever happens
+from repeatable import callgrind_run  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent.parent
 # The count hook's grace under callgrind: never reached, as in a native run.
@@ -784,14 +785,19 @@ def callgrind_count(binary, tmp, counts):
     difference between the totals of two runs (counts: (small n, large n)) divided by
     the difference of their n, so that start-up and policy loading cancel out."""
     valgrind = tool("valgrind")
+    try:
+        prefix, env = callgrind_run(binary)
+    except FileNotFoundError as e:
+        raise BenchError(str(e))
     totals = []
     for n in counts:
         out_file = tmp / f"callgrind.{n}.out"
-        out = procs.run([valgrind, "--tool=callgrind", f"--callgrind-out-file={out_file}",
+        out = procs.run(prefix + [valgrind, "--tool=callgrind", f"--callgrind-out-file={out_file}",
                          binary, "--policies", str(tmp / "policies"), "--lua",
                          str(tmp / "lua"), "--config", str(tmp / "config" / "gpuguard.yaml"),
                          "-n", str(n), "--grace-us", str(CALLGRIND_GRACE_US),
-                         str(BASE_REVIEW)], capture_output=True, text=True, timeout=1800)
+                         str(BASE_REVIEW)], capture_output=True, text=True, timeout=1800,
+                        env=env)
         m = re.search(r"^summary: (\d+)$", out_file.read_text() if out_file.exists() else "",
                       re.M)
         if out.returncode != 0 or not m:

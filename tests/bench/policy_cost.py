@@ -35,6 +35,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from repeatable import callgrind_run
+
 GRACE_US = "1000000000"  # the count hook's grace: never reached, as in a native run
 
 # A shipped policy as a library module (pNN) stands in for itself in every variant.
@@ -151,16 +153,17 @@ def variants(policies, lua, work, phases):
 
 
 def count(engine, lib, policies, config, phases, n, review, work):
-    cmd = []
-    if shutil.which("setarch"):
-        cmd = ["setarch", "x86_64", "-R"]
+    try:
+        cmd, env = callgrind_run(engine)
+    except FileNotFoundError as e:
+        sys.exit(f"policy_cost: {e}")
     out_file = work / "callgrind.out"
-    cmd += ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out_file}", str(engine),
+    cmd = cmd + ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out_file}", str(engine),
             "--policies", str(policies), "--lua", str(lib), "--grace-us", GRACE_US,
             "--phases", phases, "-n", str(n), str(review)]
     if config:
         cmd[-1:-1] = ["--config", str(config)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env)
     m = re.search(r"Collected : ([\d,]+)", out.stderr)
     if out.returncode != 0 or not m:
         sys.exit(f"policy_cost: {' '.join(cmd)} failed:\n{out.stderr[-2000:]}")

@@ -12,6 +12,7 @@ import re
 import shutil
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -233,3 +234,29 @@ def test_audit_cost_runs_and_reports(binary, tmp_path):
                      r"thread \S+ s, [\d,]+ µs an evaluation; 201 reports built$", text, re.M), text
     assert len(re.findall(r"^admission, [^:]*:\s+p50 \S+ ms, p99 \S+ ms, max \S+ ms \(\d+ reviews\)",
                           text, re.M)) == 2
+
+
+def test_two_counts_of_a_review_agree(binary, tmp_path):
+    """bench_engine under callgrind as the cost figures run it (tests/bench/repeatable.py:
+    setarch -R, time() stopped): two runs count a review alike.  Without the stopped clock,
+    Lua's string-hash seed moves some 2 % of a review's instructions from run to run."""
+    if callgrind_n(binary) == "off":
+        pytest.skip("no valgrind, or a sanitized build: nothing to count")
+    sys.path.insert(0, str(REPO / "tests" / "bench"))
+    from repeatable import callgrind_run
+    engine = Path(binary).parent / "bench" / "bench_engine"
+    prefix, env = callgrind_run(engine)
+
+    def total(n):
+        out_file = tmp_path / f"callgrind.{n}.out"
+        r = subprocess.run(prefix + [
+            "valgrind", "--tool=callgrind", f"--callgrind-out-file={out_file}", str(engine),
+            "--policies", str(REPO / "policies"), "--lua", str(REPO / "lua"), "--config",
+            str(REPO / "deploy" / "gpuguard.yaml"), "--grace-us", "1000000000", "-n", str(n),
+            str(REPO / "tests" / "data" / "reviews" / "bench-pod.json")],
+            capture_output=True, text=True, timeout=600, env=env)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return int(re.search(r"^summary: (\d+)$", out_file.read_text(), re.M).group(1))
+
+    runs = [(total(60) - total(20)) / 40 for _ in range(2)]
+    assert abs(runs[0] - runs[1]) <= 0.002 * runs[0], runs
