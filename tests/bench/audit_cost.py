@@ -27,13 +27,12 @@ is what holds): the exit status is non-zero only when something could not be run
 import argparse
 import json
 import os
-import re
+import signal
 import ssl
 import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -41,6 +40,8 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
 sys.path.insert(0, str(REPO / "tests" / "integration"))
 from fake_apiserver import FakeApiServer, gpu_pod  # noqa: E402
+from bench_server import worker_seconds  # noqa: E402
+import procs  # noqa: E402  tests/bench/procs.py: the server stopped whatever happens
 
 import yaml  # noqa: E402
 
@@ -63,21 +64,6 @@ def pods(total, per_workload):
         yield p
 
 
-def thread_cpu(pid, name):
-    """CPU seconds of the process's threads named name."""
-    total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            stat = (task / "stat").read_text()
-        except OSError:
-            continue
-        comm = stat[stat.index("(") + 1:stat.rindex(")")]
-        if comm == name:
-            fields = stat[stat.rindex(")") + 2:].split()
-            total += int(fields[11]) + int(fields[12])
-    return total / os.sysconf("SC_CLK_TCK")
-
-
 class Serve:
     def __init__(self, binary, tmp, api_url, rate):
         certs = tmp / "certs"
@@ -97,13 +83,14 @@ class Serve:
             "users": [{"name": "fake", "user": {}}]}))
         self.log_path = tmp / "serve.log"
         env = {k: v for k, v in os.environ.items() if "proxy" not in k.lower()}
-        self.proc = subprocess.Popen(
-            [binary, "serve", "--listen", "127.0.0.1:0", "--ops-listen", "127.0.0.1:0",
-             "--tls-cert", str(certs / "tls.crt"), "--tls-key", str(certs / "tls.key"),
-             "--config", str(self.config), "--policies", str(REPO / "policies"),
-             "--lua", str(REPO / "lua"), "--kubeconfig", str(kubeconfig),
-             "--lease-namespace", "default", "--threads", "2"],
-            stdout=subprocess.DEVNULL, stderr=open(self.log_path, "wb"), env=env)
+        with open(self.log_path, "wb") as log_file:
+            self.proc = procs.spawn(
+                [binary, "serve", "--listen", "127.0.0.1:0", "--ops-listen", "127.0.0.1:0",
+                 "--tls-cert", str(certs / "tls.crt"), "--tls-key", str(certs / "tls.key"),
+                 "--config", str(self.config), "--policies", str(REPO / "policies"),
+                 "--lua", str(REPO / "lua"), "--kubeconfig", str(kubeconfig),
+                 "--lease-namespace", "default", "--threads", "2"],
+                stdout=subprocess.DEVNULL, stderr=log_file, env=env)
         self.ca = certs / "ca.crt"
         self.port = self.wait_for(lambda: next((r["port"] for r in self.lines()
                                                  if r.get("msg") == "serving"), None), "serving")
@@ -140,11 +127,7 @@ class Serve:
         os.replace(tmp, self.config)
 
     def stop(self):
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        procs.stop(self.proc, signal.SIGTERM, 30)
 
 
 def review_body(i):
@@ -207,11 +190,11 @@ def main():
             log(f"{a.pods} pods: waiting for the first audit")
             serve.wait_for(lambda: serve.audits(), "first audit")
             idle = latencies(serve, a.seconds)
-            before, cpu0 = len(serve.audits()), thread_cpu(serve.proc.pid, "audit")
+            before, cpu0 = len(serve.audits()), sum(worker_seconds(serve.proc.pid, "audit").values())
             serve.reload()
             during = latencies(serve, a.seconds)
             done = serve.wait_for(lambda: serve.audits()[before:], "second audit")[0]
-            cpu = thread_cpu(serve.proc.pid, "audit") - cpu0
+            cpu = sum(worker_seconds(serve.proc.pid, "audit").values()) - cpu0
             evals = done["evaluations"]
             rows = [
                 f"pods {a.pods} ({a.per_workload} a ReplicaSet), audit.rate {a.rate}",

@@ -257,9 +257,9 @@ def cpu_seconds(pids):
     return sum(stat_seconds(f"/proc/{pid}/stat") for pid in pids)
 
 
-def worker_seconds(pid):
-    """utime + stime of each webhook worker thread of pid (named at its first connection), in
-    seconds, by thread id."""
+def worker_seconds(pid, name="webhook-worker"):
+    """utime + stime of each thread of pid named name (the webhook workers: named at their
+    first connection), in seconds, by thread id."""
     out = {}
     try:
         tasks = os.listdir(f"/proc/{pid}/task")
@@ -267,7 +267,7 @@ def worker_seconds(pid):
         return out
     for task in tasks:
         try:
-            if Path(f"/proc/{pid}/task/{task}/comm").read_text().strip() != "webhook-worker":
+            if Path(f"/proc/{pid}/task/{task}/comm").read_text().strip() != name:
                 continue
         except OSError:
             continue

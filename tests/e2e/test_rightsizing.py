@@ -177,7 +177,7 @@ def leader_waste(gpuguard):
         values = re.findall(rf'^gpuguard_rightsizing_{figure}_gpus\{{namespace="ml"\}} (\S+)$',
                             text, re.M)
         got[figure] = float(values[0]) if len(values) == 1 else None
-    return got if None not in got.values() and got != {} else None
+    return got if None not in got.values() else None
 
 
 def test_the_waste_of_the_running_workloads_from_their_history(kube, gpuguard, ml, rightsizing,

@@ -80,7 +80,7 @@ static void test_the_cluster_report_in_openreports(void **state)
                         "\"source\":\"gpuguard\",\"results\":[],"
                         "\"summary\":{\"pass\":0,\"fail\":0,\"warn\":0,\"error\":0,\"skip\":0}}");
     json_decref(report);
-    struct pr_resource ns = {"v1", "Report", "ml", "x", "u-2"};
+    struct pr_resource ns = {"v1", "Pod", "ml", "x", "u-2"};
     report = pr_report(PR_OPENREPORTS, &ns, json_array());
     assert_string_equal(json_string_value(json_object_get(report, "kind")), "Report");
     json_decref(report);

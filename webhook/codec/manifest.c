@@ -176,6 +176,14 @@ static const struct {
 
 #define N_ELEMS(a) (sizeof(a) / sizeof((a)[0]))
 
+const char *mf_kind_group(const char *kind)
+{
+    for (size_t i = 0; kind && i < N_ELEMS(default_groups); i++)
+        if (strcmp(default_groups[i].kind, kind) == 0)
+            return default_groups[i].group;
+    return NULL;
+}
+
 /* The object's API group into out; false when it cannot be told. */
 static bool object_group(const json_t *obj, const char *kind, char *out, size_t size)
 {
@@ -189,13 +197,10 @@ static bool object_group(const json_t *obj, const char *kind, char *out, size_t 
         out[n] = '\0';
         return true;
     }
-    for (size_t i = 0; i < N_ELEMS(default_groups); i++) {
-        if (strcmp(default_groups[i].kind, kind) == 0) {
-            snprintf(out, size, "%s", default_groups[i].group);
-            return true;
-        }
-    }
-    return false;
+    const char *group = mf_kind_group(kind);
+    if (group)
+        snprintf(out, size, "%s", group);
+    return group != NULL;
 }
 
 /* ---- collecting --------------------------------------------------------- */

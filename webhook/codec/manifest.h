@@ -135,6 +135,10 @@ void mf_set_clear(struct mf_set *set);
  */
 bool mf_is_template(const struct mf_entry *e);
 
+/* The API group of a kind whose pods or templates gpuguard reads (Pod, Deployment, PyTorchJob,
+ * ...: the group an object of it without apiVersion is taken to be in); NULL for another. */
+const char *mf_kind_group(const char *kind);
+
 /*
  * mf_collect for one object already parsed (the object of an admission
  * request): its entries have doc 0, document number 1 and line 0.

@@ -14,6 +14,7 @@
 #include "util/clock.h"
 #include "util/log.h"
 
+#include <ctype.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -215,9 +216,12 @@ static void judge(struct run *r, const json_t *obj, const struct dr_options *o,
     }
     size_t i, j;
     json_t *out, *have;
+    /* A denial no outcome explains (one lost for want of memory) is an error, never a pass. */
+    bool explained = v.allowed;
     json_array_foreach(v.outcomes, i, out)
     {
         const char *result = str(out, "result", NULL), *msg = str(out, "message", NULL);
+        explained = explained || strcmp(result, "fail") == 0 || strcmp(result, "error") == 0;
         char *text = NULL;
         if (o->template_path && strcmp(result, "pass") != 0 &&
             asprintf(&text, "%s: %s", o->template_path, msg) < 0)
@@ -235,13 +239,6 @@ static void judge(struct run *r, const json_t *obj, const struct dr_options *o,
         if (one && !seen)
             json_array_append(results, one);
         json_decref(one);
-    }
-    /* A denial no outcome explains (one lost for want of memory) is an error, never a pass. */
-    bool explained = v.allowed;
-    json_array_foreach(v.outcomes, i, out)
-    {
-        const char *result = str(out, "result", NULL);
-        explained = explained || strcmp(result, "fail") == 0 || strcmp(result, "error") == 0;
     }
     if (!explained) {
         struct pr_finding f = {.policy = "audit",
@@ -362,33 +359,6 @@ static bool in_scope(struct run *r, const char *ns)
 
 /* ---- workloads ------------------------------------------------------------------------- */
 
-/* The kinds an owner is looked up as (RBAC: get on each): their API group, fixed here (an
- * ownerReference's apiVersion is whatever its writer put), and resource. */
-static const struct {
-    const char *kind, *group, *plural;
-} owner_kinds[] = {
-    {"ReplicaSet", "apps", "replicasets"},
-    {"Deployment", "apps", "deployments"},
-    {"StatefulSet", "apps", "statefulsets"},
-    {"DaemonSet", "apps", "daemonsets"},
-    {"ReplicationController", "", "replicationcontrollers"},
-    {"Job", "batch", "jobs"},
-    {"CronJob", "batch", "cronjobs"},
-    {"PyTorchJob", "kubeflow.org", "pytorchjobs"},
-    {"TFJob", "kubeflow.org", "tfjobs"},
-    {"MPIJob", "kubeflow.org", "mpijobs"},
-    {"XGBoostJob", "kubeflow.org", "xgboostjobs"},
-    {"PaddleJob", "kubeflow.org", "paddlejobs"},
-    {"JAXJob", "kubeflow.org", "jaxjobs"},
-    {"Notebook", "kubeflow.org", "notebooks"},
-    {"RayCluster", "ray.io", "rayclusters"},
-    {"RayJob", "ray.io", "rayjobs"},
-    {"RayService", "ray.io", "rayservices"},
-    {"JobSet", "jobset.x-k8s.io", "jobsets"},
-    {"LeaderWorkerSet", "leaderworkerset.x-k8s.io", "leaderworkersets"},
-    {"InferenceService", "serving.kserve.io", "inferenceservices"},
-};
-
 /* Where ref's object is read in ns, into path; false for a kind (or an apiVersion for it)
  * gpuguard does not read workloads of. */
 static bool owner_path(const json_t *ref, const char *ns, char *path, size_t size)
@@ -396,30 +366,23 @@ static bool owner_path(const json_t *ref, const char *ns, char *path, size_t siz
     const char *api = str(ref, "apiVersion", NULL), *kind = str(ref, "kind", NULL);
     const char *name = str(ref, "name", NULL), *slash = api ? strrchr(api, '/') : NULL;
     const char *version = slash ? slash + 1 : api;
+    /* The workload kinds gpuguard reads templates of (RBAC: get on each), in their own group:
+     * an ownerReference's apiVersion is whatever its writer put.  Pods own nothing. */
+    const char *group = mf_kind_group(kind);
     size_t group_len = slash ? (size_t)(slash - api) : 0;
-    if (!api || !kind || !name || !gg_dns_subdomain(name) || !*version ||
+    if (!api || !group || strcmp(kind, "Pod") == 0 || strcmp(kind, "PodTemplate") == 0 || !name ||
+        !gg_dns_subdomain(name) || !*version || strlen(group) != group_len ||
+        strncmp(api, group, group_len) != 0 ||
         strspn(version, "abcdefghijklmnopqrstuvwxyz0123456789") != strlen(version))
         return false;
-    for (size_t i = 0; i < sizeof(owner_kinds) / sizeof(owner_kinds[0]); i++) {
-        const char *group = owner_kinds[i].group;
-        if (strcmp(owner_kinds[i].kind, kind) != 0 || strlen(group) != group_len ||
-            strncmp(api, group, group_len) != 0)
-            continue;
-        snprintf(path, size, "%s%s%s%s/namespaces/%s/%s/%s", *group ? "/apis/" : "/api/", group,
-                 *group ? "/" : "", version, ns, owner_kinds[i].plural, name);
-        return true;
-    }
-    return false;
-}
-
-/* The controller reference of obj's metadata, or NULL. */
-static const json_t *controller_ref(const json_t *obj)
-{
-    size_t i;
-    const json_t *ref;
-    json_array_foreach(json_object_get(json_object_get(obj, "metadata"), "ownerReferences"), i,
-                       ref) if (json_is_true(json_object_get(ref, "controller"))) return ref;
-    return NULL;
+    char plural[64]; /* every such kind's resource: its name in lower case, and an s */
+    size_t n = 0;
+    for (; kind[n] && n + 2 < sizeof(plural); n++)
+        plural[n] = (char)tolower((unsigned char)kind[n]);
+    snprintf(plural + n, sizeof(plural) - n, "s");
+    snprintf(path, size, "%s%s%s%s/namespaces/%s/%s/%s", *group ? "/apis/" : "/api/", group,
+             *group ? "/" : "", version, ns, plural, name);
+    return true;
 }
 
 /* GET the object ref names in ns; NULL when it cannot be read (noted but for a 404). */
@@ -512,7 +475,7 @@ static const char *top_workload(struct run *r, const char *ns, const json_t *ref
             break;
         json_decref(top);
         top = obj;
-        next = controller_ref(top);
+        next = inv_controller_ref(top);
     }
     struct pr_resource res;
     const char *uid = NULL;
@@ -533,7 +496,7 @@ static void audit_pod(struct run *r, json_t *pod)
     if (!resource_of(pod, &res) || !inv_pod_holding(r->a->o.inv, res.uid) || !in_scope(r, res.ns))
         return;
     struct dr_options o = {.namespace = res.ns, .user = DR_BACKGROUND_USER, .background = true};
-    const json_t *ref = controller_ref(pod);
+    const json_t *ref = inv_controller_ref(pod);
     struct gg_err err = {{0}};
     if (waste_running(pod) &&
         waste_add_pod(r->a->o.engine, &r->waste, pod, paced, r, &err) != GG_OK)

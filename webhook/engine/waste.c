@@ -6,6 +6,7 @@
 
 #include "codec/keys.h"
 #include "engine/dryrun.h"
+#include "kube/inventory.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,20 +25,6 @@ bool waste_running(const json_t *pod)
     const char *phase = str(pod, "status", "phase");
     return str(pod, "spec", "nodeName") &&
            !(phase && (strcmp(phase, "Succeeded") == 0 || strcmp(phase, "Failed") == 0));
-}
-
-char *waste_controller(const json_t *pod)
-{
-    size_t i;
-    const json_t *ref;
-    json_array_foreach(json_object_get(json_object_get(pod, "metadata"), "ownerReferences"), i, ref)
-    {
-        char *out = NULL;
-        if (json_is_true(json_object_get(ref, "controller")) &&
-            asprintf(&out, "%s/%s", str(ref, "kind", NULL), str(ref, "name", NULL)) > 0)
-            return out;
-    }
-    return NULL;
 }
 
 /* Review one workload's pod: what the rightsizing policy found for it, else its charge. */
@@ -73,8 +60,12 @@ enum gg_status waste_add_pod(struct engine *e, struct waste_set *s, const json_t
     const char *ns = str(pod, "metadata", "namespace"), *name = str(pod, "metadata", "name");
     if (!ns || !name)
         return GG_OK;
-    char *owner = waste_controller(pod), *key = NULL;
-    if (!owner && !(owner = strdup(name)))
+    char *owner = inv_controller(pod), *key = NULL;
+    if (owner && !*owner) { /* no controller: the pod is a workload of its own */
+        free(owner);
+        owner = strdup(name);
+    }
+    if (!owner)
         return gg_fail(err, GG_ERR_NOMEM, "out of memory");
     if ((!s->index && !(s->index = json_object())) || asprintf(&key, "%s\x1f%s", ns, owner) < 0) {
         free(owner);

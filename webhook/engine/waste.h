@@ -38,8 +38,6 @@ struct waste_set {
 
 /* A pod that holds its GPU now: on a node, neither succeeded nor failed. */
 bool waste_running(const json_t *pod);
-/* Its controller as "Kind/name" (malloc'ed), else NULL. */
-char *waste_controller(const json_t *pod);
 
 /*
  * Count a running pod in its workload.  The first pod of a workload is reviewed at once (before,

@@ -443,20 +443,30 @@ static void state_remove(struct state *st, const char *uid)
     map_remove(&st->pods, s);
 }
 
-/* "<kind>/<name>" of the pod's controller ownerReference, "" when it has none. */
-static char *controller_of(const json_t *pod)
+const json_t *inv_controller_ref(const json_t *obj)
 {
     size_t i;
     const json_t *ref;
-    json_array_foreach(json_object_get(json_object_get(pod, "metadata"), "ownerReferences"), i, ref)
+    json_array_foreach(json_object_get(json_object_get(obj, "metadata"), "ownerReferences"), i, ref)
     {
-        const char *kind = json_string_value(json_object_get(ref, "kind"));
-        const char *name = json_string_value(json_object_get(ref, "name"));
-        char *out;
-        if (json_is_true(json_object_get(ref, "controller")) && kind && name)
-            return asprintf(&out, "%s/%s", kind, name) < 0 ? NULL : out;
+        if (json_is_true(json_object_get(ref, "controller")) &&
+            json_is_string(json_object_get(ref, "kind")) &&
+            json_is_string(json_object_get(ref, "name")))
+            return ref;
     }
-    return strdup("");
+    return NULL;
+}
+
+char *inv_controller(const json_t *obj)
+{
+    const json_t *ref = inv_controller_ref(obj);
+    char *out;
+    if (!ref)
+        return strdup("");
+    return asprintf(&out, "%s/%s", json_string_value(json_object_get(ref, "kind")),
+                    json_string_value(json_object_get(ref, "name"))) < 0
+               ? NULL
+               : out;
 }
 
 /* Record what a pod or claim holds (replacing the record of its uid); true when it holds GPUs. */
@@ -483,7 +493,7 @@ static bool state_add(struct state *st, const json_t *obj, int64_t charge)
     r->pool = strdup(pool ? pool : "");
     r->charge = charge;
     r->name = strdup(meta_string(obj, "name"));
-    r->owner = controller_of(obj);
+    r->owner = inv_controller(obj);
     s->ptr = r;
     if (!r->ns || !r->cls || !r->pool || !r->name || !r->owner) {
         map_remove(&st->pods, s);

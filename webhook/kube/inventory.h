@@ -203,6 +203,12 @@ uint64_t inv_class_changes(struct inventory *inv);
 void inv_set_ready(struct inventory *inv, bool ready);
 bool inv_ready(struct inventory *inv);
 
+/* The controller ownerReference of obj's metadata (controller: true, with a kind and a name),
+ * or NULL. */
+const json_t *inv_controller_ref(const json_t *obj);
+/* "<kind>/<name>" of it, malloc'ed: "" when obj has none, NULL when out of memory. */
+char *inv_controller(const json_t *obj);
+
 /*
  * Call fn for every pod with a controller owner, with its namespace, name
  * and "<kind>/<name>" of the controller (under the lock: fn must be quick
