@@ -13,6 +13,11 @@
 #define GG_KEY_KUEUE_QUEUE "kueue.x-k8s.io/queue-name" /* set by lua/queues.lua */
 #define GG_KEY_KUEUE_PRIORITY "kueue.x-k8s.io/priority-class"
 #define GG_KEY_KAI_QUEUE "kai.scheduler/queue"
+/* The annotations a pod's charge reads (lua/intent.lua: gpuguard's charge of a shared replica
+ * and KAI's share): what the informer keeps of a pod's annotations beside its pool, and what the
+ * key of a remembered charge holds of them (engine/chargememo.c). */
+#define GG_CHARGE_ANNOTATIONS                                                                      \
+    GG_KEY_CHARGE, "gpu-fraction", "gpu-memory", "gpu-fraction-num-devices"
 /* A namespace label "true" keeps the namespace from the webhooks
  * (charts/gpuguard/templates/webhooks.yaml). */
 #define GG_KEY_IGNORE "gpuguard.io/ignore"

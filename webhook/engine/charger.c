@@ -6,14 +6,22 @@
  * one built-in policy whose mutate hands intent.usage_charge's answer back
  * as an audit value (mutate, not validate: a trimmed pod is given its kind,
  * and validate sees the object read-only): the engine's ordinary request
- * path, with no second way into Lua.  A reload (a new set generation) rebuilds the VM before the
- * next charge.
+ * path, with no second way into Lua.  A reload (a new set generation)
+ * rebuilds the VM before the next charge.
+ *
+ * A pod is charged from its charge spec (kube/infscan.h), parsed, never
+ * from the pod itself, so its charge is a function of that text: the memo
+ * (chargememo.h) remembers it under the text, and forgets it all with the
+ * VM it came from.
  */
 #include "engine/charger.h"
+#include "engine/chargememo.h"
 #include "util/clock.h"
 
 #include "codec/admission.h"
+#include "kube/informer.h"
 #include "kube/inventory.h"
+#include "util/jsonwrite.h"
 #include "util/log.h"
 #include "engine/luabridge.h"
 #include "engine/policy.h"
@@ -39,6 +47,10 @@ struct charger {
     struct inventory *inv;
     uint64_t generation; /* of the set vm was built from; 0: none yet */
     struct lb_vm *vm;
+    struct charge_memo *memo; /* of vm's model */
+    struct buf text;          /* a pod given as nodes, written out to be read as a pod */
+    struct inf_pod pod;       /* that pod */
+    struct charger_stats stats;
 };
 
 /* A VM for the engine's live set, unless the one held is for it already. */
@@ -63,6 +75,7 @@ static enum gg_status refresh(struct charger *c, struct gg_err *err)
     lb_vm_free(c->vm);
     c->vm = vm;
     c->generation = gen;
+    cm_clear(c->memo);
     return GG_OK;
 }
 
@@ -75,6 +88,12 @@ enum gg_status charger_new(struct engine *engine, struct inventory *inv, struct 
     pthread_mutex_init(&c->lock, NULL);
     c->engine = engine;
     c->inv = inv;
+    buf_init(&c->text, INF_MAX_LINE);
+    inf_pod_init(&c->pod);
+    if (!(c->memo = cm_new())) {
+        charger_free(c);
+        return gg_fail(err, GG_ERR_NOMEM, "out of memory");
+    }
     enum gg_status st = refresh(c, err);
     if (st != GG_OK) {
         charger_free(c);
@@ -91,6 +110,9 @@ void charger_free(struct charger *c)
         return;
     inv_set_charger(c->inv, NULL, NULL);
     lb_vm_free(c->vm);
+    cm_free(c->memo);
+    buf_clear(&c->text);
+    inf_pod_free(&c->pod);
     pthread_mutex_destroy(&c->lock);
     free(c);
 }
@@ -119,15 +141,23 @@ static int64_t worst_case(const struct jf_node *obj)
     return (n ? n : 1) * 1000;
 }
 
-int64_t charger_charge(void *charger, const struct jf_node *obj)
+/* What an object the model could not charge counts: logged, and the worst case. */
+static int64_t failed(const struct jf_node *obj, const struct gg_err *err)
 {
-    struct charger *c = charger;
-    struct gg_err err = {{0}};
-    const char *kind = jf_string(jf_get_str(obj, "kind"));
+    const char *name = jf_string(jf_get_str(jf_get_str(obj, "metadata"), "name"));
+    log_fields(LOG_ERROR, "inventory: the charge model failed; counting whole GPUs",
+               json_pack("{s:s,s:s}", "error", err->msg, "name", name ? name : ""));
+    return worst_case(obj);
+}
+
+/* The model's charge of obj (kind: "Pod" for a charge spec), -1 when it fails. */
+static int64_t evaluate(struct charger *c, const char *kind, const struct jf_node *obj,
+                        struct gg_err *err)
+{
     struct adm_request req = {.api_version = "",
                               .uid = "",
                               .operation = ADM_CREATE,
-                              .kind = kind ? kind : "Pod",
+                              .kind = kind,
                               .group = "",
                               .namespace = "",
                               .name = "",
@@ -135,10 +165,9 @@ int64_t charger_charge(void *charger, const struct jf_node *obj)
                               .object = obj};
     struct lb_report report = {0};
     int64_t charge = -1;
-    pthread_mutex_lock(&c->lock);
-    if (refresh(c, &err) == GG_OK &&
-        lb_request_begin(c->vm, &req, obj, gg_now_us() + CHARGE_DEADLINE_US, &err) == GG_OK) {
-        if (lb_policy_call(c->vm, 0, LB_MUTATE, &report, &err, NULL) == LB_DONE) {
+    if (lb_request_begin(c->vm, &req, obj, gg_now_us() + CHARGE_DEADLINE_US, err) == GG_OK) {
+        c->stats.evaluated++;
+        if (lb_policy_call(c->vm, 0, LB_MUTATE, &report, err, NULL) == LB_DONE) {
             const char *text = json_string_value(json_object_get(report.audit, "charge"));
             char *end = NULL;
             long long v = text ? strtoll(text, &end, 10) : -1;
@@ -146,12 +175,73 @@ int64_t charger_charge(void *charger, const struct jf_node *obj)
         }
         lb_request_end(c->vm);
     }
-    pthread_mutex_unlock(&c->lock);
     lb_report_clear(&report);
-    if (charge >= 0)
+    return charge;
+}
+
+/* A pod's charge from its charge spec: remembered, or the model's (c->lock held; ready: the
+ * model is there). */
+static int64_t charge_pod(struct charger *c, const struct inf_pod *pod, bool ready,
+                          struct gg_err *err)
+{
+    int64_t charge = -1;
+    if (ready && !pod->claims && cm_get(c->memo, pod->spec, pod->spec_len, &charge)) {
+        c->stats.remembered++;
         return charge;
-    const char *name = jf_string(jf_get_str(jf_get_str(obj, "metadata"), "name"));
-    log_fields(LOG_ERROR, "inventory: the charge model failed; counting whole GPUs",
-               json_pack("{s:s,s:s}", "error", err.msg, "name", name ? name : ""));
-    return worst_case(obj);
+    }
+    struct jf_doc spec;
+    struct jf_error jerr;
+    size_t deepest;
+    if (jf_parse(pod->spec, pod->spec_len, 0, &spec, &deepest, &jerr) != 0) {
+        jf_doc_free(&spec);
+        log_fields(LOG_ERROR, "inventory: the charge model failed; counting whole GPUs",
+                   json_pack("{s:s,s:s}", "error", jerr.text, "name", pod->name));
+        return 1000; /* a spec that does not load: one GPU, as worst_case counts a pod without */
+    }
+    charge = ready ? evaluate(c, "Pod", spec.root, err) : -1;
+    if (charge >= 0 && !pod->claims)
+        cm_put(c->memo, pod->spec, pod->spec_len, charge);
+    if (charge < 0)
+        charge = failed(spec.root, err);
+    jf_doc_free(&spec);
+    return charge;
+}
+
+/* Is obj a pod (as a review or a file has it)?  Anything else the model charges is a claim. */
+static bool is_pod(const struct jf_node *obj)
+{
+    const char *kind = jf_string(jf_get_str(obj, "kind"));
+    return !kind || strcmp(kind, "Pod") == 0;
+}
+
+int64_t charger_charge(void *charger, const struct inf_pod *pod, const struct jf_node *obj)
+{
+    struct charger *c = charger;
+    struct gg_err err = {{0}};
+    int64_t charge = -1;
+    pthread_mutex_lock(&c->lock);
+    bool ready = refresh(c, &err) == GG_OK;
+    if (!pod && is_pod(obj)) { /* read as the informer reads a pod */
+        buf_reset(&c->text);
+        if (jw_node(&c->text, obj) == GG_OK &&
+            inf_pod_of_text(c->text.data, c->text.len, &c->pod, &err))
+            pod = &c->pod;
+    }
+    if (pod)
+        charge = charge_pod(c, pod, ready, &err);
+    else if ((charge = ready && !is_pod(obj)
+                           ? evaluate(c, jf_string(jf_get_str(obj, "kind")), obj, &err)
+                           : -1) < 0)
+        charge = failed(obj, &err);
+    pthread_mutex_unlock(&c->lock);
+    return charge;
+}
+
+struct charger_stats charger_stats(struct charger *c)
+{
+    pthread_mutex_lock(&c->lock);
+    struct charger_stats s = c->stats;
+    s.remembering = cm_entries(c->memo);
+    pthread_mutex_unlock(&c->lock);
+    return s;
 }

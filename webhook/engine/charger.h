@@ -12,6 +12,7 @@
 #define GG_CHARGER_H
 
 #include "util/gpuguard.h"
+#include "kube/infscan.h"
 #include "util/jsonfast.h"
 
 #include <jansson.h>
@@ -32,11 +33,21 @@ enum gg_status charger_new(struct engine *engine, struct inventory *inv, struct 
 void charger_free(struct charger *c);
 
 /*
- * milli-GPU held by a pod or a ResourceClaim (0 for neither); a failure of
- * the model itself (out of memory, a broken library) is logged and counted
- * as the pod's containers' whole GPUs would be: one GPU per container that
- * names a GPU resource, at least one (fail closed).
+ * milli-GPU held by a pod (pod, as the informer reads it, or obj) or by a
+ * ResourceClaim (obj); one of pod and obj is NULL.  A pod given as nodes is
+ * read as the informer reads one, and charged from its charge spec.  A
+ * failure of the model itself (out of memory, a broken library) is logged
+ * and counted as the pod's containers' whole GPUs would be: one GPU per
+ * container that names a GPU resource, at least one (fail closed).
  */
-int64_t charger_charge(void *charger, const struct jf_node *obj);
+int64_t charger_charge(void *charger, const struct inf_pod *pod, const struct jf_node *obj);
+
+/* How the charges were answered (chargememo.h): for the benchmark, the tests and the logs. */
+struct charger_stats {
+    uint64_t evaluated;  /* by the model */
+    uint64_t remembered; /* from the memo */
+    size_t remembering;  /* keys held now */
+};
+struct charger_stats charger_stats(struct charger *c);
 
 #endif

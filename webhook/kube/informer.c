@@ -111,8 +111,10 @@ enum member { M_OTHER, M_ITEMS, M_METADATA };
 
 struct inf_list_reader {
     bool (*on_pod)(void *ctx, json_t *pod, const char *why);
+    bool (*on_read_pod)(void *ctx, const struct inf_pod *pod, const char *why); /* or this */
     void *ctx;
-    inf_read_fn read; /* NULL: inf_read_pod, in place when an item lies in one chunk */
+    inf_read_fn read;   /* NULL: inf_read_pod, in place when an item lies in one chunk */
+    struct inf_pod pod; /* each item, read as a pod */
     int depth;
     bool in_string, escape, done;
     bool want_key;       /* depth 1: the next string is a key */
@@ -141,6 +143,7 @@ struct inf_list_reader *inf_list_reader_new(bool (*on_pod)(void *ctx, json_t *po
     r->ctx = ctx;
     buf_init(&r->item, INF_MAX_LINE);
     buf_init(&r->meta, 1 << 20);
+    inf_pod_init(&r->pod);
     return r;
 }
 
@@ -149,13 +152,32 @@ void inf_list_reader_read_with(struct inf_list_reader *r, inf_read_fn read)
     r->read = read;
 }
 
+void inf_list_reader_read_pods(struct inf_list_reader *r,
+                               bool (*on_pod)(void *ctx, const struct inf_pod *pod,
+                                              const char *why))
+{
+    r->on_read_pod = on_pod;
+}
+
 void inf_list_reader_free(struct inf_list_reader *r)
 {
     if (!r)
         return;
     buf_clear(&r->item);
     buf_clear(&r->meta);
+    inf_pod_free(&r->pod);
     free(r);
+}
+
+/* r->pod, read whole, to the caller: as it is, or as an object; false to stop. */
+static bool hand_over(struct inf_list_reader *r, bool read, const char *why)
+{
+    if (r->on_read_pod)
+        return r->on_read_pod(r->ctx, read ? &r->pod : NULL, why);
+    json_t *pod = read ? inf_pod_json(&r->pod) : NULL;
+    bool go_on = r->on_pod(r->ctx, pod, pod ? NULL : why ? why : "out of memory");
+    json_decref(pod);
+    return go_on;
 }
 
 static void key_chars(struct inf_list_reader *r, const char *p, size_t n)
@@ -200,10 +222,15 @@ static enum gg_status capture_done(struct inf_list_reader *r, const char *start,
         r->oversized++;
     } else {
         struct gg_err perr = {{0}};
-        json_t *pod = (r->read ? r->read : inf_read_pod)(text, len, NULL, &perr);
         r->items++;
-        keep_going = r->on_pod(r->ctx, pod, pod ? NULL : perr.msg);
-        json_decref(pod);
+        if (r->read) {
+            json_t *obj = r->read(text, len, NULL, &perr);
+            keep_going = r->on_pod(r->ctx, obj, obj ? NULL : perr.msg);
+            json_decref(obj);
+        } else {
+            bool read = inf_pod_of_text(text, len, &r->pod, &perr);
+            keep_going = hand_over(r, read, read ? NULL : perr.msg);
+        }
     }
     r->item.len = 0;
     r->discard = false;
@@ -222,18 +249,16 @@ static bool item_in_place(struct inf_list_reader *r, const char *p, const char *
                           const char **next, enum gg_status *st, struct gg_err *err)
 {
     struct inf_scan s = {.p = p, .end = end};
-    json_t *pod = inf_scan_pod(&s, NULL);
-    if (!pod)
+    if (!inf_scan_pod(&s, &r->pod))
         return false;
     *next = s.p;
     if ((size_t)(s.p - p) > INF_MAX_LINE) {
         r->oversized++;
     } else {
         r->items++;
-        if (!r->on_pod(r->ctx, pod, NULL))
+        if (!hand_over(r, true, NULL))
             *st = gg_fail(err, GG_ERR_INVALID, "stopped at item %zu", r->items);
     }
-    json_decref(pod);
     return true;
 }
 
@@ -570,23 +595,39 @@ struct list_ctx {
     size_t pods;
 };
 
-static bool on_list_pod(void *ctx, json_t *pod, const char *why)
+/* Counts an item of the list (read: it was, else why not, logged once); false past
+ * INF_MAX_LIST_PODS. */
+static bool list_item(struct list_ctx *lc, bool read, const char *why)
 {
-    struct list_ctx *lc = ctx;
     if (++lc->pods > INF_MAX_LIST_PODS)
         return false;
-    if (!pod) {
+    if (!read) {
         atomic_fetch_add(&malformed, 1);
         if (lc->malformed++ == 0)
             log_fields(LOG_WARN, "inventory: malformed pod in the list skipped",
                        json_pack("{s:s}", "error", why));
-        return true;
     }
-    if (lc->stage) {
-        inv_stage_add(lc->stage, pod);
-    } else {
-        set_kind(lc->f, pod);
-        inv_dra_add(lc->f->inv, pod, lc->relist);
+    return true;
+}
+
+static bool on_list_pod(void *ctx, const struct inf_pod *pod, const char *why)
+{
+    struct list_ctx *lc = ctx;
+    if (!list_item(lc, pod != NULL, why))
+        return false;
+    if (pod)
+        inv_stage_add_pod(lc->stage, pod);
+    return true;
+}
+
+static bool on_list_object(void *ctx, json_t *obj, const char *why)
+{
+    struct list_ctx *lc = ctx;
+    if (!list_item(lc, obj != NULL, why))
+        return false;
+    if (obj) {
+        set_kind(lc->f, obj);
+        inv_dra_add(lc->f->inv, obj, lc->relist);
     }
     return true;
 }
@@ -623,9 +664,11 @@ static enum outcome list_page(struct informer *f, struct list_ctx *lc, char **co
     char *path = list_path(f, *cont);
     free(*cont);
     *cont = NULL;
-    lc->reader = inf_list_reader_new(on_list_pod, lc);
+    lc->reader = inf_list_reader_new(on_list_object, lc);
     if (lc->reader && f->o.kind != INF_PODS)
         inf_list_reader_read_with(lc->reader, inf_read_object);
+    else if (lc->reader)
+        inf_list_reader_read_pods(lc->reader, on_list_pod);
     lc->feed_failed = false;
     if (!path || !lc->reader) {
         free(path);

@@ -82,6 +82,11 @@ struct inf_list_reader *inf_list_reader_new(bool (*on_pod)(void *ctx, json_t *po
 void inf_list_reader_free(struct inf_list_reader *r);
 /* Read items with read instead of inf_read_pod (each item is then copied, then read). */
 void inf_list_reader_read_with(struct inf_list_reader *r, inf_read_fn read);
+/* Hand each pod to on_pod as the informer reads a pod, with no object made of it (the relist's
+ * way: what a charge reads is the pod's charge spec, kube/infscan.h). */
+void inf_list_reader_read_pods(struct inf_list_reader *r,
+                               bool (*on_pod)(void *ctx, const struct inf_pod *pod,
+                                              const char *why));
 enum gg_status inf_list_feed(struct inf_list_reader *r, const char *data, size_t len,
                              struct gg_err *err);
 

@@ -6,6 +6,9 @@
 #include "kube/infscan.h"
 
 #include "util/jsonfast.h"
+#include "util/jsonscan.h"
+#include "util/jsonwrite.h"
+#include "kube/informer.h"
 #include "kube/inventory.h"
 
 #include <string.h>
@@ -30,24 +33,21 @@ static bool is_hex(char ch)
     return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f') || (ch >= 'A' && ch <= 'F');
 }
 
-/* The bytes that end a plain run in a string: quote, backslash, control characters. */
-static const unsigned char string_stop[256] = {
-    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1,         1,
-    1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, ['"'] = 1, ['\\'] = 1,
-};
-
 /* At a '"': past the closing quote; *escaped tells whether a backslash was seen. */
-static bool skip_string(struct inf_scan *s, bool *escaped)
+static inline __attribute__((always_inline)) bool skip_string(struct inf_scan *s, bool *escaped)
 {
     const char *p = s->p + 1, *end = s->end;
     bool esc = false;
     for (;;) {
-        while (p < end && !string_stop[(unsigned char)*p])
-            p++;
+        p = jf_scan_plain_inline(p, end); /* stops at bytes above 0x7f too: passed over here */
         if (p >= end)
             return bad(s, "unterminated string");
         if (*p == '"')
             break;
+        if ((unsigned char)*p >= 0x80) {
+            p++;
+            continue;
+        }
         if (*p != '\\')
             return bad(s, "control character in a string");
         esc = true;
@@ -147,30 +147,12 @@ bool inf_scan_enter(struct inf_scan *s)
     return true;
 }
 
-bool inf_scan_skip(struct inf_scan *s)
+/* Past one value that is no container, checked. */
+static bool skip_scalar(struct inf_scan *s)
 {
-    inf_scan_ws(s);
-    if (s->p >= s->end)
-        return bad(s, "unexpected end");
-    bool first = true;
-    int r;
     switch (*s->p) {
     case '"':
         return skip_string(s, NULL);
-    case '{':
-        if (!inf_scan_enter(s))
-            return false;
-        while ((r = inf_scan_member(s, &first, NULL)) == 1)
-            if (!inf_scan_skip(s))
-                return false;
-        return r == 0;
-    case '[':
-        if (!inf_scan_enter(s))
-            return false;
-        while ((r = arr_next(s, &first)) == 1)
-            if (!inf_scan_skip(s))
-                return false;
-        return r == 0;
     case 't':
         return skip_word(s, "true");
     case 'f':
@@ -179,6 +161,79 @@ bool inf_scan_skip(struct inf_scan *s)
         return skip_word(s, "null");
     default:
         return skip_number(s);
+    }
+}
+
+/* In an object, at a member's key: past the key and its colon, at the value. */
+static bool skip_key(struct inf_scan *s)
+{
+    if (s->p >= s->end || *s->p != '"')
+        return bad(s, "expected a key");
+    if (!skip_string(s, NULL))
+        return false;
+    inf_scan_ws(s);
+    if (s->p >= s->end || *s->p != ':')
+        return bad(s, "expected :");
+    s->p++;
+    inf_scan_ws(s);
+    return true;
+}
+
+/*
+ * One loop over the value's tokens, the containers open kept as bits (1: an
+ * object): most of a pod's text is skipped, and a call per token would cost
+ * more than the token.
+ */
+bool inf_scan_skip(struct inf_scan *s)
+{
+    uint64_t objects[INF_SCAN_MAX_DEPTH / 64 + 1] = {0};
+    int open = 0;
+    inf_scan_ws(s);
+    for (;;) {
+        if (s->p >= s->end)
+            return bad(s, "unexpected end");
+        char ch = *s->p;
+        if (ch == '{' || ch == '[') {
+            if (!inf_scan_enter(s))
+                return false;
+            uint64_t bit = 1ull << (open % 64);
+            objects[open / 64] = ch == '{' ? objects[open / 64] | bit : objects[open / 64] & ~bit;
+            open++;
+            inf_scan_ws(s);
+            if (s->p < s->end && *s->p == (ch == '{' ? '}' : ']')) {
+                s->p++;
+                s->depth--;
+                open--;
+            } else if (ch == '[' || skip_key(s)) {
+                continue; /* at the first element's value */
+            } else {
+                return false;
+            }
+        } else if (!skip_scalar(s)) {
+            return false;
+        }
+        /* After a value: close what ends here, then on to the next element's value. */
+        for (;;) {
+            if (!open)
+                return true;
+            bool object = objects[(open - 1) / 64] >> ((open - 1) % 64) & 1;
+            inf_scan_ws(s);
+            if (s->p >= s->end)
+                return bad(s, "unexpected end");
+            if (*s->p == (object ? '}' : ']')) {
+                s->p++;
+                s->depth--;
+                open--;
+                continue;
+            }
+            if (*s->p != ',')
+                return bad(s, object ? "expected , or }" : "expected , or ]");
+            s->p++;
+            inf_scan_ws(s);
+            if (object && !skip_key(s))
+                return false;
+            break;
+        }
     }
 }
 
@@ -241,54 +296,228 @@ static int open_object(struct inf_scan *s, char open)
     return bad(s, open == '{' ? "expected an object" : "expected an array"), -1;
 }
 
-/* Set obj[key] to the string at s->p (null is skipped). */
-static bool take_string(struct inf_scan *s, json_t *obj, const char *key)
+/* ---- a pod: who it is, and its charge spec ----------------------------------- */
+
+/* The pod's own strings: their offsets in the pod's text until the scan ends. */
+enum field {
+    F_UID,
+    F_NS,
+    F_NAME,
+    F_GENERATE_NAME,
+    F_CLASS,
+    F_POOL,
+    F_PHASE,
+    F_NODE,
+    F_OWNER_KIND,
+    F_OWNER_NAME,
+    F_RV, /* for the caller's rv */
+    F_COUNT
+};
+
+#define ABSENT SIZE_MAX
+
+/* The charge spec's objects, written apart (the pod's text may hold them in any order) and
+ * joined in this order. */
+enum section { S_METADATA, S_SPEC, S_STATUS };
+static const char *const section_names[INF_POD_SECTIONS] = {"metadata", "spec", "status"};
+
+struct pod_scan {
+    struct inf_scan *s;
+    struct inf_pod *pod;
+    size_t at[F_COUNT];
+    bool present[INF_POD_SECTIONS]; /* the pod has it (an object) */
+    bool first[INF_POD_SECTIONS];   /* no member written to it yet */
+};
+
+void inf_pod_init(struct inf_pod *p)
 {
-    if (s->p < s->end && *s->p == 'n')
+    memset(p, 0, sizeof(*p));
+    buf_init(&p->text, INF_MAX_LINE);
+    for (size_t i = 0; i < INF_POD_SECTIONS; i++)
+        buf_init(&p->sections[i], INF_MAX_LINE);
+}
+
+void inf_pod_free(struct inf_pod *p)
+{
+    buf_clear(&p->text);
+    for (size_t i = 0; i < INF_POD_SECTIONS; i++)
+        buf_clear(&p->sections[i]);
+}
+
+static bool out(struct pod_scan *ps, struct buf *b, const void *data, size_t n)
+{
+    return buf_append(b, data, n) == GG_OK || bad(ps->s, "the pod is too large");
+}
+
+/* The key of a member of the object being written into b (first: none written yet). */
+static bool out_key(struct pod_scan *ps, struct buf *b, bool *first, const char *key)
+{
+    if (!*first && !out(ps, b, ",", 1))
+        return false;
+    *first = false;
+    return (jw_string(b, key, strlen(key)) == GG_OK && out(ps, b, ":", 1)) ||
+           bad(ps->s, "the pod is too large");
+}
+
+/* The value at s->p into b as it stands in the text, its strings checked to be UTF-8. */
+static bool out_value(struct pod_scan *ps, struct buf *b)
+{
+    const char *start = ps->s->p;
+    if (!inf_scan_skip(ps->s))
+        return false;
+    size_t n = (size_t)(ps->s->p - start);
+    return jf_utf8_valid(start, n) ? out(ps, b, start, n) : bad(ps->s, "invalid string");
+}
+
+/* A member kept as it stands; a null one is left out unless keep_null. */
+static bool out_member(struct pod_scan *ps, struct buf *b, bool *first, const char *key,
+                       bool keep_null)
+{
+    if (!keep_null && *ps->s->p == 'n')
+        return skip_word(ps->s, "null");
+    return out_key(ps, b, first, key) && out_value(ps, b);
+}
+
+/* A string member (null: left out). */
+static bool out_string(struct pod_scan *ps, struct buf *b, bool *first, const char *key)
+{
+    if (*ps->s->p != 'n' && *ps->s->p != '"')
+        return bad(ps->s, "expected a string");
+    return out_member(ps, b, first, key, false);
+}
+
+/* A string of the pod's own (null: absent), decoded into the pod's text. */
+static bool take(struct pod_scan *ps, enum field f)
+{
+    struct inf_scan *s = ps->s;
+    if (*s->p == 'n')
         return skip_word(s, "null");
-    if (s->p >= s->end || *s->p != '"')
+    if (*s->p != '"')
         return bad(s, "expected a string");
-    json_t *v = inf_scan_string(s);
-    return v && json_object_set_new(obj, key, v) == 0;
-}
-
-static bool wanted(const char *const *want, const char *key)
-{
-    for (; *want; want++)
-        if (strcmp(*want, key) == 0)
-            return true;
-    return false;
-}
-
-/* A map of strings of which only the keys in want (NULL-terminated) are kept, as parent[name]. */
-static bool take_selected(struct inf_scan *s, json_t *parent, const char *name,
-                          const char *const *want)
-{
-    int r = open_object(s, '{');
-    if (r <= 0)
-        return r == 0;
-    json_t *kept = NULL;
-    bool first = true;
-    char key[INF_SCAN_KEY_MAX];
-    while ((r = inf_scan_member(s, &first, key)) == 1) {
-        if (!wanted(want, key)) {
-            if (!inf_scan_skip(s))
-                return false;
-            continue;
-        }
-        if (!kept)
-            json_object_set_new(parent, name, kept = json_object());
-        if (!take_string(s, kept, key))
-            return false;
+    const char *start = s->p;
+    bool escaped;
+    if (!skip_string(s, &escaped))
+        return false;
+    struct buf *text = &ps->pod->text;
+    ps->at[f] = text->len;
+    if (!escaped) {
+        size_t n = (size_t)(s->p - start) - 2;
+        return jf_utf8_valid(start + 1, n) ? out(ps, text, start + 1, n) && out(ps, text, "", 1)
+                                           : bad(s, "invalid string");
     }
+    json_t *v = jf_loadb(start, (size_t)(s->p - start), 1, NULL);
+    bool ok = json_is_string(v) ? out(ps, text, json_string_value(v), json_string_length(v) + 1)
+                                : bad(s, "invalid string");
+    json_decref(v);
+    return ok;
+}
+
+/* A member of an object being read: into b (first as for out_key), or the pod's own. */
+typedef bool (*member_fn)(struct pod_scan *ps, struct buf *b, bool *first, const char *key);
+
+/* The members of the object at s->p, each read by member (null: none); *is_object when given. */
+static bool each_member(struct pod_scan *ps, struct buf *b, bool *first, member_fn member,
+                        bool *is_object)
+{
+    int r = open_object(ps->s, '{');
+    if (is_object)
+        *is_object = *is_object || r == 1;
+    bool at_first = true;
+    char key[INF_SCAN_KEY_MAX];
+    while (r == 1 && (r = inf_scan_member(ps->s, &at_first, key)) == 1)
+        if (!member(ps, b, first, key))
+            return false;
     return r == 0;
 }
 
-/* ---- a pod trimmed to what accounting needs --------------------------------- */
-
-/* ownerReferences: only the controller's kind and name, as [{kind, name, controller: true}]. */
-static bool read_controller(struct inf_scan *s, json_t *meta)
+/* The object at s->p as the member key of b, its members written by member (null: left
+ * out); with drop_empty, left out also when member writes none. */
+static bool out_object(struct pod_scan *ps, struct buf *b, bool *first, const char *key,
+                       member_fn member, bool drop_empty)
 {
+    if (*ps->s->p == 'n')
+        return skip_word(ps->s, "null");
+    size_t mark = b->len;
+    bool was_first = *first, inner = true;
+    if (!out_key(ps, b, first, key) || !out(ps, b, "{", 1) ||
+        !each_member(ps, b, &inner, member, NULL))
+        return false;
+    if (drop_empty && inner) {
+        b->len = mark;
+        *first = was_first;
+        return true;
+    }
+    return out(ps, b, "}", 1);
+}
+
+/* Of limits or requests, only the extended resources (vendor.domain/name) the charge counts,
+ * as strings or numbers. */
+static bool quantity_member(struct pod_scan *ps, struct buf *b, bool *first, const char *key)
+{
+    char ch = *ps->s->p;
+    if (strchr(key, '/') && (ch == '"' || ch == '-' || (ch >= '0' && ch <= '9')))
+        return out_member(ps, b, first, key, false);
+    return inf_scan_skip(ps->s);
+}
+
+static bool resources_member(struct pod_scan *ps, struct buf *b, bool *first, const char *key)
+{
+    if (!strcmp(key, "limits") || !strcmp(key, "requests"))
+        return out_object(ps, b, first, key, quantity_member, false);
+    return inf_scan_skip(ps->s);
+}
+
+static bool container_member(struct pod_scan *ps, struct buf *b, bool *first, const char *key)
+{
+    if (!strcmp(key, "name") || !strcmp(key, "restartPolicy"))
+        return out_string(ps, b, first, key);
+    if (!strcmp(key, "resources"))
+        return out_object(ps, b, first, key, resources_member, false);
+    return inf_scan_skip(ps->s);
+}
+
+/* spec.containers or spec.initContainers (null: left out); a null element is written {}. */
+static bool out_containers(struct pod_scan *ps, struct buf *b, bool *first, const char *key)
+{
+    int r = open_object(ps->s, '[');
+    if (r <= 0)
+        return r == 0;
+    if (!out_key(ps, b, first, key) || !out(ps, b, "[", 1))
+        return false;
+    bool at_first = true, none_yet = true;
+    while ((r = arr_next(ps->s, &at_first)) == 1) {
+        bool inner = true, comma = !none_yet;
+        none_yet = false;
+        if ((comma && !out(ps, b, ",", 1)) || !out(ps, b, "{", 1) ||
+            !each_member(ps, b, &inner, container_member, NULL) || !out(ps, b, "}", 1))
+            return false;
+    }
+    return r == 0 && out(ps, b, "]", 1);
+}
+
+/* labels: the workload class alone, the pod's own. */
+static bool label_member(struct pod_scan *ps, struct buf *b, bool *first, const char *key)
+{
+    (void)b, (void)first;
+    return strcmp(key, GG_KEY_WORKLOAD_CLASS) == 0 ? take(ps, F_CLASS) : inf_scan_skip(ps->s);
+}
+
+/* annotations: the pool is the pod's own; the charge reads GG_CHARGE_ANNOTATIONS. */
+static bool annotation_member(struct pod_scan *ps, struct buf *b, bool *first, const char *key)
+{
+    static const char *const charged[] = {GG_CHARGE_ANNOTATIONS};
+    if (strcmp(key, GG_KEY_POOL) == 0)
+        return take(ps, F_POOL);
+    for (size_t i = 0; i < sizeof(charged) / sizeof(*charged); i++)
+        if (strcmp(key, charged[i]) == 0)
+            return out_string(ps, b, first, key);
+    return inf_scan_skip(ps->s);
+}
+
+/* ownerReferences: the first controller's kind and name. */
+static bool read_controller(struct pod_scan *ps)
+{
+    struct inf_scan *s = ps->s;
     int r = open_object(s, '[');
     if (r <= 0)
         return r == 0;
@@ -297,220 +526,260 @@ static bool read_controller(struct inf_scan *s, json_t *meta)
         int o = open_object(s, '{');
         if (o < 0)
             return false;
-        json_t *ref = json_object();
+        size_t at[2] = {ABSENT, ABSENT}, mark = ps->pod->text.len;
         bool controller = false, rfirst = true, ok = true;
         char key[INF_SCAN_KEY_MAX];
         while (ok && o == 1 && (o = inf_scan_member(s, &rfirst, key)) == 1) {
-            if (!strcmp(key, "kind") || !strcmp(key, "name"))
-                ok = take_string(s, ref, key);
-            else if (!strcmp(key, "controller") && s->p < s->end && *s->p == 't')
+            bool kind = !strcmp(key, "kind");
+            if (kind || !strcmp(key, "name")) {
+                size_t saved = ps->at[F_OWNER_KIND];
+                ps->at[F_OWNER_KIND] = ABSENT;
+                ok = take(ps, F_OWNER_KIND);
+                at[!kind] = ps->at[F_OWNER_KIND];
+                ps->at[F_OWNER_KIND] = saved;
+            } else if (!strcmp(key, "controller") && s->p < s->end && *s->p == 't') {
                 ok = controller = skip_word(s, "true");
-            else
+            } else {
                 ok = inf_scan_skip(s);
-        }
-        if (ok && o == 0 && controller && !json_object_get(meta, "ownerReferences")) {
-            json_object_set_new(ref, "controller", json_true());
-            json_object_set_new(meta, "ownerReferences", json_pack("[o]", ref));
-        } else {
-            json_decref(ref);
+            }
         }
         if (!ok || o < 0)
             return false;
+        if (controller && at[0] != ABSENT && at[1] != ABSENT && ps->at[F_OWNER_KIND] == ABSENT) {
+            ps->at[F_OWNER_KIND] = at[0];
+            ps->at[F_OWNER_NAME] = at[1];
+        } else {
+            ps->pod->text.len = mark; /* not the controller: its strings go */
+        }
     }
     return r == 0;
 }
 
-/* What the charge model (intent.lua) reads of a pod's metadata, and its pool (GPUQuota limits). */
-static const char *const kept_labels[] = {GG_KEY_WORKLOAD_CLASS, NULL};
-static const char *const kept_annotations[] = {
-    GG_KEY_CHARGE, GG_KEY_POOL, "gpu-fraction", "gpu-memory", "gpu-fraction-num-devices", NULL};
-
-/* A value kept whole, parsed from its text (spec.resourceClaims, spec.nodeSelector,
- * status.resourceClaimStatuses). */
-static bool take_raw(struct inf_scan *s, json_t *obj, const char *key)
+static bool metadata_member(struct pod_scan *ps, struct buf *b, bool *first, const char *key)
 {
-    const char *start = s->p;
-    if (!inf_scan_skip(s))
-        return false;
-    json_t *v = jf_loadb(start, (size_t)(s->p - start), 8, NULL);
-    return v && json_object_set_new(obj, key, v) == 0;
-}
-
-/* Reads the member key into obj (s->p at its value); ctx as given to each_member. */
-typedef bool (*member_fn)(struct inf_scan *s, json_t *obj, const char *key, void *ctx);
-
-/* The members of an object as open_object left it (r), each read by member into obj. */
-static bool each_member(struct inf_scan *s, int r, json_t *obj, member_fn member, void *ctx)
-{
-    bool first = true;
-    char key[INF_SCAN_KEY_MAX];
-    while (r == 1 && (r = inf_scan_member(s, &first, key)) == 1)
-        if (!member(s, obj, key, ctx))
+    static const struct {
+        const char *key;
+        enum field f;
+    } own[] = {{"uid", F_UID}, {"name", F_NAME}, {"generateName", F_GENERATE_NAME}};
+    if (!strcmp(key, "namespace")) { /* the pod's own, and read by the charge */
+        const char *start = ps->s->p;
+        if (*start == '"' && !take(ps, F_NS))
             return false;
-    return r == 0;
-}
-
-/* The object value at s->p as parent[name], with what each member adds to it (null: none). */
-static bool read_members(struct inf_scan *s, json_t *parent, const char *name, member_fn member,
-                         void *ctx)
-{
-    json_t *obj = NULL;
-    int r = open_object(s, '{');
-    if (r == 1) {
-        obj = json_object();
-        json_object_set_new(parent, name, obj);
+        return *start == '"'
+                   ? out_key(ps, b, first, key) && out(ps, b, start, (size_t)(ps->s->p - start))
+                   : take(ps, F_NS);
     }
-    return each_member(s, r, obj, member, ctx);
-}
-
-/* ctx: where metadata.resourceVersion goes (INF_RV_MAX bytes), or NULL. */
-static bool metadata_member(struct inf_scan *s, json_t *meta, const char *key, void *ctx)
-{
-    char *rv = ctx;
-    if (!strcmp(key, "namespace") || !strcmp(key, "name") || !strcmp(key, "generateName") ||
-        !strcmp(key, "uid"))
-        return take_string(s, meta, key);
-    if (!strcmp(key, "resourceVersion")) {
-        json_t *tmp = json_object();
-        bool ok = take_string(s, tmp, key);
-        const char *v = json_string_value(json_object_get(tmp, key));
-        if (ok && v && strlen(v) >= INF_RV_MAX)
-            ok = bad(s, "resourceVersion too long");
-        else if (ok && v && rv)
-            strcpy(rv, v);
-        json_decref(tmp);
-        return ok;
-    }
+    for (size_t i = 0; i < sizeof(own) / sizeof(*own); i++)
+        if (!strcmp(key, own[i].key))
+            return take(ps, own[i].f);
+    if (!strcmp(key, "resourceVersion"))
+        return take(ps, F_RV) &&
+               (ps->at[F_RV] == ABSENT || strlen(ps->pod->text.data + ps->at[F_RV]) < INF_RV_MAX ||
+                bad(ps->s, "resourceVersion too long"));
     if (!strcmp(key, "labels"))
-        return take_selected(s, meta, "labels", kept_labels);
+        return each_member(ps, b, first, label_member, NULL);
     if (!strcmp(key, "annotations"))
-        return take_selected(s, meta, "annotations", kept_annotations);
+        return out_object(ps, b, first, key, annotation_member, true);
     if (!strcmp(key, "ownerReferences"))
-        return read_controller(s, meta);
-    return inf_scan_skip(s);
+        return read_controller(ps);
+    return inf_scan_skip(ps->s);
 }
 
-/* Of limits or requests, only the extended resources (vendor.domain/name). */
-static bool quantity_member(struct inf_scan *s, json_t *kept, const char *key, void *ctx)
+/* Is the value at start (a whole JSON value) an array with something in it? */
+static bool names_some(const char *start, const char *end)
 {
-    (void)ctx;
-    if (!strchr(key, '/'))
-        return inf_scan_skip(s);
-    if (*s->p == '"')
-        return take_string(s, kept, key);
-    const char *start = s->p;
-    if (!inf_scan_skip(s))
+    if (*start != '[')
         return false;
-    json_t *v = jf_loadb(start, (size_t)(s->p - start), 1, NULL);
-    if (json_is_number(v))
-        json_object_set_new(kept, key, v);
-    else
-        json_decref(v);
-    return true;
+    while (++start < end && (*start == ' ' || *start == '\n' || *start == '\r' || *start == '\t'))
+        ;
+    return start < end && *start != ']';
 }
 
-static bool resources_member(struct inf_scan *s, json_t *res, const char *key, void *ctx)
+static bool spec_member(struct pod_scan *ps, struct buf *b, bool *first, const char *key)
 {
-    if (!strcmp(key, "limits") || !strcmp(key, "requests"))
-        return read_members(s, res, key, quantity_member, ctx);
-    return inf_scan_skip(s);
-}
-
-static bool container_member(struct inf_scan *s, json_t *c, const char *key, void *ctx)
-{
-    if (!strcmp(key, "name") || !strcmp(key, "restartPolicy"))
-        return take_string(s, c, key);
-    if (!strcmp(key, "resources"))
-        return read_members(s, c, key, resources_member, ctx);
-    return inf_scan_skip(s);
-}
-
-/* spec.containers or spec.initContainers; a null element is kept as {}. */
-static bool read_containers(struct inf_scan *s, json_t *spec, const char *name)
-{
-    int r = open_object(s, '[');
-    if (r <= 0)
-        return r == 0;
-    json_t *list = json_array();
-    json_object_set_new(spec, name, list);
-    bool first = true;
-    while ((r = arr_next(s, &first)) == 1) {
-        json_t *c = json_object();
-        json_array_append_new(list, c);
-        if (!each_member(s, open_object(s, '{'), c, container_member, NULL))
-            return false;
-    }
-    return r == 0;
-}
-
-static bool spec_member(struct inf_scan *s, json_t *spec, const char *key, void *ctx)
-{
-    (void)ctx;
     if (!strcmp(key, "nodeName"))
-        return take_string(s, spec, key);
-    if (!strcmp(key, "nodeSelector") || !strcmp(key, "resourceClaims"))
-        return take_raw(s, spec, key);
+        return take(ps, F_NODE);
+    if (!strcmp(key, "nodeSelector"))
+        return out_member(ps, b, first, key, true);
+    if (!strcmp(key, "resourceClaims")) {
+        const char *start = ps->s->p;
+        if (!out_member(ps, b, first, key, true))
+            return false;
+        ps->pod->claims = ps->pod->claims || names_some(start, ps->s->p);
+        return true;
+    }
     if (!strcmp(key, "containers") || !strcmp(key, "initContainers"))
-        return read_containers(s, spec, key);
-    return inf_scan_skip(s);
+        return out_containers(ps, b, first, key);
+    return inf_scan_skip(ps->s);
 }
 
 /* status.phase, and status.resourceClaimStatuses: the claims made for the pod, which it is
  * charged from (not from a template looked up again by name). */
-static bool status_member(struct inf_scan *s, json_t *status, const char *key, void *ctx)
+static bool status_member(struct pod_scan *ps, struct buf *b, bool *first, const char *key)
 {
-    (void)ctx;
     if (!strcmp(key, "phase"))
-        return take_string(s, status, key);
+        return take(ps, F_PHASE);
     if (!strcmp(key, "resourceClaimStatuses"))
-        return take_raw(s, status, key);
-    return inf_scan_skip(s);
+        return out_member(ps, b, first, key, true);
+    return inf_scan_skip(ps->s);
 }
 
-/* ctx: as for metadata_member. */
-static bool pod_member(struct inf_scan *s, json_t *pod, const char *key, void *ctx)
+static bool pod_member(struct pod_scan *ps, const char *key)
 {
-    if (!strcmp(key, "metadata"))
-        return read_members(s, pod, key, metadata_member, ctx);
-    if (!strcmp(key, "spec"))
-        return read_members(s, pod, key, spec_member, NULL);
-    if (!strcmp(key, "status"))
-        return read_members(s, pod, key, status_member, NULL);
-    return inf_scan_skip(s);
+    static const member_fn members[INF_POD_SECTIONS] = {metadata_member, spec_member,
+                                                        status_member};
+    for (size_t i = 0; i < INF_POD_SECTIONS; i++)
+        if (!strcmp(key, section_names[i]))
+            return each_member(ps, &ps->pod->sections[i], &ps->first[i], members[i],
+                               &ps->present[i]);
+    return inf_scan_skip(ps->s);
 }
 
-json_t *inf_scan_pod(struct inf_scan *s, char *rv)
+/* The charge spec after the pod's strings, then the pointers to them all. */
+static bool finish(struct pod_scan *ps)
 {
+    struct inf_pod *p = ps->pod;
+    size_t spec = p->text.len;
+    bool first = true;
+    if (!out(ps, &p->text, "{", 1))
+        return false;
+    for (size_t i = 0; i < INF_POD_SECTIONS; i++)
+        if (ps->present[i] &&
+            (!out_key(ps, &p->text, &first, section_names[i]) || !out(ps, &p->text, "{", 1) ||
+             !out(ps, &p->text, p->sections[i].data ? p->sections[i].data : "",
+                  p->sections[i].len) ||
+             !out(ps, &p->text, "}", 1)))
+            return false;
+    if (!out(ps, &p->text, "}", 1))
+        return false;
+    const char *at[F_COUNT];
+    for (size_t f = 0; f < F_COUNT; f++)
+        at[f] = ps->at[f] == ABSENT ? "" : p->text.data + ps->at[f];
+    p->uid = at[F_UID];
+    p->ns = at[F_NS];
+    p->name = at[F_NAME];
+    p->generate_name = at[F_GENERATE_NAME];
+    p->cls = at[F_CLASS];
+    p->pool = at[F_POOL];
+    p->phase = at[F_PHASE];
+    p->node = at[F_NODE];
+    p->owner_kind = at[F_OWNER_KIND];
+    p->owner_name = at[F_OWNER_NAME];
+    p->rv = at[F_RV];
+    p->spec = p->text.data + spec;
+    p->spec_len = p->text.len - spec;
+    return true;
+}
+
+bool inf_scan_pod(struct inf_scan *s, struct inf_pod *p)
+{
+    struct pod_scan ps = {.s = s, .pod = p};
+    for (size_t f = 0; f < F_COUNT; f++)
+        ps.at[f] = ABSENT;
+    buf_reset(&p->text);
+    for (size_t i = 0; i < INF_POD_SECTIONS; i++) {
+        buf_reset(&p->sections[i]);
+        ps.first[i] = true;
+    }
+    p->claims = false;
     inf_scan_ws(s);
-    if (s->p >= s->end || *s->p != '{') {
-        bad(s, "a pod must be a JSON object");
+    if (s->p >= s->end || *s->p != '{')
+        return bad(s, "a pod must be a JSON object");
+    if (!inf_scan_enter(s))
+        return false;
+    bool first = true;
+    int r;
+    char key[INF_SCAN_KEY_MAX];
+    while ((r = inf_scan_member(s, &first, key)) == 1)
+        if (!pod_member(&ps, key))
+            return false;
+    return r == 0 && finish(&ps);
+}
+
+/* Set obj[key] to s unless it is "". */
+static int set_string(json_t *obj, const char *key, const char *s)
+{
+    return *s ? json_object_set_new(obj, key, json_string(s)) : 0;
+}
+
+/* obj[key], an object made when missing; NULL when out of memory. */
+static json_t *object_at(json_t *obj, const char *key)
+{
+    json_t *o = json_object_get(obj, key);
+    if (!o && json_object_set_new(obj, key, o = json_object()) != 0)
+        return NULL;
+    return o;
+}
+
+json_t *inf_pod_json(const struct inf_pod *p)
+{
+    json_t *pod = jf_loadb(p->spec, p->spec_len, 0, NULL);
+    json_t *meta = *p->uid || *p->name || *p->generate_name || *p->cls || *p->pool || *p->owner_kind
+                       ? object_at(pod, "metadata")
+                       : json_object_get(pod, "metadata");
+    json_t *spec = *p->node ? object_at(pod, "spec") : NULL;
+    json_t *status = *p->phase ? object_at(pod, "status") : NULL;
+    json_t *owner = *p->owner_kind ? json_pack("{s:s,s:s,s:b}", "kind", p->owner_kind, "name",
+                                               p->owner_name, "controller", 1)
+                                   : NULL;
+    bool ok = pod && (!*p->owner_kind ||
+                      (meta && owner &&
+                       json_object_set_new(meta, "ownerReferences", json_pack("[o]", owner)) == 0));
+    json_t *labels = ok && *p->cls ? object_at(meta, "labels") : NULL;
+    json_t *notes = ok && *p->pool ? object_at(meta, "annotations") : NULL;
+    if (!ok || (*p->cls && !labels) || (*p->pool && !notes) || (*p->node && !spec) ||
+        (*p->phase && !status) || set_string(meta, "uid", p->uid) ||
+        set_string(meta, "name", p->name) || set_string(meta, "generateName", p->generate_name) ||
+        set_string(labels, GG_KEY_WORKLOAD_CLASS, p->cls) ||
+        set_string(notes, GG_KEY_POOL, p->pool) || set_string(spec, "nodeName", p->node) ||
+        set_string(status, "phase", p->phase)) {
+        json_decref(pod);
         return NULL;
     }
-    json_t *pod = json_object();
-    if (pod && inf_scan_enter(s) && each_member(s, 1, pod, pod_member, rv))
-        return pod;
-    json_decref(pod);
-    return NULL;
+    return pod;
 }
 
 /* ---- whole texts ------------------------------------------------------------ */
 
 json_t *inf_read_pod(const char *text, size_t len, char *rv, struct gg_err *err)
 {
-    struct inf_scan s = {.p = text, .end = text + len};
+    struct inf_pod p;
+    inf_pod_init(&p);
     if (rv)
         rv[0] = '\0';
-    json_t *pod = inf_scan_pod(&s, rv);
-    if (pod) {
+    json_t *pod = NULL;
+    if (inf_pod_of_text(text, len, &p, err) && !(pod = inf_pod_json(&p)))
+        gg_fail(err, GG_ERR_PARSE,
+                "the pod's charge spec does not load (a number out of range, or out of memory)");
+    if (pod && rv)
+        strcpy(rv, p.rv);
+    inf_pod_free(&p);
+    return pod;
+}
+
+bool inf_pod_of_text(const char *text, size_t len, struct inf_pod *p, struct gg_err *err)
+{
+    struct inf_scan s = {.p = text, .end = text + len};
+    if (inf_scan_pod(&s, p)) {
         inf_scan_ws(&s);
         if (s.p == s.end)
-            return pod;
+            return true;
         bad(&s, "data after the pod");
-        json_decref(pod);
     }
     gg_fail(err, GG_ERR_PARSE, "byte %zu: %s", (size_t)(s.p - text),
             s.why ? s.why : "out of memory");
-    return NULL;
+    return false;
+}
+
+bool inf_pod_of_json(const json_t *obj, struct inf_pod *p, struct gg_err *err)
+{
+    struct buf text;
+    buf_init(&text, INF_MAX_LINE);
+    bool ok = jw_value(&text, obj) == GG_OK
+                  ? inf_pod_of_text(text.data, text.len, p, err)
+                  : gg_fail(err, GG_ERR_TOOBIG, "the pod is too large") == GG_OK;
+    buf_clear(&text);
+    return ok;
 }
 
 json_t *inf_read_object(const char *text, size_t len, char *rv, struct gg_err *err)

@@ -12,6 +12,7 @@
 #ifndef GG_INFSCAN_H
 #define GG_INFSCAN_H
 
+#include "util/buf.h"
 #include "util/gpuguard.h"
 
 #include <jansson.h>
@@ -22,21 +23,65 @@
 #define INF_SCAN_MAX_DEPTH 256
 #define INF_SCAN_KEY_MAX 320 /* label and annotation keys are at most 317 bytes */
 
-/* ---- whole texts --------------------------------------------------------- */
+/* ---- pods ------------------------------------------------------------------ */
 
 /*
- * A new pod object with only what the charge model (lua/intent.lua) reads:
- * metadata.namespace, name, generateName, uid, the gpuguard.io/workload-class
- * label, the gpuguard.io/charge and KAI (gpu-fraction, gpu-memory,
- * gpu-fraction-num-devices) annotations, the controller's ownerReference
- * (kind and name, for rightsizing's owner folding); spec.nodeName,
- * spec.nodeSelector, spec.resourceClaims; the name, restartPolicy and
- * extended resources (names with a "/") of spec.containers[] and
- * spec.initContainers[] (limits and requests); status.phase.  The charge of
- * the result equals that of the pod.  Read straight from the JSON text of a
- * pod, building nothing else; the rest of the text is checked to be JSON and
- * skipped.  rv (INF_RV_MAX bytes, may be NULL) gets metadata.resourceVersion
- * ("" when absent).  NULL with err set when the text is not one JSON object.
+ * A pod as the inventory reads it, straight from its JSON text, building
+ * nothing else (the rest of the text is checked to be JSON and skipped):
+ *
+ * - who it is: the strings below ("" when absent), its controller being
+ *   the first ownerReference with controller: true (kind and name, for
+ *   rightsizing's owner folding);
+ * - its charge spec: exactly what the charge model (lua/intent.lua) reads
+ *   of a pod, as a JSON text of its own: metadata.namespace, the
+ *   annotations of GG_CHARGE_ANNOTATIONS; spec.nodeSelector,
+ *   spec.resourceClaims, and the name, restartPolicy and extended resources
+ *   (names with a "/", strings or numbers) of the limits and requests of
+ *   spec.containers[] and spec.initContainers[]; status.resourceClaimStatuses.
+ *   Values are copied as the text has them (strings checked to be UTF-8),
+ *   objects the pod does not have are left out, and the charger hands the
+ *   model this text, never the pod, so that a pod's charge is a function of
+ *   its charge spec alone (engine/chargememo.h).
+ */
+#define INF_POD_SECTIONS 3
+
+struct inf_pod {
+    const char *uid, *ns, *name, *generate_name;
+    const char *cls;   /* label gpuguard.io/workload-class */
+    const char *pool;  /* annotation gpuguard.io/pool */
+    const char *phase; /* status.phase */
+    const char *node;  /* spec.nodeName */
+    const char *owner_kind, *owner_name;
+    const char *rv; /* metadata.resourceVersion, shorter than INF_RV_MAX */
+    const char *spec;
+    size_t spec_len;
+    bool claims; /* spec.resourceClaims names some: the charge reads cluster state too */
+    /* The strings and the charge spec, reused pod after pod; the spec's parts while scanning. */
+    struct buf text, sections[INF_POD_SECTIONS];
+};
+
+void inf_pod_init(struct inf_pod *p);
+void inf_pod_free(struct inf_pod *p);
+
+/* The pod of a whole JSON text; false with err set when it is none. */
+bool inf_pod_of_text(const char *text, size_t len, struct inf_pod *p, struct gg_err *err);
+
+/* The pod of a jansson object (written out and read); false with err set when it is none. */
+bool inf_pod_of_json(const json_t *obj, struct inf_pod *p, struct gg_err *err);
+
+/*
+ * The pod as a trimmed object: the charge spec with the pod's own strings
+ * put back where the pod had them (uid, name, generateName, the class label,
+ * the pool annotation, the controller as ownerReferences [{kind, name,
+ * controller: true}], spec.nodeName, status.phase).  NULL when out of
+ * memory or when a number of the spec does not load.
+ */
+json_t *inf_pod_json(const struct inf_pod *p);
+
+/*
+ * inf_pod_json of the pod read from text; rv (INF_RV_MAX bytes, may be NULL)
+ * gets metadata.resourceVersion ("" when absent).  NULL with err set when
+ * the text is not one JSON object.
  */
 json_t *inf_read_pod(const char *text, size_t len, char *rv, struct gg_err *err);
 
@@ -74,10 +119,10 @@ bool inf_scan_skip(struct inf_scan *s);
 /* The string value at s->p (its quote) as a jansson string; NULL when invalid. */
 json_t *inf_scan_string(struct inf_scan *s);
 /*
- * The pod object at s->p trimmed as by inf_read_pod, s->p then past it; rv
- * as for inf_read_pod (not cleared first).  NULL when the text there is not
- * a whole JSON object (s->why says why; unset: out of memory).
+ * The pod at s->p into p (emptied first), s->p then past it.  False when the
+ * text there is not a whole JSON object (s->why says why; unset: out of
+ * memory).
  */
-json_t *inf_scan_pod(struct inf_scan *s, char *rv);
+bool inf_scan_pod(struct inf_scan *s, struct inf_pod *p);
 
 #endif

@@ -41,12 +41,18 @@ struct dra_entry {
     int64_t charge; /* a claim charged on its own; added to dra_sums */
 };
 
+/*
+ * What the inventory keeps of a pod: one allocation with the pod's name in
+ * it; the strings many pods share (namespace, class, pool, controller) are
+ * its state's, interned (see intern).
+ */
 struct record {
-    char *ns;
-    char *cls;
-    char *pool; /* gpuguard.io/pool, "" when none */
+    const char *ns;
+    const char *cls;
+    const char *pool;  /* gpuguard.io/pool, "" when none */
+    const char *owner; /* the controller's "<kind>/<name>" (or "") */
     int64_t charge;
-    char *name, *owner; /* the pod's name and its controller's "<kind>/<name>" (or "") */
+    char name[]; /* the pod's */
 };
 
 /*
@@ -65,8 +71,9 @@ struct reservation {
 
 /* The pods and their sums: what a relist replaces as a whole. */
 struct state {
-    struct map pods; /* uid -> record */
-    struct map sums; /* "ns" and "ns\x1f" "class" -> milli-GPU */
+    struct map pods;    /* uid -> record */
+    struct map sums;    /* "ns" and "ns\x1f" "class" -> milli-GPU */
+    struct map strings; /* the records' shared strings -> how many records hold each */
 };
 
 struct inventory {
@@ -164,18 +171,7 @@ static void map_remove(struct map *m, struct slot *s)
     }
 }
 
-static void free_record(struct record *r)
-{
-    if (!r)
-        return;
-    free(r->ns);
-    free(r->cls);
-    free(r->pool);
-    free(r->name);
-    free(r->owner);
-    free(r);
-}
-
+/* Free each slot's ptr too (a record) with records. */
 static void map_clear(struct map *m, bool records)
 {
     for (size_t i = 0; i < m->cap; i++) {
@@ -183,7 +179,7 @@ static void map_clear(struct map *m, bool records)
             continue;
         free(m->slots[i].key);
         if (records)
-            free_record(m->slots[i].ptr);
+            free(m->slots[i].ptr);
     }
     free(m->slots);
     memset(m, 0, sizeof(*m));
@@ -245,6 +241,7 @@ static void state_clear(struct state *st)
 {
     map_clear(&st->pods, true);
     map_clear(&st->sums, false);
+    map_clear(&st->strings, false);
 }
 
 void inv_free(struct inventory *inv)
@@ -273,14 +270,21 @@ void inv_set_charger(struct inventory *inv, inv_charge_fn fn, void *ctx)
     pthread_mutex_unlock(&inv->lock);
 }
 
-int64_t inv_charge(struct inventory *inv, const struct jf_node *obj)
+/* The charger's answer for a pod or obj (see inv_charge_fn). */
+static int64_t charge_of(struct inventory *inv, const struct inf_pod *pod,
+                         const struct jf_node *obj)
 {
     pthread_mutex_lock(&inv->lock);
     inv_charge_fn fn = inv->charge;
     void *ctx = inv->charge_ctx;
     pthread_mutex_unlock(&inv->lock);
     /* Outside the lock: the charger reads DRA objects back through inv_dra_get. */
-    return fn ? fn(ctx, obj) : 0;
+    return fn ? fn(ctx, pod, obj) : 0;
+}
+
+int64_t inv_charge(struct inventory *inv, const struct jf_node *obj)
+{
+    return charge_of(inv, NULL, obj);
 }
 
 /* ---- records and sums --------------------------------------------------- */
@@ -383,28 +387,26 @@ static enum obj_kind kind_of(const json_t *obj)
     return strcmp(kind, "ResourceClaimTemplate") == 0 ? K_TEMPLATE : K_OTHER;
 }
 
-/* Whether an object holds devices: pods that Succeeded or Failed hold none. */
-static bool counts(const json_t *obj)
+/* Whether a pod holds devices: pods that Succeeded or Failed hold none. */
+static bool counts(const struct inf_pod *pod)
 {
-    const char *phase = json_string_value(json_object_get(json_object_get(obj, "status"), "phase"));
-    return !phase || (strcmp(phase, "Succeeded") != 0 && strcmp(phase, "Failed") != 0);
+    return strcmp(pod->phase, "Succeeded") != 0 && strcmp(pod->phase, "Failed") != 0;
 }
 
-/* The charge an object holds, from the charger, outside every lock. */
-static int64_t holding(struct inventory *inv, const json_t *obj)
+/* The charge a pod holds, from the charger, outside every lock. */
+static int64_t pod_holding(struct inventory *inv, const struct inf_pod *pod)
 {
-    enum obj_kind k = kind_of(obj);
-    if ((k != K_POD && k != K_CLAIM) || !*meta_string(obj, "uid") || !counts(obj))
+    return *pod->uid && counts(pod) ? charge_of(inv, pod, NULL) : 0;
+}
+
+/* The charge a ResourceClaim holds on its own, from the charger, outside every lock. */
+static int64_t claim_holding(struct inventory *inv, const json_t *claim)
+{
+    if (!*meta_string(claim, "uid"))
         return 0;
     struct jf_doc doc;
-    if (jf_from_json(obj, &doc) != 0) {
-        /* Out of memory, so no nodes for the charger: more than the charger counts when its
-         * model fails (one GPU per container asking for one, at least one): one GPU per
-         * container, and one more. */
-        const json_t *spec = json_object_get(obj, "spec");
-        return 1000 * (int64_t)(1 + json_array_size(json_object_get(spec, "containers")) +
-                                json_array_size(json_object_get(spec, "initContainers")));
-    }
+    if (jf_from_json(claim, &doc) != 0)
+        return 1000; /* out of memory, so no nodes for the charger: one GPU, as it would count */
     int64_t charge = inv_charge(inv, doc.root);
     jf_doc_free(&doc);
     return charge;
@@ -419,17 +421,56 @@ static bool reserved_for(const struct reservation *r, const char *ns, const char
     return *r->name && strcmp(r->ns, ns) == 0 && strcmp(r->name, name) == 0;
 }
 
-/* A pod the watch shows settles the reservation made when it was admitted. */
-static void settle_reservation(struct inventory *inv, const json_t *obj)
+/* A pod (or claim) the watch shows settles the reservation made when it was admitted. */
+static void settle_reservation(struct inventory *inv, const char *ns, const char *uid,
+                               const char *name)
 {
-    const char *ns = meta_string(obj, "namespace"), *uid = meta_string(obj, "uid"),
-               *name = meta_string(obj, "name");
     for (size_t i = 0; i < inv->n_res; i++) {
         if (reserved_for(&inv->res[i], ns, uid, name)) {
             drop_reservation(inv, i);
             return;
         }
     }
+}
+
+/* a, sep and b into out (size bytes): false, and out unusable, when they do not fit. */
+static bool join(char *out, size_t size, const char *a, char sep, const char *b)
+{
+    size_t na = strlen(a), nb = strlen(b);
+    if (na + nb + 2 > size)
+        return false;
+    memcpy(out, a, na);
+    out[na] = sep;
+    memcpy(out + na + 1, b, nb + 1);
+    return true;
+}
+
+/* st's copy of s, held once more; NULL when out of memory.  A million pods hold a few
+ * thousand namespaces, pools and controllers. */
+static const char *intern(struct state *st, const char *s)
+{
+    struct slot *slot = map_put(&st->strings, s);
+    if (!slot)
+        return NULL;
+    slot->value++;
+    return slot->key;
+}
+
+/* Held once less: freed with its last holder (NULL: nothing). */
+static void release(struct state *st, const char *s)
+{
+    struct slot *slot = s ? map_find(&st->strings, s) : NULL;
+    if (slot && --slot->value == 0)
+        map_remove(&st->strings, slot);
+}
+
+static void free_record(struct state *st, struct record *r)
+{
+    release(st, r->ns);
+    release(st, r->cls);
+    release(st, r->pool);
+    release(st, r->owner);
+    free(r);
 }
 
 static void state_remove(struct state *st, const char *uid)
@@ -439,7 +480,7 @@ static void state_remove(struct state *st, const char *uid)
         return;
     struct record *r = s->ptr;
     add_sum(st, r, -r->charge);
-    free_record(r);
+    free_record(st, r);
     map_remove(&st->pods, s);
 }
 
@@ -469,35 +510,34 @@ char *inv_controller(const json_t *obj)
                : out;
 }
 
-/* Record what a pod or claim holds (replacing the record of its uid); true when it holds GPUs. */
-static bool state_add(struct state *st, const json_t *obj, int64_t charge)
+/* Record what a pod holds (replacing the record of its uid); true when it holds GPUs. */
+static bool state_add(struct state *st, const struct inf_pod *pod, int64_t charge)
 {
-    const char *uid = meta_string(obj, "uid"), *ns = meta_string(obj, "namespace");
-    if (!*uid)
+    if (!*pod->uid)
         return false;
-    state_remove(st, uid);
+    state_remove(st, pod->uid);
     if (charge <= 0)
         return false;
-    struct record *r = calloc(1, sizeof(*r));
-    const char *cls = json_string_value(json_object_get(
-        json_object_get(json_object_get(obj, "metadata"), "labels"), GG_KEY_WORKLOAD_CLASS));
-    struct slot *s = r ? map_put(&st->pods, uid) : NULL;
+    size_t name_size = strlen(pod->name) + 1;
+    struct record *r = calloc(1, sizeof(*r) + name_size);
+    struct slot *s = r ? map_put(&st->pods, pod->uid) : NULL;
     if (!s) {
         free(r);
         return false;
     }
-    const char *pool = json_string_value(json_object_get(
-        json_object_get(json_object_get(obj, "metadata"), "annotations"), GG_KEY_POOL));
-    r->ns = strdup(ns);
-    r->cls = strdup(cls ? cls : "");
-    r->pool = strdup(pool ? pool : "");
+    char owner[2 * INF_SCAN_KEY_MAX];
+    if (!*pod->owner_kind || !join(owner, sizeof(owner), pod->owner_kind, '/', pod->owner_name))
+        *owner = '\0';
+    memcpy(r->name, pod->name, name_size);
+    r->ns = intern(st, pod->ns);
+    r->cls = intern(st, pod->cls);
+    r->pool = intern(st, pod->pool);
+    r->owner = intern(st, owner);
     r->charge = charge;
-    r->name = strdup(meta_string(obj, "name"));
-    r->owner = inv_controller(obj);
     s->ptr = r;
-    if (!r->ns || !r->cls || !r->pool || !r->name || !r->owner) {
+    if (!r->ns || !r->cls || !r->pool || !r->owner) {
         map_remove(&st->pods, s);
-        free_record(r);
+        free_record(st, r);
         return false;
     }
     add_sum(st, r, charge);
@@ -742,7 +782,8 @@ uint64_t inv_dra_relist_begin(struct inventory *inv)
 static void settle_claim(struct inventory *inv, const json_t *claim)
 {
     pthread_mutex_lock(&inv->lock);
-    settle_reservation(inv, claim);
+    settle_reservation(inv, meta_string(claim, "namespace"), meta_string(claim, "uid"),
+                       meta_string(claim, "name"));
     pthread_mutex_unlock(&inv->lock);
 }
 
@@ -754,7 +795,7 @@ void inv_dra_add(struct inventory *inv, const json_t *obj, uint64_t relist)
     else if (k == K_CLASS || k == K_SLICE)
         dra_put(inv, obj, relist, 0);
     else if (k == K_CLAIM || k == K_TEMPLATE)
-        dra_put(inv, obj, relist, holding(inv, obj));
+        dra_put(inv, obj, relist, k == K_CLAIM ? claim_holding(inv, obj) : 0);
     if (k == K_CLAIM)
         settle_claim(inv, obj);
 }
@@ -841,6 +882,17 @@ static int64_t dra_usage(struct inventory *inv, const char *ns)
     return used;
 }
 
+/* A pod object read as the informer reads pods; false (logged) when it is not one. */
+static bool read_pod(const json_t *obj, struct inf_pod *pod)
+{
+    struct gg_err err = {{0}};
+    if (inf_pod_of_json(obj, pod, &err))
+        return true;
+    log_fields(LOG_WARN, "inventory: an object that is not a pod skipped",
+               json_pack("{s:s,s:s}", "error", err.msg, "uid", meta_string(obj, "uid")));
+    return false;
+}
+
 void inv_upsert(struct inventory *inv, const json_t *obj)
 {
     enum obj_kind k = kind_of(obj);
@@ -851,20 +903,23 @@ void inv_upsert(struct inventory *inv, const json_t *obj)
         return;
     }
     if (k != K_POD) {
-        dra_put(inv, obj, 0, k == K_CLASS || k == K_SLICE ? 0 : holding(inv, obj));
+        dra_put(inv, obj, 0, k == K_CLAIM ? claim_holding(inv, obj) : 0);
         if (k == K_CLAIM)
             settle_claim(inv, obj);
         return;
     }
-    if (!*meta_string(obj, "uid"))
-        return;
-    int64_t charge = holding(inv, obj);
-    pthread_mutex_lock(&inv->lock);
-    settle_reservation(inv, obj);
-    state_add(&inv->st, obj, charge);
-    if (!counts(obj))
-        note_gone(inv, meta_string(obj, "uid"));
-    pthread_mutex_unlock(&inv->lock);
+    struct inf_pod pod;
+    inf_pod_init(&pod);
+    if (read_pod(obj, &pod) && *pod.uid) {
+        int64_t charge = pod_holding(inv, &pod);
+        pthread_mutex_lock(&inv->lock);
+        settle_reservation(inv, pod.ns, pod.uid, pod.name);
+        state_add(&inv->st, &pod, charge);
+        if (!counts(&pod))
+            note_gone(inv, pod.uid);
+        pthread_mutex_unlock(&inv->lock);
+    }
+    inf_pod_free(&pod);
 }
 
 void inv_delete(struct inventory *inv, const json_t *obj)
@@ -914,7 +969,7 @@ void inv_stage_free(struct inv_stage *stage)
 /* The key of a namespace's name in a stage's names (a uid has no \x1f). */
 static bool name_key(char *key, size_t size, const char *ns, const char *name)
 {
-    return *name && (size_t)snprintf(key, size, "%s\x1f%s", ns, name) < size;
+    return *name && join(key, size, ns, '\x1f', name);
 }
 
 static void stage_name(struct inv_stage *stage, const char *ns, const char *name)
@@ -933,15 +988,27 @@ static bool stage_settles(struct inv_stage *stage, const struct reservation *r)
     return name_key(key, sizeof(key), r->ns, r->name) && map_find(&stage->names, key);
 }
 
-void inv_stage_add(struct inv_stage *stage, const json_t *pod)
+void inv_stage_add_pod(struct inv_stage *stage, const struct inf_pod *pod)
 {
     stage->seen++;
-    if (kind_of(pod) != K_POD || !state_add(&stage->st, pod, holding(stage->inv, pod)))
+    if (!state_add(&stage->st, pod, pod_holding(stage->inv, pod)))
         return;
     /* Only a pod that holds GPUs can settle a reservation. */
-    stage_name(stage, meta_string(pod, "namespace"), meta_string(pod, "name"));
-    if (*meta_string(pod, "uid"))
-        map_put(&stage->names, meta_string(pod, "uid"));
+    stage_name(stage, pod->ns, pod->name);
+    map_put(&stage->names, pod->uid);
+}
+
+void inv_stage_add(struct inv_stage *stage, const json_t *pod)
+{
+    struct inf_pod p;
+    inf_pod_init(&p);
+    if (kind_of(pod) != K_POD)
+        stage->seen++;
+    else if (read_pod(pod, &p))
+        inv_stage_add_pod(stage, &p);
+    else
+        stage->seen++;
+    inf_pod_free(&p);
 }
 
 size_t inv_stage_pods(const struct inv_stage *stage)
@@ -1251,7 +1318,7 @@ void inv_each_owner(struct inventory *inv,
     pthread_mutex_lock(&inv->lock);
     for (size_t i = 0; i < inv->st.pods.cap; i++) {
         const struct record *r = inv->st.pods.slots[i].ptr;
-        if (inv->st.pods.slots[i].key && r->name && r->owner && *r->owner)
+        if (inv->st.pods.slots[i].key && *r->owner)
             fn(ctx, r->ns, r->name, r->owner);
     }
     pthread_mutex_unlock(&inv->lock);

@@ -24,6 +24,7 @@
 #include "codec/keys.h"
 #include "codec/manifest.h"
 #include "util/gpuguard.h"
+#include "kube/infscan.h"
 #include "util/jsonfast.h"
 
 #include <jansson.h>
@@ -39,11 +40,12 @@ struct inventory *inv_new(void);
 void inv_free(struct inventory *inv);
 
 /*
- * The charge of an object (a pod, or a ResourceClaim charged on its own) in
- * milli-GPU.  Called with no inventory lock held, from any thread: it must
- * be thread-safe.
+ * The charge in milli-GPU of a pod (pod: as the informer reads one, see
+ * kube/infscan.h; or obj) or of a ResourceClaim charged on its own (obj);
+ * one of pod and obj is NULL.  Called with no inventory lock held, from any
+ * thread: it must be thread-safe.
  */
-typedef int64_t (*inv_charge_fn)(void *ctx, const struct jf_node *obj);
+typedef int64_t (*inv_charge_fn)(void *ctx, const struct inf_pod *pod, const struct jf_node *obj);
 /* Set before the first object arrives; without one nothing is charged. */
 void inv_set_charger(struct inventory *inv, inv_charge_fn fn, void *ctx);
 /* The charger's answer for obj (0 without a charger): the review's own nodes, or the nodes
@@ -110,6 +112,8 @@ struct inv_stage;
 struct inv_stage *inv_stage_new(struct inventory *inv);
 void inv_stage_free(struct inv_stage *stage);
 void inv_stage_add(struct inv_stage *stage, const json_t *pod);
+/* inv_stage_add of a pod as the informer reads one: the relist's own way, with no object. */
+void inv_stage_add_pod(struct inv_stage *stage, const struct inf_pod *pod);
 /* Pods that hold GPUs in the stage so far. */
 size_t inv_stage_pods(const struct inv_stage *stage);
 void inv_stage_commit(struct inventory *inv, struct inv_stage *stage);

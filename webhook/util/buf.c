@@ -26,6 +26,14 @@ void buf_clear(struct buf *b)
     buf_init(b, b->max);
 }
 
+void buf_reset(struct buf *b)
+{
+    b->len = 0;
+    b->failed = false;
+    if (b->data)
+        b->data[0] = '\0';
+}
+
 static enum gg_status reserve(struct buf *b, size_t extra)
 {
     if (extra > b->max || b->len > b->max - extra) {
@@ -59,7 +67,7 @@ enum gg_status buf_extend(struct buf *b, size_t len, char **at)
     return GG_OK;
 }
 
-enum gg_status buf_append(struct buf *b, const void *data, size_t len)
+enum gg_status buf_append_grow(struct buf *b, const void *data, size_t len)
 {
     char *at;
     enum gg_status st = buf_extend(b, len, &at);

@@ -12,6 +12,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <string.h>
 
 struct buf {
     char *data;
@@ -23,7 +24,20 @@ struct buf {
 
 void buf_init(struct buf *b, size_t max);
 void buf_clear(struct buf *b);
-enum gg_status buf_append(struct buf *b, const void *data, size_t len);
+/* Empty again, keeping the memory for what is written next. */
+void buf_reset(struct buf *b);
+enum gg_status buf_append_grow(struct buf *b, const void *data, size_t len);
+/* Inline while there is room, as most appends find: a scanner appends a few bytes at a time. */
+static inline enum gg_status buf_append(struct buf *b, const void *data, size_t len)
+{
+    if (len >= b->cap - b->len || len > b->max - b->len)
+        return buf_append_grow(b, data, len);
+    if (len)
+        memcpy(b->data + b->len, data, len);
+    b->len += len;
+    b->data[b->len] = '\0';
+    return GG_OK;
+}
 /*
  * Grow the data by len bytes for the caller to fill in place: *at is where
  * they start.  Same limit as buf_append; the bytes are counted at once.

@@ -24,6 +24,7 @@
 #endif
 
 #include "util/jsonfast.h"
+#include "util/jsonscan.h"
 
 #include <errno.h>
 #include <float.h>
@@ -37,11 +38,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-#if defined(__SSE2__) && !defined(JF_NO_SIMD)
-#include <emmintrin.h>
-#define JF_SSE2 1
-#endif
 
 #define JF_INLINE_FRAMES 64
 #define JF_INLINE_SCRATCH 128
@@ -187,59 +183,9 @@ static int grow_stack(struct jf_parser *P, size_t max_depth)
 
 /*** strings ***/
 
-static inline int needs_look(unsigned char c)
-{
-    return (unsigned char)(c - 0x20) >= 0x60 || c == '"' || c == '\\';
-}
-
-/* The first byte in [q, end) that is '"', '\\', below 0x20 or above 0x7f; end if none. */
-static inline const unsigned char *scan_plain(const unsigned char *q, const unsigned char *end)
-{
-#ifdef JF_SSE2
-    const __m128i quote = _mm_set1_epi8('"');
-    const __m128i bslash = _mm_set1_epi8('\\');
-    const __m128i space = _mm_set1_epi8(0x20);
-    while (end - q >= 16) {
-        __m128i x = _mm_loadu_si128((const __m128i *)(const void *)q);
-        /* signed compare: bytes >= 0x80 are negative, so "< 0x20" catches them too */
-        __m128i m = _mm_or_si128(_mm_or_si128(_mm_cmpeq_epi8(x, quote), _mm_cmpeq_epi8(x, bslash)),
-                                 _mm_cmplt_epi8(x, space));
-        unsigned mask = (unsigned)_mm_movemask_epi8(m);
-        if (mask)
-            return q + __builtin_ctz(mask);
-        q += 16;
-    }
-    for (; q < end; q++)
-        if (needs_look(*q))
-            return q;
-    return end;
-#else
-    const uint64_t ones = 0x0101010101010101ull, highs = 0x8080808080808080ull;
-    for (;;) {
-        while (end - q >= 8) {
-            uint64_t x;
-            memcpy(&x, q, 8);
-            uint64_t qt = x ^ (ones * '"'), bs = x ^ (ones * '\\');
-            /* zero bytes of qt/bs, bytes below 0x20 or above 0x7f; false
-             * positives only above a true one */
-            uint64_t hit = ((qt - ones) & ~qt) | ((bs - ones) & ~bs) | (x - ones * 0x20) | x;
-            if (hit & highs)
-                break;
-            q += 8;
-        }
-        const unsigned char *lim = end - q > 8 ? q + 8 : end;
-        for (; q < lim; q++)
-            if (needs_look(*q))
-                return q;
-        if (q == end)
-            return end;
-    }
-#endif
-}
-
 const char *jf_scan_plain(const char *p, const char *end)
 {
-    return (const char *)scan_plain((const unsigned char *)p, (const unsigned char *)end);
+    return jf_scan_plain_inline(p, end);
 }
 
 /* Length of the valid UTF-8 sequence at q (lead byte >= 0x80), 0 if invalid. */

@@ -1,5 +1,6 @@
 /*
- * jsonwrite.c - a direct, recursive compact JSON writer over jansson values.
+ * jsonwrite.c - a direct, recursive compact JSON writer over jansson values and
+ * jsonfast's nodes.
  *
  * Containers write every member followed by a comma and let the closing
  * bracket take the last comma's place, so there is no first-member test.
@@ -191,4 +192,44 @@ static enum gg_status put_value(struct buf *b, const json_t *v, int depth)
 enum gg_status jw_value(struct buf *b, const json_t *v)
 {
     return v ? put_value(b, v, 0) : GG_ERR_INVALID;
+}
+
+static enum gg_status put_node(struct buf *b, const struct jf_node *n, int depth)
+{
+    bool object = n->type == JF_OBJECT;
+    switch (n->type) {
+    case JF_OBJECT:
+    case JF_ARRAY: {
+        if (depth >= JW_MAX_DEPTH)
+            return GG_ERR_TOOBIG;
+        enum gg_status st = put_char(b, object ? '{' : '[');
+        for (uint32_t i = 0; i < n->n && st == GG_OK; i++) {
+            const struct jf_node *m = &n->u.items[i];
+            if (object && ((st = jw_string(b, m->key, m->key_len)) != GG_OK ||
+                           (st = put_char(b, ':')) != GG_OK))
+                break;
+            if ((st = put_node(b, m, depth + 1)) == GG_OK)
+                st = put_char(b, ',');
+        }
+        return st == GG_OK ? close_container(b, n->n, object ? '}' : ']') : st;
+    }
+    case JF_STRING:
+        return jw_string(b, n->u.s, n->n);
+    case JF_INTEGER:
+        return jw_integer(b, n->u.i);
+    case JF_REAL:
+        return put_real(b, n->u.d);
+    case JF_TRUE:
+        return BUF_LITERAL(b, "true");
+    case JF_FALSE:
+        return BUF_LITERAL(b, "false");
+    case JF_NULL:
+        return BUF_LITERAL(b, "null");
+    }
+    return GG_ERR_INVALID;
+}
+
+enum gg_status jw_node(struct buf *b, const struct jf_node *n)
+{
+    return n ? put_node(b, n, 0) : GG_ERR_INVALID;
 }

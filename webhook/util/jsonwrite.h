@@ -1,5 +1,6 @@
 /*
- * jsonwrite.h - compact JSON text of jansson values, appended to a buf.
+ * jsonwrite.h - compact JSON text of jansson values (and jsonfast's nodes),
+ * appended to a buf.
  *
  * The writing half of jsonfast: json_dumpb() goes through a callback per
  * token and a loop check per container, which made the admission patch
@@ -34,6 +35,10 @@ enum gg_status jw_value(struct buf *b, const json_t *v);
 
 /* Append s (len bytes of valid UTF-8, as jansson strings are) as a string literal. */
 enum gg_status jw_string(struct buf *b, const char *s, size_t len);
+
+/* Append the value of node n (a document's, jsonfast.h), as jw_value would write it. */
+struct jf_node;
+enum gg_status jw_node(struct buf *b, const struct jf_node *n);
 
 /* Append v in decimal. */
 enum gg_status jw_integer(struct buf *b, json_int_t v);

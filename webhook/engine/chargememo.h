@@ -1,0 +1,40 @@
+/*
+ * chargememo.h - the charges of charge specs already seen.
+ *
+ * Most pods of a cluster are copies: the pods of one ReplicaSet, Job or
+ * StatefulSet differ in their names, not in what their charge reads.  The
+ * charger hands the charge model a pod's charge spec (kube/infscan.h:
+ * exactly what the model reads of a pod, as JSON text) rather than the pod,
+ * so a charge is a function of that text and of the model alone, and the
+ * charger remembers it under the text.  Keys are compared in full, never
+ * by hash alone, so a crafted pod cannot take a cheaper pod's charge.
+ *
+ * The charger leaves out what also reads cluster state (a pod naming DRA
+ * claims, a ResourceClaim), and clears the memo whenever the model changes
+ * (a reload).  Bounded in entries and bytes: full, it starts again empty.
+ * Not locked: its owner serialises the calls.
+ */
+#ifndef GG_CHARGEMEMO_H
+#define GG_CHARGEMEMO_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define CM_MAX_ENTRIES 65536
+#define CM_MAX_BYTES (16u << 20)
+
+struct charge_memo;
+
+struct charge_memo *cm_new(void);
+void cm_free(struct charge_memo *m);
+void cm_clear(struct charge_memo *m);
+size_t cm_entries(const struct charge_memo *m);
+
+/* The charge remembered under key[0..len): true and *charge, or false. */
+bool cm_get(const struct charge_memo *m, const char *key, size_t len, int64_t *charge);
+
+/* Remember charge under key[0..len) (not already there); out of memory forgets it. */
+void cm_put(struct charge_memo *m, const char *key, size_t len, int64_t charge);
+
+#endif
