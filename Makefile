@@ -68,7 +68,7 @@ TOOL_BIN  := $(TOOL_SRC:tests/tools/%.c=$(BUILD)/tests/tools/%) $(SHIMS:%=$(BUIL
 
 # Fuzz targets (tests/fuzz/fuzz_<target>.c): each also links with replay.c into
 # a corpus replayer that `make test` runs over tests/fuzz/corpus/<target>.
-FUZZ_TARGETS ?= admission jsonpatch quantity yaml manifest luabridge luapattern
+FUZZ_TARGETS ?= admission jsonpatch quantity yaml manifest luabridge luapattern infscan
 FUZZ_SECONDS ?= 600
 FUZZ_ARGS    ?=
 FUZZ_DIR     := build/fuzz

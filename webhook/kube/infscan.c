@@ -33,6 +33,36 @@ static bool is_hex(char ch)
     return (ch >= '0' && ch <= '9') || (ch >= 'a' && ch <= 'f') || (ch >= 'A' && ch <= 'F');
 }
 
+/* The four hex digits after a \u at p[0] ('u'), -1 when they are not there. */
+static long hex4_at(const char *p, const char *end)
+{
+    if (end - p < 5 || !is_hex(p[1]) || !is_hex(p[2]) || !is_hex(p[3]) || !is_hex(p[4]))
+        return -1;
+    char digits[5] = {p[1], p[2], p[3], p[4], '\0'};
+    return strtol(digits, NULL, 16);
+}
+
+/* Past the \u escape at *p ('u'), a surrogate pair whole, refused as the JSON parser refuses
+ * it (util/jsonfast.c): a lone surrogate or \u0000. */
+static bool unicode_escape(struct inf_scan *s, const char **p, const char *end)
+{
+    long cp = hex4_at(*p, end);
+    if (cp < 0)
+        return bad(s, "bad \\u escape");
+    if (cp == 0)
+        return bad(s, "\\u0000 is not allowed in strings");
+    *p += 5;
+    if (cp < 0xd800 || cp > 0xdfff)
+        return true;
+    long lo = cp < 0xdc00 && end - *p > 1 && (*p)[0] == '\\' && (*p)[1] == 'u'
+                  ? hex4_at(*p + 1, end)
+                  : -1;
+    if (lo < 0xdc00 || lo > 0xdfff)
+        return bad(s, "invalid Unicode escape (a lone surrogate)");
+    *p += 6;
+    return true;
+}
+
 /* At a '"': past the closing quote; *escaped tells whether a backslash was seen. */
 static inline __attribute__((always_inline)) bool skip_string(struct inf_scan *s, bool *escaped)
 {
@@ -54,9 +84,8 @@ static inline __attribute__((always_inline)) bool skip_string(struct inf_scan *s
         if (++p >= end)
             return bad(s, "unterminated string");
         if (*p == 'u') {
-            if (end - p < 5 || !is_hex(p[1]) || !is_hex(p[2]) || !is_hex(p[3]) || !is_hex(p[4]))
-                return bad(s, "bad \\u escape");
-            p += 5;
+            if (!unicode_escape(s, &p, end))
+                return false;
         } else if (strchr("\"\\/bfnrt", *p) && *p) {
             p++;
         } else {
@@ -285,6 +314,12 @@ int inf_scan_member(struct inf_scan *s, bool *first, char *key)
     return 1;
 }
 
+/* The byte at s->p, or NUL at the end of the text. */
+static char peek(const struct inf_scan *s)
+{
+    return s->p < s->end ? *s->p : '\0';
+}
+
 /* 1: an object was opened, 0: null was read, -1: anything else. */
 static int open_object(struct inf_scan *s, char open)
 {
@@ -349,9 +384,12 @@ static bool out(struct pod_scan *ps, struct buf *b, const void *data, size_t n)
     return buf_append(b, data, n) == GG_OK || bad(ps->s, "the pod is too large");
 }
 
-/* The key of a member of the object being written into b (first: none written yet). */
+/* The key of a member of the object being written into b (first: none written yet); a key of
+ * the pod's text is checked to be UTF-8 here, where it is kept. */
 static bool out_key(struct pod_scan *ps, struct buf *b, bool *first, const char *key)
 {
+    if (!jf_utf8_valid(key, strlen(key)))
+        return bad(ps->s, "invalid string");
     if (!*first && !out(ps, b, ",", 1))
         return false;
     *first = false;
@@ -373,7 +411,7 @@ static bool out_value(struct pod_scan *ps, struct buf *b)
 static bool out_member(struct pod_scan *ps, struct buf *b, bool *first, const char *key,
                        bool keep_null)
 {
-    if (!keep_null && *ps->s->p == 'n')
+    if (!keep_null && peek(ps->s) == 'n')
         return skip_word(ps->s, "null");
     return out_key(ps, b, first, key) && out_value(ps, b);
 }
@@ -381,7 +419,7 @@ static bool out_member(struct pod_scan *ps, struct buf *b, bool *first, const ch
 /* A string member (null: left out). */
 static bool out_string(struct pod_scan *ps, struct buf *b, bool *first, const char *key)
 {
-    if (*ps->s->p != 'n' && *ps->s->p != '"')
+    if (peek(ps->s) != 'n' && peek(ps->s) != '"')
         return bad(ps->s, "expected a string");
     return out_member(ps, b, first, key, false);
 }
@@ -390,9 +428,9 @@ static bool out_string(struct pod_scan *ps, struct buf *b, bool *first, const ch
 static bool take(struct pod_scan *ps, enum field f)
 {
     struct inf_scan *s = ps->s;
-    if (*s->p == 'n')
+    if (peek(s) == 'n')
         return skip_word(s, "null");
-    if (*s->p != '"')
+    if (peek(s) != '"')
         return bad(s, "expected a string");
     const char *start = s->p;
     bool escaped;
@@ -435,7 +473,7 @@ static bool each_member(struct pod_scan *ps, struct buf *b, bool *first, member_
 static bool out_object(struct pod_scan *ps, struct buf *b, bool *first, const char *key,
                        member_fn member, bool drop_empty)
 {
-    if (*ps->s->p == 'n')
+    if (peek(ps->s) == 'n')
         return skip_word(ps->s, "null");
     size_t mark = b->len;
     bool was_first = *first, inner = true;
@@ -454,7 +492,7 @@ static bool out_object(struct pod_scan *ps, struct buf *b, bool *first, const ch
  * as strings or numbers. */
 static bool quantity_member(struct pod_scan *ps, struct buf *b, bool *first, const char *key)
 {
-    char ch = *ps->s->p;
+    char ch = peek(ps->s);
     if (strchr(key, '/') && (ch == '"' || ch == '-' || (ch >= '0' && ch <= '9')))
         return out_member(ps, b, first, key, false);
     return inf_scan_skip(ps->s);
@@ -514,7 +552,7 @@ static bool annotation_member(struct pod_scan *ps, struct buf *b, bool *first, c
     return inf_scan_skip(ps->s);
 }
 
-/* ownerReferences: the first controller's kind and name. */
+/* ownerReferences: the first controller's kind and name (neither empty). */
 static bool read_controller(struct pod_scan *ps)
 {
     struct inf_scan *s = ps->s;
@@ -545,7 +583,9 @@ static bool read_controller(struct pod_scan *ps)
         }
         if (!ok || o < 0)
             return false;
-        if (controller && at[0] != ABSENT && at[1] != ABSENT && ps->at[F_OWNER_KIND] == ABSENT) {
+        const char *text = ps->pod->text.data;
+        if (controller && at[0] != ABSENT && at[1] != ABSENT && text[at[0]] && text[at[1]] &&
+            ps->at[F_OWNER_KIND] == ABSENT) {
             ps->at[F_OWNER_KIND] = at[0];
             ps->at[F_OWNER_NAME] = at[1];
         } else {
@@ -563,11 +603,10 @@ static bool metadata_member(struct pod_scan *ps, struct buf *b, bool *first, con
     } own[] = {{"uid", F_UID}, {"name", F_NAME}, {"generateName", F_GENERATE_NAME}};
     if (!strcmp(key, "namespace")) { /* the pod's own, and read by the charge */
         const char *start = ps->s->p;
-        if (*start == '"' && !take(ps, F_NS))
-            return false;
-        return *start == '"'
-                   ? out_key(ps, b, first, key) && out(ps, b, start, (size_t)(ps->s->p - start))
-                   : take(ps, F_NS);
+        if (peek(ps->s) != '"')
+            return take(ps, F_NS); /* null, or the error */
+        return take(ps, F_NS) && out_key(ps, b, first, key) &&
+               out(ps, b, start, (size_t)(ps->s->p - start));
     }
     for (size_t i = 0; i < sizeof(own) / sizeof(*own); i++)
         if (!strcmp(key, own[i].key))
@@ -605,7 +644,7 @@ static bool spec_member(struct pod_scan *ps, struct buf *b, bool *first, const c
         const char *start = ps->s->p;
         if (!out_member(ps, b, first, key, true))
             return false;
-        ps->pod->claims = ps->pod->claims || names_some(start, ps->s->p);
+        ps->pod->claims = names_some(start, ps->s->p); /* the last one counts, as it loads */
         return true;
     }
     if (!strcmp(key, "containers") || !strcmp(key, "initContainers"))
