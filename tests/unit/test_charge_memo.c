@@ -2,8 +2,8 @@
  * test_charge_memo.c - one evaluation of the charge model per charge spec (engine/chargememo.h):
  * pods that differ only in one part the model reads are evaluated apart and charged apart;
  * pods that differ only in what it does not read share one evaluation, at admission and in a
- * relist alike; a pod naming DRA claims, whose charge reads cluster state, is evaluated every
- * time; a reload forgets every charge; the memo is bounded.
+ * relist alike; a pod naming DRA claims, whose charge reads cluster state, only while the DRA
+ * objects stay as they are; a reload forgets every charge; the memo is bounded.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -205,8 +205,11 @@ static void test_what_the_model_does_not_read_shares_one_evaluation(void **state
     stop(&s);
 }
 
-/* A pod naming DRA claims is charged by the model every time: its claims are cluster state. */
-static void test_a_pod_naming_claims_is_evaluated_every_time(void **state)
+/*
+ * A pod naming DRA claims reads what they resolve to: its charge is remembered while the DRA
+ * objects stay as they are, and worked out again once one of them changes.
+ */
+static void test_a_pod_naming_claims_is_remembered_while_its_dra_objects_stay(void **state)
 {
     (void)state;
     struct setup s;
@@ -217,8 +220,17 @@ static void test_a_pod_naming_claims_is_evaluated_every_time(void **state)
     dra.claims = "[{\"name\":\"g\",\"resourceClaimTemplateName\":\"two\"}]";
     assert_int_equal(charge_parts(&s, &dra), 2000);
     assert_int_equal(charge_parts(&s, &dra), 2000);
+    assert_int_equal(evaluated(&s), 1);
+    json_t *three =
+        json_pack("{s:s,s:s,s:{s:s,s:s},s:{s:{s:{s:[{s:s,s:{s:s,s:s,s:I}}]}}}}", "apiVersion",
+                  "resource.k8s.io/v1", "kind", "ResourceClaimTemplate", "metadata", "name", "two",
+                  "namespace", "ns-a", "spec", "spec", "devices", "requests", "name", "g",
+                  "exactly", "deviceClassName", "gpu.nvidia.com", "allocationMode", "ExactCount",
+                  "count", (json_int_t)3);
+    inv_upsert(s.inv, three);
+    json_decref(three);
+    assert_int_equal(charge_parts(&s, &dra), 3000);
     assert_int_equal(evaluated(&s), 2);
-    assert_int_equal(charger_stats(s.model.charger).remembering, 0);
     stop(&s);
 }
 
@@ -265,7 +277,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_each_part_the_model_reads_is_charged_apart),
         cmocka_unit_test(test_what_the_model_does_not_read_shares_one_evaluation),
-        cmocka_unit_test(test_a_pod_naming_claims_is_evaluated_every_time),
+        cmocka_unit_test(test_a_pod_naming_claims_is_remembered_while_its_dra_objects_stay),
         cmocka_unit_test(test_a_reload_forgets_every_charge),
         cmocka_unit_test(test_the_memo_is_bounded),
     };

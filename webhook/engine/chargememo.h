@@ -9,10 +9,12 @@
  * charger remembers it under the text.  Keys are compared in full, never
  * by hash alone, so a crafted pod cannot take a cheaper pod's charge.
  *
- * The charger leaves out what also reads cluster state (a pod naming DRA
- * claims, a ResourceClaim), and clears the memo whenever the model changes
- * (a reload).  Bounded in entries and bytes: full, it starts again empty.
- * Not locked: its owner serialises the calls.
+ * A pod naming DRA claims also reads what they resolve to: the charger adds
+ * the version of the inventory's DRA objects to its key, and keeps its
+ * charge only when no DRA object moved during the evaluation and none was
+ * asked of the API server.  A ResourceClaim is charged afresh each time.
+ * The charger clears the memo whenever the model changes (a reload).  Bounded in entries and bytes:
+ * full, it starts again empty. Not locked: its owner serialises the calls.
  */
 #ifndef GG_CHARGEMEMO_H
 #define GG_CHARGEMEMO_H

@@ -10,9 +10,10 @@
  * rebuilds the VM before the next charge.
  *
  * A pod is charged from its charge spec (kube/infscan.h), parsed, never
- * from the pod itself, so its charge is a function of that text: the memo
- * (chargememo.h) remembers it under the text, and forgets it all with the
- * VM it came from.
+ * from the pod itself, so its charge is a function of that text (and, for a
+ * pod naming DRA claims, of the DRA objects it reads): the memo
+ * (chargememo.h) remembers it under the text (and the DRA objects'
+ * version), and forgets it all with the VM it came from.
  */
 #include "engine/charger.h"
 #include "engine/chargememo.h"
@@ -49,6 +50,7 @@ struct charger {
     struct lb_vm *vm;
     struct charge_memo *memo; /* of vm's model */
     struct buf text;          /* a pod given as nodes, written out to be read as a pod */
+    struct buf key;           /* a spec naming claims, with the DRA objects' version */
     struct inf_pod pod;       /* that pod */
     struct charger_stats stats;
 };
@@ -89,6 +91,7 @@ enum gg_status charger_new(struct engine *engine, struct inventory *inv, struct 
     c->engine = engine;
     c->inv = inv;
     buf_init(&c->text, INF_MAX_LINE);
+    buf_init(&c->key, INF_MAX_LINE);
     inf_pod_init(&c->pod);
     if (!(c->memo = cm_new())) {
         charger_free(c);
@@ -112,6 +115,7 @@ void charger_free(struct charger *c)
     lb_vm_free(c->vm);
     cm_free(c->memo);
     buf_clear(&c->text);
+    buf_clear(&c->key);
     inf_pod_free(&c->pod);
     pthread_mutex_destroy(&c->lock);
     free(c);
@@ -179,13 +183,35 @@ static int64_t evaluate(struct charger *c, const char *kind, const struct jf_nod
     return charge;
 }
 
+/*
+ * The key a pod's charge is remembered under: its charge spec, and for a pod
+ * naming DRA claims the version of the DRA objects (inv_dra_version) its
+ * charge read; NULL when it cannot be made.
+ */
+static const char *key_of(struct charger *c, const struct inf_pod *pod, uint64_t version,
+                          size_t *len)
+{
+    *len = pod->spec_len;
+    if (!pod->claims)
+        return pod->spec;
+    buf_reset(&c->key);
+    if (buf_append(&c->key, pod->spec, pod->spec_len) != GG_OK ||
+        buf_append(&c->key, &version, sizeof(version)) != GG_OK)
+        return NULL;
+    *len = c->key.len;
+    return c->key.data;
+}
+
 /* A pod's charge from its charge spec: remembered, or the model's (c->lock held; ready: the
  * model is there). */
 static int64_t charge_pod(struct charger *c, const struct inf_pod *pod, bool ready,
                           struct gg_err *err)
 {
     int64_t charge = -1;
-    if (ready && !pod->claims && cm_get(c->memo, pod->spec, pod->spec_len, &charge)) {
+    uint64_t version = pod->claims ? inv_dra_version(c->inv) : 0;
+    size_t len;
+    const char *key = ready ? key_of(c, pod, version, &len) : NULL;
+    if (key && cm_get(c->memo, key, len, &charge)) {
         c->stats.remembered++;
         return charge;
     }
@@ -199,8 +225,9 @@ static int64_t charge_pod(struct charger *c, const struct inf_pod *pod, bool rea
         return 1000; /* a spec that does not load: one GPU, as worst_case counts a pod without */
     }
     charge = ready ? evaluate(c, "Pod", spec.root, err) : -1;
-    if (charge >= 0 && !pod->claims)
-        cm_put(c->memo, pod->spec, pod->spec_len, charge);
+    /* Kept unless the DRA objects moved meanwhile, or were asked of the API server. */
+    if (key && charge >= 0 && (!pod->claims || inv_dra_version(c->inv) == version))
+        cm_put(c->memo, key, len, charge);
     if (charge < 0)
         charge = failed(spec.root, err);
     jf_doc_free(&spec);

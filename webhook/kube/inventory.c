@@ -85,6 +85,7 @@ struct inventory {
     struct map dra_sums;      /* ns -> milli-GPU of the claims charged on their own */
     uint64_t dra_relist;      /* numbers relists; entries keep the last that showed them */
     uint64_t class_changes;   /* DeviceClasses added, changed or removed (inv_class_changes) */
+    uint64_t dra_version;     /* DRA objects changed or asked of the API server (inv_dra_version) */
     inv_fetch_fn fetch;       /* a template not kept yet; NULL: none */
     void *fetch_ctx;
     struct state st;
@@ -699,6 +700,7 @@ static void dra_drop(struct inventory *inv, struct slot *s)
         if (sum)
             sum->value -= d->charge;
     }
+    inv->dra_version++;
     map_remove(&inv->dra, s); /* first: dropping the devices moves entries around */
     devices_drop(inv, d->obj);
     free_dra_entry(d);
@@ -728,6 +730,7 @@ static void dra_put(struct inventory *inv, const json_t *obj, uint64_t seen, int
         inv->class_changes++;
     if (s)
         dra_drop(inv, s);
+    inv->dra_version++;
     struct slot *sum = charge ? map_put(&inv->dra_sums, ns) : NULL;
     if (charge && !sum)
         d->charge = 0; /* out of memory: counted nowhere, so never subtracted */
@@ -768,6 +771,14 @@ uint64_t inv_class_changes(struct inventory *inv)
     uint64_t n = inv->class_changes;
     pthread_mutex_unlock(&inv->dra_lock);
     return n;
+}
+
+uint64_t inv_dra_version(struct inventory *inv)
+{
+    pthread_mutex_lock(&inv->dra_lock);
+    uint64_t v = inv->dra_version;
+    pthread_mutex_unlock(&inv->dra_lock);
+    return v;
 }
 
 uint64_t inv_dra_relist_begin(struct inventory *inv)
@@ -849,6 +860,9 @@ json_t *inv_dra_get(struct inventory *inv, const char *kind, const char *ns, con
         return copy;
     /* A template applied with its pod may not have reached the watch yet: ask for it (outside
      * the request's arena: the answer is kept, and handed back to a caller who frees it). */
+    pthread_mutex_lock(&inv->dra_lock);
+    inv->dra_version++; /* an answer the inventory did not hold, whatever it is */
+    pthread_mutex_unlock(&inv->dra_lock);
     bool in_request = arena_pause();
     json_t *got = fetch(ctx, kind, ns, name, deadline_us, err);
     if (got)

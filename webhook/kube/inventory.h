@@ -204,6 +204,13 @@ void inv_clear_reservations(struct inventory *inv);
  */
 uint64_t inv_class_changes(struct inventory *inv);
 
+/*
+ * A number that moves whenever a DRA object is added, changed or removed,
+ * or a charge asks the API server for one the inventory lacks: two charges
+ * of the same pod read the same DRA objects while it stays the same.
+ */
+uint64_t inv_dra_version(struct inventory *inv);
+
 void inv_set_ready(struct inventory *inv, bool ready);
 bool inv_ready(struct inventory *inv);
 
