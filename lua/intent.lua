@@ -37,7 +37,9 @@ DRA objects (ResourceClaimTemplate, ResourceClaim) come from gpuguard.dra(kind, 
 (the server's cache, the input files and --cluster-state of `gpuguard check`), or from
 opts.lookup.
 
-Must not: keep state between calls, or write into the pod or the configuration.
+State: the DRA objects a pod's charge reads (gpuguard.dra) are remembered for the rest of the
+request, in both phases (request_lookup says why that is safe).
+Must not: keep any other state between calls, or write into the pod or the configuration.
 ]]
 
 local gg = require "gpuguard"
@@ -383,6 +385,34 @@ local function host_lookup(kind, namespace, name)
     return nil
 end
 
+-- gpuguard.dra's answers in each request, by the view of its pod (gpuguard.frozen: one key for
+-- the whole request, in both phases), then by kind, namespace and name: { object, why }.  A DRA
+-- pod's charge is worked out several times a review (wants_gpu, the pass-through twice, the
+-- quota), and each gpuguard.dra call copies the object out of the inventory and converts it
+-- again.  The object is the cluster's, not the pod's, so edits to the pod leave the answer
+-- good; the policies of one review see one version of it, and a template the API server had to
+-- be asked for is asked for once.  Only this module reads the objects, and never writes them.
+local dra_answers = setmetatable({}, { __mode = "k" })
+
+-- host_lookup, remembering its answers for the rest of pod's request.
+local function request_lookup(pod)
+    local key = gg.frozen(pod)
+    local answers = dra_answers[key]
+    if answers == nil then
+        answers = {}
+        dra_answers[key] = answers
+    end
+    return function(kind, namespace, name)
+        local k = kind .. "\0" .. namespace .. "\0" .. name
+        local a = answers[k]
+        if a == nil then
+            a = table.pack(host_lookup(kind, namespace, name))
+            answers[k] = a
+        end
+        return a[1], a[2]
+    end
+end
+
 -- Whether a string literal of a DeviceClass selector names one of the drivers: it is one of
 -- them, or part of one (device.driver.endsWith("nvidia.com")), or holds one.
 local function names_driver(literal, drivers)
@@ -612,6 +642,7 @@ local function pod_dra(pod, spec, cfg, pool, lookup, namespace)
     if #refs == 0 then
         return 0, NONE, NONE
     end
+    lookup = lookup or request_lookup(pod)
     local meta = k8s.pod_meta(pod)
     local ns = namespace or meta and type(meta.namespace) == "string" and meta.namespace or "default"
     local total, items, classes = 0, {}, {}
@@ -944,6 +975,32 @@ local function with_extended_classes(breakdown, classes)
     return out
 end
 
+-- The resource names other_gpus looks for, as a set, per configuration.
+local other_gpu_names = fleet.per_config(function(cfg)
+    local set = {}
+    for _, r in ipairs((cfg.other_gpus or NONE).resources or DEFAULT_OTHER_GPUS) do
+        set[r] = true
+    end
+    return set
+end)
+
+local RESOURCE_SECTIONS = { "requests", "limits" }
+
+-- Does container c name one of the resources in the set wanted, in its requests or limits?
+-- Read with gpuguard.fields: one C call a section, where asking for each name in turn
+-- (k8s.request_milli) reads three tables per name and section, each a C call in validate.
+local function names_any(c, wanted)
+    for s = 1, 2 do
+        local keys = gg.fields(c, "resources", RESOURCE_SECTIONS[s])
+        for i = 1, #keys do
+            if wanted[keys[i]] then
+                return true
+            end
+        end
+    end
+    return false
+end
+
 -- The devices of other vendors' GPUs the pod's containers ask for, as breakdown items, and
 -- their charge (a whole GPU each, every container counted: more than the scheduler reserves for
 -- init containers, never less); or nil and a message for a request that is not a whole number
@@ -951,8 +1008,9 @@ end
 local function other_gpus(spec, cfg)
     local o = cfg.other_gpus or NONE
     local items, total = {}, 0
+    local wanted = other_gpu_names(cfg)
     for c in k8s.containers(spec) do
-        for _, r in ipairs(o.resources or DEFAULT_OTHER_GPUS) do
+        for _, r in ipairs(names_any(c, wanted) and (o.resources or DEFAULT_OTHER_GPUS) or NONE) do
             local ok, milli = pcall(k8s.request_milli, c, r)
             if not ok or (milli and milli % 1000 ~= 0) then
                 return nil, string.format("container %s: %s must be a whole number of devices", tostring(c.name), r)
@@ -994,7 +1052,7 @@ function M.charge(pod, cfg, opts)
     if share == nil and k then
         return nil, k
     end
-    local dra, dra_items, classes = pod_dra(pod, spec, cfg, pool, opts.lookup or host_lookup, opts.namespace)
+    local dra, dra_items, classes = pod_dra(pod, spec, cfg, pool, opts.lookup, opts.namespace)
     if not dra then
         return nil, dra_items
     end
@@ -1045,6 +1103,7 @@ function M.charge(pod, cfg, opts)
     end
     return total + dra + other, breakdown, with_extended_classes(breakdown, classes)
 end
+
 
 -- The requests of a claim's spec whose device classes its pod was not charged for as extended
 -- resources (gpu.requested knows the extended-resource names of NVIDIA's GPU classes only), as
