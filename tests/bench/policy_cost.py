@@ -24,20 +24,18 @@ The policies' own logic is plain - copy: their Lua with no lazy filling, no
 read-only views and no diff of their edits.  What is left of shipped - floor is
 the bridge: filling the object's tables on first use, the views, gpuguard.peek and
 gpuguard.fields through stubs, the diff of the policies' edits.  Figures, not
-pass/fail; tests/integration/test_bench_smoke.py runs it briefly.
+pass/fail: `make cost COST_FLAGS=--split` prints them through tests/bench/cost.py (split());
+tests/integration/test_bench_smoke.py runs it briefly.
 """
 
 import argparse
 import re
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from repeatable import callgrind_run
-
-GRACE_US = "1000000000"  # the count hook's grace: never reached, as in a native run
+from repeatable import CountError, per_review
 
 # A shipped policy as a library module (pNN) stands in for itself in every variant.
 NOOP = """local p = require "{module}"
@@ -152,30 +150,32 @@ def variants(policies, lua, work, phases):
     return lib, dirs
 
 
-def count(engine, lib, policies, config, phases, n, review, work):
-    try:
-        cmd, env = callgrind_run(engine)
-    except FileNotFoundError as e:
-        sys.exit(f"policy_cost: {e}")
-    out_file = work / "callgrind.out"
-    cmd = cmd + ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out_file}", str(engine),
-            "--policies", str(policies), "--lua", str(lib), "--grace-us", GRACE_US,
-            "--phases", phases, "-n", str(n), str(review)]
-    if config:
-        cmd[-1:-1] = ["--config", str(config)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env)
-    m = re.search(r"Collected : ([\d,]+)", out.stderr)
-    if out.returncode != 0 or not m:
-        sys.exit(f"policy_cost: {' '.join(cmd)} failed:\n{out.stderr[-2000:]}")
-    out_file.unlink(missing_ok=True)
-    return int(m.group(1).replace(",", ""))
-
-
-def per_review(engine, lib, policies, config, phases, counts, review, work):
-    lo, hi = counts
-    a = count(engine, lib, policies, config, phases, lo, review, work)
-    b = count(engine, lib, policies, config, phases, hi, review, work)
-    return (b - a) // (hi - lo)
+def split(engine, policies, lua, config, phases, counts, reviews, work):
+    """Prints the table: for each review, the shipped policies' instructions per review and
+    their split into the floor, the policies' logic and the bridge."""
+    work.mkdir(parents=True, exist_ok=True)
+    lib, dirs = variants(policies, lua, work, phases)
+    print(f"instructions per review (callgrind, -n {counts[1]} minus -n {counts[0]}, "
+          f"phases {phases})")
+    print("| review | shipped | floor (no-op policies) | policies' logic (plain - copy) "
+          "| the bridge (the rest) |")
+    print("|---|---|---|---|---|")
+    for review in reviews:
+        got = {}
+        for name, d in dirs.items():
+            # The driver runs every phase's functions inside its mutate.
+            flags = ["--policies", d, "--lua", lib, "--phases",
+                     "mutate" if name in ("plain", "copy") else phases]
+            if config:
+                flags += ["--config", config]
+            try:
+                got[name], _ = per_review(engine, flags, counts, review, work)
+            except CountError as e:
+                sys.exit(f"policy_cost: {e}")
+        logic = got["plain"] - got["copy"]
+        bridge = got["shipped"] - got["floor"] - logic
+        print(f"| {Path(review).name} | {got['shipped']:,} | {got['floor']:,} | {logic:,} "
+              f"| {bridge:,} |", flush=True)
 
 
 def main():
@@ -197,25 +197,8 @@ def main():
     if not shutil.which("valgrind"):
         sys.exit("policy_cost: valgrind is not installed (`make deps` installs it)")
     with tempfile.TemporaryDirectory(prefix="policy-cost-") as tmp:
-        work = args.work_dir or Path(tmp)
-        work.mkdir(parents=True, exist_ok=True)
-        lib, dirs = variants(args.policies, args.lua, work, args.phases)
-        print(f"instructions per review (callgrind, -n {counts[1]} minus -n {counts[0]}, "
-              f"phases {args.phases})")
-        print("| review | shipped | floor (no-op policies) | policies' logic (plain - copy) "
-              "| the bridge (the rest) |")
-        print("|---|---|---|---|---|")
-        for review in args.reviews:
-            got = {}
-            for name, d in dirs.items():
-                # The driver runs every phase's functions inside its mutate.
-                phases = "mutate" if name in ("plain", "copy") else args.phases
-                got[name] = per_review(args.bench_engine, lib, d, args.config, phases, counts,
-                                       review, work)
-            logic = got["plain"] - got["copy"]
-            bridge = got["shipped"] - got["floor"] - logic
-            print(f"| {review.name} | {got['shipped']:,} | {got['floor']:,} | {logic:,} "
-                  f"| {bridge:,} |", flush=True)
+        split(args.bench_engine, args.policies, args.lua, args.config, args.phases, counts,
+              args.reviews, args.work_dir or Path(tmp))
 
 
 if __name__ == "__main__":

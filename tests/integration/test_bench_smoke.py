@@ -181,8 +181,9 @@ def test_bench_server_stops_everything_on_ctrl_c(binary, tools, tmp_path):
 
 
 def test_policy_cost_splits_a_review(binary, tmp_path):
-    # tests/bench/policy_cost.py (`make policy-cost`) briefly: it measures, and its driver
-    # really runs the shipped policies on the plain copy (their decision lands in its audit).
+    # tests/bench/policy_cost.py (`make cost COST_FLAGS=--split`) briefly: it measures, and its
+    # driver really runs the shipped policies on the plain copy (their decision lands in its
+    # audit).
     if callgrind_n(binary) == "off":
         pytest.skip("no valgrind, or a sanitized build: policy_cost.py cannot count")
     tools = os.environ.get("GPUGUARD_TOOLS")

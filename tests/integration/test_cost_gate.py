@@ -1,0 +1,115 @@
+"""`make cost` (tests/bench/cost.py), briefly: one review of its set, few reviews counted.  The
+committed baseline takes the tree as it is, and the gate fails a review that costs 5 % more:
+the shipped policies plus one that burns about 5 % of the headline review's instructions (a
+throwaway policy in a copy of policies/), the failure naming the review, its count, its
+baseline and the percentage.  Skipped where valgrind cannot count (as the other bench smoke
+tests)."""
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from test_bench_smoke import callgrind_n
+
+GATE = REPO / "tests" / "bench" / "cost.py"
+BASELINE = REPO / "tests" / "bench" / "cost-baseline.json"
+REVIEW = "bench-pod.json"
+# Sixty reviews apart: few enough for a test (some 10 s), enough that the count per review stays
+# within some 0.3 % of the baseline's 1,000 apart.
+COUNTS = "20,80"
+
+# A policy called on every Pod whose loop costs 5 % of the review: the loop's iterations are
+# sized from the tree's count and from what CALIBRATION iterations cost in this build (some 100
+# to 120 instructions each), less CALL_COST for the call of one more policy (some 3,000,
+# measured with callgrind), so that the 5 % holds while the review and the VM get cheaper.
+DEARER = """-- The cost gate's test: about 5 %% more instructions for every Pod review.
+return {
+    name = "cost-test",
+    match = { kinds = { "Pod" }, operations = { "CREATE" } },
+    mutate = function()
+        local x = 0
+        for i = 1, %d do
+            x = x + i %% 7
+        end
+        return x
+    end,
+}
+"""
+CALIBRATION, CALL_COST = 1000, 3000
+
+
+@pytest.fixture
+def engine(binary):
+    if callgrind_n(binary) == "off":
+        pytest.skip("no valgrind, or a sanitized build: the cost gate cannot count")
+    return Path(binary).parent / "bench" / "bench_engine"
+
+
+def gate(engine, policies, baseline, *extra):
+    return subprocess.run(["/usr/bin/python3", str(GATE), "--bench-engine", str(engine),
+                           "--policies", str(policies), "--baseline", str(baseline),
+                           "--reviews", REVIEW, "--callgrind-n", COUNTS, *extra],
+                          capture_output=True, text=True, timeout=600)
+
+
+def counted(out):
+    """bench-pod.json's count and baseline in the gate's table."""
+    row = re.search(rf"^\| {re.escape(REVIEW)} \| [^|]* \| patched \| ([\d,]+) \| ([\d,]+) \| "
+                    r"[-+][\d.]+ % \|$", out, re.M)
+    assert row, out
+    return tuple(int(row.group(i).replace(",", "")) for i in (1, 2))
+
+
+def test_the_gate_passes_the_tree_and_fails_a_review_5_percent_dearer(engine, tmp_path):
+    # The tree against the committed baseline: within 3 % (or below it).
+    same = gate(engine, REPO / "policies", BASELINE)
+    assert same.returncode == 0, same.stdout[-3000:] + same.stderr[-3000:]
+    assert "cost: every review within 3 % of its baseline" in same.stdout
+    now, committed = counted(same.stdout)
+    assert committed == json.loads(BASELINE.read_text())["reviews"][REVIEW]
+
+    # The committed baseline, its headline brought to the tree's count (which may be up to 3 %
+    # above it, or below it when a change has not lowered it yet): a dearer review is then 5 %
+    # above it, not 5 % plus or minus the tree's drift.
+    baseline = json.loads(BASELINE.read_text())
+    baseline["reviews"][REVIEW] = now
+    (tmp_path / "baseline.json").write_text(json.dumps(baseline))
+    dearer = tmp_path / "policies"
+    shutil.copytree(REPO / "policies", dearer)
+    (dearer / "99-cost-test.lua").write_text(DEARER % CALIBRATION)
+    loop_cost = (counted(gate(engine, dearer, tmp_path / "baseline.json").stdout)[0] - now -
+                 CALL_COST) / CALIBRATION
+    assert loop_cost > 10, loop_cost
+    loops = max(1, round((0.05 * now - CALL_COST) / loop_cost))
+    (dearer / "99-cost-test.lua").write_text(DEARER % loops)
+    got = gate(engine, dearer, tmp_path / "baseline.json")
+    assert got.returncode == 1, got.stdout[-3000:] + got.stderr[-3000:]
+    more, base = counted(got.stdout)
+    assert base == now
+    fail = re.search(rf"^cost: FAIL {re.escape(REVIEW)}: ([\d,]+) instructions per review, "
+                     r"([\d.]+) % above its baseline ([\d,]+) \(limit 3 %\)", got.stdout, re.M)
+    assert fail, got.stdout
+    assert int(fail.group(1).replace(",", "")) == more
+    assert int(fail.group(3).replace(",", "")) == base
+    # 5 % (the loop sized from its measured cost): more than the limit, not so much more that a
+    # gate failing only at some higher figure would pass this test.
+    assert 4.5 <= float(fail.group(2)) <= 5.5, (loops, loop_cost, got.stdout)
+
+
+def test_the_gate_refuses_a_review_that_left_its_path(engine, tmp_path):
+    # A policy that denies every Pod: bench-pod.json is cheaper, but no longer measures what it
+    # stands for, and the gate says so instead of passing it.
+    denying = tmp_path / "policies"
+    shutil.copytree(REPO / "policies", denying)
+    (denying / "00-deny-all.lua").write_text(
+        'return { name = "deny-all", match = { kinds = { "Pod" } },\n'
+        '         validate = function(req) req:deny("no pods today") end }\n')
+    got = gate(engine, denying, BASELINE)
+    assert got.returncode == 1, got.stdout[-3000:] + got.stderr[-3000:]
+    assert re.search(rf"^cost: FAIL {re.escape(REVIEW)}: verdict denied, not patched: ",
+                     got.stdout, re.M), got.stdout
