@@ -199,7 +199,8 @@ fuzz-replay: $(REPLAY_BIN)
 	done; echo "fuzz-replay: $$pass passed, $$fail failed"; [ $$fail -eq 0 ]
 
 # Python tests (pytest) under tests/: integration, policies, patch checks.
-integration: $(BIN) $(TOOL_BIN) $(BUILD)/bench/bench_engine $(BUILD)/bench/bench_engine_profile
+integration: $(BIN) $(TOOL_BIN) $(BUILD)/bench/bench_engine $(BUILD)/bench/bench_engine_profile \
+             $(BUILD)/bench/bench_inventory
 	@echo "== pytest, one worker per core (pytest-xdist): all but the whole_machine tests"
 	GPUGUARD_BIN=$(abspath $(BIN)) GPUGUARD_TOOLS=$(abspath $(BUILD)/tests/tools) \
 	    $(PYTHON) -m pytest -q -p no:cacheprovider -n auto --dist loadgroup \
@@ -240,6 +241,7 @@ bench: deps
 	    -n 20000 tests/data/reviews/bench-pod.json
 	$(PYTHON) tests/bench/bench_check.py --bin $(BIN) --policies policies --lua lua --config deploy/gpuguard.yaml -n 10000
 	$(BUILD)/bench/bench_inventory -n 50000
+	$(BUILD)/bench/bench_inventory -n 1000000 --templates 2000
 	@echo "== gpuguard serve under wrk against nginx (BENCH_SECONDS per run, default 20)"
 	$(PYTHON) tests/bench/bench_server.py --bin $(BIN) --bench-engine $(BUILD)/bench/bench_engine \
 	    --policies policies --lua lua --config deploy/gpuguard.yaml --report $(BUILD)/bench/report.md
