@@ -396,12 +396,7 @@ local dra_answers = setmetatable({}, { __mode = "k" })
 
 -- host_lookup, remembering its answers for the rest of pod's request.
 local function request_lookup(pod)
-    local key = gg.frozen(pod)
-    local answers = dra_answers[key]
-    if answers == nil then
-        answers = {}
-        dra_answers[key] = answers
-    end
+    local answers = k8s.request_memo(dra_answers, pod)
     return function(kind, namespace, name)
         local k = kind .. "\0" .. namespace .. "\0" .. name
         local a = answers[k]

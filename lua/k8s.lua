@@ -944,4 +944,17 @@ function M.set_env(container, name, value)
     return changed
 end
 
+--- The table memo keeps for pod's request: memo[gpuguard.frozen(pod)], made empty the first
+--- time.  The view is one key for the whole request, in both phases (the pod mutate edits and the
+--- pod validate reads); memo is to be weak-keyed, so that what is kept goes with the request.
+function M.request_memo(memo, pod)
+    local key = gg.frozen(pod)
+    local m = memo[key]
+    if m == nil then
+        m = {}
+        memo[key] = m
+    end
+    return m
+end
+
 return M

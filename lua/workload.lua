@@ -45,13 +45,7 @@ local CONTAINER_LISTS = { "initContainers", "containers" }
 local memo = setmetatable({}, { __mode = "k" })
 
 local function memo_of(pod)
-    local key = gg.frozen(pod)
-    local m = memo[key]
-    if m == nil then
-        m = {}
-        memo[key] = m
-    end
-    return m
+    return k8s.request_memo(memo, pod)
 end
 
 -- memo_of(pod)[key], from compute(pod, a, b) the first time.
