@@ -353,7 +353,6 @@ enum field {
 
 /* The charge spec's objects, written apart (the pod's text may hold them in any order) and
  * joined in this order. */
-enum section { S_METADATA, S_SPEC, S_STATUS };
 static const char *const section_names[INF_POD_SECTIONS] = {"metadata", "spec", "status"};
 
 struct pod_scan {
