@@ -37,8 +37,9 @@ DRA objects (ResourceClaimTemplate, ResourceClaim) come from gpuguard.dra(kind, 
 (the server's cache, the input files and --cluster-state of `gpuguard check`), or from
 opts.lookup.
 
-State: the DRA objects a pod's charge reads (gpuguard.dra) are remembered for the rest of the
-request, in both phases (request_lookup says why that is safe).
+State: the claims and templates a pod names (gpuguard.dra) are remembered for the rest of the
+request, in both phases (request_lookup says why that is safe); DeviceClasses and slices are
+read as asked.
 Must not: keep any other state between calls, or write into the pod or the configuration.
 ]]
 

@@ -138,12 +138,13 @@ static int template_json(char *out, size_t size, size_t t)
         "\"podIP\":\"10.244.%zu.%zu\",\"qosClass\":\"Guaranteed\",\"startTime\":"
         "\"2024-05-01T10:00:00Z\"}}",
         t % 3 == 0 ? ",\"gpuguard.io/charge\":\"1000\"" : "", t, t, t % 2 ? "training" : "batch",
-        t % 200, t, t % 200, t, t, t, resources[t % 4], resources[t % 4], t, t, t, t % 250,
-        t % 250, t % 250, t % 250);
+        t % 200, t, t % 200, t, t, t, resources[t % 4], resources[t % 4], t, t, t, t % 250, t % 250,
+        t % 250, t % 250);
 }
 
 /* A template's text and where a pod's number goes in it. */
-struct template {
+struct template
+{
     char *text;
     size_t len;
     size_t marks[8], n_marks;
@@ -178,8 +179,7 @@ struct generator {
 
 #define GEN_BUF (1u << 20)
 
-static bool flush(struct generator *g, bool (*feed)(void *ctx, const char *p, size_t n),
-                  void *ctx)
+static bool flush(struct generator *g, bool (*feed)(void *ctx, const char *p, size_t n), void *ctx)
 {
     for (size_t off = 0; off < g->len; off += 65536)
         if (feed && !feed(ctx, g->buf + off, g->len - off < 65536 ? g->len - off : 65536))
@@ -199,7 +199,7 @@ static bool generate(struct generator *g, size_t n,
     g->len = sizeof(head) - 1;
     for (size_t i = 0; i < n; i++) {
         const struct template *tp = &g->templates[i % g->n_templates];
-        if (g->len + tp->len + 2 > GEN_BUF && !flush(g, feed, ctx))
+        if (g->len + tp->len + 3 > GEN_BUF && !flush(g, feed, ctx)) /* ",", the pod, "]}" */
             return false;
         char *at = g->buf + g->len, id[ID_DIGITS];
         if (i)

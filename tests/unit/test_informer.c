@@ -186,6 +186,32 @@ static void test_read_pod_keeps_only_what_accounting_needs(void **state)
     inv_free(inv);
 }
 
+/*
+ * A value of another type where a string goes (a cluster-state file's YAML leaves numbers
+ * unquoted): a string of the pod's own is then absent, a value the charge reads is kept as it
+ * is for the model to judge; a NUL the API server writes as \u0000 in a value it keeps is kept
+ * as U+FFFD (the JSON parser refuses \u0000), and one in a value it skips changes nothing.
+ */
+static void test_read_pod_keeps_a_pod_of_odd_values(void **state)
+{
+    (void)state;
+    static const char text[] =
+        "{\"metadata\":{\"uid\":\"u-9\",\"name\":5,\"namespace\":\"ns\",\"annotations\":{"
+        "\"gpuguard.io/charge\":250,\"gpu-fraction\":\"0.5\\u0000\",\"note\":\"a\\u0000b\"}},"
+        "\"spec\":{\"containers\":[{\"name\":\"c\",\"env\":[{\"name\":\"E\",\"value\":"
+        "\"\\ud800\"}],\"resources\":{\"limits\":{\"nvidia.com/gpu\":\"1\"}}}]}}";
+    json_t *read = inf_read_pod(text, strlen(text), NULL, NULL);
+    json_t *want = json_loads(
+        "{\"metadata\":{\"uid\":\"u-9\",\"namespace\":\"ns\",\"annotations\":{"
+        "\"gpuguard.io/charge\":250,\"gpu-fraction\":\"0.5\\ufffd\"}},\"spec\":{\"containers\":[{"
+        "\"name\":\"c\",\"resources\":{\"limits\":{\"nvidia.com/gpu\":\"1\"}}}]}}",
+        0, NULL);
+    assert_non_null(read);
+    assert_true(json_equal(read, want));
+    json_decref(read);
+    json_decref(want);
+}
+
 static void test_read_pod_refuses_what_is_not_json(void **state)
 {
     (void)state;
@@ -202,7 +228,6 @@ static void test_read_pod_refuses_what_is_not_json(void **state)
         "{\"a\":\"tab\there\"}",
         "{\"a\":[1,]}",
         "{\"a\":1,}",
-        "{\"metadata\":{\"name\":5}}",
         "{\"metadata\":{\"uid\":\"\xff\"}}",
         "{\"spec\":{\"containers\":{}}}",
         ("{\"metadata\":{\"resourceVersion\":"
@@ -447,6 +472,7 @@ int main(void)
         cmocka_unit_test(test_read_pod_trims_to_what_the_charge_reads),
         cmocka_unit_test(test_read_pod_keeps_the_controller_owner),
         cmocka_unit_test(test_read_pod_keeps_only_what_accounting_needs),
+        cmocka_unit_test(test_read_pod_keeps_a_pod_of_odd_values),
         cmocka_unit_test(test_read_pod_refuses_what_is_not_json),
         cmocka_unit_test(test_events),
         cmocka_unit_test(test_list_reader_any_read_size),

@@ -145,10 +145,12 @@ static int64_t worst_case(const struct jf_node *obj)
     return (n ? n : 1) * 1000;
 }
 
-/* What an object the model could not charge counts: logged, and the worst case. */
-static int64_t failed(const struct jf_node *obj, const struct gg_err *err)
+/* What an object the model could not charge counts: logged with its name (NULL: obj's), and
+ * the worst case. */
+static int64_t failed(const struct jf_node *obj, const char *name, const struct gg_err *err)
 {
-    const char *name = jf_string(jf_get_str(jf_get_str(obj, "metadata"), "name"));
+    if (!name)
+        name = jf_string(jf_get_str(jf_get_str(obj, "metadata"), "name"));
     log_fields(LOG_ERROR, "inventory: the charge model failed; counting whole GPUs",
                json_pack("{s:s,s:s}", "error", err->msg, "name", name ? name : ""));
     return worst_case(obj);
@@ -229,7 +231,7 @@ static int64_t charge_pod(struct charger *c, const struct inf_pod *pod, bool rea
     if (key && charge >= 0 && (!pod->claims || inv_dra_version(c->inv) == version))
         cm_put(c->memo, key, len, charge);
     if (charge < 0)
-        charge = failed(spec.root, err);
+        charge = failed(spec.root, pod->name, err);
     jf_doc_free(&spec);
     return charge;
 }
@@ -254,12 +256,13 @@ int64_t charger_charge(void *charger, const struct inf_pod *pod, const struct jf
             inf_pod_of_text(c->text.data, c->text.len, &c->pod, &err))
             pod = &c->pod;
     }
-    if (pod)
+    if (pod) {
         charge = charge_pod(c, pod, ready, &err);
-    else if ((charge = ready && !is_pod(obj)
-                           ? evaluate(c, jf_string(jf_get_str(obj, "kind")), obj, &err)
-                           : -1) < 0)
-        charge = failed(obj, &err);
+    } else { /* a claim, or a pod the informer's reader refuses: the model on it as it is */
+        const char *kind = jf_string(jf_get_str(obj, "kind"));
+        if ((charge = ready ? evaluate(c, kind ? kind : "Pod", obj, &err) : -1) < 0)
+            charge = failed(obj, NULL, &err);
+    }
     pthread_mutex_unlock(&c->lock);
     return charge;
 }

@@ -42,25 +42,33 @@ static long hex4_at(const char *p, const char *end)
     return strtol(digits, NULL, 16);
 }
 
-/* Past the \u escape at *p ('u'), a surrogate pair whole, refused as the JSON parser refuses
- * it (util/jsonfast.c): a lone surrogate or \u0000. */
-static bool unicode_escape(struct inf_scan *s, const char **p, const char *end)
+/*
+ * The \u escapes of a JSON text (p[0..n), strings and all) that the JSON parser refuses
+ * (util/jsonfast.c: \u0000, a lone surrogate) become \ufffd, in place, the length kept.  The
+ * API server writes a NUL in an annotation's value as \u0000; what gpuguard keeps of a pod must
+ * load all the same, and a value so replaced is one the charge model refuses (counted as whole
+ * GPUs), never one it reads as less.
+ */
+static void loadable(char *p, size_t n)
 {
-    long cp = hex4_at(*p, end);
-    if (cp < 0)
-        return bad(s, "bad \\u escape");
-    if (cp == 0)
-        return bad(s, "\\u0000 is not allowed in strings");
-    *p += 5;
-    if (cp < 0xd800 || cp > 0xdfff)
-        return true;
-    long lo = cp < 0xdc00 && end - *p > 1 && (*p)[0] == '\\' && (*p)[1] == 'u'
-                  ? hex4_at(*p + 1, end)
-                  : -1;
-    if (lo < 0xdc00 || lo > 0xdfff)
-        return bad(s, "invalid Unicode escape (a lone surrogate)");
-    *p += 6;
-    return true;
+    const char *end = p + n;
+    while ((p = memchr(p, '\\', (size_t)(end - p)))) {
+        long cp = p[1] == 'u' ? hex4_at(p + 1, end) : -1;
+        if (cp < 0) {
+            p += 2; /* another escape (the text is JSON: there is a character after it) */
+            continue;
+        }
+        long lo = cp >= 0xd800 && cp < 0xdc00 && end - p >= 12 && p[6] == '\\' && p[7] == 'u'
+                      ? hex4_at(p + 7, end)
+                      : -1;
+        if (lo >= 0xdc00 && lo <= 0xdfff) {
+            p += 12;
+            continue;
+        }
+        if (cp == 0 || (cp >= 0xd800 && cp <= 0xdfff))
+            memcpy(p + 2, "fffd", 4);
+        p += 6;
+    }
 }
 
 /* At a '"': past the closing quote; *escaped tells whether a backslash was seen. */
@@ -84,8 +92,9 @@ static inline __attribute__((always_inline)) bool skip_string(struct inf_scan *s
         if (++p >= end)
             return bad(s, "unterminated string");
         if (*p == 'u') {
-            if (!unicode_escape(s, &p, end))
-                return false;
+            if (hex4_at(p, end) < 0)
+                return bad(s, "bad \\u escape");
+            p += 5;
         } else if (strchr("\"\\/bfnrt", *p) && *p) {
             p++;
         } else {
@@ -403,10 +412,16 @@ static bool out_value(struct pod_scan *ps, struct buf *b)
     if (!inf_scan_skip(ps->s))
         return false;
     size_t n = (size_t)(ps->s->p - start);
-    return jf_utf8_valid(start, n) ? out(ps, b, start, n) : bad(ps->s, "invalid string");
+    if (!jf_utf8_valid(start, n))
+        return bad(ps->s, "invalid string");
+    if (!out(ps, b, start, n))
+        return false;
+    loadable(b->data + b->len - n, n);
+    return true;
 }
 
-/* A member kept as it stands; a null one is left out unless keep_null. */
+/* A member kept as it stands, whatever its type (the model judges a value a file's YAML left
+ * unquoted); a null one is left out unless keep_null. */
 static bool out_member(struct pod_scan *ps, struct buf *b, bool *first, const char *key,
                        bool keep_null)
 {
@@ -415,34 +430,31 @@ static bool out_member(struct pod_scan *ps, struct buf *b, bool *first, const ch
     return out_key(ps, b, first, key) && out_value(ps, b);
 }
 
-/* A string member (null: left out). */
-static bool out_string(struct pod_scan *ps, struct buf *b, bool *first, const char *key)
-{
-    if (peek(ps->s) != 'n' && peek(ps->s) != '"')
-        return bad(ps->s, "expected a string");
-    return out_member(ps, b, first, key, false);
-}
-
-/* A string of the pod's own (null: absent), decoded into the pod's text. */
+/* A string of the pod's own, decoded into the pod's text; anything else (null, a number a
+ * file's YAML left unquoted) leaves it absent. */
 static bool take(struct pod_scan *ps, enum field f)
 {
     struct inf_scan *s = ps->s;
-    if (peek(s) == 'n')
-        return skip_word(s, "null");
     if (peek(s) != '"')
-        return bad(s, "expected a string");
+        return inf_scan_skip(s);
     const char *start = s->p;
     bool escaped;
     if (!skip_string(s, &escaped))
         return false;
     struct buf *text = &ps->pod->text;
-    ps->at[f] = text->len;
+    size_t n = (size_t)(s->p - start), at = text->len;
+    if (!jf_utf8_valid(start, n))
+        return bad(s, "invalid string");
     if (!escaped) {
-        size_t n = (size_t)(s->p - start) - 2;
-        return jf_utf8_valid(start + 1, n) ? out(ps, text, start + 1, n) && out(ps, text, "", 1)
-                                           : bad(s, "invalid string");
+        ps->at[f] = at;
+        return out(ps, text, start + 1, n - 2) && out(ps, text, "", 1);
     }
-    json_t *v = jf_loadb(start, (size_t)(s->p - start), 1, NULL);
+    if (!out(ps, text, start, n)) /* a copy to decode, made loadable */
+        return false;
+    loadable(text->data + at, n);
+    json_t *v = jf_loadb(text->data + at, n, 1, NULL);
+    text->len = at;
+    ps->at[f] = at;
     bool ok = json_is_string(v) ? out(ps, text, json_string_value(v), json_string_length(v) + 1)
                                 : bad(s, "invalid string");
     json_decref(v);
@@ -507,7 +519,7 @@ static bool resources_member(struct pod_scan *ps, struct buf *b, bool *first, co
 static bool container_member(struct pod_scan *ps, struct buf *b, bool *first, const char *key)
 {
     if (!strcmp(key, "name") || !strcmp(key, "restartPolicy"))
-        return out_string(ps, b, first, key);
+        return out_member(ps, b, first, key, false);
     if (!strcmp(key, "resources"))
         return out_object(ps, b, first, key, resources_member, false);
     return inf_scan_skip(ps->s);
@@ -547,7 +559,7 @@ static bool annotation_member(struct pod_scan *ps, struct buf *b, bool *first, c
         return take(ps, F_POOL);
     for (size_t i = 0; i < sizeof(charged) / sizeof(*charged); i++)
         if (strcmp(key, charged[i]) == 0)
-            return out_string(ps, b, first, key);
+            return out_member(ps, b, first, key, false);
     return inf_scan_skip(ps->s);
 }
 
@@ -601,11 +613,14 @@ static bool metadata_member(struct pod_scan *ps, struct buf *b, bool *first, con
         enum field f;
     } own[] = {{"uid", F_UID}, {"name", F_NAME}, {"generateName", F_GENERATE_NAME}};
     if (!strcmp(key, "namespace")) { /* the pod's own, and read by the charge */
-        const char *start = ps->s->p;
-        if (peek(ps->s) != '"')
-            return take(ps, F_NS); /* null, or the error */
-        return take(ps, F_NS) && out_key(ps, b, first, key) &&
-               out(ps, b, start, (size_t)(ps->s->p - start));
+        size_t before = ps->at[F_NS];
+        if (!take(ps, F_NS))
+            return false;
+        if (ps->at[F_NS] == before)
+            return true; /* not a string: absent */
+        const char *ns = ps->pod->text.data + ps->at[F_NS];
+        return out_key(ps, b, first, key) &&
+               (jw_string(b, ns, strlen(ns)) == GG_OK || bad(ps->s, "the pod is too large"));
     }
     for (size_t i = 0; i < sizeof(own) / sizeof(*own); i++)
         if (!strcmp(key, own[i].key))
@@ -752,25 +767,27 @@ static json_t *object_at(json_t *obj, const char *key)
 json_t *inf_pod_json(const struct inf_pod *p)
 {
     json_t *pod = jf_loadb(p->spec, p->spec_len, 0, NULL);
+    if (!pod)
+        return NULL;
     json_t *meta = *p->uid || *p->name || *p->generate_name || *p->cls || *p->pool || *p->owner_kind
                        ? object_at(pod, "metadata")
                        : json_object_get(pod, "metadata");
     json_t *spec = *p->node ? object_at(pod, "spec") : NULL;
     json_t *status = *p->phase ? object_at(pod, "status") : NULL;
-    json_t *owner = *p->owner_kind ? json_pack("{s:s,s:s,s:b}", "kind", p->owner_kind, "name",
-                                               p->owner_name, "controller", 1)
-                                   : NULL;
-    bool ok = pod && (!*p->owner_kind ||
-                      (meta && owner &&
-                       json_object_set_new(meta, "ownerReferences", json_pack("[o]", owner)) == 0));
-    json_t *labels = ok && *p->cls ? object_at(meta, "labels") : NULL;
-    json_t *notes = ok && *p->pool ? object_at(meta, "annotations") : NULL;
-    if (!ok || (*p->cls && !labels) || (*p->pool && !notes) || (*p->node && !spec) ||
-        (*p->phase && !status) || set_string(meta, "uid", p->uid) ||
-        set_string(meta, "name", p->name) || set_string(meta, "generateName", p->generate_name) ||
-        set_string(labels, GG_KEY_WORKLOAD_CLASS, p->cls) ||
-        set_string(notes, GG_KEY_POOL, p->pool) || set_string(spec, "nodeName", p->node) ||
-        set_string(status, "phase", p->phase)) {
+    json_t *labels = *p->cls ? object_at(meta, "labels") : NULL;
+    json_t *notes = *p->pool ? object_at(meta, "annotations") : NULL;
+    bool ok = (!*p->owner_kind ||
+               json_object_set_new(meta, "ownerReferences",
+                                   json_pack("[{s:s,s:s,s:b}]", "kind", p->owner_kind, "name",
+                                             p->owner_name, "controller", 1)) == 0) &&
+              (!*p->cls || labels) && (!*p->pool || notes) && (!*p->node || spec) &&
+              (!*p->phase || status) && !set_string(meta, "uid", p->uid) &&
+              !set_string(meta, "name", p->name) &&
+              !set_string(meta, "generateName", p->generate_name) &&
+              !set_string(labels, GG_KEY_WORKLOAD_CLASS, p->cls) &&
+              !set_string(notes, GG_KEY_POOL, p->pool) && !set_string(spec, "nodeName", p->node) &&
+              !set_string(status, "phase", p->phase);
+    if (!ok) {
         json_decref(pod);
         return NULL;
     }
