@@ -1,9 +1,9 @@
 #!/usr/bin/python3
-"""bench_server.py - `gpuguard serve` under wrk against nginx as the TLS ceiling.
+"""bench_server.py - `gpuguard serve` under wrk against nginx (TLS ceiling) and a Go webhook.
 
     bench_server.py --bin build/gpuguard [--policies DIR] [--lua DIR] [--config FILE]
                     [--seconds 20] [--connections 32] [--threads 2] [--rounds 3]
-                    [--callgrind-n 500,1500] [--report FILE]
+                    [--callgrind-n 500,1500] [--go PATH|off] [--report FILE]
 
 One run, everything on 127.0.0.1 with ephemeral ports, in a temporary directory:
 
@@ -17,33 +17,41 @@ One run, everything on 127.0.0.1 with ephemeral ports, in a temporary directory:
     instructions per review under callgrind on tests/data/reviews/bench-pod.json: the
     difference between two -n values (--callgrind-n), divided by theirs, with the
     count hook's grace raised (--grace-us) so that the count reflects a native run;
- 4. --rounds interleaved rounds, each of five wrk runs of --seconds (HTTPS keep-alive,
+ 4. the Go webhook (tests/bench/gowebhook: standard library only, encoding/json into
+    structs, a JSON Patch adding one annotation) built with `go build -trimpath` next to
+    bench_engine (build/bench/gowebhook), offline (GOTOOLCHAIN=local, GOPROXY=off); without
+    go (--go, else go on PATH, else /usr/local/go/bin/go) or when the build fails, its rows
+    say so and the rest runs as before;
+ 5. --rounds interleaved rounds, each of seven wrk runs of --seconds (HTTPS keep-alive,
     POST /mutate?timeout=10s, cycling through the bodies: tests/bench/wrk/review.lua):
     `gpuguard serve` with --connections, nginx (generated config, same certificate,
-    `return 200` with a fixed AdmissionReview) with the same command, then both with
-    one connection (one request at a time), then gpuguard with one connection on the
-    inference pod alone; the server's RSS is sampled from /proc in the first round;
-    the share of nginx's requests/s and the p99s as ranges;
- 5. the same load while a policy file is atomically replaced --events times, and
+    `return 200` with a fixed AdmissionReview) with the same command, the Go webhook
+    (same certificate, GOMAXPROCS = gpuguard's threads, as nginx's workers) with the same
+    command, then the three with one connection (one request at a time), then gpuguard
+    with one connection on the inference pod alone; the server's RSS is sampled from /proc
+    in the first round; the shares of nginx's and of the Go webhook's requests/s and the
+    p99s as ranges;
+ 6. the same load while a policy file is atomically replaced --events times, and
     while the certificate is swapped --events times (symlink swap), with a prober
     making a new TLS connection and one review every 200 ms: p99 and max next to
     the steady run's;
- 6. the server's RSS with --idle-connections (1,000) open idle TLS connections.
+ 7. the server's RSS with --idle-connections (1,000) open idle TLS connections.
 
-It prints two Markdown tables at the end, the four headline figures and the details,
-and writes them to --report.  Figures, not
+It prints two Markdown tables at the end, the four headline figures (and the share of the
+Go webhook) and the details, and writes them to --report.  Figures, not
 pass/fail: the exit status is non-zero only when something could not be run
-(a tool missing, the server not starting, a wrong answer).
+(a tool missing, the server not starting, a wrong answer); a missing go is not such a thing.
 
 Ctrl-C (SIGINT, exit status 130), SIGTERM or SIGHUP stop it at once: every child (the
-server, nginx and its workers, wrk, valgrind) is stopped with its process group (SIGTERM,
-SIGKILL 10 s later) and waited for, and the temporary directory removed.  Each child runs in
-a session of its own, known to a watchdog process that stops them if this script itself is
-killed (tests/bench/procs.py).
+server, nginx and its workers, the Go webhook, go build, wrk, valgrind) is stopped with its
+process group (SIGTERM, SIGKILL 10 s later) and waited for, and the temporary directory
+removed.  Each child runs in a session of its own, known to a watchdog process that stops
+them if this script itself is killed (tests/bench/procs.py).
 
 Environment defaults: BENCH_SECONDS (20), BENCH_CONNECTIONS (32), BENCH_THREADS (2),
 BENCH_ROUNDS (3), BENCH_IDLE_CONNECTIONS (1000), BENCH_ENGINE_N (2000),
-BENCH_CALLGRIND_N (500,1500; "off" to skip), BENCH_EVENTS (5).
+BENCH_CALLGRIND_N (500,1500; "off" to skip), BENCH_EVENTS (5), BENCH_GO (the go command;
+"off" to skip the Go webhook).
 """
 
 import argparse
@@ -605,6 +613,105 @@ http {{
 
 
 # --------------------------------------------------------------------------
+# The Go webhook: a webhook written the usual way, as a second reference
+
+GO_SOURCE = REPO / "tests" / "bench" / "gowebhook"
+
+
+def find_go(choice):
+    """The go command: choice (--go) when given, else go on PATH, else /usr/local/go/bin/go;
+    (None, why) without one or with --go off."""
+    if choice == "off":
+        return None, "--go off"
+    if choice:
+        path = shutil.which(choice)
+        return (path, None) if path else (None, f"{choice} is not an executable go command")
+    path = shutil.which("go") or shutil.which("/usr/local/go/bin/go")
+    return (path, None) if path else (None, "go is not installed (not on PATH nor in "
+                                            "/usr/local/go/bin)")
+
+
+def build_gowebhook(go, out):
+    """`go build -trimpath` of tests/bench/gowebhook into out; (version, None) or (None, why).
+    Offline: the module has no dependencies, so nothing is fetched (GOPROXY=off) and no other
+    toolchain is looked for (GOTOOLCHAIN=local); the build cache goes next to out when the
+    home directory cannot hold it."""
+    env = dict(os.environ, GOTOOLCHAIN="local", GOPROXY="off", GOFLAGS="", GOWORK="off",
+               CGO_ENABLED="0")
+    if "GOCACHE" not in env:
+        home = Path(env.get("XDG_CACHE_HOME") or Path(env.get("HOME") or "/nonexistent") /
+                    ".cache")
+        probe = home if home.exists() else home.parent
+        if not os.access(probe, os.W_OK):
+            env["GOCACHE"] = str(out.parent / "go-cache")
+    ver = version([go, "version"], r"go version (\S+)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    try:
+        res = procs.run([go, "build", "-trimpath", "-o", str(out), "."], cwd=GO_SOURCE, env=env,
+                        capture_output=True, text=True, timeout=600)
+    except subprocess.TimeoutExpired:
+        return None, "go build took more than 600 s"
+    if res.returncode != 0:
+        return None, f"go build failed: {(res.stderr or res.stdout).strip()[-500:]}"
+    log(f"Go webhook built with {ver} in {time.monotonic() - t0:.1f} s: {out}")
+    return ver, None
+
+
+class GoWebhook:
+    """tests/bench/gowebhook on 127.0.0.1:0 (it prints the port it got), GOMAXPROCS threads."""
+
+    def __init__(self, binary, tmp, cert, key, threads):
+        self.out_path = tmp / "gowebhook.log"
+        env = dict(os.environ, GOMAXPROCS=str(threads))
+        with open(self.out_path, "ab") as out:
+            self.proc = procs.spawn([str(binary), "--listen", "127.0.0.1:0", "--tls-cert",
+                                     str(cert), "--tls-key", str(key)], env=env,
+                                    stdin=subprocess.DEVNULL, stdout=out, stderr=out)
+        self.port = None
+        deadline = time.monotonic() + procs.PATIENCE
+        while time.monotonic() < deadline:
+            text = self.out_path.read_text(errors="replace")
+            m = re.search(r"^gowebhook: serving on 127\.0\.0\.1:(\d+)$", text, re.M)
+            if m:
+                self.port = int(m.group(1))
+                return
+            if self.proc.poll() is not None:
+                raise BenchError(f"the Go webhook exited {self.proc.returncode}: {text[-2000:]}")
+            time.sleep(0.02)
+        raise BenchError(f"the Go webhook printed no port in {procs.PATIENCE:.0f} s")
+
+    def pids(self):
+        return [self.proc.pid]
+
+    def stop(self):
+        rc = procs.stop(self.proc)
+        if rc != 0:
+            log(f"the Go webhook exited {rc} on SIGTERM")
+
+
+def check_go_answers(port, ctx, bodies):
+    """Each body once: 200, an AdmissionReview for its uid, allowed, a one-operation patch
+    adding an annotation; returns (TLS version and cipher, the answer to the first body)."""
+    first = None
+    with tls_connect(port, ctx) as tls:
+        tls_info = f"{tls.version()} {tls.cipher()[0]}"
+        for _, path in bodies:
+            body = path.read_bytes()
+            status, answer = exchange(tls, http_request(body))
+            if status != 200:
+                raise BenchError(f"Go webhook, {path.name}: HTTP {status}: {answer[:500]!r}")
+            resp = json.loads(answer)["response"]
+            uid = json.loads(body)["request"]["uid"]
+            patch = json.loads(base64.b64decode(resp.get("patch") or "W10="))
+            if resp.get("uid") != uid or not resp.get("allowed") or len(patch) != 1 or \
+                    not patch[0]["path"].startswith("/metadata/annotations"):
+                raise BenchError(f"Go webhook, {path.name}: unexpected answer {answer[:500]!r}")
+            first = first or answer
+    return tls_info, first
+
+
+# --------------------------------------------------------------------------
 # Load
 
 class Sampler(threading.Thread):
@@ -889,10 +996,21 @@ def headline(ctx):
                 f"{spread([r['n']['rps'] for r in rounds], lambda v: f'{v:,.0f}')}) | ≥ 30 % |")
     p99 = lambda key: spread([r[key]["latency_us"]["p99"] for r in rounds], ms)  # noqa: E731
     rps = lambda key: spread([r[key]["rps"] for r in rounds], lambda v: f"{v:,.0f}")  # noqa: E731
+    go_skip = ctx["go"]["skip"]
+    if go_skip:
+        rows.append("| gpuguard req/s as a share of a minimal Go webhook | not measured: "
+                    f"{go_skip} | |")
+    else:
+        share = [100 * r["g"]["rps"] / r["w"]["rps"] for r in rounds]
+        rows.append("| gpuguard req/s as a share of a minimal Go webhook (tests/bench/gowebhook, "
+                    f"same rounds and wrk command) | **{spread(share, lambda v: f'{v:.0f}')} %** "
+                    f"(Go webhook {rps('w')} req/s) | |")
+    go_p99 = "Go webhook not measured" if go_skip else \
+        f"Go webhook {p99('w1')} ms ({rps('w1')} req/s)"
     rows.append(f"| p99, one connection (wrk -t1 -c1, same rounds) | **{p99('g1')} ms** "
                 f"({rps('g1')} req/s, the four bodies cycled); the {ctx['facts'][0]['label']} "
                 f"alone **{p99('g1_one')} ms** ({rps('g1_one')} req/s); nginx {p99('n1')} ms "
-                f"({rps('n1')} req/s) | ≤ 0.25 ms |")
+                f"({rps('n1')} req/s); {go_p99} | ≤ 0.25 ms |")
     idle = ctx.get("idle")
     rows.append(f"| RSS with {idle['n']:,} kept-alive TLS connections | **{mb(idle['rss'])}** | "
                 "≤ 64 MB |" if idle else "| RSS with kept-alive TLS connections | not measured | |")
@@ -908,7 +1026,7 @@ def report(ctx):
     def row(what, figure, target=""):
         rows.append(f"| {what} | {figure} | {target} |")
 
-    g, n = ctx["steady"], ctx.get("nginx")
+    g, n, w = ctx["steady"], ctx.get("nginx"), ctx.get("gowebhook")
     row("date", ctx["date"])
     row("machine", f"{os.cpu_count()} × {cpu_model()} (`nproc` {ctx['nproc']}), "
         f"{platform.system()} {platform.release()}, {ctx['mem_gb']:.0f} GiB")
@@ -936,11 +1054,33 @@ def report(ctx):
             "same certificate and key, keep-alive, access log off")
         row("CPU during the nginx run (cores)", cpu_text("nginx", n, ctx))
         row("**gpuguard / nginx requests/s**", f"**{100 * g['rps'] / n['rps']:.0f} %**", "≥ 30 %")
-        if g.get("probe") and n.get("probe") and g["probe"]["n"] and n["probe"]["n"]:
-            row("first review on a new TLS connection during the runs (prober, every 0.2 s; "
-                "connect + handshake + review), p50 / max",
-                f"gpuguard {g['probe']['p50']:.1f} / {g['probe']['max']:.1f} ms, "
-                f"nginx {n['probe']['p50']:.1f} / {n['probe']['max']:.1f} ms")
+    go = ctx["go"]
+    if w:
+        row("Go webhook requests/s", f"{w['rps']:,.0f}")
+        row("Go webhook latency p50 / p99 / p99.9 / max", lat_row(w))
+        row("Go webhook", f"tests/bench/gowebhook, {go['version']} (`go build -trimpath`, "
+            f"standard library only), GOMAXPROCS {go['threads']}: net/http and crypto/tls "
+            f"({go['tls']}), the review and the pod's metadata and containers decoded with "
+            "encoding/json into structs, an answer for the uid, allowed, a JSON Patch adding "
+            f"one annotation ({go['answer_size']} B for the first body), no log line per "
+            "request; same certificate and key, keep-alive")
+        row("CPU during the Go webhook run (cores)", cpu_text("Go webhook", w, ctx))
+        row("**gpuguard / Go webhook requests/s**", f"**{100 * g['rps'] / w['rps']:.0f} %**")
+    else:
+        row("Go webhook", f"not measured: {go['skip']}")
+    for conns, key in ((a.connections, ""), (1, "1")):
+        names = ["gpuguard", "nginx"] + (["Go webhook"] if w else [])
+        row(f"requests/s per round, wrk -c{conns}: {' / '.join(names)}",
+            "; ".join(f"{i}: " + " / ".join(f"{r[k + key]['rps']:,.0f}"
+                                            for k in "gnw"[:len(names)])
+                      for i, r in enumerate(ctx["rounds"], 1)))
+    servers = [("gpuguard", g), ("nginx", n), ("Go webhook", w)]
+    probes = [(name, r["probe"]) for name, r in servers if r and r.get("probe")
+              and r["probe"]["n"]]
+    if len(probes) > 1:
+        row("first review on a new TLS connection during the runs (prober, every 0.2 s; "
+            "connect + handshake + review), p50 / max",
+            ", ".join(f"{name} {p['p50']:.1f} / {p['max']:.1f} ms" for name, p in probes))
     for key, what in (("reload", "policy reload under load"),
                       ("rotation", "certificate rotation under load")):
         r = ctx.get(key)
@@ -955,7 +1095,7 @@ def report(ctx):
         f"{g['rps']:,.0f} req/s, p99 {ms(g['latency_us']['p99'])} ms, "
         f"max {ms(g['latency_us']['max'])} ms{probe_text(g)}; {others_text(g)}")
     errs = [f"{name} {r['errors_total']}" for name, r in
-            (("gpuguard", g), ("nginx", n), ("reload", ctx.get("reload")),
+            (("gpuguard", g), ("nginx", n), ("Go webhook", w), ("reload", ctx.get("reload")),
              ("rotation", ctx.get("rotation"))) if r]
     row("wrk errors (socket, timeout, non-2xx)", ", ".join(errs), "0")
     eng = ctx.get("engine")
@@ -1005,6 +1145,9 @@ def main():
                     help="seconds of each server's warm-up run [a quarter of --seconds, 1 to 3]")
     ap.add_argument("--events", type=int, default=env_int("BENCH_EVENTS", 5),
                     help="policy reloads and certificate swaps per run")
+    ap.add_argument("--go", default=os.environ.get("BENCH_GO", ""),
+                    help='the go command that builds the Go webhook [go on PATH, else '
+                    '/usr/local/go/bin/go], or "off" to run without it')
     ap.add_argument("--report", default=str(REPO / "build" / "bench" / "report.md"))
     ap.add_argument("--keep-tmp", action="store_true", help="keep the temporary directory")
     a = ap.parse_args()
@@ -1078,6 +1221,15 @@ def bench(a, tmp):
     log(f"{ctx['nproc']} CPUs ({cpu_model()}), load average {ctx['load_start']}, "
         f"{a.seconds} s per run, temporary directory {tmp}")
 
+    # The Go webhook, built before anything runs (with a cold build cache: some 20 s).
+    go, why = find_go(a.go)
+    gobin = Path(binary).parent / "bench" / "gowebhook"
+    ctx["go"] = {"skip": why}
+    if go:
+        ctx["go"]["version"], ctx["go"]["skip"] = build_gowebhook(go, gobin)
+    if ctx["go"]["skip"]:
+        log(f"no Go webhook figures: {ctx['go']['skip']}")
+
     bodies = make_bodies(tmp / "bodies")
     server = Server(binary, tmp, a)
     ctx["server_threads"] = server.threads or os.cpu_count()
@@ -1114,6 +1266,16 @@ def bench(a, tmp):
                 body, ctx["nginx_workers"])
     log(f"nginx pid {ngx.proc.pid} on 127.0.0.1:{ngx.port}")
     run_wrk(wrk, a, ngx.port, bodies, warm, "nginx warm-up", tmp=tmp)
+    # The Go webhook, the same way: same certificate, as many threads as gpuguard's.
+    gow = None
+    if not ctx["go"]["skip"]:
+        ctx["go"]["threads"] = ctx["server_threads"]
+        gow = GoWebhook(gobin, tmp, server.pairs[0] / "tls.crt", server.pairs[0] / "tls.key",
+                        ctx["go"]["threads"])
+        ctx["go"]["tls"], answer = check_go_answers(gow.port, server.context(), bodies)
+        ctx["go"]["answer_size"] = len(answer)
+        log(f"Go webhook pid {gow.proc.pid} on 127.0.0.1:{gow.port}")
+        run_wrk(wrk, a, gow.port, bodies, warm, "Go webhook warm-up", tmp=tmp)
     rounds = []
     for i in range(1, a.rounds + 1):
         first = i == 1
@@ -1123,12 +1285,19 @@ def bench(a, tmp):
                           probe=probe, tmp=tmp, workers_pid=server.proc.pid),
              "n": run_wrk(wrk, a, ngx.port, bodies, a.seconds, f"nginx, round {i}",
                           pid_list=ngx.pids, probe=probe, tmp=tmp)}
+        if gow:
+            r["w"] = run_wrk(wrk, a, gow.port, bodies, a.seconds, f"Go webhook, round {i}",
+                             pid_list=gow.pids, probe=probe, tmp=tmp)
         r["g1"] = run_wrk(wrk, a, server.port, bodies, a.seconds,
                           f"gpuguard one connection, round {i}", pid_list=server_pids, tmp=tmp,
                           connections=1)
         r["n1"] = run_wrk(wrk, a, ngx.port, bodies, a.seconds,
                           f"nginx one connection, round {i}", pid_list=ngx.pids, tmp=tmp,
                           connections=1)
+        if gow:
+            r["w1"] = run_wrk(wrk, a, gow.port, bodies, a.seconds,
+                              f"Go webhook one connection, round {i}", pid_list=gow.pids,
+                              tmp=tmp, connections=1)
         # One GPU pod over and over, as a quiet API server admitting a Deployment's replicas
         # sends it: the 30-container pod (a quarter of the cycle) sets the p99 above.
         r["g1_one"] = run_wrk(wrk, a, server.port, bodies[:1], a.seconds,
@@ -1137,8 +1306,11 @@ def bench(a, tmp):
         rounds.append(r)
         server.truncate_log()
     ctx["rounds"] = rounds
-    ctx["steady"], ctx["nginx"] = rounds[0]["g"], rounds[0]["n"]
+    ctx["steady"], ctx["nginx"], ctx["gowebhook"] = rounds[0]["g"], rounds[0]["n"], \
+        rounds[0].get("w")
     ngx.stop()
+    if gow:
+        gow.stop()
 
     # Policy reloads under load: atomic replace of a policy file (a changed comment).
     target = sorted(server.policies.glob("*.lua"))[0]
@@ -1213,7 +1385,7 @@ def bench(a, tmp):
     print()
     print(table, end="")
     log(f"written to {out}")
-    bad = [name for name in ("steady", "nginx", "reload", "rotation")
+    bad = [name for name in ("steady", "nginx", "gowebhook", "reload", "rotation")
            if ctx.get(name) and ctx[name]["errors_total"]]
     if bad:
         log(f"note: wrk counted errors in: {', '.join(bad)} (see the table)")

@@ -31,6 +31,15 @@ def tools():
                         "installs it): the server benchmark cannot run")
 
 
+def go_command():
+    """The go the benchmark finds for its Go webhook (bench_server.find_go), or None: without
+    one the benchmark runs all the same, its Go rows saying why."""
+    if os.environ.get("BENCH_GO") == "off":
+        return None
+    return shutil.which(os.environ.get("BENCH_GO") or "go") or \
+        shutil.which("/usr/local/go/bin/go")
+
+
 def callgrind_n(binary):
     """A tiny callgrind difference when valgrind can run bench_engine (not a sanitized build)."""
     engine = Path(binary).parent / "bench" / "bench_engine"
@@ -125,6 +134,20 @@ def test_bench_server_runs_end_to_end(binary, tools, tmp_path):
         assert row in headline, f"{row!r} missing from the headline figures:\n{headline}"
     if callgrind_n(binary) != "off":
         assert re.search(r"\| engine instructions per review [^|]*\| [\d,]+ K \|", headline)
+    # The minimal Go webhook, built and run in the same rounds when go is there.
+    if go_command():
+        assert re.search(r"^\| gpuguard req/s as a share of a minimal Go webhook [^|]*\| "
+                         r"\*\*[\d-]+ %\*\* \(Go webhook [\d,-]+ req/s\) \|", headline, re.M), \
+            headline
+        assert re.search(r"; Go webhook [\d.-]+ ms \([\d,-]+ req/s\) \| ≤ 0\.25 ms \|$",
+                         headline, re.M), headline
+        for row in ("| Go webhook requests/s |", "| **gpuguard / Go webhook requests/s** |",
+                    "| requests/s per round, wrk -c4: gpuguard / nginx / Go webhook | 1: ",
+                    "| requests/s per round, wrk -c1: gpuguard / nginx / Go webhook | 1: "):
+            assert row in report, f"{row!r} missing from the report:\n{report}"
+    else:
+        assert "| gpuguard req/s as a share of a minimal Go webhook | not measured: " in headline
+
     # The one-connection p99 twice: the bodies cycled, and one GPU pod alone.
     assert re.search(r"\| p99, one connection [^|]*\| \*\*[\d.-]+ ms\*\* \([^)]*the four bodies "
                      r"cycled\); the inference pod, gpu-fraction 0\.25 alone \*\*[\d.-]+ ms\*\*",
@@ -163,7 +186,10 @@ def test_bench_server_stops_everything_on_ctrl_c(binary, tools, tmp_path):
         started = descendants(bench.pid)
         running = alive(started)
         assert wrk in running, (wrk, running)
-        for what in ("gpuguard serve", "nginx: master process", "nginx: worker process"):
+        whats = ["gpuguard serve", "nginx: master process", "nginx: worker process"]
+        if go_command():
+            whats.append("gowebhook --listen")
+        for what in whats:
             assert any(cmd.startswith(what) or f"/{what}" in cmd for cmd in running.values()), \
                 (what, running)
         tmp = temp_dir_of(log.read_text())

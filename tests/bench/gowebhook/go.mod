@@ -1,0 +1,3 @@
+module gpuguard.test/gowebhook
+
+go 1.22
