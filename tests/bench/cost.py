@@ -11,7 +11,8 @@ Each review is counted with callgrind as tests/bench/repeatable.py counts (time(
 address randomisation off, --grace-us past any run, both phases): bench_engine -n 1500 minus
 bench_engine -n 500, divided by 1,000.  A review more than --limit % above its baseline fails
 the gate (exit 1, a line naming the review, its count, its baseline and the percentage); so
-does a review whose verdict is no longer the one it stands for (it would measure another path).
+does a review whose verdict (allowed, patched or denied, and its patch's operations) is no longer
+the one it stands for (it would measure another path).
 A table of every review is printed either way, and a review more than --limit % below its
 baseline is named as one whose baseline is to be lowered.
 
@@ -63,7 +64,7 @@ class Review:
     def __init__(self, name, stands_for, verdict, cluster_state=None, pool=None):
         self.name = name
         self.stands_for = stands_for
-        self.verdict = verdict  # bench_engine's "verdict:" word for the last review
+        self.verdict = verdict  # bench_engine's verdict of the last review: "patched, N ops"
         self.cluster_state = cluster_state  # a file beside the review, for --cluster-state
         self.pool = pool  # YAML of a pool added to the configuration
 
@@ -72,22 +73,22 @@ class Review:
 # CREATE (defaults filled in, no managedFields).
 REVIEWS = [
     Review("bench-pod.json", "the headline: a vLLM pod (ReplicaSet) asking 18Gi of GPU memory, "
-           "made a MIG 1g.20gb slice on a100-mig", "patched"),
+           "made a MIG 1g.20gb slice on a100-mig", "patched, 8 ops"),
     Review("cost-whole-gpu.json", "a whole GPU: a training Job's pod, nvidia.com/gpu 1, "
-           "exclusive on h100-train", "patched"),
+           "exclusive on h100-train", "patched, 3 ops"),
     Review("cost-fraction.json", "a fraction: a notebook (StatefulSet pod), "
-           "gpuguard.io/gpu-fraction 0.25, time-slicing on l4-shared", "patched"),
+           "gpuguard.io/gpu-fraction 0.25, time-slicing on l4-shared", "patched, 8 ops"),
     Review("cost-mig.json", "MIG by name: a Triton pod (ReplicaSet), nvidia.com/mig-2g.20gb, "
-           "on a100-mig", "patched"),
+           "on a100-mig", "patched, 6 ops"),
     Review("cost-dra.json", "DRA: a Job's pod claiming from the ResourceClaimTemplate "
-           "single-gpu (cost-dra-state.json, as cluster state), on a100-dra", "patched",
+           "single-gpu (cost-dra-state.json, as cluster state), on a100-dra", "patched, 5 ops",
            cluster_state="cost-dra-state.json"),
     Review("cost-kai.json", "KAI: a pod for kai-scheduler, gpu-fraction 0.5, passed through to "
-           "kai-l40s (a pool added to the configuration)", "patched", pool=KAI_POOL),
+           "kai-l40s (a pool added to the configuration)", "patched, 6 ops", pool=KAI_POOL),
     Review("cost-deployment.json", "a Deployment (kubectl apply), 1 GPU per replica: its "
-           "template's pod through the policies", "patched"),
+           "template's pod through the policies", "patched, 4 ops"),
     Review("cost-pytorchjob.json", "a Kubeflow PyTorchJob, master and 3 workers of 8 GPUs: "
-           "two templates' pods through the policies", "patched"),
+           "two templates' pods through the policies", "patched, 8 ops"),
 ]
 
 
@@ -132,8 +133,8 @@ def measure(reviews, args, work, baseline):
     result = {}
     for r in reviews:
         (a, _), (b, out) = got[(r, lo)], got[(r, hi)]
-        m = re.search(r"^verdict: (\w+)", out, re.M)
-        result[r.name] = ((b - a) // (hi - lo), m.group(1) if m else "?")
+        m = re.search(r"^verdict: (\w+), (\d+) patch ops", out, re.M)
+        result[r.name] = ((b - a) // (hi - lo), f"{m.group(1)}, {m.group(2)} ops" if m else "?")
     return result
 
 

@@ -59,7 +59,7 @@ def gate(engine, policies, baseline, *extra):
 
 def counted(out):
     """bench-pod.json's count and baseline in the gate's table."""
-    row = re.search(rf"^\| {re.escape(REVIEW)} \| [^|]* \| patched \| ([\d,]+) \| ([\d,]+) \| "
+    row = re.search(rf"^\| {re.escape(REVIEW)} \| [^|]* \| patched, 8 ops \| ([\d,]+) \| ([\d,]+) \| "
                     r"[-+][\d.]+ % \|$", out, re.M)
     assert row, out
     return tuple(int(row.group(i).replace(",", "")) for i in (1, 2))
@@ -101,15 +101,28 @@ def test_the_gate_passes_the_tree_and_fails_a_review_5_percent_dearer(engine, tm
     assert 4.5 <= float(fail.group(2)) <= 5.5, (loops, loop_cost, got.stdout)
 
 
-def test_the_gate_refuses_a_review_that_left_its_path(engine, tmp_path):
-    # A policy that denies every Pod: bench-pod.json is cheaper, but no longer measures what it
-    # stands for, and the gate says so instead of passing it.
-    denying = tmp_path / "policies"
-    shutil.copytree(REPO / "policies", denying)
-    (denying / "00-deny-all.lua").write_text(
-        'return { name = "deny-all", match = { kinds = { "Pod" } },\n'
-        '         validate = function(req) req:deny("no pods today") end }\n')
-    got = gate(engine, denying, BASELINE)
+# A policy that denies every Pod (bench-pod.json is then cheaper), or one that adds an annotation
+# to it: either way the review no longer measures what it stands for, and the gate says so
+# instead of passing it.
+LEFT_ITS_PATH = {
+    "denied": ('return { name = "deny-all", match = { kinds = { "Pod" } },\n'
+               '         validate = function(req) req:deny("no pods today") end }\n',
+               "verdict denied, 0 ops, not patched, 8 ops: "),
+    "one more patch operation": (
+        'return { name = "stamp", match = { kinds = { "Pod" } },\n'
+        '         mutate = function(req, pod) pod.metadata.labels = pod.metadata.labels or {}\n'
+        '           pod.metadata.labels["stamp"] = "1" end }\n',
+        "verdict patched, 9 ops, not patched, 8 ops: "),
+}
+
+
+@pytest.mark.parametrize("change", list(LEFT_ITS_PATH))
+def test_the_gate_refuses_a_review_that_left_its_path(engine, tmp_path, change):
+    policy, said = LEFT_ITS_PATH[change]
+    changed = tmp_path / "policies"
+    shutil.copytree(REPO / "policies", changed)
+    (changed / "00-changed.lua").write_text(policy)
+    got = gate(engine, changed, BASELINE)
     assert got.returncode == 1, got.stdout[-3000:] + got.stderr[-3000:]
-    assert re.search(rf"^cost: FAIL {re.escape(REVIEW)}: verdict denied, not patched: ",
-                     got.stdout, re.M), got.stdout
+    assert re.search(rf"^cost: FAIL {re.escape(REVIEW)}: {re.escape(said)}", got.stdout,
+                     re.M), got.stdout
