@@ -305,6 +305,22 @@ static void test_owners_of_gpu_pods(void **state)
     assert_string_equal(json_string_value(json_array_get(seen, 0)),
                         "ml/chat-5d8f7c9b4-x2x7z=ReplicaSet/chat-5d8f7c9b4");
     json_decref(seen);
+
+    /* One rule for the controller, the relist's (infscan.c) and the audit's (inv_controller):
+     * the first controller reference whose kind and name are both there and not empty. */
+    json_object_set_new(json_object_get(owned, "metadata"), "ownerReferences",
+                        json_pack("[{s:s,s:s,s:b},{s:s,s:s,s:b}]", "kind", "", "name", "n1",
+                                  "controller", 1, "kind", "Job", "name", "train", "controller",
+                                  1));
+    inv_upsert(inv, owned);
+    char *controller = inv_controller(owned);
+    assert_string_equal(controller, "Job/train");
+    free(controller);
+    seen = json_array();
+    inv_each_owner(inv, collect_owner, seen);
+    assert_string_equal(json_string_value(json_array_get(seen, 0)),
+                        "ml/chat-5d8f7c9b4-x2x7z=Job/train");
+    json_decref(seen);
     json_decref(owned);
     json_decref(bare);
     free_inventory(inv);

@@ -491,9 +491,9 @@ const json_t *inv_controller_ref(const json_t *obj)
     const json_t *ref;
     json_array_foreach(json_object_get(json_object_get(obj, "metadata"), "ownerReferences"), i, ref)
     {
-        if (json_is_true(json_object_get(ref, "controller")) &&
-            json_is_string(json_object_get(ref, "kind")) &&
-            json_is_string(json_object_get(ref, "name")))
+        const char *kind = json_string_value(json_object_get(ref, "kind")),
+                   *name = json_string_value(json_object_get(ref, "name"));
+        if (json_is_true(json_object_get(ref, "controller")) && kind && *kind && name && *name)
             return ref;
     }
     return NULL;

@@ -214,8 +214,8 @@ uint64_t inv_dra_version(struct inventory *inv);
 void inv_set_ready(struct inventory *inv, bool ready);
 bool inv_ready(struct inventory *inv);
 
-/* The controller ownerReference of obj's metadata (controller: true, with a kind and a name),
- * or NULL. */
+/* The controller ownerReference of obj's metadata (the first with controller: true and a kind
+ * and a name, neither empty, as the informer's reader takes it: infscan.c), or NULL. */
 const json_t *inv_controller_ref(const json_t *obj);
 /* "<kind>/<name>" of it, malloc'ed: "" when obj has none, NULL when out of memory. */
 char *inv_controller(const json_t *obj);
