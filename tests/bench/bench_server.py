@@ -508,26 +508,35 @@ def exchange(tls, request):
     return status, body
 
 
-def check_answers(server, bodies):
-    """Each body once over TLS: 200, an AdmissionReview for its uid; returns facts."""
-    facts = []
-    ctx = server.context()
-    with tls_connect(server.port, ctx) as tls:
+def answers(port, ctx, bodies, who=""):
+    """Each body once over TLS, checked to be answered 200 with an AdmissionReview for its uid:
+    ([(label, path, body, answer, response)], the TLS version and cipher)."""
+    got = []
+    with tls_connect(port, ctx) as tls:
         tls_info = f"{tls.version()} {tls.cipher()[0]}"
         for label, path in bodies:
             body = path.read_bytes()
             status, answer = exchange(tls, http_request(body))
             if status != 200:
-                raise BenchError(f"{path.name}: HTTP {status}: {answer[:500]!r}")
+                raise BenchError(f"{who}{path.name}: HTTP {status}: {answer[:500]!r}")
             resp = json.loads(answer)["response"]
             uid = json.loads(body)["request"]["uid"]
             if resp.get("uid") != uid:
-                raise BenchError(f"{path.name}: answer for uid {resp.get('uid')}, not {uid}")
-            ops = len(json.loads(base64.b64decode(resp["patch"]))) if resp.get("patch") else 0
-            verdict = ("denied" if not resp.get("allowed") else
-                       f"patched ({ops} ops)" if ops else "allowed")
-            facts.append({"label": label, "path": path, "size": len(body), "verdict": verdict,
-                          "answer": answer, "message": (resp.get("status") or {}).get("message")})
+                raise BenchError(f"{who}{path.name}: answer for uid {resp.get('uid')}, not {uid}")
+            got.append((label, path, body, answer, resp))
+    return got, tls_info
+
+
+def check_answers(server, bodies):
+    """Each body once over TLS: 200, an AdmissionReview for its uid; returns facts."""
+    facts = []
+    got, tls_info = answers(server.port, server.context(), bodies)
+    for label, path, body, answer, resp in got:
+        ops = len(json.loads(base64.b64decode(resp["patch"]))) if resp.get("patch") else 0
+        verdict = ("denied" if not resp.get("allowed") else
+                   f"patched ({ops} ops)" if ops else "allowed")
+        facts.append({"label": label, "path": path, "size": len(body), "verdict": verdict,
+                      "answer": answer, "message": (resp.get("status") or {}).get("message")})
     return facts, tls_info
 
 
@@ -693,22 +702,13 @@ class GoWebhook:
 def check_go_answers(port, ctx, bodies):
     """Each body once: 200, an AdmissionReview for its uid, allowed, a one-operation patch
     adding an annotation; returns (TLS version and cipher, the answer to the first body)."""
-    first = None
-    with tls_connect(port, ctx) as tls:
-        tls_info = f"{tls.version()} {tls.cipher()[0]}"
-        for _, path in bodies:
-            body = path.read_bytes()
-            status, answer = exchange(tls, http_request(body))
-            if status != 200:
-                raise BenchError(f"Go webhook, {path.name}: HTTP {status}: {answer[:500]!r}")
-            resp = json.loads(answer)["response"]
-            uid = json.loads(body)["request"]["uid"]
-            patch = json.loads(base64.b64decode(resp.get("patch") or "W10="))
-            if resp.get("uid") != uid or not resp.get("allowed") or len(patch) != 1 or \
-                    not patch[0]["path"].startswith("/metadata/annotations"):
-                raise BenchError(f"Go webhook, {path.name}: unexpected answer {answer[:500]!r}")
-            first = first or answer
-    return tls_info, first
+    got, tls_info = answers(port, ctx, bodies, "Go webhook, ")
+    for _, path, _, answer, resp in got:
+        patch = json.loads(base64.b64decode(resp.get("patch") or "W10="))
+        if not resp.get("allowed") or len(patch) != 1 or \
+                not patch[0]["path"].startswith("/metadata/annotations"):
+            raise BenchError(f"Go webhook, {path.name}: unexpected answer {answer[:500]!r}")
+    return tls_info, got[0][3] if got else None
 
 
 # --------------------------------------------------------------------------
