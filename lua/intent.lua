@@ -998,14 +998,15 @@ local function names_any(c, wanted)
 end
 
 -- The devices of other vendors' GPUs the pod's containers ask for, as breakdown items, and
--- their charge (a whole GPU each, every container counted: more than the scheduler reserves for
--- init containers, never less); or nil and a message for a request that is not a whole number
--- or, under other_gpus.mode: deny, any request.
+-- their charge (a whole GPU each, every init and regular container counted: more than the
+-- scheduler reserves for init containers, never less; ephemeral containers may not ask for
+-- resources, and the charge spec leaves them out); or nil and a message for a request that is
+-- not a whole number or, under other_gpus.mode: deny, any request.
 local function other_gpus(spec, cfg)
     local o = cfg.other_gpus or NONE
     local items, total = {}, 0
     local wanted = other_gpu_names(cfg)
-    for c in k8s.containers(spec) do
+    for c in k8s.containers(spec, INIT_AND_REGULAR) do
         for _, r in ipairs(names_any(c, wanted) and (o.resources or DEFAULT_OTHER_GPUS) or NONE) do
             local ok, milli = pcall(k8s.request_milli, c, r)
             if not ok or (milli and milli % 1000 ~= 0) then
