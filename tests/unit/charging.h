@@ -25,14 +25,26 @@ static inline void charging_start(struct charging *c, struct inventory *inv, con
         fail_msg("the charge model does not load: %s", err.msg);
 }
 
-/* inv_charge of a jansson value, through its nodes, as the inventory charges what it reads. */
+/* The charge of a jansson value as admission's reservation takes it: a pod read as the
+ * informer reads one (its charge spec), anything else (a claim, a pod the reader refuses) as
+ * nodes for the model. */
 static inline int64_t charge_of(struct inventory *inv, const json_t *obj)
 {
-    struct jf_doc doc;
-    if (jf_from_json(obj, &doc) != 0)
-        fail_msg("out of memory");
-    int64_t charge = inv_charge(inv, doc.root);
-    jf_doc_free(&doc);
+    struct inf_pod pod;
+    struct gg_err err = {{0}};
+    const char *kind = json_string_value(json_object_get(obj, "kind"));
+    inf_pod_init(&pod);
+    int64_t charge = -1;
+    if ((!kind || strcmp(kind, "Pod") == 0) && inf_pod_of_json(obj, &pod, &err)) {
+        charge = inv_charge_pod(inv, &pod);
+    } else {
+        struct jf_doc doc;
+        if (jf_from_json(obj, &doc) != 0)
+            fail_msg("out of memory");
+        charge = inv_charge(inv, doc.root);
+        jf_doc_free(&doc);
+    }
+    inf_pod_free(&pod);
     return charge;
 }
 

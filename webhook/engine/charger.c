@@ -22,7 +22,6 @@
 #include "codec/admission.h"
 #include "kube/informer.h"
 #include "kube/inventory.h"
-#include "util/jsonwrite.h"
 #include "util/log.h"
 #include "engine/luabridge.h"
 #include "engine/policy.h"
@@ -49,9 +48,7 @@ struct charger {
     uint64_t generation; /* of the set vm was built from; 0: none yet */
     struct lb_vm *vm;
     struct charge_memo *memo; /* of vm's model */
-    struct buf text;          /* a pod given as nodes, written out to be read as a pod */
     struct buf key;           /* a spec naming claims, with the DRA objects' version */
-    struct inf_pod pod;       /* that pod */
     struct charger_stats stats;
 };
 
@@ -90,9 +87,7 @@ enum gg_status charger_new(struct engine *engine, struct inventory *inv, struct 
     pthread_mutex_init(&c->lock, NULL);
     c->engine = engine;
     c->inv = inv;
-    buf_init(&c->text, INF_MAX_LINE);
     buf_init(&c->key, INF_MAX_LINE);
-    inf_pod_init(&c->pod);
     if (!(c->memo = cm_new())) {
         charger_free(c);
         return gg_fail(err, GG_ERR_NOMEM, "out of memory");
@@ -114,9 +109,7 @@ void charger_free(struct charger *c)
     inv_set_charger(c->inv, NULL, NULL);
     lb_vm_free(c->vm);
     cm_free(c->memo);
-    buf_clear(&c->text);
     buf_clear(&c->key);
-    inf_pod_free(&c->pod);
     pthread_mutex_destroy(&c->lock);
     free(c);
 }
@@ -236,13 +229,6 @@ static int64_t charge_pod(struct charger *c, const struct inf_pod *pod, bool rea
     return charge;
 }
 
-/* Is obj a pod (as a review or a file has it)?  Anything else the model charges is a claim. */
-static bool is_pod(const struct jf_node *obj)
-{
-    const char *kind = jf_string(jf_get_str(obj, "kind"));
-    return !kind || strcmp(kind, "Pod") == 0;
-}
-
 int64_t charger_charge(void *charger, const struct inf_pod *pod, const struct jf_node *obj)
 {
     struct charger *c = charger;
@@ -250,12 +236,6 @@ int64_t charger_charge(void *charger, const struct inf_pod *pod, const struct jf
     int64_t charge = -1;
     pthread_mutex_lock(&c->lock);
     bool ready = refresh(c, &err) == GG_OK;
-    if (!pod && is_pod(obj)) { /* read as the informer reads a pod */
-        buf_reset(&c->text);
-        if (jw_node(&c->text, obj) == GG_OK &&
-            inf_pod_of_text(c->text.data, c->text.len, &c->pod, &err))
-            pod = &c->pod;
-    }
     if (pod) {
         charge = charge_pod(c, pod, ready, &err);
     } else { /* a claim, or a pod the informer's reader refuses: the model on it as it is */

@@ -33,9 +33,9 @@ enum gg_status charger_new(struct engine *engine, struct inventory *inv, struct 
 void charger_free(struct charger *c);
 
 /*
- * milli-GPU held by a pod (pod, as the informer reads it, or obj) or by a
- * ResourceClaim (obj); one of pod and obj is NULL.  A pod given as nodes is
- * read as the informer reads one, and charged from its charge spec.  A
+ * milli-GPU held by a pod as the informer reads one (pod: charged from its
+ * charge spec), or by obj: a ResourceClaim, or a pod the informer's reader
+ * refuses, charged by the model as it is; one of pod and obj is NULL.  A
  * failure of the model itself (out of memory, a broken library) is logged
  * and counted as the pod's containers' whole GPUs would be: one GPU per
  * container that names a GPU resource, at least one (fail closed).

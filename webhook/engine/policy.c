@@ -1430,27 +1430,39 @@ static uint64_t reserve(struct engine *e, const struct adm_request *req,
     if (!e->inventory || (!v->mutated && !req->object) || req->operation != ADM_CREATE ||
         (strcmp(req->kind, "Pod") != 0 && strcmp(req->kind, "ResourceClaim") != 0))
         return 0;
+    /* A pod read once, as the informer reads one; a claim, or a pod the reader refuses, as
+     * nodes for the model. */
+    struct inf_pod pod;
+    struct gg_err err = {{0}};
+    inf_pod_init(&pod);
+    bool read =
+        strcmp(req->kind, "Pod") == 0 && (v->mutated ? inf_pod_of_json(v->mutated, &pod, &err)
+                                                     : inf_pod_of_nodes(req->object, &pod, &err));
     struct jf_doc mutated = {NULL, NULL, NULL};
-    if (v->mutated && jf_from_json(v->mutated, &mutated) != 0)
+    if (!read && v->mutated && jf_from_json(v->mutated, &mutated) != 0) {
+        inf_pod_free(&pod);
         return 0; /* out of memory: the reservation is a head start, the informer counts it */
+    }
     const struct jf_node *obj = v->mutated ? mutated.root : req->object;
     const struct jf_node *meta = jf_get_str(obj, "metadata");
-    const char *pool = jf_string(jf_get_str(jf_get_str(meta, "annotations"), GG_KEY_POOL));
     struct inv_hold hold = {
         .ns = req->namespace,
-        .uid = jf_string(jf_get_str(meta, "uid")),
+        .uid = read ? pod.uid : jf_string(jf_get_str(meta, "uid")),
         .name = req->name,
-        .cls = jf_string(jf_get_str(jf_get_str(meta, "labels"), GG_KEY_WORKLOAD_CLASS)),
-        .pool = pool,
-        .charge = inv_charge(e->inventory, obj),
+        .cls = read ? pod.cls
+                    : jf_string(jf_get_str(jf_get_str(meta, "labels"), GG_KEY_WORKLOAD_CLASS)),
+        .pool =
+            read ? pod.pool : jf_string(jf_get_str(jf_get_str(meta, "annotations"), GG_KEY_POOL)),
+        .charge = read ? inv_charge_pod(e->inventory, &pod) : inv_charge(e->inventory, obj),
     };
     h->charge = hold.charge;
     snprintf(h->uid, sizeof(h->uid), "%s", hold.uid ? hold.uid : "");
-    snprintf(h->pool, sizeof(h->pool), "%s", pool ? pool : "");
+    snprintf(h->pool, sizeof(h->pool), "%s", hold.pool ? hold.pool : "");
     uint64_t seq = hold.charge > 0 && !req->dry_run
                        ? inv_reserve(e->inventory, &hold, INV_RESERVATION_TTL_MS)
                        : 0;
     jf_doc_free(&mutated);
+    inf_pod_free(&pod);
     return seq;
 }
 

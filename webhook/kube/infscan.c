@@ -826,15 +826,27 @@ bool inf_pod_of_text(const char *text, size_t len, struct inf_pod *p, struct gg_
     return false;
 }
 
-bool inf_pod_of_json(const json_t *obj, struct inf_pod *p, struct gg_err *err)
+/* The pod of obj (a jansson value) or node (a document's), written out and read. */
+static bool pod_written(const json_t *obj, const struct jf_node *node, struct inf_pod *p,
+                        struct gg_err *err)
 {
     struct buf text;
     buf_init(&text, INF_MAX_LINE);
-    bool ok = jw_value(&text, obj) == GG_OK
+    bool ok = (obj ? jw_value(&text, obj) : jw_node(&text, node)) == GG_OK
                   ? inf_pod_of_text(text.data, text.len, p, err)
                   : gg_fail(err, GG_ERR_TOOBIG, "the pod is too large") == GG_OK;
     buf_clear(&text);
     return ok;
+}
+
+bool inf_pod_of_json(const json_t *obj, struct inf_pod *p, struct gg_err *err)
+{
+    return pod_written(obj, NULL, p, err);
+}
+
+bool inf_pod_of_nodes(const struct jf_node *node, struct inf_pod *p, struct gg_err *err)
+{
+    return pod_written(NULL, node, p, err);
 }
 
 json_t *inf_read_object(const char *text, size_t len, char *rv, struct gg_err *err)

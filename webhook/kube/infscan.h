@@ -68,6 +68,9 @@ bool inf_pod_of_text(const char *text, size_t len, struct inf_pod *p, struct gg_
 
 /* The pod of a jansson object (written out and read); false with err set when it is none. */
 bool inf_pod_of_json(const json_t *obj, struct inf_pod *p, struct gg_err *err);
+/* The same of a document's node (a review's object, util/jsonfast.h). */
+struct jf_node;
+bool inf_pod_of_nodes(const struct jf_node *node, struct inf_pod *p, struct gg_err *err);
 
 /*
  * The pod as a trimmed object: the charge spec with the pod's own strings

@@ -288,6 +288,11 @@ int64_t inv_charge(struct inventory *inv, const struct jf_node *obj)
     return charge_of(inv, NULL, obj);
 }
 
+int64_t inv_charge_pod(struct inventory *inv, const struct inf_pod *pod)
+{
+    return charge_of(inv, pod, NULL);
+}
+
 /* ---- records and sums --------------------------------------------------- */
 
 /* The sums a record adds to: "ns", "ns\x1f" class and "ns\x1e" pool. */
@@ -1016,9 +1021,7 @@ void inv_stage_add(struct inv_stage *stage, const json_t *pod)
 {
     struct inf_pod p;
     inf_pod_init(&p);
-    if (kind_of(pod) != K_POD)
-        stage->seen++;
-    else if (read_pod(pod, &p))
+    if (kind_of(pod) == K_POD && read_pod(pod, &p))
         inv_stage_add_pod(stage, &p);
     else
         stage->seen++;

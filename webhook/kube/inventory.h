@@ -48,9 +48,10 @@ void inv_free(struct inventory *inv);
 typedef int64_t (*inv_charge_fn)(void *ctx, const struct inf_pod *pod, const struct jf_node *obj);
 /* Set before the first object arrives; without one nothing is charged. */
 void inv_set_charger(struct inventory *inv, inv_charge_fn fn, void *ctx);
-/* The charger's answer for obj (0 without a charger): the review's own nodes, or the nodes
- * over an object the informer read (util/jsonfast.h). */
+/* The charger's answer (0 without a charger) for obj, a claim or a pod the informer's reader
+ * refuses (util/jsonfast.h's nodes), charged by the model as it is; or for a pod read. */
 int64_t inv_charge(struct inventory *inv, const struct jf_node *obj);
+int64_t inv_charge_pod(struct inventory *inv, const struct inf_pod *pod);
 
 /*
  * Add or update a pod, ResourceClaim, ResourceClaimTemplate or DeviceClass (by "kind";
