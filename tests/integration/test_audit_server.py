@@ -25,7 +25,7 @@ def test_without_the_report_crds_the_audit_says_so_once_and_still_counts(running
         "failed", 6, 4, 0), done
     said = [a["error"] for a in audits(server) if isinstance(a.get("error"), str)]
     assert said.count("the API wgpolicyk8s.io/v1alpha2 is not served (its CRDs are not "
-                      "installed): no reports") == 1, said
+                      "installed: deploy/reports/wgpolicyk8s.io.yaml): no reports") == 1, said
     assert not [s for s in said if "POST" in s or "PUT" in s], said
     text = metrics(server)
     assert metric(text, "gpuguard_audit_runs_total", result="error") >= 1

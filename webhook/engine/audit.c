@@ -761,7 +761,10 @@ static void audit_once(struct audit *a, const struct cfg_audit *cfg, enum pr_api
     if (!listed)
         note_error(&r, "listing gpuguard's reports: %s", err.msg);
     else if (r.existing.unserved) /* said once: every write would fail alike */
-        note_error(&r, "the API %s is not served (its CRDs are not installed): no reports",
+        note_error(&r,
+                   "the API %s is not served (its CRDs are not installed: "
+                   "deploy/reports/%.*s.yaml): no reports",
+                   pr_api_version(r.api), (int)strcspn(pr_api_version(r.api), "/"),
                    pr_api_version(r.api));
     read_scope(&r);
     bool seen_all = audit_pods(&r);

@@ -246,7 +246,8 @@ enum gg_status cfg_audit(const json_t *root, struct cfg_audit *out, struct gg_er
     if ((v = json_object_get(section, "rate")) &&
         (!json_is_integer(v) || json_integer_value(v) < CFG_AUDIT_MIN_RATE ||
          json_integer_value(v) > CFG_AUDIT_MAX_RATE))
-        return gg_fail(err, GG_ERR_INVALID, "audit.rate: must be an integer from 10 to 100000");
+        return gg_fail(err, GG_ERR_INVALID, "audit.rate: must be an integer from %d to %d",
+                       CFG_AUDIT_MIN_RATE, CFG_AUDIT_MAX_RATE);
     if (v)
         out->rate = json_integer_value(v);
     return GG_OK;

@@ -348,11 +348,6 @@ enum gg_status pr_write(struct kc_client *c, enum pr_api api, struct pr_existing
     const char *was = json_string_value(json_array_get(known, 0));
     if (was && strcmp(was, digest) == 0)
         return GG_OK;
-    if (ex->unserved)
-        return gg_fail(err, GG_ERR_INVALID,
-                       "the API %s is not served: its CRDs are not installed "
-                       "(deploy/reports/%.*s.yaml)",
-                       apis[api].version, (int)strcspn(apis[api].version, "/"), apis[api].version);
     path_of(api, ns, name, item, sizeof(item));
     path_of(api, ns, NULL, collection, sizeof(collection));
     bool exists = known != NULL;

@@ -80,8 +80,9 @@ enum gg_status pr_list(struct kc_client *c, enum pr_api api, struct pr_existing 
  * Create report, or replace the one ex lists when its results differ (a 409: read again and
  * replace once more); nothing when they are the same.  The key is marked kept first, so that a
  * write that fails leaves the report there is.  *wrote says whether a request changed it.  A
- * namespace gone or going (404, 403 NamespaceTerminating on create) is no error; an API ex
- * found unserved is one.  go_on false: stopped, GG_ERR_INVALID.
+ * namespace gone or going (404, 403 NamespaceTerminating on create) is no error.  Not for an
+ * API ex found unserved: its caller says so once instead of writing.  go_on false: stopped,
+ * GG_ERR_INVALID.
  */
 enum gg_status pr_write(struct kc_client *c, enum pr_api api, struct pr_existing *ex,
                         json_t *report, pr_go_on_fn go_on, void *ctx, bool *wrote,
