@@ -185,8 +185,10 @@ static void test_what_the_model_does_not_read_shares_one_evaluation(void **state
     v[7].env = "2";
     v[8].phase = "Pending";
     v[9].resources = "{\"limits\":{\"cpu\":\"1\",\"memory\":\"1Gi\",\"nvidia.com/gpu\":\"1\"}}";
-    v[10].ns = "ns-a"; /* and all of the above at once */
-    v[10].name = "x", v[10].uid = "u-x", v[10].node = "n", v[10].image = "i", v[10].env = "e";
+    v[10] = v[0]; /* and all of the above at once */
+    v[10].uid = v[1].uid, v[10].labels = v[2].labels, v[10].annotations = v[3].annotations;
+    v[10].node = v[4].node, v[10].scheduler = v[5].scheduler, v[10].image = v[6].image;
+    v[10].env = v[7].env, v[10].phase = v[8].phase, v[10].resources = v[9].resources;
     for (size_t i = 0; i < 11; i++)
         assert_int_equal(charge_parts(&s, &v[i]), charge);
     assert_int_equal(evaluated(&s), 1);
