@@ -251,6 +251,7 @@ def main():
                       help="write the counts as the baseline (of --reviews only, when given)")
     mode.add_argument("--split", action="store_true",
                       help="print the floor, the policies' logic and the bridge instead")
+    ap.add_argument("--work-dir", type=Path, help="with --split: keep the generated policies here")
     ap.add_argument("--phases", choices=("both", "mutate"), default=PHASES,
                     help="with --split: both phases (the gate's figure) or mutate [both]")
     args = ap.parse_args()
@@ -278,7 +279,8 @@ def main():
                 sys.exit(f"cost: --split runs the reviews without cluster state and with "
                          f"the configuration as it is: not for {', '.join(odd)}")
             split(args.bench_engine, args.policies, args.lua, args.config, args.phases,
-                  args.counts, [args.reviews_dir / r.name for r in reviews], work)
+                  args.counts, [args.reviews_dir / r.name for r in reviews],
+                  args.work_dir or work)
             return
         baseline = load_baseline(args.baseline)
         try:

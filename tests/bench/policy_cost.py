@@ -1,10 +1,7 @@
-#!/usr/bin/python3
 """policy_cost.py - where a review's instructions go: the engine's own floor, the
-policies' own logic, and the bridge between them (callgrind on bench_engine).
-
-    policy_cost.py --bench-engine build/bench/bench_engine [--policies policies]
-                   [--lua lua] [--config deploy/gpuguard.yaml] [--phases both]
-                   [--callgrind-n 100,300] [--work-dir DIR] REVIEW.json...
+policies' own logic, and the bridge between them (callgrind on bench_engine).  A
+library of tests/bench/cost.py: `make cost COST_FLAGS=--split` (cost.py --split
+[--reviews NAME,...] [--phases mutate] [--work-dir DIR]) runs split().
 
 For each review it counts instructions per review (the difference between two
 -n values under callgrind, divided by theirs, --grace-us 1000000000 as in
@@ -28,11 +25,9 @@ pass/fail: `make cost COST_FLAGS=--split` prints them through tests/bench/cost.p
 tests/integration/test_bench_smoke.py runs it briefly.
 """
 
-import argparse
 import re
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 from repeatable import CountError, per_review
@@ -176,30 +171,3 @@ def split(engine, policies, lua, config, phases, counts, reviews, work):
         bridge = got["shipped"] - got["floor"] - logic
         print(f"| {Path(review).name} | {got['shipped']:,} | {got['floor']:,} | {logic:,} "
               f"| {bridge:,} |", flush=True)
-
-
-def main():
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--bench-engine", required=True, type=Path)
-    ap.add_argument("--policies", default="policies", type=Path)
-    ap.add_argument("--lua", default="lua", type=Path)
-    ap.add_argument("--config", type=Path)
-    ap.add_argument("--phases", choices=("both", "mutate"), default="both",
-                    help="both phases (the issue's figure) or mutate (the server's /mutate)")
-    ap.add_argument("--callgrind-n", default="100,300",
-                    help="the two review counts whose difference is measured [100,300]")
-    ap.add_argument("--work-dir", type=Path, help="keep the generated policies here")
-    ap.add_argument("reviews", nargs="+", type=Path)
-    args = ap.parse_args()
-    counts = tuple(int(x) for x in args.callgrind_n.split(","))
-    if len(counts) != 2 or not 0 < counts[0] < counts[1]:
-        ap.error("--callgrind-n: two counts, the first smaller, e.g. 100,300")
-    if not shutil.which("valgrind"):
-        sys.exit("policy_cost: valgrind is not installed (`make deps` installs it)")
-    with tempfile.TemporaryDirectory(prefix="policy-cost-") as tmp:
-        split(args.bench_engine, args.policies, args.lua, args.config, args.phases, counts,
-              args.reviews, args.work_dir or Path(tmp))
-
-
-if __name__ == "__main__":
-    main()

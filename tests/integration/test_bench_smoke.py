@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from bench_server import find_go
 from conftest import REPO, procs, wait_for
 
 SCRIPT = REPO / "tests" / "bench" / "bench_server.py"
@@ -32,12 +33,9 @@ def tools():
 
 
 def go_command():
-    """The go the benchmark finds for its Go webhook (bench_server.find_go), or None: without
-    one the benchmark runs all the same, its Go rows saying why."""
-    if os.environ.get("BENCH_GO") == "off":
-        return None
-    return shutil.which(os.environ.get("BENCH_GO") or "go") or \
-        shutil.which("/usr/local/go/bin/go")
+    """The go the benchmark finds for its Go webhook, or None: without one the benchmark runs
+    all the same, its Go rows saying why."""
+    return find_go(os.environ.get("BENCH_GO", ""))[0]
 
 
 def callgrind_n(binary):
@@ -207,7 +205,8 @@ def test_bench_server_stops_everything_on_ctrl_c(binary, tools, tmp_path):
 
 
 def test_policy_cost_splits_a_review(binary, tmp_path):
-    # tests/bench/policy_cost.py (`make cost COST_FLAGS=--split`) briefly: it measures, and its
+    # `make cost COST_FLAGS=--split` (tests/bench/cost.py through policy_cost.py) briefly: it
+    # measures, and its
     # driver really runs the shipped policies on the plain copy (their decision lands in its
     # audit).
     if callgrind_n(binary) == "off":
@@ -218,11 +217,9 @@ def test_policy_cost_splits_a_review(binary, tmp_path):
     engine = Path(binary).parent / "bench" / "bench_engine"
     review = REPO / "tests" / "data" / "reviews" / "bench-pod.json"
     work = tmp_path / "work"
-    out = procs.run(["/usr/bin/python3", str(REPO / "tests" / "bench" / "policy_cost.py"),
-                     "--bench-engine", str(engine), "--policies", str(REPO / "policies"),
-                     "--lua", str(REPO / "lua"), "--config",
-                     str(REPO / "deploy" / "gpuguard.yaml"), "--callgrind-n", "20,40",
-                     "--work-dir", str(work), str(review)],
+    out = procs.run(["/usr/bin/python3", str(REPO / "tests" / "bench" / "cost.py"),
+                     "--bench-engine", str(engine), "--split", "--reviews", review.name,
+                     "--callgrind-n", "20,40", "--work-dir", str(work)],
                     capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     # Twenty reviews apart: with fewer, one collection more or less in a run can outweigh the
