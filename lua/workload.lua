@@ -486,12 +486,19 @@ end
 function M.intent(pod)
     local out, msg = intent_of(pod)
     if out == nil or #out > 0 then
-        local m = memo_of(pod)
-        if m.wants_gpu == nil then
-            m.wants_gpu = true
-        end
+        M.settle_wants_gpu(pod)
     end
     return out, msg
+end
+
+--- Settle wants_gpu as true for the request, for a policy that found the pod asking for a GPU
+--- as wants_gpu would find it, in a way its own edits keep (M.intent; 10-gpu-sharing's
+--- pass-through of a pod written for a backend, whose claims or resources it never removes).
+function M.settle_wants_gpu(pod)
+    local m = memo_of(pod)
+    if m.wants_gpu == nil then
+        m.wants_gpu = true
+    end
 end
 
 --[[

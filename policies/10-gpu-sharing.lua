@@ -319,6 +319,7 @@ local function pass_through(req, pod, cfg, dialect)
     if dialect == "dra" and #classes == 0 and not classes.shared_claim then
         return -- claims for devices that are not GPUs
     end
+    workload.settle_wants_gpu(pod) -- as intent.wants_gpu finds it: its charge need not be asked again
     local pool, msg = intent.serving_pool(cfg, dialect, classes)
     if not pool then
         req:deny(msg)

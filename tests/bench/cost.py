@@ -12,7 +12,9 @@ address randomisation off, --grace-us past any run, both phases): bench_engine -
 bench_engine -n 500, divided by 1,000.  A review more than --limit % above its baseline fails
 the gate (exit 1, a line naming the review, its count, its baseline and the percentage); so
 does a review whose verdict (allowed, patched or denied, and its patch's operations) is no longer
-the one it stands for (it would measure another path).
+the one it stands for (it would measure another path).  A review with a target is also held
+to at most a percentage above another review of the same run: the DRA review to 20 % above the
+headline's (its template's lookups and charge are the difference).
 A table of every review is printed either way, and a review more than --limit % below its
 baseline is named as one whose baseline is to be lowered.
 
@@ -61,12 +63,13 @@ KAI_POOL = """\
 
 
 class Review:
-    def __init__(self, name, stands_for, verdict, cluster_state=None, pool=None):
+    def __init__(self, name, stands_for, verdict, cluster_state=None, pool=None, within=None):
         self.name = name
         self.stands_for = stands_for
         self.verdict = verdict  # bench_engine's verdict of the last review: "patched, N ops"
         self.cluster_state = cluster_state  # a file beside the review, for --cluster-state
         self.pool = pool  # YAML of a pool added to the configuration
+        self.within = within  # (another review, percent): at most that much above its count
 
 
 # The set, in the order of the table.  Each is an AdmissionReview as the API server sends it at
@@ -82,7 +85,7 @@ REVIEWS = [
            "on a100-mig", "patched, 6 ops"),
     Review("cost-dra.json", "DRA: a Job's pod claiming from the ResourceClaimTemplate "
            "single-gpu (cost-dra-state.json, as cluster state), on a100-dra", "patched, 5 ops",
-           cluster_state="cost-dra-state.json"),
+           cluster_state="cost-dra-state.json", within=("bench-pod.json", 20)),
     Review("cost-kai.json", "KAI: a pod for kai-scheduler, gpu-fraction 0.5, passed through to "
            "kai-l40s (a pool added to the configuration)", "patched, 6 ops", pool=KAI_POOL),
     Review("cost-deployment.json", "a Deployment (kubectl apply), 1 GPU per replica: its "
@@ -227,6 +230,27 @@ def report(reviews, got, baseline, args):
                          f"{base:,}")
     for line in lower:
         print(f"cost: lower the baseline ({COMMAND}): {line}")
+    return failures + targets(reviews, got)
+
+
+def targets(reviews, got):
+    """Prints how far each review with a target (Review.within) is above the review it is held
+    to, counted in the same run; returns the failures."""
+    failures = []
+    for r in reviews:
+        if not r.within:
+            continue
+        other, limit = r.within
+        if other not in got:
+            print(f"cost: note: {r.name} is held to at most {limit} % above {other}, which this "
+                  "run did not count")
+            continue
+        now, then = got[r.name][0], got[other][0]
+        line = (f"{r.name}: {now:,} instructions per review, {percent(now, then):.2f} % above "
+                f"{other}'s {then:,} (target: at most {limit} %)")
+        print(f"cost: {line}")
+        if percent(now, then) > limit:
+            failures.append(line)
     return failures
 
 

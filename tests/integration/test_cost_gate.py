@@ -2,7 +2,9 @@
 committed baseline takes the tree as it is, and the gate fails a review that costs 5 % more:
 the shipped policies plus one that burns about 5 % of the headline review's instructions (a
 throwaway policy in a copy of policies/), the failure naming the review, its count, its
-baseline and the percentage.  Skipped where valgrind cannot count (as the other bench smoke
+baseline and the percentage.  The DRA review is held to at most 20 % above the headline's, in
+the same run: the tree holds it, and a policy that works only on pods with claims breaks it.
+Skipped where valgrind cannot count (as the other bench smoke
 tests)."""
 
 import json
@@ -50,10 +52,10 @@ def engine(binary):
     return Path(binary).parent / "bench" / "bench_engine"
 
 
-def gate(engine, policies, baseline, *extra):
+def gate(engine, policies, baseline, *extra, reviews=REVIEW):
     return subprocess.run(["/usr/bin/python3", str(GATE), "--bench-engine", str(engine),
                            "--policies", str(policies), "--baseline", str(baseline),
-                           "--reviews", REVIEW, "--callgrind-n", COUNTS, *extra],
+                           "--reviews", reviews, "--callgrind-n", COUNTS, *extra],
                           capture_output=True, text=True, timeout=600)
 
 
@@ -126,3 +128,55 @@ def test_the_gate_refuses_a_review_that_left_its_path(engine, tmp_path, change):
     assert got.returncode == 1, got.stdout[-3000:] + got.stderr[-3000:]
     assert re.search(rf"^cost: FAIL {re.escape(REVIEW)}: {re.escape(said)}", got.stdout,
                      re.M), got.stdout
+
+
+# A policy whose loop runs only for a pod that names DRA claims: some 300,000 instructions (3,000
+# iterations of some 100 each, CALIBRATION's), a third of the headline review, on the DRA review
+# alone.
+DRA_ONLY = """-- The cost gate's test: a third more instructions for a pod with DRA claims.
+return {
+    name = "cost-test-dra",
+    match = { kinds = { "Pod" }, operations = { "CREATE" } },
+    mutate = function(req, pod)
+        local x = 0
+        if pod.spec.resourceClaims then
+            for i = 1, 3000 do
+                x = x + i % 7
+            end
+        end
+        return x
+    end,
+}
+"""
+DRA = "cost-dra.json"
+
+
+def target_line(out):
+    """The DRA review's count, its percentage above the headline's and the headline's count."""
+    m = re.search(rf"^cost: (?:FAIL )?{re.escape(DRA)}: ([\d,]+) instructions per review, "
+                  rf"([\d.]+) % above {re.escape(REVIEW)}'s ([\d,]+) \(target: at most 20 %\)$",
+                  out, re.M)
+    assert m, out
+    return int(m.group(1).replace(",", "")), float(m.group(2)), int(m.group(3).replace(",", ""))
+
+
+def test_the_gate_holds_a_dra_pod_within_20_percent_of_the_headline(engine, tmp_path):
+    both = f"{REVIEW},{DRA}"
+    tree = gate(engine, REPO / "policies", BASELINE, reviews=both)
+    assert tree.returncode == 0, tree.stdout[-3000:] + tree.stderr[-3000:]
+    dra, above, headline = target_line(tree.stdout)
+    assert above <= 20 and dra <= headline * 1.2, tree.stdout
+
+    # The baseline out of the way (the DRA review's far above anything counted): only the
+    # target can fail.
+    baseline = json.loads(BASELINE.read_text())
+    baseline["reviews"][DRA] *= 10
+    (tmp_path / "baseline.json").write_text(json.dumps(baseline))
+    dearer = tmp_path / "policies"
+    shutil.copytree(REPO / "policies", dearer)
+    (dearer / "99-cost-test-dra.lua").write_text(DRA_ONLY)
+    got = gate(engine, dearer, tmp_path / "baseline.json", reviews=both)
+    assert got.returncode == 1, got.stdout[-3000:] + got.stderr[-3000:]
+    assert f"cost: FAIL {DRA}: " in got.stdout, got.stdout
+    more, above, same = target_line(got.stdout)
+    assert above > 20 and more > dra and abs(same - headline) <= headline // 100, got.stdout
