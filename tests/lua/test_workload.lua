@@ -23,19 +23,15 @@ local function pod(annotations)
     })
 end
 
-function T.test_a_settled_pod_wants_a_gpu_for_the_rest_of_its_request()
-    local p = pod()
-    eq(workload.compute_wants_gpu(p, CFG, "team-a"), false, "no GPU asked")
-    workload.settle_wants_gpu(p)
-    eq(workload.wants_gpu(p, CFG, "team-a"), true, "settled: not worked out again")
+function T.test_settling_says_a_pod_wants_a_gpu_unless_it_was_asked_already()
+    local settled, asked = pod(), pod()
+    eq(workload.compute_wants_gpu(settled, CFG, "team-a"), false, "no GPU asked")
+    eq(workload.wants_gpu(asked, CFG, "team-a"), false, "asked first")
+    workload.settle_wants_gpu(settled)
+    workload.settle_wants_gpu(asked)
+    eq(workload.wants_gpu(settled, CFG, "team-a"), true, "settled: not worked out again")
+    eq(workload.wants_gpu(asked, CFG, "team-a"), false, "the first answer of the request stays")
     eq(workload.wants_gpu(pod(), CFG, "team-a"), false, "another pod: its own answer")
-end
-
-function T.test_an_answer_given_stays()
-    local p = pod()
-    eq(workload.wants_gpu(p, CFG, "team-a"), false, "asked first")
-    workload.settle_wants_gpu(p)
-    eq(workload.wants_gpu(p, CFG, "team-a"), false, "the first answer of the request")
 end
 
 function T.test_the_intent_settles_a_pod_that_asks()
