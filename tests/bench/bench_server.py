@@ -77,11 +77,9 @@ import time
 from pathlib import Path
 
 import procs  # tests/bench/procs.py: children stopped whatever happens
-from repeatable import callgrind_run  # noqa: E402
+from repeatable import GRACE_US, CountError, count  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent.parent
-# The count hook's grace under callgrind: never reached, as in a native run.
-CALLGRIND_GRACE_US = 10**9
 WRK_SCRIPT = REPO / "tests" / "bench" / "wrk" / "review.lua"
 BASE_REVIEW = REPO / "tests" / "data" / "reviews" / "bench-pod.json"
 SERVICE, NAMESPACE = "gpuguard", "gpuguard-system"
@@ -888,28 +886,16 @@ def open_idle_connections(server, n, body, deadline):
 
 
 def callgrind_count(binary, tmp, counts):
-    """Instructions per review of bench_engine on bench-pod.json under callgrind: the
-    difference between the totals of two runs (counts: (small n, large n)) divided by
-    the difference of their n, so that start-up and policy loading cancel out."""
-    valgrind = tool("valgrind")
+    """Instructions per review of bench_engine on bench-pod.json under callgrind
+    (repeatable.count): the difference between the totals of two runs (counts: (small n,
+    large n)) divided by the difference of their n, so that start-up and policy loading
+    cancel out."""
+    flags = ["--policies", tmp / "policies", "--lua", tmp / "lua", "--config",
+             tmp / "config" / "gpuguard.yaml"]
     try:
-        prefix, env = callgrind_run(binary)
-    except FileNotFoundError as e:
-        raise BenchError(str(e))
-    totals = []
-    for n in counts:
-        out_file = tmp / f"callgrind.{n}.out"
-        out = procs.run(prefix + [valgrind, "--tool=callgrind", f"--callgrind-out-file={out_file}",
-                         binary, "--policies", str(tmp / "policies"), "--lua",
-                         str(tmp / "lua"), "--config", str(tmp / "config" / "gpuguard.yaml"),
-                         "-n", str(n), "--grace-us", str(CALLGRIND_GRACE_US),
-                         str(BASE_REVIEW)], capture_output=True, text=True, timeout=1800,
-                        env=env)
-        m = re.search(r"^summary: (\d+)$", out_file.read_text() if out_file.exists() else "",
-                      re.M)
-        if out.returncode != 0 or not m:
-            raise BenchError(f"callgrind on bench_engine -n {n}: {out.stderr[-2000:]}")
-        totals.append(int(m.group(1)))
+        totals = [count(binary, flags, n, BASE_REVIEW, tmp, run=procs.run)[0] for n in counts]
+    except (CountError, OSError) as e:
+        raise BenchError(str(e)) from None
     per = (totals[1] - totals[0]) / (counts[1] - counts[0])
     log(f"engine under callgrind: {per:,.0f} instructions per review "
         f"(-n {counts[0]}: {totals[0]:,}, -n {counts[1]}: {totals[1]:,})")
@@ -986,7 +972,7 @@ def headline(ctx):
     n1, n2 = a.callgrind_counts or (0, 0)
     rows.append("| engine instructions per review (callgrind, bench_engine on bench-pod.json, "
                 f"difference between -n {n2} and -n {n1} per review, "
-                f"--grace-us {CALLGRIND_GRACE_US}) | "
+                f"--grace-us {GRACE_US}) | "
                 + (f"{cg / 1000:,.0f} K" if cg else "not measured") + " | ≤ 550 K (make cost) |")
     share = [100 * r["g"]["rps"] / r["n"]["rps"] for r in rounds]
     rows.append(f"| webhook req/s as a share of nginx (wrk -t{min(a.threads, a.connections)} "

@@ -37,10 +37,12 @@ def callgrind_run(bench_engine):
     return prefix, env
 
 
-def count(bench_engine, flags, n, review, work):
+def count(bench_engine, flags, n, review, work, run=subprocess.run):
     """(instructions, stdout) of one callgrind run of bench_engine -n n on review, with flags
     (--policies, --lua, --config, --phases, --cluster-state ...) and --grace-us GRACE_US.  work:
-    a directory for callgrind's output file, removed after."""
+    a directory for callgrind's output file, removed after.  run: subprocess.run, or a
+    function that takes its arguments (bench_server.py's procs.run, which stops the run with
+    the script)."""
     try:
         prefix, env = callgrind_run(bench_engine)
     except FileNotFoundError as e:
@@ -49,7 +51,7 @@ def count(bench_engine, flags, n, review, work):
     cmd = prefix + ["valgrind", "--tool=callgrind", f"--callgrind-out-file={out_file}",
                     str(bench_engine), *map(str, flags), "--grace-us", GRACE_US, "-n", str(n),
                     str(review)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=3600, env=env)
+    out = run(cmd, capture_output=True, text=True, timeout=3600, env=env)
     out_file.unlink(missing_ok=True)
     m = re.search(r"Collected : ([\d,]+)", out.stderr)
     if out.returncode != 0 or not m:

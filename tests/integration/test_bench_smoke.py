@@ -267,20 +267,14 @@ def test_two_counts_of_a_review_agree(binary, tmp_path):
     if callgrind_n(binary) == "off":
         pytest.skip("no valgrind, or a sanitized build: nothing to count")
     sys.path.insert(0, str(REPO / "tests" / "bench"))
-    from repeatable import callgrind_run
+    from repeatable import count
     engine = Path(binary).parent / "bench" / "bench_engine"
-    prefix, env = callgrind_run(engine)
+    flags = ["--policies", REPO / "policies", "--lua", REPO / "lua", "--config",
+             REPO / "deploy" / "gpuguard.yaml"]
 
     def total(n):
-        out_file = tmp_path / f"callgrind.{n}.out"
-        r = subprocess.run(prefix + [
-            "valgrind", "--tool=callgrind", f"--callgrind-out-file={out_file}", str(engine),
-            "--policies", str(REPO / "policies"), "--lua", str(REPO / "lua"), "--config",
-            str(REPO / "deploy" / "gpuguard.yaml"), "--grace-us", "1000000000", "-n", str(n),
-            str(REPO / "tests" / "data" / "reviews" / "bench-pod.json")],
-            capture_output=True, text=True, timeout=600, env=env)
-        assert r.returncode == 0, r.stderr[-2000:]
-        return int(re.search(r"^summary: (\d+)$", out_file.read_text(), re.M).group(1))
+        return count(engine, flags, n, REPO / "tests" / "data" / "reviews" / "bench-pod.json",
+                     tmp_path)[0]
 
     runs = [(total(60) - total(20)) / 40 for _ in range(2)]
     assert abs(runs[0] - runs[1]) <= 0.002 * runs[0], runs
