@@ -240,7 +240,7 @@ bench: deps
 	$(BUILD)/bench/bench_engine --policies policies --lua lua --config deploy/gpuguard.yaml \
 	    -n 20000 tests/data/reviews/bench-pod.json
 	$(PYTHON) tests/bench/bench_check.py --bin $(BIN) --policies policies --lua lua --config deploy/gpuguard.yaml -n 10000
-	$(BUILD)/bench/bench_inventory -n 50000
+	$(BUILD)/bench/bench_inventory -n 50000 --events 100000
 	$(BUILD)/bench/bench_inventory -n 1000000 --templates 2000
 	@echo "== gpuguard serve under wrk against nginx (BENCH_SECONDS per run, default 20)"
 	$(PYTHON) tests/bench/bench_server.py --bin $(BIN) --bench-engine $(BUILD)/bench/bench_engine \

@@ -14,11 +14,13 @@
  * (and the peak from VmHWM).  Run from the repository's root (it reads
  * policies/, lua/ and deploy/).
  *
- *   build/bench/bench_inventory [-n PODS] [--templates T] [--compare]
+ *   build/bench/bench_inventory [-n PODS] [--templates T] [--events E] [--compare]
  *
- * Without --templates every pod is a spec of its own (T = N).  --compare
- * also times keeping every trimmed pod in one array and calling
- * inv_replace at the end, to show what the stage saves.
+ * Without --templates every pod is a spec of its own (T = N).  --events
+ * then sends E MODIFIED watch events of the listed pods (pod i % N each)
+ * through the watch's path (inf_parse_event, inv_upsert_pod) and times
+ * them apart.  --compare also times keeping every trimmed pod in one array
+ * and calling inv_replace at the end, to show what the stage saves.
  */
 #include "engine/charger.h"
 #include "kube/informer.h"
@@ -189,6 +191,19 @@ static bool flush(struct generator *g, bool (*feed)(void *ctx, const char *p, si
     return true;
 }
 
+/* Pod i's text at out (room for its template's length), from its template. */
+static size_t pod_text(const struct generator *g, size_t i, char *out)
+{
+    const struct template *tp = &g->templates[i % g->n_templates];
+    char id[ID_DIGITS];
+    memcpy(out, tp->text, tp->len);
+    for (size_t d = ID_DIGITS, v = i; d > 0; d--, v /= 10)
+        id[d - 1] = (char)('0' + v % 10);
+    for (size_t m = 0; m < tp->n_marks; m++)
+        memcpy(out + tp->marks[m], id, ID_DIGITS);
+    return tp->len;
+}
+
 static bool generate(struct generator *g, size_t n,
                      bool (*feed)(void *ctx, const char *p, size_t n), void *ctx)
 {
@@ -201,15 +216,10 @@ static bool generate(struct generator *g, size_t n,
         const struct template *tp = &g->templates[i % g->n_templates];
         if (g->len + tp->len + 3 > GEN_BUF && !flush(g, feed, ctx)) /* ",", the pod, "]}" */
             return false;
-        char *at = g->buf + g->len, id[ID_DIGITS];
+        char *at = g->buf + g->len;
         if (i)
             *at++ = ',';
-        memcpy(at, tp->text, tp->len);
-        for (size_t d = ID_DIGITS, v = i; d > 0; d--, v /= 10)
-            id[d - 1] = (char)('0' + v % 10);
-        for (size_t m = 0; m < tp->n_marks; m++)
-            memcpy(at + tp->marks[m], id, ID_DIGITS);
-        g->len = (size_t)(at + tp->len - g->buf);
+        g->len = (size_t)(at + pod_text(g, i, at) - g->buf);
     }
     memcpy(g->buf + g->len, "]}", 2);
     g->len += 2;
@@ -255,8 +265,44 @@ static bool feed_reader(void *ctx, const char *p, size_t n)
     return inf_list_feed(rd->reader, p, n, &rd->err) == GG_OK;
 }
 
+/*
+ * events MODIFIED watch lines of the n listed pods through the watch's path, the lines made
+ * first (with the same pods), their making timed apart and left out; false on an event the
+ * path refuses.
+ */
+static bool watch_events(const struct generator *g, struct inventory *inv, size_t n, size_t events)
+{
+    static const char head[] = "{\"type\":\"MODIFIED\",\"object\":";
+    char line[8192 + sizeof(head) + 1];
+    memcpy(line, head, sizeof(head) - 1);
+    double c0 = cpu_s();
+    for (size_t e = 0; e < events; e++)
+        line[sizeof(head) - 1 + pod_text(g, e % n, line + sizeof(head) - 1)] = '}';
+    double made = cpu_s() - c0, c1 = cpu_s();
+    struct inf_pod pod;
+    inf_pod_init(&pod);
+    bool ok = true;
+    for (size_t e = 0; ok && e < events; e++) {
+        size_t len = sizeof(head) - 1 + pod_text(g, e % n, line + sizeof(head) - 1);
+        line[len++] = '}';
+        struct inf_event ev;
+        struct gg_err err = {{0}};
+        if ((ok = inf_parse_event(line, len, &pod, &ev, &err) == GG_OK))
+            inv_upsert_pod(inv, ev.pod);
+        else
+            fprintf(stderr, "bench_inventory: event %zu: %s\n", e, err.msg);
+        inf_event_clear(&ev);
+    }
+    double cpu = cpu_s() - c1 - made;
+    inf_pod_free(&pod);
+    printf("  %zu watch events (MODIFIED): %.3f s CPU (%.2f us/event; making the lines, %.3f s, "
+           "left out), %zu pods held after\n",
+           events, cpu, cpu * 1e6 / (double)events, made, inv_pod_count(inv));
+    return ok && inv_pod_count(inv) == n;
+}
+
 /* One relist of n pods through the informer's path; gen_cpu: the generator's own CPU seconds. */
-static int run(struct generator *g, size_t n, bool whole, double gen_cpu)
+static int run(struct generator *g, size_t n, bool whole, double gen_cpu, size_t events)
 {
     struct ingest in = {0};
     struct inventory *inv = inv_new();
@@ -305,25 +351,29 @@ static int run(struct generator *g, size_t n, bool whole, double gen_cpu)
            c1 - c0, (c1 - c0) * 1e6 / (double)n, gen_cpu, t1 - t0, rss1 - rss0,
            (rss1 - rss0) * 1e6 / (double)n, peak1 > peak0 ? peak1 - peak0 : 0.0,
            (unsigned long long)cs.evaluated, (unsigned long long)cs.remembered, cs.remembering);
+    bool events_ok = !events || watch_events(g, inv, n, events);
     charger_free(charger);
     engine_free(engine);
     inv_free(inv);
-    return held == n && !in.malformed ? 0 : 1;
+    return held == n && !in.malformed && events_ok ? 0 : 1;
 }
 
 int main(int argc, char **argv)
 {
-    size_t n = 50000, n_templates = 0;
+    size_t n = 50000, n_templates = 0, events = 0;
     bool compare = false;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "-n") == 0 && i + 1 < argc)
             n = strtoul(argv[++i], NULL, 10);
         else if (strcmp(argv[i], "--templates") == 0 && i + 1 < argc)
             n_templates = strtoul(argv[++i], NULL, 10);
+        else if (strcmp(argv[i], "--events") == 0 && i + 1 < argc)
+            events = strtoul(argv[++i], NULL, 10);
         else if (strcmp(argv[i], "--compare") == 0)
             compare = true;
         else {
-            fprintf(stderr, "usage: bench_inventory [-n PODS] [--templates T] [--compare]\n");
+            fprintf(stderr, "usage: bench_inventory [-n PODS] [--templates T] [--events E] "
+                            "[--compare]\n");
             return 2;
         }
     }
@@ -343,9 +393,9 @@ int main(int argc, char **argv)
     printf("PodList of %zu pods from %zu templates: %.1f MB of JSON (%.0f B/pod), generated "
            "as read\n",
            n, n_templates, (double)g.bytes / 1e6, (double)g.bytes / (double)n);
-    int rc = run(&g, n, false, gen_cpu);
+    int rc = run(&g, n, false, gen_cpu, events);
     if (compare && rc == 0)
-        rc = run(&g, n, true, gen_cpu);
+        rc = run(&g, n, true, gen_cpu, 0);
     for (size_t t = 0; t < n_templates; t++)
         free(g.templates[t].text);
     free(g.templates);

@@ -1,7 +1,8 @@
 """bench_inventory, briefly: a relist of pods made from templates is read as the informer reads
 a list, every pod held, and each template's spec charged once by the model, the rest of its pods
 from the charges remembered (webhook/engine/chargememo.h); pods that are each a spec of their
-own are each charged by the model."""
+own are each charged by the model; watch events of the listed pods go through the watch's path
+and leave the same pods held."""
 
 import re
 import subprocess
@@ -31,3 +32,9 @@ def test_pods_of_their_own_specs_are_each_charged(binary):
     out = run(binary, "-n", "200")
     assert "200 pods (200 held, 0 malformed" in out, out
     assert "charges: 200 by the model, 0 remembered (200 specs held)" in out, out
+
+
+def test_watch_events_of_listed_pods_keep_them_held(binary):
+    out = run(binary, "-n", "300", "--templates", "3", "--events", "900")
+    assert re.search(r"^  900 watch events \(MODIFIED\): \S+ s CPU \(\S+ us/event; making the "
+                     r"lines, \S+ s, left out\), 300 pods held after$", out, re.M), out

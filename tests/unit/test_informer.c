@@ -258,27 +258,31 @@ static void test_events(void **state)
 {
     (void)state;
     struct inf_event ev;
+    struct inf_pod pod;
     struct gg_err err = {{0}};
     char line[4096];
+    inf_pod_init(&pod);
     snprintf(line, sizeof(line), "{\"type\":\"ADDED\",\"object\":%s}", pods[0]);
-    assert_int_equal(inf_parse_event(line, strlen(line), &ev, &err), GG_OK);
+    assert_int_equal(inf_parse_event(line, strlen(line), &pod, &ev, &err), GG_OK);
     assert_int_equal(ev.type, INF_ADDED);
     assert_string_equal(ev.rv, "42");
-    assert_string_equal(
-        json_string_value(json_object_get(json_object_get(ev.pod, "metadata"), "uid")), "u-1");
+    /* Read once, into the caller's pod: who it is and its charge spec. */
+    assert_ptr_equal(ev.pod, &pod);
+    assert_null(ev.obj);
+    assert_string_equal(ev.pod->uid, "u-1");
+    assert_true(ev.pod->spec_len > 0);
     inf_event_clear(&ev);
     /* The object may come first. */
     snprintf(line, sizeof(line), "{\"object\":%s, \"type\":\"DELETED\"}\r\n", pods[1]);
-    assert_int_equal(inf_parse_event(line, strlen(line), &ev, &err), GG_OK);
+    assert_int_equal(inf_parse_event(line, strlen(line), &pod, &ev, &err), GG_OK);
     assert_int_equal(ev.type, INF_DELETED);
-    assert_string_equal(
-        json_string_value(json_object_get(json_object_get(ev.pod, "metadata"), "uid")), "u-2");
+    assert_string_equal(ev.pod->uid, "u-2");
     inf_event_clear(&ev);
     const char *bookmark = "{\"type\":\"BOOKMARK\",\"object\":{\"kind\":\"Pod\",\"apiVersion\":"
                            "\"v1\",\"metadata\":{\"resourceVersion\":\"12746\","
                            "\"creationTimestamp\":null},\"spec\":{\"containers\":null},"
                            "\"status\":{}}}";
-    assert_int_equal(inf_parse_event(bookmark, strlen(bookmark), &ev, &err), GG_OK);
+    assert_int_equal(inf_parse_event(bookmark, strlen(bookmark), &pod, &ev, &err), GG_OK);
     assert_int_equal(ev.type, INF_BOOKMARK);
     assert_string_equal(ev.rv, "12746");
     assert_null(ev.pod);
@@ -286,7 +290,7 @@ static void test_events(void **state)
     const char *gone = "{\"type\":\"ERROR\",\"object\":{\"kind\":\"Status\",\"status\":"
                        "\"Failure\",\"message\":\"too old resource version: 1 (5)\","
                        "\"reason\":\"Expired\",\"code\":410}}";
-    assert_int_equal(inf_parse_event(gone, strlen(gone), &ev, &err), GG_OK);
+    assert_int_equal(inf_parse_event(gone, strlen(gone), &pod, &ev, &err), GG_OK);
     assert_int_equal(ev.type, INF_ERROR);
     assert_int_equal(ev.code, 410);
     assert_string_equal(ev.message, "too old resource version: 1 (5)");
@@ -302,10 +306,11 @@ static void test_events(void **state)
         "{\"type\":7,\"object\":{}}",
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
-        if (inf_parse_event(bad[i], strlen(bad[i]), &ev, &err) == GG_OK)
+        if (inf_parse_event(bad[i], strlen(bad[i]), &pod, &ev, &err) == GG_OK)
             fail_msg("case %zu (%s) was accepted", i, bad[i]);
         assert_null(ev.pod);
     }
+    inf_pod_free(&pod);
 }
 
 struct collected {

@@ -21,9 +21,11 @@
 
 /* ---- watch events ---------------------------------------------------------- */
 
+static const char *const event_types[] = {"ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"};
+
 void inf_event_clear(struct inf_event *ev)
 {
-    json_decref(ev->pod);
+    json_decref(ev->obj);
     memset(ev, 0, sizeof(*ev));
 }
 
@@ -38,19 +40,18 @@ static enum gg_status event_error(struct inf_event *ev, const char *obj, size_t 
     return GG_OK;
 }
 
-enum gg_status inf_parse_event(const char *line, size_t len, struct inf_event *ev,
-                               struct gg_err *err)
+/*
+ * The type of a watch line and the span of its object: GG_OK with *obj set
+ * for an event with an object to read (ERROR is read here: *obj stays
+ * NULL); else an error.
+ */
+static enum gg_status event_frame(const char *line, size_t len, struct inf_event *ev,
+                                  const char **obj, size_t *obj_len, struct gg_err *err)
 {
-    return inf_parse_event_as(line, len, inf_read_pod, ev, err);
-}
-
-enum gg_status inf_parse_event_as(const char *line, size_t len, inf_read_fn read,
-                                  struct inf_event *ev, struct gg_err *err)
-{
-    static const char *const types[] = {"ADDED", "MODIFIED", "DELETED", "BOOKMARK", "ERROR"};
     memset(ev, 0, sizeof(*ev));
+    *obj = NULL;
     struct inf_scan s = {.p = line, .end = line + len};
-    const char *obj = NULL, *obj_end = NULL;
+    const char *at = NULL, *end = NULL;
     char type[16] = "", key[INF_SCAN_KEY_MAX];
     bool first = true;
     int r = -1;
@@ -64,10 +65,10 @@ enum gg_status inf_parse_event_as(const char *line, size_t len, inf_read_fn read
                 if (!t)
                     break;
             } else if (!strcmp(key, "object")) {
-                obj = s.p;
+                at = s.p;
                 if (!inf_scan_skip(&s))
                     break;
-                obj_end = s.p;
+                end = s.p;
             } else if (!inf_scan_skip(&s)) {
                 break;
             }
@@ -78,31 +79,69 @@ enum gg_status inf_parse_event_as(const char *line, size_t len, inf_read_fn read
         return gg_fail(err, GG_ERR_PARSE, "not one JSON object: byte %zu: %s", (size_t)(s.p - line),
                        s.why ? s.why : "expected {");
     size_t t = 0;
-    while (t < 5 && strcmp(type, types[t]) != 0)
+    while (t < 5 && strcmp(type, event_types[t]) != 0)
         t++;
     if (t == 5)
         return gg_fail(err, GG_ERR_INVALID, "unknown event type \"%s\"", type);
     ev->type = (enum inf_event_type)t;
     if (ev->type == INF_ERROR)
-        return event_error(ev, obj, obj ? (size_t)(obj_end - obj) : 0);
-    if (!obj)
+        return event_error(ev, at, at ? (size_t)(end - at) : 0);
+    if (!at)
         return gg_fail(err, GG_ERR_INVALID, "%s event without an object", type);
-    struct gg_err perr = {{0}};
-    ev->pod = read(obj, (size_t)(obj_end - obj), ev->rv, &perr);
-    if (!ev->pod)
-        return gg_fail(err, GG_ERR_PARSE, "%s event: %s", type, perr.msg);
-    const char *uid =
-        json_string_value(json_object_get(json_object_get(ev->pod, "metadata"), "uid"));
+    *obj = at;
+    *obj_len = (size_t)(end - at);
+    return GG_OK;
+}
+
+/* What every event with an object needs: a bookmark its resourceVersion, the others a uid. */
+static enum gg_status event_checked(struct inf_event *ev, const char *uid, struct gg_err *err)
+{
     if (ev->type == INF_BOOKMARK) {
-        json_decref(ev->pod);
+        json_decref(ev->obj);
+        ev->obj = NULL;
         ev->pod = NULL;
         if (!ev->rv[0])
             return gg_fail(err, GG_ERR_INVALID, "BOOKMARK event without a resourceVersion");
     } else if (!uid || !*uid) {
+        const char *type = event_types[ev->type];
         inf_event_clear(ev);
         return gg_fail(err, GG_ERR_INVALID, "%s event: the pod has no metadata.uid", type);
     }
     return GG_OK;
+}
+
+/* A watch line's object read into pod, or (pod NULL) by read into ev->obj. */
+static enum gg_status parse_event(const char *line, size_t len, struct inf_pod *pod,
+                                  inf_read_fn read, struct inf_event *ev, struct gg_err *err)
+{
+    const char *obj;
+    size_t obj_len;
+    enum gg_status st = event_frame(line, len, ev, &obj, &obj_len, err);
+    if (st != GG_OK || !obj)
+        return st;
+    struct gg_err perr = {{0}};
+    if (pod ? !inf_pod_of_text(obj, obj_len, pod, &perr)
+            : !(ev->obj = read(obj, obj_len, ev->rv, &perr)))
+        return gg_fail(err, GG_ERR_PARSE, "%s event: %s", event_types[ev->type], perr.msg);
+    if (!pod)
+        return event_checked(
+            ev, json_string_value(json_object_get(json_object_get(ev->obj, "metadata"), "uid")),
+            err);
+    ev->pod = pod;
+    snprintf(ev->rv, sizeof(ev->rv), "%s", pod->rv);
+    return event_checked(ev, pod->uid, err);
+}
+
+enum gg_status inf_parse_event(const char *line, size_t len, struct inf_pod *pod,
+                               struct inf_event *ev, struct gg_err *err)
+{
+    return parse_event(line, len, pod, NULL, ev, err);
+}
+
+enum gg_status inf_parse_event_as(const char *line, size_t len, inf_read_fn read,
+                                  struct inf_event *ev, struct gg_err *err)
+{
+    return parse_event(line, len, NULL, read, ev, err);
 }
 
 /* ---- lists as a stream ------------------------------------------------------ */
@@ -792,6 +831,7 @@ static enum outcome list_all(struct informer *f)
 
 struct watch_ctx {
     struct informer *f;
+    struct inf_pod pod; /* each pod event read into it, its buffers kept */
     struct buf line;
     bool skipping; /* the rest of an over-long line */
     size_t events, malformed;
@@ -807,8 +847,9 @@ static void handle_line(struct watch_ctx *w, const char *text, size_t len)
         return;
     struct inf_event ev;
     struct gg_err err = {{0}};
-    inf_read_fn read = w->f->o.kind == INF_PODS ? inf_read_pod : inf_read_object;
-    if (inf_parse_event_as(text, len, read, &ev, &err) != GG_OK) {
+    bool pods = w->f->o.kind == INF_PODS;
+    if ((pods ? inf_parse_event(text, len, &w->pod, &ev, &err)
+              : inf_parse_event_as(text, len, inf_read_object, &ev, &err)) != GG_OK) {
         atomic_fetch_add(&malformed, 1);
         if (w->malformed++ == 0)
             log_fields(LOG_WARN, "inventory: malformed watch event skipped",
@@ -820,12 +861,20 @@ static void handle_line(struct watch_ctx *w, const char *text, size_t len)
     switch (ev.type) {
     case INF_ADDED:
     case INF_MODIFIED:
-        set_kind(f, ev.pod);
-        inv_upsert(f->inv, ev.pod);
+        if (pods) {
+            inv_upsert_pod(f->inv, ev.pod);
+        } else {
+            set_kind(f, ev.obj);
+            inv_upsert(f->inv, ev.obj);
+        }
         break;
     case INF_DELETED:
-        set_kind(f, ev.pod);
-        inv_delete(f->inv, ev.pod);
+        if (pods) {
+            inv_delete_pod(f->inv, ev.pod->uid);
+        } else {
+            set_kind(f, ev.obj);
+            inv_delete(f->inv, ev.obj);
+        }
         break;
     case INF_BOOKMARK:
         break;
@@ -898,6 +947,7 @@ static enum outcome watch(struct informer *f, size_t *events)
              "%s?watch=1&allowWatchBookmarks=true&resourceVersion=%s&timeoutSeconds=%u", base,
              f->rv, timeout);
     struct watch_ctx w = {.f = f, .stop_with = DONE};
+    inf_pod_init(&w.pod);
     buf_init(&w.line, INF_MAX_LINE);
     struct kc_request rq = {.path = path,
                             .timeout_s = (long)timeout + 60,
@@ -930,6 +980,7 @@ static enum outcome watch(struct informer *f, size_t *events)
     }
     kc_response_clear(&resp);
     buf_clear(&w.line);
+    inf_pod_free(&w.pod);
     return out;
 }
 

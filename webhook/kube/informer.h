@@ -47,20 +47,24 @@ enum inf_event_type { INF_ADDED, INF_MODIFIED, INF_DELETED, INF_BOOKMARK, INF_ER
 
 struct inf_event {
     enum inf_event_type type;
-    json_t *pod;         /* trimmed; ADDED, MODIFIED, DELETED (metadata.uid is set) */
+    struct inf_pod *pod; /* inf_parse_event's ADDED, MODIFIED, DELETED: the caller's, read */
+    json_t *obj;         /* inf_parse_event_as's, trimmed by its read */
     char rv[INF_RV_MAX]; /* the object's resourceVersion; "" when none */
     long code;           /* ERROR: the Status code (410: resourceVersion too old) */
     char message[160];   /* ERROR: the Status message */
 };
 
 /*
- * Decode one watch line, {"type": ..., "object": ...}.  GG_ERR_PARSE or
- * GG_ERR_INVALID (err says why) for a line that is not JSON, has an
- * unknown type, a pod without uid, or a bookmark without resourceVersion.
+ * Decode one watch line of pods, {"type": ..., "object": ...}, the object
+ * read once, into pod (inf_pod_of_text: its strings and charge spec; pod is
+ * reused from line to line).  GG_ERR_PARSE or GG_ERR_INVALID (err says why)
+ * for a line that is not JSON, has an unknown type, a pod without uid, or a
+ * bookmark without resourceVersion.
  */
-enum gg_status inf_parse_event(const char *line, size_t len, struct inf_event *ev,
-                               struct gg_err *err);
-/* The same, with the object read by read ("pod" in ev is then that object). */
+enum gg_status inf_parse_event(const char *line, size_t len, struct inf_pod *pod,
+                               struct inf_event *ev, struct gg_err *err);
+/* The same for another kind, the object read by read into ev->obj (an object without
+ * metadata.uid refused alike). */
 enum gg_status inf_parse_event_as(const char *line, size_t len, inf_read_fn read,
                                   struct inf_event *ev, struct gg_err *err);
 void inf_event_clear(struct inf_event *ev);

@@ -929,16 +929,22 @@ void inv_upsert(struct inventory *inv, const json_t *obj)
     }
     struct inf_pod pod;
     inf_pod_init(&pod);
-    if (read_pod(obj, &pod) && *pod.uid) {
-        int64_t charge = pod_holding(inv, &pod);
-        pthread_mutex_lock(&inv->lock);
-        settle_reservation(inv, pod.ns, pod.uid, pod.name);
-        state_add(&inv->st, &pod, charge);
-        if (!counts(&pod))
-            note_gone(inv, pod.uid);
-        pthread_mutex_unlock(&inv->lock);
-    }
+    if (read_pod(obj, &pod))
+        inv_upsert_pod(inv, &pod);
     inf_pod_free(&pod);
+}
+
+void inv_upsert_pod(struct inventory *inv, const struct inf_pod *pod)
+{
+    if (!*pod->uid)
+        return;
+    int64_t charge = pod_holding(inv, pod);
+    pthread_mutex_lock(&inv->lock);
+    settle_reservation(inv, pod->ns, pod->uid, pod->name);
+    state_add(&inv->st, pod, charge);
+    if (!counts(pod))
+        note_gone(inv, pod->uid);
+    pthread_mutex_unlock(&inv->lock);
 }
 
 void inv_delete(struct inventory *inv, const json_t *obj)
@@ -952,9 +958,14 @@ void inv_delete(struct inventory *inv, const json_t *obj)
         dra_remove(inv, obj);
         return;
     }
+    inv_delete_pod(inv, meta_string(obj, "uid"));
+}
+
+void inv_delete_pod(struct inventory *inv, const char *uid)
+{
     pthread_mutex_lock(&inv->lock);
-    state_remove(&inv->st, meta_string(obj, "uid"));
-    note_gone(inv, meta_string(obj, "uid"));
+    state_remove(&inv->st, uid);
+    note_gone(inv, uid);
     pthread_mutex_unlock(&inv->lock);
 }
 

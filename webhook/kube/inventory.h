@@ -60,6 +60,10 @@ int64_t inv_charge_pod(struct inventory *inv, const struct inf_pod *pod);
  */
 void inv_upsert(struct inventory *inv, const json_t *obj);
 void inv_delete(struct inventory *inv, const json_t *obj);
+/* The same for a pod already read (a watch event's, inf_parse_event), and by its uid. */
+struct inf_pod;
+void inv_upsert_pod(struct inventory *inv, const struct inf_pod *pod);
+void inv_delete_pod(struct inventory *inv, const char *uid);
 
 /*
  * A copy of the kept ResourceClaim, ResourceClaimTemplate or DeviceClass
