@@ -316,6 +316,9 @@ local function pass_through(req, pod, cfg, dialect)
         req:deny(breakdown)
         return
     end
+    -- The pool that charge was worked out on (its nodeSelector's): chose_otherwise may forget
+    -- gpuguard's own entries below, and only the pool is read of them.
+    local charged_on = intent.pool_of(pod, cfg)
     if dialect == "dra" and #classes == 0 and not classes.shared_claim then
         return -- claims for devices that are not GPUs
     end
@@ -339,8 +342,10 @@ local function pass_through(req, pod, cfg, dialect)
         end
         spec.schedulerName = scheduler
     end
-    opts.pool = pool
-    total, breakdown = intent.charge(pod, cfg, opts)
+    if pool ~= charged_on then -- a pod made from a template gpuguard placed has its pool already
+        opts.pool = pool
+        total, breakdown = intent.charge(pod, cfg, opts)
+    end
     local decision = string.format("%s on pool %s (passed through): %s", dialect, pool.name,
         quota.describe(total, breakdown))
     local own = choice.own_entries(k8s.pod_spec(pod), selector_writes(pool))
