@@ -209,7 +209,8 @@ static void test_what_the_model_does_not_read_shares_one_evaluation(void **state
 
 /*
  * A pod naming DRA claims reads what they resolve to: its charge is remembered while the DRA
- * objects stay as they are, and worked out again once one of them changes.
+ * objects stay as they are, and worked out again once one of them changes, in place of the
+ * charge remembered before (one entry, however often they change).
  */
 static void test_a_pod_naming_claims_is_remembered_while_its_dra_objects_stay(void **state)
 {
@@ -231,6 +232,9 @@ static void test_a_pod_naming_claims_is_remembered_while_its_dra_objects_stay(vo
                   "count", (json_int_t)3);
     inv_upsert(s.inv, three);
     json_decref(three);
+    assert_int_equal(charge_parts(&s, &dra), 3000);
+    assert_int_equal(evaluated(&s), 2);
+    assert_int_equal(charger_stats(s.model.charger).remembering, 1);
     assert_int_equal(charge_parts(&s, &dra), 3000);
     assert_int_equal(evaluated(&s), 2);
     stop(&s);
@@ -262,15 +266,22 @@ static void test_the_memo_is_bounded(void **state)
     int64_t got = -1;
     for (int i = 0; i <= CM_MAX_ENTRIES; i++) {
         int n = snprintf(key, sizeof(key), "spec-%d", i);
-        cm_put(m, key, (size_t)n, i);
+        cm_put(m, key, (size_t)n, 0, i);
         assert_true(cm_entries(m) <= CM_MAX_ENTRIES);
     }
     assert_int_equal(cm_entries(m), 1); /* the last one, after a new start */
-    assert_false(cm_get(m, "spec-0", 6, &got));
+    assert_false(cm_get(m, "spec-0", 6, 0, &got));
     int n = snprintf(key, sizeof(key), "spec-%d", CM_MAX_ENTRIES);
-    assert_true(cm_get(m, key, (size_t)n, &got));
+    assert_true(cm_get(m, key, (size_t)n, 0, &got));
     assert_int_equal(got, CM_MAX_ENTRIES);
-    assert_false(cm_get(m, key, (size_t)n - 1, &got)); /* a prefix is another key */
+    assert_false(cm_get(m, key, (size_t)n - 1, 0, &got)); /* a prefix is another key */
+    /* Another version: not given; put, it takes the entry's place. */
+    assert_false(cm_get(m, key, (size_t)n, 1, &got));
+    cm_put(m, key, (size_t)n, 1, 7);
+    assert_int_equal(cm_entries(m), 1);
+    assert_true(cm_get(m, key, (size_t)n, 1, &got));
+    assert_int_equal(got, 7);
+    assert_false(cm_get(m, key, (size_t)n, 0, &got));
     cm_free(m);
 }
 

@@ -11,6 +11,7 @@
 
 struct entry {
     uint64_t hash;
+    uint64_t version; /* of what the charge read beyond its key (cm_get) */
     int64_t charge;
     size_t len;
     char key[];
@@ -74,28 +75,38 @@ static struct entry **slot_of(struct entry **slots, uint64_t hash, const char *k
     }
 }
 
-bool cm_get(const struct charge_memo *m, const char *key, size_t len, int64_t *charge)
+bool cm_get(const struct charge_memo *m, const char *key, size_t len, uint64_t version,
+            int64_t *charge)
 {
     if (!m->slots || !m->used)
         return false;
     struct entry *e = *slot_of(m->slots, hash_of(key, len), key, len);
-    if (e)
-        *charge = e->charge;
-    return e != NULL;
+    if (!e || e->version != version)
+        return false;
+    *charge = e->charge;
+    return true;
 }
 
-void cm_put(struct charge_memo *m, const char *key, size_t len, int64_t charge)
+void cm_put(struct charge_memo *m, const char *key, size_t len, uint64_t version, int64_t charge)
 {
     size_t size = sizeof(struct entry) + len;
     if (!m->slots && !(m->slots = calloc(CM_SLOTS, sizeof(*m->slots))))
         return;
-    if (m->used >= CM_MAX_ENTRIES || m->bytes + size > CM_MAX_BYTES)
-        cm_clear(m); /* bounded: a new start rather than an eviction order to keep */
     uint64_t hash = hash_of(key, len);
     struct entry **s = slot_of(m->slots, hash, key, len);
-    if (*s || !(*s = malloc(size)))
+    if (*s) { /* the same key under another version: that one is never asked for again */
+        (*s)->version = version;
+        (*s)->charge = charge;
+        return;
+    }
+    if (m->used >= CM_MAX_ENTRIES || m->bytes + size > CM_MAX_BYTES) {
+        cm_clear(m); /* bounded: a new start rather than an eviction order to keep */
+        s = slot_of(m->slots, hash, key, len);
+    }
+    if (!(*s = malloc(size)))
         return;
     (*s)->hash = hash;
+    (*s)->version = version;
     (*s)->charge = charge;
     (*s)->len = len;
     memcpy((*s)->key, key, len);

@@ -9,12 +9,15 @@
  * charger remembers it under the text.  Keys are compared in full, never
  * by hash alone, so a crafted pod cannot take a cheaper pod's charge.
  *
- * A pod naming DRA claims also reads what they resolve to: the charger adds
- * the version of the inventory's DRA objects to its key, and keeps its
- * charge only when no DRA object moved during the evaluation and none was
- * asked of the API server.  A ResourceClaim is charged afresh each time.
- * The charger clears the memo whenever the model changes (a reload).  Bounded in entries and bytes:
- * full, it starts again empty. Not locked: its owner serialises the calls.
+ * A pod naming DRA claims also reads what they resolve to: the charger
+ * keeps its charge with the version of the inventory's DRA objects (0 for
+ * other pods), only when no DRA object moved during the evaluation and none
+ * was asked of the API server, and gives it only for that version; a charge
+ * under a newer version replaces it, so a busy cluster's DRA pods keep one
+ * entry each.  A ResourceClaim is charged afresh each time.  The charger
+ * clears the memo whenever the model changes (a reload).  Bounded in
+ * entries and bytes: full, it starts again empty.  Not locked: its owner
+ * serialises the calls.
  */
 #ifndef GG_CHARGEMEMO_H
 #define GG_CHARGEMEMO_H
@@ -33,10 +36,12 @@ void cm_free(struct charge_memo *m);
 void cm_clear(struct charge_memo *m);
 size_t cm_entries(const struct charge_memo *m);
 
-/* The charge remembered under key[0..len): true and *charge, or false. */
-bool cm_get(const struct charge_memo *m, const char *key, size_t len, int64_t *charge);
+/* The charge remembered under key[0..len) for version: true and *charge, or false. */
+bool cm_get(const struct charge_memo *m, const char *key, size_t len, uint64_t version,
+            int64_t *charge);
 
-/* Remember charge under key[0..len) (not already there); out of memory forgets it. */
-void cm_put(struct charge_memo *m, const char *key, size_t len, int64_t charge);
+/* Remember charge under key[0..len) for version, in place of what it held for another
+ * version; out of memory forgets it. */
+void cm_put(struct charge_memo *m, const char *key, size_t len, uint64_t version, int64_t charge);
 
 #endif

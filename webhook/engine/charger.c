@@ -12,8 +12,8 @@
  * A pod is charged from its charge spec (kube/infscan.h), parsed, never
  * from the pod itself, so its charge is a function of that text (and, for a
  * pod naming DRA claims, of the DRA objects it reads): the memo
- * (chargememo.h) remembers it under the text (and the DRA objects'
- * version), and forgets it all with the VM it came from.
+ * (chargememo.h) remembers it under the text, with the DRA objects'
+ * version, and forgets it all with the VM it came from.
  */
 #include "engine/charger.h"
 #include "engine/chargememo.h"
@@ -48,7 +48,6 @@ struct charger {
     uint64_t generation; /* of the set vm was built from; 0: none yet */
     struct lb_vm *vm;
     struct charge_memo *memo; /* of vm's model */
-    struct buf key;           /* a spec naming claims, with the DRA objects' version */
     struct charger_stats stats;
 };
 
@@ -87,7 +86,6 @@ enum gg_status charger_new(struct engine *engine, struct inventory *inv, struct 
     pthread_mutex_init(&c->lock, NULL);
     c->engine = engine;
     c->inv = inv;
-    buf_init(&c->key, INF_MAX_LINE);
     if (!(c->memo = cm_new())) {
         charger_free(c);
         return gg_fail(err, GG_ERR_NOMEM, "out of memory");
@@ -109,7 +107,6 @@ void charger_free(struct charger *c)
     inv_set_charger(c->inv, NULL, NULL);
     lb_vm_free(c->vm);
     cm_free(c->memo);
-    buf_clear(&c->key);
     pthread_mutex_destroy(&c->lock);
     free(c);
 }
@@ -178,35 +175,15 @@ static int64_t evaluate(struct charger *c, const char *kind, const struct jf_nod
     return charge;
 }
 
-/*
- * The key a pod's charge is remembered under: its charge spec, and for a pod
- * naming DRA claims the version of the DRA objects (inv_dra_version) its
- * charge read; NULL when it cannot be made.
- */
-static const char *key_of(struct charger *c, const struct inf_pod *pod, uint64_t version,
-                          size_t *len)
-{
-    *len = pod->spec_len;
-    if (!pod->claims)
-        return pod->spec;
-    buf_reset(&c->key);
-    if (buf_append(&c->key, pod->spec, pod->spec_len) != GG_OK ||
-        buf_append(&c->key, &version, sizeof(version)) != GG_OK)
-        return NULL;
-    *len = c->key.len;
-    return c->key.data;
-}
-
 /* A pod's charge from its charge spec: remembered, or the model's (c->lock held; ready: the
  * model is there). */
 static int64_t charge_pod(struct charger *c, const struct inf_pod *pod, bool ready,
                           struct gg_err *err)
 {
     int64_t charge = -1;
+    /* The version of the DRA objects a pod naming claims reads; 0 for the others. */
     uint64_t version = pod->claims ? inv_dra_version(c->inv) : 0;
-    size_t len;
-    const char *key = ready ? key_of(c, pod, version, &len) : NULL;
-    if (key && cm_get(c->memo, key, len, &charge)) {
+    if (ready && cm_get(c->memo, pod->spec, pod->spec_len, version, &charge)) {
         c->stats.remembered++;
         return charge;
     }
@@ -221,8 +198,8 @@ static int64_t charge_pod(struct charger *c, const struct inf_pod *pod, bool rea
     }
     charge = ready ? evaluate(c, "Pod", spec.root, err) : -1;
     /* Kept unless the DRA objects moved meanwhile, or were asked of the API server. */
-    if (key && charge >= 0 && (!pod->claims || inv_dra_version(c->inv) == version))
-        cm_put(c->memo, key, len, charge);
+    if (ready && charge >= 0 && (!pod->claims || inv_dra_version(c->inv) == version))
+        cm_put(c->memo, pod->spec, pod->spec_len, version, charge);
     if (charge < 0)
         charge = failed(spec.root, pod->name, err);
     jf_doc_free(&spec);
