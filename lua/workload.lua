@@ -491,9 +491,11 @@ function M.intent(pod)
     return out, msg
 end
 
---- Settle wants_gpu as true for the request, for a policy that found the pod asking for a GPU
---- as wants_gpu would find it, in a way its own edits keep (M.intent; 10-gpu-sharing's
---- pass-through of a pod written for a backend, whose claims or resources it never removes).
+--- Settle wants_gpu as true for the request.  Only for a caller that has found the pod asking
+--- for a GPU exactly as wants_gpu would, in a way that stands for the pod as it will be (M.intent;
+--- 10-gpu-sharing's pass-through of a pod written for a backend, whose claims and resources it
+--- never removes): a GPU pod is spared some checks of pods without GPUs (20-gpu-placement's GPU
+--- ties, 30-gpu-guardrails' toleration rules), so a pod settled wrongly would escape them.
 function M.settle_wants_gpu(pod)
     local m = memo_of(pod)
     if m.wants_gpu == nil then

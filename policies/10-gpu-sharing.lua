@@ -322,7 +322,9 @@ local function pass_through(req, pod, cfg, dialect)
     if dialect == "dra" and #classes == 0 and not classes.shared_claim then
         return -- claims for devices that are not GPUs
     end
-    workload.settle_wants_gpu(pod) -- as intent.wants_gpu finds it: its charge need not be asked again
+    -- intent.wants_gpu would say true of it (GPU classes, or a backend's dialect), and nothing
+    -- below removes what makes it so: its charge need not be worked out again to learn it.
+    workload.settle_wants_gpu(pod)
     local pool, msg = intent.serving_pool(cfg, dialect, classes)
     if not pool then
         req:deny(msg)

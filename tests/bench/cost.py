@@ -21,6 +21,8 @@ baseline is named as one whose baseline is to be lowered.
 --update writes the counts as the baseline (those of --reviews only, when given), with the
 commit, the date and the command: lowering the baseline is part of any change that makes a
 review cheaper; raising it is a deliberate commit that says which feature costs what and why.
+It writes nothing while a review leaves its path or misses its target (a feature that breaks a
+target changes the target in REVIEWS, in a commit that says so).
 
 --split prints, instead, where the instructions of the --reviews (bench-pod.json unless given)
 go: the engine's floor, the policies' logic and the bridge (tests/bench/policy_cost.py), of

@@ -177,6 +177,7 @@ def test_the_gate_holds_a_dra_pod_within_20_percent_of_the_headline(engine, tmp_
     (dearer / "99-cost-test-dra.lua").write_text(DRA_ONLY)
     got = gate(engine, dearer, tmp_path / "baseline.json", reviews=both)
     assert got.returncode == 1, got.stdout[-3000:] + got.stderr[-3000:]
-    assert f"cost: FAIL {DRA}: " in got.stdout, got.stdout
+    assert re.search(rf"^cost: FAIL {re.escape(DRA)}: .* \(target: at most 20 %\)$", got.stdout,
+                     re.M), got.stdout
     more, above, same = target_line(got.stdout)
     assert above > 20 and more > dra and abs(same - headline) <= headline // 100, got.stdout
