@@ -57,9 +57,10 @@ struct inf_event {
 /*
  * Decode one watch line of pods, {"type": ..., "object": ...}, the object
  * read once, into pod (inf_pod_of_text: its strings and charge spec; pod is
- * reused from line to line).  GG_ERR_PARSE or GG_ERR_INVALID (err says why)
- * for a line that is not JSON, has an unknown type, a pod without uid, or a
- * bookmark without resourceVersion.
+ * reused from line to line, and holds nothing to read after an error).
+ * GG_ERR_PARSE or GG_ERR_INVALID (err says why) for a line that is not
+ * JSON, has an unknown type, a pod without uid, or a bookmark without
+ * resourceVersion.
  */
 enum gg_status inf_parse_event(const char *line, size_t len, struct inf_pod *pod,
                                struct inf_event *ev, struct gg_err *err);

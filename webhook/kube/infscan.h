@@ -5,9 +5,11 @@
  *
  * The scanner builds no tree: a pod of the API server is read in one pass
  * into a small object, the rest of its text checked to be JSON and dropped.
- * The informer reads whole objects with inf_read_pod and inf_read_object,
- * and uses the scanner's steps for what it cuts out of a larger text (the
- * members of a watch event, a list item in place).
+ * The informer reads a pod with inf_pod_of_text (a watch event's, a list
+ * item's) and other objects with inf_read_object, and uses the scanner's
+ * steps for what it cuts out of a larger text (the members of a watch
+ * event, a list item in place); inf_read_pod gives a pod as JSON, for the
+ * list reader's JSON mode and the tests.
  */
 #ifndef GG_INFSCAN_H
 #define GG_INFSCAN_H
