@@ -77,7 +77,7 @@ import time
 from pathlib import Path
 
 import procs  # tests/bench/procs.py: children stopped whatever happens
-from repeatable import GRACE_US, CountError, count  # noqa: E402
+from repeatable import GRACE_US, CountError, per_review  # noqa: E402
 
 REPO = Path(__file__).resolve().parent.parent.parent
 WRK_SCRIPT = REPO / "tests" / "bench" / "wrk" / "review.lua"
@@ -638,11 +638,11 @@ def find_go(choice):
                                             "/usr/local/go/bin)")
 
 
-def build_gowebhook(go, out):
-    """`go build -trimpath` of tests/bench/gowebhook into out; (version, None) or (None, why).
-    Offline: the module has no dependencies, so nothing is fetched (GOPROXY=off) and no other
-    toolchain is looked for (GOTOOLCHAIN=local); the build cache goes next to out when the
-    home directory cannot hold it."""
+def go_env(spare):
+    """The environment go builds and tests tests/bench/gowebhook in, offline: the module has no
+    dependencies, so nothing is fetched (GOPROXY=off) and no other toolchain is looked for
+    (GOTOOLCHAIN=local); the build cache goes into spare (a directory) when the home
+    directory cannot hold it."""
     env = dict(os.environ, GOTOOLCHAIN="local", GOPROXY="off", GOFLAGS="", GOWORK="off",
                CGO_ENABLED="0")
     if "GOCACHE" not in env:
@@ -650,7 +650,14 @@ def build_gowebhook(go, out):
                     ".cache")
         probe = home if home.exists() else home.parent
         if not os.access(probe, os.W_OK):
-            env["GOCACHE"] = str(out.parent / "go-cache")
+            env["GOCACHE"] = str(Path(spare) / "go-cache")
+    return env
+
+
+def build_gowebhook(go, out):
+    """`go build -trimpath` of tests/bench/gowebhook into out (go_env, its cache next to out);
+    (version, None) or (None, why)."""
+    env = go_env(out.parent)
     ver = version([go, "version"], r"go version (\S+)")
     out.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
@@ -706,7 +713,7 @@ def check_go_answers(port, ctx, bodies):
         if not resp.get("allowed") or len(patch) != 1 or \
                 not patch[0]["path"].startswith("/metadata/annotations"):
             raise BenchError(f"Go webhook, {path.name}: unexpected answer {answer[:500]!r}")
-    return tls_info, got[0][3] if got else None
+    return tls_info, got[0][3]
 
 
 # --------------------------------------------------------------------------
@@ -887,18 +894,15 @@ def open_idle_connections(server, n, body, deadline):
 
 def callgrind_count(binary, tmp, counts):
     """Instructions per review of bench_engine on bench-pod.json under callgrind
-    (repeatable.count): the difference between the totals of two runs (counts: (small n,
-    large n)) divided by the difference of their n, so that start-up and policy loading
-    cancel out."""
+    (repeatable.per_review, counts: (small n, large n))."""
     flags = ["--policies", tmp / "policies", "--lua", tmp / "lua", "--config",
              tmp / "config" / "gpuguard.yaml"]
     try:
-        totals = [count(binary, flags, n, BASE_REVIEW, tmp, run=procs.run)[0] for n in counts]
+        per, _ = per_review(binary, flags, counts, BASE_REVIEW, tmp, run=procs.run)
     except (CountError, OSError) as e:
         raise BenchError(str(e)) from None
-    per = (totals[1] - totals[0]) / (counts[1] - counts[0])
-    log(f"engine under callgrind: {per:,.0f} instructions per review "
-        f"(-n {counts[0]}: {totals[0]:,}, -n {counts[1]}: {totals[1]:,})")
+    log(f"engine under callgrind: {per:,} instructions per review (-n {counts[1]} minus "
+        f"-n {counts[0]})")
     return per
 
 
@@ -915,8 +919,7 @@ def engine_bench(binary, args, tmp, bodies):
         total = re.search(r"total\s+([\d.]+) us", out.stdout)
         wall = re.search(r"wall clock per review ([\d.]+) us", out.stdout)
         stages = " ".join(f"{k} {float(v):.0f}" for k, v in
-                          re.findall(r"^\s+(decode|json->lua|mutate|diff|validate|encode)\s+"
-                                     r"([\d.]+) us", out.stdout, re.M))
+                          re.findall(r"^  (?!total)(\S+)\s+([\d.]+) us$", out.stdout, re.M))
         results[label] = (float(total.group(1)), float(wall.group(1)) if wall else None, stages)
         log(f"engine {label}: {total.group(1)} us/review ({stages})")
     return results

@@ -11,7 +11,7 @@ Each review is counted with callgrind as tests/bench/repeatable.py counts (time(
 address randomisation off, --grace-us past any run, both phases): bench_engine -n 1500 minus
 bench_engine -n 500, divided by 1,000.  A review more than --limit % above its baseline fails
 the gate (exit 1, a line naming the review, its count, its baseline and the percentage); so
-does a review whose verdict (allowed, patched or denied, and its patch's operations) is no longer
+does a review whose verdict (allowed, patched or denied, and its patch's number of operations) is no longer
 the one it stands for (it would measure another path).  A review with a target is also held
 to at most a percentage above another review of the same run: the DRA review to 20 % above the
 headline's (its template's lookups and charge are the difference).
@@ -44,7 +44,7 @@ import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from repeatable import CountError, count
+from repeatable import CountError, count, review_share
 
 REPO = Path(__file__).resolve().parent.parent.parent
 REVIEWS_DIR = REPO / "tests" / "data" / "reviews"
@@ -109,8 +109,10 @@ def with_pool(config, pool, out):
     return out
 
 
-def flags_of(review, args, work):
-    flags = ["--policies", args.policies, "--lua", args.lua, "--phases", PHASES]
+def review_flags(review, args, work):
+    """bench_engine's flags for what review runs against: the configuration (with its pool)
+    and its cluster state."""
+    flags = []
     config = args.config
     if review.pool:
         config = with_pool(config, review.pool, work / f"config-{Path(review.name).stem}.yaml")
@@ -119,6 +121,11 @@ def flags_of(review, args, work):
     if review.cluster_state:
         flags += ["--cluster-state", args.reviews_dir / review.cluster_state]
     return flags
+
+
+def flags_of(review, args, work):
+    return ["--policies", args.policies, "--lua", args.lua, "--phases", PHASES,
+            *review_flags(review, args, work)]
 
 
 def measure(reviews, args, work, baseline):
@@ -139,7 +146,8 @@ def measure(reviews, args, work, baseline):
     for r in reviews:
         (a, _), (b, out) = got[(r, lo)], got[(r, hi)]
         m = re.search(r"^verdict: (\w+), (\d+) patch ops", out, re.M)
-        result[r.name] = ((b - a) // (hi - lo), f"{m.group(1)}, {m.group(2)} ops" if m else "?")
+        result[r.name] = (review_share(a, b, args.counts),
+                          f"{m.group(1)}, {m.group(2)} ops" if m else "?")
     return result
 
 
@@ -300,12 +308,8 @@ def main():
         work = Path(tmp)
         if args.split:
             from policy_cost import split
-            odd = [r.name for r in reviews if r.cluster_state or r.pool]
-            if odd:
-                sys.exit(f"cost: --split runs the reviews without cluster state and with "
-                         f"the configuration as it is: not for {', '.join(odd)}")
-            split(args.bench_engine, args.policies, args.lua, args.config, args.phases,
-                  args.counts, [args.reviews_dir / r.name for r in reviews],
+            split(args.bench_engine, args.policies, args.lua, args.phases, args.counts,
+                  [(args.reviews_dir / r.name, review_flags(r, args, work)) for r in reviews],
                   args.work_dir or work)
             return
         baseline = load_baseline(args.baseline)

@@ -145,9 +145,10 @@ def variants(policies, lua, work, phases):
     return lib, dirs
 
 
-def split(engine, policies, lua, config, phases, counts, reviews, work):
+def split(engine, policies, lua, phases, counts, reviews, work):
     """Prints the table: for each review, the shipped policies' instructions per review and
-    their split into the floor, the policies' logic and the bridge."""
+    their split into the floor, the policies' logic and the bridge.  reviews: (path, flags)
+    pairs, flags being what the review runs against (--config, --cluster-state)."""
     work.mkdir(parents=True, exist_ok=True)
     lib, dirs = variants(policies, lua, work, phases)
     print(f"instructions per review (callgrind, -n {counts[1]} minus -n {counts[0]}, "
@@ -155,14 +156,12 @@ def split(engine, policies, lua, config, phases, counts, reviews, work):
     print("| review | shipped | floor (no-op policies) | policies' logic (plain - copy) "
           "| the bridge (the rest) |")
     print("|---|---|---|---|---|")
-    for review in reviews:
+    for review, review_flags in reviews:
         got = {}
         for name, d in dirs.items():
             # The driver runs every phase's functions inside its mutate.
             flags = ["--policies", d, "--lua", lib, "--phases",
-                     "mutate" if name in ("plain", "copy") else phases]
-            if config:
-                flags += ["--config", config]
+                     "mutate" if name in ("plain", "copy") else phases, *review_flags]
             try:
                 got[name], _ = per_review(engine, flags, counts, review, work)
             except CountError as e:

@@ -59,10 +59,16 @@ def count(bench_engine, flags, n, review, work, run=subprocess.run):
     return int(m.group(1).replace(",", "")), out.stdout
 
 
-def per_review(bench_engine, flags, counts, review, work):
+def per_review(bench_engine, flags, counts, review, work, run=subprocess.run):
     """(instructions per review, stdout of the larger run): runs of counts = (lo, hi) reviews,
-    their difference divided by hi - lo, so that start-up, loading and the warm-up cancel out."""
+    their difference divided by hi - lo (review_share), so that start-up, loading and the
+    warm-up cancel out.  run: as for count."""
     lo, hi = counts
-    a, _ = count(bench_engine, flags, lo, review, work)
-    b, out = count(bench_engine, flags, hi, review, work)
-    return (b - a) // (hi - lo), out
+    a, _ = count(bench_engine, flags, lo, review, work, run)
+    b, out = count(bench_engine, flags, hi, review, work, run)
+    return review_share(a, b, counts), out
+
+
+def review_share(a, b, counts):
+    """Instructions per review from the totals a and b of runs of counts = (lo, hi) reviews."""
+    return (b - a) // (counts[1] - counts[0])
