@@ -182,13 +182,11 @@ int main(int argc, char **argv)
     size_t len = 0;
     if (n < 1 || eo_engine_new(&eo, &e, &err) != GG_OK ||
         (cluster_state &&
-         (!(inv = inv_new()) ||
-          eo_load_snapshot(e, inv, cluster_state, counts, &charger, NULL, &err) != GG_OK)) ||
+         (!(inv = inv_new())
+              ? gg_fail(&err, GG_ERR_NOMEM, "out of memory") != GG_OK
+              : eo_load_snapshot(e, inv, cluster_state, counts, &charger, NULL, &err) != GG_OK)) ||
         gg_read_file(review, 64 << 20, &text, &len, &err) != GG_OK) {
-        fprintf(stderr, "bench_engine: %s\n",
-                n < 1                   ? "-n must be at least 1"
-                : cluster_state && !inv ? "out of memory"
-                                        : err.msg);
+        fprintf(stderr, "bench_engine: %s\n", n < 1 ? "-n must be at least 1" : err.msg);
         charger_free(charger);
         engine_free(e);
         inv_free(inv);

@@ -77,7 +77,8 @@ static const char *const resources[] = {"\"nvidia.com/gpu\":\"1\"", "\"nvidia.co
                                         "\"nvidia.com/mig-1g.10gb\":\"1\"",
                                         "\"nvidia.com/gpu.shared\":\"1\""};
 
-#define ID_DIGITS 12 /* a pod's own number, written into its template's text */
+#define TEMPLATE_MAX 8192 /* bytes of a template's pod */
+#define ID_DIGITS 12      /* a pod's own number, written into its template's text */
 #define ID_MARK "@@@@@@@@@@@@"
 
 /*
@@ -154,7 +155,7 @@ struct template
 
 static bool template_make(struct template *tp, size_t t)
 {
-    char text[8192];
+    char text[TEMPLATE_MAX];
     int n = template_json(text, sizeof(text), t);
     if (n <= 0 || (size_t)n >= sizeof(text) || !(tp->text = malloc((size_t)n)))
         return false;
@@ -267,13 +268,13 @@ static bool feed_reader(void *ctx, const char *p, size_t n)
 
 /*
  * events MODIFIED watch lines, line i of pod i (the n listed pods, then new ones), through the
- * watch's path, the lines made first, their making timed apart and left out; false on an event
+ * watch's path; their making is timed in a pass of its own and left out.  False on an event
  * the path refuses, or when the pods held after are not the listed and the new ones.
  */
 static bool watch_events(const struct generator *g, struct inventory *inv, size_t n, size_t events)
 {
     static const char head[] = "{\"type\":\"MODIFIED\",\"object\":";
-    char line[8192 + sizeof(head) + 1];
+    char line[TEMPLATE_MAX + sizeof(head) + 1];
     memcpy(line, head, sizeof(head) - 1);
     double c0 = cpu_s();
     for (size_t e = 0; e < events; e++)
