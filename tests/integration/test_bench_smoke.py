@@ -12,13 +12,13 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from bench_server import find_go
 from conftest import REPO, procs, wait_for
+from bench_server import GO_SOURCE, find_go, go_env
+from repeatable import per_review
 
 SCRIPT = REPO / "tests" / "bench" / "bench_server.py"
 SBIN_PATH = os.environ.get("PATH", "") + ":/usr/local/sbin:/usr/sbin:/sbin"
@@ -32,10 +32,10 @@ def tools():
                         "installs it): the server benchmark cannot run")
 
 
-def go_command():
-    """The go the benchmark finds for its Go webhook, or None: without one the benchmark runs
-    all the same, its Go rows saying why."""
-    return find_go(os.environ.get("BENCH_GO", ""))[0]
+def go_built(output):
+    """Whether the benchmark's output says it built its Go webhook: without a go that builds
+    it, the benchmark runs all the same, its Go rows saying why."""
+    return "bench: Go webhook built with " in output
 
 
 def callgrind_n(binary):
@@ -133,7 +133,7 @@ def test_bench_server_runs_end_to_end(binary, tools, tmp_path):
     if callgrind_n(binary) != "off":
         assert re.search(r"\| engine instructions per review [^|]*\| [\d,]+ K \|", headline)
     # The minimal Go webhook, built and run in the same rounds when go is there.
-    if go_command():
+    if go_built(out.stdout):
         assert re.search(r"^\| gpuguard req/s as a share of a minimal Go webhook [^|]*\| "
                          r"\*\*[\d-]+ %\*\* \(Go webhook [\d,-]+ req/s\) \|", headline, re.M), \
             headline
@@ -185,7 +185,7 @@ def test_bench_server_stops_everything_on_ctrl_c(binary, tools, tmp_path):
         running = alive(started)
         assert wrk in running, (wrk, running)
         whats = ["gpuguard serve", "nginx: master process", "nginx: worker process"]
-        if go_command():
+        if go_built(log.read_text()):
             whats.append("gowebhook --listen")
         for what in whats:
             assert any(cmd.startswith(what) or f"/{what}" in cmd for cmd in running.values()), \
@@ -266,15 +266,21 @@ def test_two_counts_of_a_review_agree(binary, tmp_path):
     Lua's string-hash seed moves some 2 % of a review's instructions from run to run."""
     if callgrind_n(binary) == "off":
         pytest.skip("no valgrind, or a sanitized build: nothing to count")
-    sys.path.insert(0, str(REPO / "tests" / "bench"))
-    from repeatable import count
     engine = Path(binary).parent / "bench" / "bench_engine"
     flags = ["--policies", REPO / "policies", "--lua", REPO / "lua", "--config",
              REPO / "deploy" / "gpuguard.yaml"]
-
-    def total(n):
-        return count(engine, flags, n, REPO / "tests" / "data" / "reviews" / "bench-pod.json",
-                     tmp_path)[0]
-
-    runs = [(total(60) - total(20)) / 40 for _ in range(2)]
+    review = REPO / "tests" / "data" / "reviews" / "bench-pod.json"
+    runs = [per_review(engine, flags, (20, 60), review, tmp_path)[0] for _ in range(2)]
     assert abs(runs[0] - runs[1]) <= 0.002 * runs[0], runs
+
+
+def test_the_go_webhook_passes_its_own_tests(tmp_path):
+    """tests/bench/gowebhook's go test (its answers, patches and refusals), built as the
+    benchmark builds it: offline, with the toolchain at hand."""
+    go, why = find_go(os.environ.get("BENCH_GO", ""))
+    if not go:
+        pytest.skip(f"no Go webhook to test: {why}")
+    r = procs.run([go, "test", "./..."], cwd=GO_SOURCE, env=go_env(tmp_path), capture_output=True,
+                  text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert re.search(r"^ok\s+\S+/gowebhook\s", r.stdout, re.M), r.stdout

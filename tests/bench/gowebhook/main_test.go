@@ -10,7 +10,6 @@ package main
 
 import (
 	"bytes"
-	"encoding/base64"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
@@ -65,9 +64,9 @@ func TestHandle(t *testing.T) {
 			if string(resp.Patch) != c.patch {
 				t.Fatalf("patch %s, want %s", resp.Patch, c.patch)
 			}
-			if c.patch != "" && (resp.PatchType != "JSONPatch" ||
-				!bytes.Contains(w.Body.Bytes(), []byte(base64.StdEncoding.EncodeToString(resp.Patch)))) {
-				t.Fatalf("patch not sent as base64 JSONPatch: %s", w.Body)
+			// The patch travels base64-encoded: a []byte decodes from nothing else.
+			if (c.patch != "") != (resp.PatchType == "JSONPatch") {
+				t.Fatalf("patchType %q with patch %q: %s", resp.PatchType, c.patch, w.Body)
 			}
 		})
 	}
