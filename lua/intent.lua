@@ -388,8 +388,8 @@ end
 
 -- gpuguard.dra's answers in each request, by the view of its pod (gpuguard.frozen: one key for
 -- the whole request, in both phases), then by kind, namespace and name: { object, why }.  A DRA
--- pod's charge is worked out several times a review (wants_gpu, the pass-through twice, the
--- quota), and each gpuguard.dra call copies the object out of the inventory and converts it
+-- pod's charge is worked out several times a review (the pass-through twice, the quota), and
+-- each gpuguard.dra call copies the object out of the inventory and converts it
 -- again.  The object is the cluster's, not the pod's, so edits to the pod leave the answer
 -- good; the policies of one review see one version of it, and a template the API server had to
 -- be asked for is asked for once.  Only this module reads the objects, and never writes them.
@@ -1100,7 +1100,6 @@ function M.charge(pod, cfg, opts)
     end
     return total + dra + other, breakdown, with_extended_classes(breakdown, classes)
 end
-
 
 -- The requests of a claim's spec whose device classes its pod was not charged for as extended
 -- resources (gpu.requested knows the extended-resource names of NVIDIA's GPU classes only), as

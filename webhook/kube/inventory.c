@@ -734,8 +734,9 @@ static void dra_put(struct inventory *inv, const json_t *obj, uint64_t seen, int
                            json_object_get(d->obj, "spec"))))
         inv->class_changes++;
     if (s)
-        dra_drop(inv, s);
-    inv->dra_version++;
+        dra_drop(inv, s); /* moves the version */
+    else
+        inv->dra_version++;
     struct slot *sum = charge ? map_put(&inv->dra_sums, ns) : NULL;
     if (charge && !sum)
         d->charge = 0; /* out of memory: counted nowhere, so never subtracted */
