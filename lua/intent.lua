@@ -39,7 +39,8 @@ opts.lookup.
 
 State: the claims and templates a pod names (gpuguard.dra) are remembered for the rest of the
 request, in both phases (request_lookup says why that is safe); DeviceClasses and slices are
-read as asked.
+read as asked.  A pod's charge is remembered across requests under what the charge reads of it
+(M.charge).
 Must not: keep any other state between calls, or write into the pod or the configuration.
 ]]
 
@@ -1025,18 +1026,8 @@ local function other_gpus(spec, cfg)
     return total, items
 end
 
---[[
-The charge of a pod in milli-GPU and a breakdown (as quota.pod_charge's, plus "pod" entries for
-DRA claims and KAI annotations); nil and a message saying what to change for a value that is
-illegal in its own dialect.  opts (optional): pool = the pool that serves it (default: the pool
-its nodeSelector names), namespace = the request's (default: the pod's, else "default"),
-lookup = function(kind, namespace, name) for DRA objects (default: gpuguard.dra), shares =
-{ [container name] = milli-GPU } for the shared replica of each container 10-gpu-sharing has
-just decided (then the charge is computed, never read from the gpuguard.io/charge annotation,
-which is what it is computed for).  The third result is the GPU device classes of its DRA claims
-(a list; .shared_claim when it names a ResourceClaim).
-]]
-function M.charge(pod, cfg, opts)
+-- intent.charge, worked out (below, the memo in front of it).
+local function charge_of(pod, cfg, opts)
     opts = opts or NONE
     local spec = k8s.pod_spec(pod)
     if not spec then
@@ -1101,6 +1092,60 @@ function M.charge(pod, cfg, opts)
     return total + dra + other, breakdown, with_extended_classes(breakdown, classes)
 end
 
+-- Charges already worked out, by gpuguard.charge_key (the pod's charge spec, what the model
+-- reads of it, and the request's namespace; compared in full): most pods are copies, the
+-- pods of one ReplicaSet or Job, and their charge is worked out once.  An entry of a pod
+-- naming DRA claims holds only for the version of the DRA objects it was worked out with.
+-- Dropped with the configuration it was worked out under; full (in entries, or in bytes of
+-- keys: a pod may carry a long annotation, and the VM's memory is bounded), it starts again
+-- empty.
+local REMEMBERED_MAX, REMEMBERED_BYTES = 1024, 2 * 1024 * 1024
+local remembered, remembered_n, remembered_bytes, remembered_cfg = {}, 0, 0, nil
+
+--[[
+The charge of a pod in milli-GPU and a breakdown (as quota.pod_charge's, plus "pod" entries for
+DRA claims and KAI annotations); nil and a message saying what to change for a value that is
+illegal in its own dialect.  opts (optional): pool = the pool that serves it (default: the pool
+its nodeSelector names), namespace = the request's (default: the pod's, else "default"),
+lookup = function(kind, namespace, name) for DRA objects (default: gpuguard.dra), shares =
+{ [container name] = milli-GPU } for the shared replica of each container 10-gpu-sharing has
+just decided (then the charge is computed, never read from the gpuguard.io/charge annotation,
+which is what it is computed for).  The third result is the GPU device classes of its DRA claims
+(a list; .shared_claim when it names a ResourceClaim).
+Without pool, lookup or shares, the answer may come from the memo: its breakdown and classes are
+then read-only, shared with every copy of the pod.
+]]
+function M.charge(pod, cfg, opts)
+    if opts and (opts.pool ~= nil or opts.lookup ~= nil or opts.shares ~= nil) then
+        return charge_of(pod, cfg, opts) -- a decision's own charge: not the pod's as it stands
+    end
+    local key, version = gg.charge_key(pod, opts and opts.namespace)
+    if key == nil then
+        return charge_of(pod, cfg, opts)
+    end
+    if remembered_cfg ~= cfg then
+        remembered, remembered_n, remembered_bytes, remembered_cfg = {}, 0, 0, cfg
+    end
+    local r = remembered[key]
+    if r ~= nil and r.version == version then
+        return r.total, r.breakdown, r.classes
+    end
+    local total, breakdown, classes = charge_of(pod, cfg, opts)
+    -- Kept unless the DRA objects moved meanwhile (one was asked of the API server).
+    if version == 0 or gg.dra_version() == version then
+        if remembered_n >= REMEMBERED_MAX or remembered_bytes + #key > REMEMBERED_BYTES then
+            remembered, remembered_n, remembered_bytes = {}, 0, 0
+        end
+        -- Read-only: the same tables answer every later copy of the pod.
+        breakdown, classes = gg.readonly(breakdown), gg.readonly(classes)
+        if remembered[key] == nil then
+            remembered_n, remembered_bytes = remembered_n + 1, remembered_bytes + #key
+        end
+        remembered[key] = { total = total, breakdown = breakdown, classes = classes, version = version }
+    end
+    return total, breakdown, classes
+end
+
 -- The requests of a claim's spec whose device classes its pod was not charged for as extended
 -- resources (gpu.requested knows the extended-resource names of NVIDIA's GPU classes only), as
 -- a spec of their own.
@@ -1148,7 +1193,7 @@ function M.usage_charge(pod, cfg)
     if pod.kind == "ResourceClaim" then
         return claim_usage(pod, cfg)
     end
-    local total = M.charge(pod, cfg)
+    local total = charge_of(pod, cfg) -- the charger remembers it in C (engine/chargememo.h)
     if total then
         return total
     end

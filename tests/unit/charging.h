@@ -10,10 +10,29 @@
 #include "kube/inventory.h"
 #include "engine/policy.h"
 
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+
 struct charging {
     struct engine *engine;
     struct charger *charger;
 };
+
+/* dir (a mkdtemp template) made, holding policies/10-test.lua with text; policies (64 bytes)
+ * gets that directory's path.  tmptree_remove(dir) removes it all. */
+static inline void one_policy(char *dir, char *policies, const char *text)
+{
+    char file[96];
+    assert_non_null(mkdtemp(dir));
+    snprintf(policies, 64, "%s/policies", dir);
+    snprintf(file, sizeof(file), "%s/10-test.lua", policies);
+    assert_int_equal(mkdir(policies, 0700), 0);
+    FILE *f = fopen(file, "w");
+    assert_non_null(f);
+    fputs(text, f);
+    fclose(f);
+}
 
 static inline void charging_start(struct charging *c, struct inventory *inv, const char *policies,
                                   const char *config)

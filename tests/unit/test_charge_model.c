@@ -14,6 +14,7 @@
 #include "charging.h"
 #include "engine/dryrun.h"
 #include "kube/informer.h"
+#include "tmptree.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,15 +35,8 @@ static const char admission_policy[] =
 static void test_admission_and_inventory_charge_alike(void **state)
 {
     (void)state;
-    char dir[] = "/tmp/gg-charge-XXXXXX", policies[64], file[96];
-    assert_non_null(mkdtemp(dir));
-    snprintf(policies, sizeof(policies), "%s/policies", dir);
-    snprintf(file, sizeof(file), "%s/10-charge.lua", policies);
-    assert_int_equal(mkdir(policies, 0700), 0);
-    FILE *f = fopen(file, "w");
-    assert_non_null(f);
-    fputs(admission_policy, f);
-    fclose(f);
+    char dir[] = "/tmp/gg-charge-XXXXXX", policies[64];
+    one_policy(dir, policies, admission_policy);
 
     json_error_t jerr;
     json_t *table = json_load_file(DATA "pods.json", 0, &jerr);
@@ -97,9 +91,7 @@ static void test_admission_and_inventory_charge_alike(void **state)
     charging_stop(&model);
     inv_free(inv);
     json_decref(table);
-    unlink(file);
-    rmdir(policies);
-    rmdir(dir);
+    assert_int_equal(tmptree_remove(dir), 0);
 }
 
 /*

@@ -13,6 +13,7 @@
  *   lb_readonly.c  read-only views: shared tables (configuration, library) and validate's object
  *   lb_json.c      JSON -> Lua and Lua -> JSON
  *   lb_lazy.c      the request's object as stubs filled on first use
+ *   lb_chargekey.c the key a pod's charge is remembered under, read from the object
  *   lb_call.c      loading and calling policy and test files under the budgets
  *   lb_request.c   a request: the req table, policy calls, reports, the object rebuilt
  *   lb_diff.c      the JSON patch from the original object to the edited one
@@ -190,6 +191,10 @@ int lb_peek(lua_State *L);
 int lb_fields(lua_State *L);
 void lb_materialize(lua_State *L, int idx, enum shape shape);
 void lb_materialize_if_lazy(lua_State *L, int idx);
+
+/* lb_chargekey.c */
+int lb_charge_key(lua_State *L);
+int lb_dra_version(lua_State *L);
 
 /* lb_call.c */
 enum lb_outcome lb_protected_call(struct lb_vm *vm, int nargs, struct gg_err *err,

@@ -333,6 +333,8 @@ void lb_module_open(lua_State *L)
                                      {"rightsize", l_rightsize},
                                      {"rightsize_report", l_rightsize_report},
                                      {"dra", l_dra}, /* lua/intent.lua's DRA lookups */
+                                     {"dra_version", lb_dra_version},
+                                     {"charge_key", lb_charge_key},  /* intent.charge's memo */
                                      {"unknown_key", l_unknown_key}, /* lua/schema.lua */
                                      {NULL, NULL}};
     luaL_newlib(L, funcs);

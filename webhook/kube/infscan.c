@@ -499,12 +499,26 @@ static bool out_object(struct pod_scan *ps, struct buf *b, bool *first, const ch
     return out(ps, b, "}", 1);
 }
 
-/* Of limits or requests, only the extended resources (vendor.domain/name) the charge counts,
- * as strings or numbers. */
+/* Of limits or requests, only the extended resources the charge counts, as strings or
+ * numbers. */
+bool inf_charged_resource(const char *key)
+{
+    return strchr(key, '/') != NULL;
+}
+
+bool inf_charge_annotation(const char *key)
+{
+    static const char *const charged[] = {GG_CHARGE_ANNOTATIONS};
+    for (size_t i = 0; i < sizeof(charged) / sizeof(*charged); i++)
+        if (strcmp(key, charged[i]) == 0)
+            return true;
+    return false;
+}
+
 static bool quantity_member(struct pod_scan *ps, struct buf *b, bool *first, const char *key)
 {
     char ch = peek(ps->s);
-    if (strchr(key, '/') && (ch == '"' || ch == '-' || (ch >= '0' && ch <= '9')))
+    if (inf_charged_resource(key) && (ch == '"' || ch == '-' || (ch >= '0' && ch <= '9')))
         return out_member(ps, b, first, key, false);
     return inf_scan_skip(ps->s);
 }
@@ -554,12 +568,10 @@ static bool label_member(struct pod_scan *ps, struct buf *b, bool *first, const 
 /* annotations: the pool is the pod's own; the charge reads GG_CHARGE_ANNOTATIONS. */
 static bool annotation_member(struct pod_scan *ps, struct buf *b, bool *first, const char *key)
 {
-    static const char *const charged[] = {GG_CHARGE_ANNOTATIONS};
     if (strcmp(key, GG_KEY_POOL) == 0)
         return take(ps, F_POOL);
-    for (size_t i = 0; i < sizeof(charged) / sizeof(*charged); i++)
-        if (strcmp(key, charged[i]) == 0)
-            return out_member(ps, b, first, key, false);
+    if (inf_charge_annotation(key))
+        return out_member(ps, b, first, key, false);
     return inf_scan_skip(ps->s);
 }
 

@@ -62,6 +62,11 @@ struct inf_pod {
     struct buf text, sections[INF_POD_SECTIONS];
 };
 
+/* The names the charge spec keeps: of a pod's annotations, and of a container's limits and
+ * requests (the extended resources, vendor.domain/name). */
+bool inf_charge_annotation(const char *key);
+bool inf_charged_resource(const char *key);
+
 void inf_pod_init(struct inf_pod *p);
 void inf_pod_free(struct inf_pod *p);
 

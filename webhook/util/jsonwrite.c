@@ -104,7 +104,7 @@ enum gg_status jw_integer(struct buf *b, json_int_t v)
  * non-finite reals, so there is no inf or nan; the process never calls
  * setlocale, so the decimal point is '.'.
  */
-static enum gg_status put_real(struct buf *b, double d)
+enum gg_status jw_real(struct buf *b, double d)
 {
     char text[40]; /* "-1.2345678901234567e-308" is the longest */
     int n = snprintf(text, sizeof(text), "%.17g", d);
@@ -178,7 +178,7 @@ static enum gg_status put_value(struct buf *b, const json_t *v, int depth)
     case JSON_INTEGER:
         return jw_integer(b, json_integer_value(v));
     case JSON_REAL:
-        return put_real(b, json_real_value(v));
+        return jw_real(b, json_real_value(v));
     case JSON_TRUE:
         return BUF_LITERAL(b, "true");
     case JSON_FALSE:
@@ -218,7 +218,7 @@ static enum gg_status put_node(struct buf *b, const struct jf_node *n, int depth
     case JF_INTEGER:
         return jw_integer(b, n->u.i);
     case JF_REAL:
-        return put_real(b, n->u.d);
+        return jw_real(b, n->u.d);
     case JF_TRUE:
         return BUF_LITERAL(b, "true");
     case JF_FALSE:

@@ -43,4 +43,7 @@ enum gg_status jw_node(struct buf *b, const struct jf_node *n);
 /* Append v in decimal. */
 enum gg_status jw_integer(struct buf *b, json_int_t v);
 
+/* Append d (finite) as jansson writes a real: "%.17g", with ".0" when that reads as an integer. */
+enum gg_status jw_real(struct buf *b, double d);
+
 #endif
