@@ -124,3 +124,21 @@ def test_a_plain_debug_container_is_allowed(shipped):
     resp = validate(shipped, update_review(NOTEBOOK, new, ALICE, "ephemeralcontainers"))
     assert resp["allowed"] is True
     assert "warnings" not in resp
+
+
+def test_copies_of_a_request_get_the_same_answer_from_the_remembered_verdict(shipped):
+    """30-gpu-guardrails remembers its verdict (`remember = true`): copies of a request (only
+    the uid differs) are answered from what the first was judged, across other requests that
+    reuse the server's per-request memory in between, on both worker threads."""
+    denied = copy.deepcopy(NOTEBOOK)
+    denied["metadata"]["annotations"]["gpuguard.io/decision"] = "exclusive"
+    allowed = copy.deepcopy(NOTEBOOK)
+    allowed["metadata"]["labels"]["owner"] = "alice"
+    first = validate(shipped, update_review(NOTEBOOK, denied, ALICE))["status"]["message"]
+    assert first.startswith("gpu-guardrails: the update changes the annotation "
+                            "gpuguard.io/decision")
+    for _ in range(20):
+        resp = validate(shipped, update_review(NOTEBOOK, denied, ALICE))
+        assert resp["allowed"] is False
+        assert resp["status"]["message"] == first
+        assert validate(shipped, update_review(NOTEBOOK, allowed, ALICE))["allowed"] is True

@@ -181,8 +181,8 @@ enum lb_outcome lb_protected_call(struct lb_vm *vm, int nargs, struct gg_err *er
 static enum gg_status read_decl(lua_State *L, const char *file, struct lb_policy_info *info,
                                 struct gg_err *err)
 {
-    static const char *const fields[] = {"name",  "description", "mode",    "failure",
-                                         "match", "config",      "severity"};
+    static const char *const fields[] = {"name",  "description", "mode",     "failure",
+                                         "match", "config",      "severity", "remember"};
     int t = lua_gettop(L);
     json_t *decl = json_object();
     if (!decl)

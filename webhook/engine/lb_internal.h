@@ -69,6 +69,7 @@ struct lb_vm {
     int64_t unchecked;    /* C work charged but not yet counted in used (lb_budget_charge) */
     int64_t deadline_us;  /* 0: none */
     bool running;         /* inside a policy call: budget kills are armed */
+    bool call_pure;       /* the call read nothing of the cluster, wrote no log (lb_impure) */
     enum lb_outcome kill;
     bool broken;
     int obj_ref, req_ref;          /* the current request's tables */
@@ -191,6 +192,12 @@ int lb_peek(lua_State *L);
 int lb_fields(lua_State *L);
 void lb_materialize(lua_State *L, int idx, enum shape shape);
 void lb_materialize_if_lazy(lua_State *L, int idx);
+
+/* A gpuguard function that reads the cluster (or writes a log) makes the call impure. */
+static inline void lb_impure(lua_State *L)
+{
+    lb_vm_of(L)->call_pure = false;
+}
 
 /* lb_chargekey.c */
 int lb_charge_key(lua_State *L);

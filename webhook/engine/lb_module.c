@@ -136,6 +136,7 @@ static int l_format_quantity(lua_State *L)
 
 static int l_log(lua_State *L)
 {
+    lb_impure(L);
     static const char *const levels[] = {"debug", "info", "warn", "error", NULL};
     int level = luaL_checkoption(L, 1, NULL, levels);
     const char *msg = luaL_checkstring(L, 2);
@@ -177,6 +178,7 @@ static int l_unknown_key(lua_State *L)
  */
 static int l_usage(lua_State *L)
 {
+    lb_impure(L);
     const char *ns = luaL_checkstring(L, 1);
     const char *cls = luaL_optstring(L, 2, NULL);
     const char *pool = luaL_optstring(L, 3, NULL);
@@ -197,6 +199,7 @@ static int l_usage(lua_State *L)
  */
 static int l_gpuquota(lua_State *L)
 {
+    lb_impure(L);
     const char *ns = luaL_checkstring(L, 1);
     struct inventory *inv = lb_vm_of(L)->inventory;
     size_t count = 0;
@@ -241,6 +244,7 @@ static int l_gpuquota(lua_State *L)
  */
 static int l_rightsize(lua_State *L)
 {
+    lb_impure(L);
     const char *ns = luaL_checkstring(L, 1), *name = luaL_checkstring(L, 2);
     const char *kind = luaL_optstring(L, 3, NULL), *owner = luaL_optstring(L, 4, NULL);
     char workload[512];
@@ -276,6 +280,7 @@ static int l_rightsize(lua_State *L)
 /* gpuguard.rightsize_report(namespace, workload, action, requested_milli, needed_milli) */
 static int l_rightsize_report(lua_State *L)
 {
+    lb_impure(L);
     static const char *const actions[] = {"none", "recommend", "apply", NULL};
     const char *ns = luaL_checkstring(L, 1), *workload = luaL_checkstring(L, 2);
     int action = luaL_checkoption(L, 3, NULL, actions);
@@ -291,6 +296,7 @@ static int l_rightsize_report(lua_State *L)
  */
 static int l_dra(lua_State *L)
 {
+    lb_impure(L);
     const char *kind = luaL_checkstring(L, 1);
     const char *ns = luaL_checkstring(L, 2);
     const char *name = luaL_checkstring(L, 3);

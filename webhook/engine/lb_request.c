@@ -327,6 +327,7 @@ enum lb_outcome lb_policy_call(struct lb_vm *vm, int index, enum lb_phase phase,
     memset(report, 0, sizeof(*report));
     if (traceback)
         *traceback = NULL;
+    vm->call_pure = true;
     if (vm->broken) {
         gg_fail(err, GG_ERR_POLICY, "the Lua VM was stopped earlier in this request");
         return LB_RAISED;
@@ -354,6 +355,11 @@ enum lb_outcome lb_policy_call(struct lb_vm *vm, int index, enum lb_phase phase,
     memset(&vm->report, 0, sizeof(vm->report));
     report_handed_over(vm);
     return outcome;
+}
+
+bool lb_call_was_pure(const struct lb_vm *vm)
+{
+    return vm->call_pure;
 }
 
 /* lb_request_rewind's work, in protected mode (the stub and the view allocate). */

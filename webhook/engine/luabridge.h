@@ -147,6 +147,15 @@ enum lb_outcome lb_policy_call(struct lb_vm *vm, int index, enum lb_phase phase,
                                struct lb_report *report, struct gg_err *err, char **traceback);
 
 /*
+ * Whether the last lb_policy_call read nothing of the cluster and wrote no
+ * log: it called none of gpuguard.usage, gpuquota, dra, dra_version,
+ * rightsize, rightsize_report and log, and gpuguard.charge_key for no pod
+ * naming claims (whose charge reads DRA objects).  Its report is then a
+ * function of the request and the configuration (and the policy's own Lua).
+ */
+bool lb_call_was_pure(const struct lb_vm *vm);
+
+/*
  * The JSON patch from original to the object as the policies left it.
  * Only the parts that differ are converted back to JSON.
  */

@@ -6,6 +6,7 @@
  * checked, whatever has happened on disk since.
  */
 #include "engine/policy.h"
+#include "engine/verdictmemo.h"
 #include "engine/sanitize.h"
 #include "util/clock.h"
 
@@ -46,6 +47,7 @@ struct policy {
     json_t *match; /* borrowed from decl; NULL matches everything */
     bool has_mutate;
     bool has_validate;
+    bool remember; /* its validate reports are remembered by request (verdictmemo.h) */
     int metric_slot;
 };
 
@@ -78,10 +80,11 @@ struct engine {
     struct ledger *ledger;       /* borrowed; NULL: no GPUQuota ledger (check, test) */
 };
 
-/* A worker thread's VM and the set it was built from. */
+/* A worker thread's VM, the set it was built from, and what its policies judged. */
 struct thread_vm {
     struct lb_vm *vm;
     struct policy_set *set;
+    struct verdict_memo *memo; /* NULL when out of memory: nothing remembered */
 };
 
 /* ---- sets ------------------------------------------------------------- */
@@ -381,6 +384,12 @@ static enum gg_status policy_from_info(struct policy *p, struct lb_policy_info *
                        "policy %s: severity must be critical, high, medium, low or info", name);
     if (!info->has_mutate && !info->has_validate)
         return gg_fail(err, GG_ERR_INVALID, "policy %s: has neither mutate nor validate", name);
+    json_t *remember = json_object_get(decl, "remember");
+    if (remember && !json_is_boolean(remember))
+        return gg_fail(err, GG_ERR_INVALID, "policy %s: remember must be true or false", name);
+    if (json_is_true(remember) && !info->has_validate)
+        return gg_fail(err, GG_ERR_INVALID,
+                       "policy %s: remember is for validate reports, and it has no validate", name);
     enum gg_status st = check_match(json_object_get(decl, "match"), name, err);
     if (st != GG_OK)
         return st;
@@ -390,6 +399,7 @@ static enum gg_status policy_from_info(struct policy *p, struct lb_policy_info *
     p->match = json_object_get(decl, "match");
     p->has_mutate = info->has_mutate;
     p->has_validate = info->has_validate;
+    p->remember = json_is_true(json_object_get(decl, "remember"));
     p->metric_slot = metrics_policy_slot(name);
     p->decl = json_incref(decl);
     return GG_OK;
@@ -605,6 +615,7 @@ static void free_thread_vm(void *p)
         return;
     lb_vm_free(tv->vm);
     policy_set_release(tv->set);
+    verdict_memo_free(tv->memo);
     free(tv);
 }
 
@@ -829,7 +840,7 @@ void engine_last_reload(struct engine *e, char *out, size_t size)
 
 /* This thread's VM for set, rebuilt when the set changed or the VM broke. */
 static enum gg_status thread_vm(struct engine *e, struct policy_set *set, struct lb_vm **out,
-                                struct gg_err *err)
+                                struct verdict_memo **memo, struct gg_err *err)
 {
     struct thread_vm *tv = pthread_getspecific(e->vm_key);
     if (!tv) {
@@ -840,12 +851,15 @@ static enum gg_status thread_vm(struct engine *e, struct policy_set *set, struct
     }
     if (tv->vm && tv->set == set && !lb_vm_broken(tv->vm)) {
         *out = tv->vm;
+        *memo = tv->memo;
         return GG_OK;
     }
     lb_vm_free(tv->vm);
     policy_set_release(tv->set);
+    verdict_memo_free(tv->memo); /* what the VM's policies judged goes with it */
     tv->vm = NULL;
     tv->set = NULL;
+    tv->memo = verdict_memo_new(set->n);
     enum gg_status st = build_vm(set, e->inventory, NULL, &tv->vm, err);
     if (st != GG_OK)
         return st;
@@ -854,6 +868,7 @@ static enum gg_status thread_vm(struct engine *e, struct policy_set *set, struct
     atomic_fetch_add(&set->refs, 1);
     tv->set = set;
     *out = tv->vm;
+    *memo = tv->memo;
     return GG_OK;
 }
 
@@ -989,6 +1004,14 @@ struct gather {
     bool failed_mutation; /* a mutate call failed closed, or an edit is not JSON: no edits */
     bool lost;            /* a denial could not be recorded: the verdict is a denial */
     unsigned errors;      /* policy calls that raised or broke a budget */
+    /* What validate's remembering policies judged before (NULL: nothing is remembered), and
+     * this request's entry there (looked up at the first such policy; entry_state 0: not yet,
+     * 1: found, -1: none); the patch validate sees the object through (NULL: the object as
+     * it came). */
+    struct verdict_memo *memo;
+    const json_t *seen_patch;
+    struct verdict_entry *entry;
+    int entry_state;
 };
 
 /*
@@ -1265,6 +1288,21 @@ static void add_outcome(struct gather *g, const struct policy *p, enum lb_outcom
 }
 
 /* One policy's call in a phase, its report and its failure verdict. */
+/* This request's entry in what validate's policies judged, looked up once (NULL: none,
+ * nothing is remembered for it). */
+static struct verdict_entry *request_entry(const struct adm_request *req, struct gather *g)
+{
+    if (!g->memo || g->entry_state)
+        return g->entry;
+    struct buf key;
+    buf_init(&key, VERDICT_KEY_MAX);
+    if (verdict_key(&key, req, g->seen_patch))
+        g->entry = verdict_memo_entry(g->memo, key.data, key.len);
+    buf_clear(&key);
+    g->entry_state = g->entry ? 1 : -1;
+    return g->entry;
+}
+
 static void run_policy(struct lb_vm *vm, const struct policy_set *set, size_t i,
                        const struct adm_request *req, enum lb_phase phase, struct gather *g)
 {
@@ -1280,7 +1318,14 @@ static void run_policy(struct lb_vm *vm, const struct policy_set *set, size_t i,
     struct gg_err err = {{0}};
     char *traceback = NULL;
     int64_t start = gg_now_ns();
-    enum lb_outcome outcome = lb_policy_call(vm, (int)i, phase, &report, &err, &traceback);
+    struct verdict_entry *judged =
+        phase == LB_VALIDATE && p->remember && !lb_vm_broken(vm) ? request_entry(req, g) : NULL;
+    enum lb_outcome outcome = LB_DONE;
+    if (!judged || !verdict_entry_get(judged, i, &report)) {
+        outcome = lb_policy_call(vm, (int)i, phase, &report, &err, &traceback);
+        if (judged && outcome == LB_DONE && lb_call_was_pure(vm))
+            verdict_entry_put(g->memo, judged, i, &report);
+    }
     if (!req->background) /* the policy metrics are admission's; the audit counts its own */
         metrics_policy_observe(p->metric_slot, policy_result(outcome, mode, &report),
                                (gg_now_ns() - start) / 1e9);
@@ -1516,7 +1561,8 @@ static enum gg_status evaluate(struct engine *e, const struct adm_request *req, 
 {
     struct policy_set *set = acquire(e);
     struct lb_vm *vm = NULL;
-    enum gg_status st = thread_vm(e, set, &vm, err);
+    struct verdict_memo *memo = NULL;
+    enum gg_status st = thread_vm(e, set, &vm, &memo, err);
     if (st != GG_OK) {
         policy_set_release(set);
         return st;
@@ -1529,7 +1575,8 @@ static enum gg_status evaluate(struct engine *e, const struct adm_request *req, 
                        .warnings = json_array(),
                        .audit = json_object(),
                        .fired = json_array(),
-                       .modes = json_object()};
+                       .modes = json_object(),
+                       .memo = memo};
     g.lost = !g.denials || !g.warnings || !g.audit || !g.fired || !g.modes;
     if ((phases & PHASE_OUTCOMES) && !(g.outcomes = json_array()))
         g.lost = true;
@@ -1555,6 +1602,8 @@ static enum gg_status evaluate(struct engine *e, const struct adm_request *req, 
         bool validate = (phases & PHASE_VALIDATE) != 0;
         if (st == GG_OK && alive && validate && g.failed_mutation)
             begin_validate(vm, req, lua_deadline, &g, &validate, err);
+        else if (phases & PHASE_MUTATE)
+            g.seen_patch = out->patch; /* validate sees the object the patch makes */
         if (st == GG_OK && validate) {
             /* Not for a pod the mutating phase already denied: its charge is work for nothing. */
             struct held h = {0};

@@ -8,6 +8,7 @@
  * allocation; later chunks double.
  */
 #include "util/jsonfast.h"
+#include "util/buf.h"
 
 #include <math.h>
 #include <stddef.h>
@@ -305,5 +306,37 @@ bool jf_same(const struct jf_node *a, const struct jf_node *b)
         return true;
     default:
         return true;
+    }
+}
+
+/* A type byte and a 32-bit count or length, then len bytes of data. */
+static bool key_part(struct buf *b, uint8_t type, uint32_t n, const void *data, size_t len)
+{
+    char head[5] = {(char)type};
+    memcpy(head + 1, &n, 4);
+    return buf_append(b, head, 5) == GG_OK && buf_append(b, data, len) == GG_OK;
+}
+
+bool jf_key(struct buf *b, const struct jf_node *n)
+{
+    switch (n->type) {
+    case JF_INTEGER:
+    case JF_REAL: /* the union's 8 bytes: an int64_t or a double */
+        return key_part(b, n->type, 0, &n->u, 8);
+    case JF_STRING:
+        return key_part(b, n->type, n->n, n->u.s, n->n);
+    case JF_ARRAY:
+    case JF_OBJECT:
+        if (!key_part(b, n->type, n->n, NULL, 0))
+            return false;
+        for (uint32_t i = 0; i < n->n; i++) {
+            const struct jf_node *m = &n->u.items[i];
+            if ((n->type == JF_OBJECT && !key_part(b, 0xff, m->key_len, m->key, m->key_len)) ||
+                !jf_key(b, m))
+                return false;
+        }
+        return true;
+    default: /* null, true, false: the type says it all */
+        return key_part(b, n->type, 0, NULL, 0);
     }
 }
