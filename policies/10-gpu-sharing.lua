@@ -606,4 +606,5 @@ return {
         end
     end,
     mutate = rewrite,
+    remember = { "mutate" }, -- its decision is the pod's and the configuration's alone
 }

@@ -162,7 +162,7 @@ return {
     name = "gpu-placement",
     description = "GPU pods get their pool's selector and tolerations; other pods stay off GPU nodes.",
     match = { kinds = { "Pod" }, operations = { "CREATE" } },
-    remember = true, -- its validate judges the request and the configuration alone
+    remember = { "validate" }, -- its validate judges the request and the configuration alone
     check = function(cfg)
         local p = cfg.placement
         if p == nil then

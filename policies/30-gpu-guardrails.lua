@@ -686,7 +686,7 @@ return {
     name = "gpu-guardrails",
     description = "Keeps GPU access through the device plugin and GPU accounting honest.",
     severity = "high",
-    remember = true, -- its validate judges the request and the configuration alone
+    remember = { "validate" }, -- its validate judges the request and the configuration alone
     match = { kinds = { "Pod" }, operations = { "CREATE", "UPDATE" } },
     check = check,
     mutate = mutate,

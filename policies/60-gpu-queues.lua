@@ -108,7 +108,7 @@ return {
                   "Notebook", "InferenceService" },
         operations = { "CREATE", "UPDATE" },
     },
-    remember = true, -- its validate judges the request and the configuration alone
+    remember = { "validate" }, -- its validate judges the request and the configuration alone
     check = queues.check,
     mutate = mutate,
     validate = validate,

@@ -34,6 +34,19 @@ static inline void one_policy(char *dir, char *policies, const char *text)
     fclose(f);
 }
 
+/* ns/name in inv: a ResourceClaimTemplate of count whole GPUs (gpu.nvidia.com). */
+static inline void charging_template(struct inventory *inv, const char *ns, const char *name,
+                                     json_int_t count)
+{
+    json_t *t = json_pack("{s:s,s:s,s:{s:s,s:s},s:{s:{s:{s:[{s:s,s:{s:s,s:s,s:I}}]}}}}",
+                          "apiVersion", "resource.k8s.io/v1", "kind", "ResourceClaimTemplate",
+                          "metadata", "name", name, "namespace", ns, "spec", "spec", "devices",
+                          "requests", "name", "g", "exactly", "deviceClassName", "gpu.nvidia.com",
+                          "allocationMode", "ExactCount", "count", count);
+    inv_upsert(inv, t);
+    json_decref(t);
+}
+
 static inline void charging_start(struct charging *c, struct inventory *inv, const char *policies,
                                   const char *config)
 {

@@ -77,16 +77,8 @@ static void start(struct setup *s)
         {"ns-a", "one", "1"}, {"ns-a", "two", "2"}, {"ns-a", "t", "2"}, {"ns-b", "t", "1"}};
     s->inv = inv_new();
     charging_start(&s->model, s->inv, "policies", CONFIG);
-    for (size_t i = 0; i < sizeof(templates) / sizeof(*templates); i++) {
-        json_t *t =
-            json_pack("{s:s,s:s,s:{s:s,s:s},s:{s:{s:{s:[{s:s,s:{s:s,s:s,s:I}}]}}}}", "apiVersion",
-                      "resource.k8s.io/v1", "kind", "ResourceClaimTemplate", "metadata", "name",
-                      templates[i][1], "namespace", templates[i][0], "spec", "spec", "devices",
-                      "requests", "name", "g", "exactly", "deviceClassName", "gpu.nvidia.com",
-                      "allocationMode", "ExactCount", "count", (json_int_t)atoi(templates[i][2]));
-        inv_upsert(s->inv, t);
-        json_decref(t);
-    }
+    for (size_t i = 0; i < sizeof(templates) / sizeof(*templates); i++)
+        charging_template(s->inv, templates[i][0], templates[i][1], atoi(templates[i][2]));
 }
 
 static void stop(struct setup *s)
@@ -224,14 +216,7 @@ static void test_a_pod_naming_claims_is_remembered_while_its_dra_objects_stay(vo
     assert_int_equal(charge_parts(&s, &dra), 2000);
     assert_int_equal(charge_parts(&s, &dra), 2000);
     assert_int_equal(evaluated(&s), 1);
-    json_t *three =
-        json_pack("{s:s,s:s,s:{s:s,s:s},s:{s:{s:{s:[{s:s,s:{s:s,s:s,s:I}}]}}}}", "apiVersion",
-                  "resource.k8s.io/v1", "kind", "ResourceClaimTemplate", "metadata", "name", "two",
-                  "namespace", "ns-a", "spec", "spec", "devices", "requests", "name", "g",
-                  "exactly", "deviceClassName", "gpu.nvidia.com", "allocationMode", "ExactCount",
-                  "count", (json_int_t)3);
-    inv_upsert(s.inv, three);
-    json_decref(three);
+    charging_template(s.inv, "ns-a", "two", 3);
     assert_int_equal(charge_parts(&s, &dra), 3000);
     assert_int_equal(evaluated(&s), 2);
     assert_int_equal(charger_stats(s.model.charger).remembering, 1);

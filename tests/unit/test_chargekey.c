@@ -185,18 +185,6 @@ static const char charge_policy[] =
     "  last = breakdown\n"
     "end }\n";
 
-/* ns/t: a template of count GPUs. */
-static void put_template(struct inventory *inv, json_int_t count)
-{
-    json_t *t = json_pack("{s:s,s:s,s:{s:s,s:s},s:{s:{s:{s:[{s:s,s:{s:s,s:s,s:I}}]}}}}",
-                          "apiVersion", "resource.k8s.io/v1", "kind", "ResourceClaimTemplate",
-                          "metadata", "name", "t", "namespace", "ns", "spec", "spec", "devices",
-                          "requests", "name", "g", "exactly", "deviceClassName", "gpu.nvidia.com",
-                          "allocationMode", "ExactCount", "count", count);
-    inv_upsert(inv, t);
-    json_decref(t);
-}
-
 /* "milli/remembered" as the policy audited them for a pod naming ns/t. */
 static void expect_charge(struct engine *e, const char *want)
 {
@@ -225,10 +213,10 @@ static void test_a_dra_pod_is_remembered_while_its_dra_objects_stay(void **state
     struct engine *e = engine_with(dir, charge_policy);
     struct inventory *inv = inv_new();
     engine_set_inventory(e, inv);
-    put_template(inv, 1);
+    charging_template(inv, "ns", "t", 1);
     expect_charge(e, "1000/false");
     expect_charge(e, "1000/true");
-    put_template(inv, 3); /* the template changed: worked out again */
+    charging_template(inv, "ns", "t", 3); /* the template changed: worked out again */
     expect_charge(e, "3000/false");
     expect_charge(e, "3000/true");
     engine_set_inventory(e, NULL);

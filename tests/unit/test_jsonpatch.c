@@ -23,6 +23,7 @@
 
 #include "util/gpuguard.h"
 #include "codec/jsonpatch.h"
+#include "util/jsonfast.h"
 #include "testjson.h"
 
 #ifndef JP_TEST_DATA
@@ -709,6 +710,61 @@ static void conformance_case(void **state)
         check_success(doc, patch, json_object_get(c->rec, "expected"));
 }
 
+/*
+ * jp_patched_nodes on a's nodes gives want (when it is given; NULL: it must refuse), for a
+ * patch of add, replace and remove ops below the root (what gpuguard's differ writes); false
+ * when patch has another op, which it is not for.
+ */
+static bool check_patched_nodes(const json_t *a, const json_t *patch, const json_t *want)
+{
+    size_t i;
+    const json_t *op;
+    json_t *paths = json_array();
+    struct gg_err err = {{0}};
+    assert_non_null(paths);
+    json_array_foreach(patch, i, op)
+    {
+        const char *name = json_string_value(json_object_get(op, "op"));
+        const char *path = json_string_value(json_object_get(op, "path"));
+        json_t *tokens = NULL;
+        if (!name || !path || !*path ||
+            (strcmp(name, "add") && strcmp(name, "replace") && strcmp(name, "remove")) ||
+            jp_pointer_parse(path, &tokens, &err) != GG_OK) {
+            json_decref(paths);
+            return false;
+        }
+        json_array_append_new(paths, tokens);
+    }
+    struct jf_doc original, patched;
+    assert_int_equal(jf_from_json(a, &original), 0);
+    enum gg_status st = jp_patched_nodes(original.root, patch, paths, &patched, &err);
+    if (want) {
+        if (st != GG_OK)
+            fail_msg("jp_patched_nodes: %s", err.msg);
+        json_t *got = jf_to_json(patched.root);
+        assert_json_equal(got, want);
+        json_decref(got);
+        jf_doc_free(&patched);
+    } else {
+        assert_int_not_equal(st, GG_OK);
+    }
+    jf_doc_free(&original);
+    json_decref(paths);
+    return true;
+}
+
+static void patched_nodes_case(void **state)
+{
+    const struct data_case *c = *state;
+    const json_t *doc = json_object_get(c->rec, "doc");
+    const json_t *want =
+        json_object_get(c->rec, "error") ? NULL : json_object_get(c->rec, "expected");
+    if (!json_is_object(doc) || (!want && !json_object_get(c->rec, "error")))
+        skip();
+    if (!check_patched_nodes(doc, json_object_get(c->rec, "patch"), want))
+        skip();
+}
+
 static void diff_case(void **state)
 {
     const struct data_case *c = *state;
@@ -730,6 +786,8 @@ static void diff_case(void **state)
     if (jp_apply_copy(a, patch, &out, &err) != GG_OK)
         fail_msg("the patch does not apply: %s", err.msg);
     assert_json_equal(out, b);
+    if (json_is_object(a) && json_is_object(b))
+        assert_true(check_patched_nodes(a, patch, b)); /* the differ's ops, all of them */
     assert_int_equal(jp_diff(b, b, &empty, &err), GG_OK);
     assert_int_equal(json_array_size(empty), 0);
     json_decref(empty);
@@ -834,5 +892,7 @@ int main(void)
     failed += run_suite("json-patch-tests/spec_tests.json", "patch", conformance_case);
     failed += run_suite("jsonpatch/extra_tests.json", "patch", conformance_case);
     failed += run_suite("jsonpatch/diff_cases.json", "original", diff_case);
+    failed += run_suite("json-patch-tests/tests.json", "patch", patched_nodes_case);
+    failed += run_suite("json-patch-tests/spec_tests.json", "patch", patched_nodes_case);
     return failed ? 1 : 0;
 }

@@ -16,6 +16,7 @@
 #include <cmocka.h>
 
 #include "charging.h"
+#include "kube/inventory.h"
 #include "codec/admission.h"
 #include "engine/dryrun.h"
 #include "util/clock.h"
@@ -32,7 +33,7 @@ static const char policies_text[] =
     "  counts[name] = (counts[name] or 0) + 1\n"
     "  req:audit(name, tostring(counts[name]))\n"
     "end\n"
-    "return { name = 'judge', remember = true,\n"
+    "return { name = 'judge', remember = { 'validate' },\n"
     "  mutate = function(req, pod)\n"
     "    local a = pod.metadata.annotations\n"
     "    if a and a.stamp then a.stamp = tostring(os_clock_stand_in()) end\n"
@@ -41,9 +42,26 @@ static const char policies_text[] =
     "    local labels = pod.metadata.labels\n"
     "    count(req, 'n')\n"
     "    if labels and labels.cluster then gg.usage(req.namespace) end\n"
+    "    if labels and labels.dra then gg.dra('ResourceClaimTemplate', req.namespace, 't') end\n"
     "    if labels and labels.boom then error('boom') end\n"
     "    if labels and labels.bad then req:deny('label bad: remove it') end\n"
     "  end }\n";
+
+/* A mutating policy that remembers its edits: the label "copy" copied into an annotation, and
+ * the calls counted; a pod labelled cluster reads the usage. */
+static const char edit_text[] =
+    "local gg = require 'gpuguard'\n"
+    "local n = 0\n"
+    "return { name = 'edit', remember = { 'mutate' }, mutate = function(req, pod)\n"
+    "  n = n + 1\n"
+    "  req:audit('n', tostring(n))\n"
+    "  local labels = pod.metadata.labels\n"
+    "  if labels and labels.cluster then gg.usage(req.namespace) end\n"
+    "  if labels and labels.copy then\n"
+    "    pod.metadata.annotations = pod.metadata.annotations or gg.object()\n"
+    "    pod.metadata.annotations.copied = labels.copy\n"
+    "  end\n"
+    "end }\n";
 
 /* A second policy judging every request (no `remember`). */
 static const char always_text[] = "local n = 0\n"
@@ -73,11 +91,16 @@ static int setup(void **state)
              "stamps + 1 return stamps end\n%s",
              policies_text);
     one_policy(s->dir, policies, text);
-    snprintf(file, sizeof(file), "%s/20-always.lua", policies);
-    FILE *f = fopen(file, "w");
-    assert_non_null(f);
-    fputs(always_text, f);
-    fclose(f);
+    static const struct {
+        const char *name, *text;
+    } more[] = {{"20-always.lua", always_text}, {"30-edit.lua", edit_text}};
+    for (size_t i = 0; i < 2; i++) {
+        snprintf(file, sizeof(file), "%s/%s", policies, more[i].name);
+        FILE *f = fopen(file, "w");
+        assert_non_null(f);
+        fputs(more[i].text, f);
+        fclose(f);
+    }
     struct policy_paths paths = {.policies = policies, .lua = "lua", .config = NULL};
     struct gg_err err = {{0}};
     if (engine_new(&paths, &s->e, &err) != GG_OK)
@@ -254,13 +277,77 @@ static void expect_refused(const char *text, const char *want)
     assert_int_equal(tmptree_remove(dir), 0);
 }
 
-static void test_remember_is_a_boolean_of_a_policy_with_validate(void **state)
+static void test_remember_lists_phases_the_policy_has(void **state)
 {
     (void)state;
-    expect_refused("return { name = 'p', remember = 'yes', validate = function() end }",
-                   "policy p: remember must be true or false");
-    expect_refused("return { name = 'p', remember = true, mutate = function() end }",
-                   "policy p: remember is for validate reports, and it has no validate");
+    expect_refused("return { name = 'p', remember = true, validate = function() end }",
+                   "policy p: remember must be a list of phases, such as { \"validate\" }");
+    expect_refused("return { name = 'p', remember = { 'admit' }, validate = function() end }",
+                   "policy p: remember[1]: must be \"mutate\" or \"validate\"");
+    expect_refused("return { name = 'p', remember = { 'validate', 'mutate' }, validate = "
+                   "function() end }",
+                   "policy p: remember[2]: it has no mutate");
+}
+
+/* "edit's count patch" after a dry run of pod. */
+static void expect_edit(struct setup *s, json_t *pod, const char *want)
+{
+    struct dr_options o = {.namespace = "ns"};
+    struct dr_result res;
+    struct gg_err err = {{0}};
+    if (dr_evaluate(s->e, pod, &o, &res, &err) != GG_OK)
+        fail_msg("%s", err.msg);
+    char *patch = json_dumps(res.patch, JSON_COMPACT);
+    char got[512];
+    snprintf(got, sizeof(got), "%s %s", json_string_value(json_object_get(res.audit, "edit.n")),
+             patch);
+    free(patch);
+    assert_string_equal(got, want);
+    dr_result_clear(&res);
+}
+
+static void test_a_mutate_call_is_replayed_with_its_edits(void **state)
+{
+    struct setup *s = *state;
+    json_t *a = pod_with("{\"copy\":\"a\"}", "{}"), *b = pod_with("{\"copy\":\"b\"}", "{}");
+    json_t *cluster = pod_with("{\"copy\":\"c\",\"cluster\":\"y\"}", "{}");
+    static const char add_a[] = "[{\"op\":\"add\",\"path\":\"/metadata/annotations/copied\","
+                                "\"value\":\"a\"}]";
+    char want[256];
+    snprintf(want, sizeof(want), "1 %s", add_a);
+    expect_edit(s, a, want);
+    expect_edit(s, a, want); /* replayed: the first call's count and the same patch */
+    expect_edit(s, b,
+                "2 [{\"op\":\"add\",\"path\":\"/metadata/annotations/copied\",\"value\":\"b\"}]");
+    expect_edit(s, a, want);
+    /* a call that read the usage is made every time */
+    static const char add_c[] = "[{\"op\":\"add\",\"path\":\"/metadata/annotations/copied\","
+                                "\"value\":\"c\"}]";
+    snprintf(want, sizeof(want), "3 %s", add_c);
+    expect_edit(s, cluster, want);
+    snprintf(want, sizeof(want), "4 %s", add_c);
+    expect_edit(s, cluster, want);
+    json_decref(a);
+    json_decref(b);
+    json_decref(cluster);
+}
+
+static void test_a_call_that_read_dra_objects_holds_while_they_stay(void **state)
+{
+    struct setup *s = *state;
+    struct inventory *inv = inv_new();
+    engine_set_inventory(s->e, inv);
+    charging_template(inv, "ns", "t", 1);
+    json_t *pod = pod_with("{\"dra\":\"y\"}", "{}");
+    struct dr_options o = {.namespace = "ns"};
+    expect(s, pod, &o, "1/1");
+    expect(s, pod, &o, "1/2");
+    charging_template(inv, "ns", "t", 2); /* the DRA objects moved: judged again */
+    expect(s, pod, &o, "2/3");
+    expect(s, pod, &o, "2/4");
+    json_decref(pod);
+    engine_set_inventory(s->e, NULL);
+    inv_free(inv);
 }
 
 int main(void)
@@ -276,7 +363,11 @@ int main(void)
         cmocka_unit_test_setup_teardown(
             test_a_call_that_reads_the_cluster_or_fails_is_not_remembered, setup, teardown),
         cmocka_unit_test_setup_teardown(test_a_reload_forgets_what_was_judged, setup, teardown),
-        cmocka_unit_test(test_remember_is_a_boolean_of_a_policy_with_validate),
+        cmocka_unit_test(test_remember_lists_phases_the_policy_has),
+        cmocka_unit_test_setup_teardown(test_a_mutate_call_is_replayed_with_its_edits, setup,
+                                        teardown),
+        cmocka_unit_test_setup_teardown(test_a_call_that_read_dra_objects_holds_while_they_stay,
+                                        setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -6,6 +6,7 @@
  * the whole module shares one accounting (and one failure injector in tests).
  */
 #include "codec/jsonpatch.h"
+#include "util/jsonfast.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -1081,4 +1082,107 @@ enum gg_status jp_apply(json_t *doc, const json_t *patch, struct gg_err *err)
         st = transplant(doc, result, err);
     json_decref(result);
     return st;
+}
+
+/* ---- a patch applied to nodes, sharing what it does not reach ------------------------------ */
+
+/* node's members copied into doc, with room for extra more: node may then be changed. */
+static struct jf_node *own_members(struct jf_node *node, uint32_t extra, struct jf_doc *doc)
+{
+    struct jf_node *items = jf_doc_nodes(doc, (size_t)node->n + extra);
+    if (items && node->n)
+        memcpy(items, node->u.items, node->n * sizeof(*items));
+    if (items)
+        node->u.items = items;
+    return items;
+}
+
+/* The position of token in the container node: a member's, an array index (or n for "-" when
+ * appending); -1 when there is none. */
+static long position(const struct jf_node *node, const json_t *token, bool append)
+{
+    const char *t = json_string_value(token);
+    size_t len = json_string_length(token);
+    if (node->type == JF_OBJECT) {
+        for (uint32_t i = 0; i < node->n; i++)
+            if (node->u.items[i].key_len == len && memcmp(node->u.items[i].key, t, len) == 0)
+                return i;
+        return -1;
+    }
+    if (node->type != JF_ARRAY)
+        return -1;
+    if (append && strcmp(t, "-") == 0)
+        return node->n;
+    char *end;
+    long i = (len && (len == 1 || t[0] != '0')) ? strtol(t, &end, 10) : -1;
+    if (i < 0 || *end || i > (long)node->n || (!append && i == (long)node->n))
+        return -1;
+    return i;
+}
+
+/* One op on the copy rooted at root. */
+static enum gg_status patch_op(struct jf_node *root, const json_t *op, const json_t *tokens,
+                               struct jf_doc *doc, struct gg_err *err)
+{
+    const char *name = json_string_value(json_object_get(op, "op"));
+    size_t n = json_array_size(tokens);
+    bool add = name && strcmp(name, "add") == 0, remove = name && strcmp(name, "remove") == 0;
+    if (!n || !(add || remove || (name && strcmp(name, "replace") == 0)))
+        return gg_fail(err, GG_ERR_INVALID, "patch: op %s at the root or unknown",
+                       name ? name : "");
+    struct jf_node *at = root, *items;
+    for (size_t t = 0; t + 1 < n; t++) {
+        long i = position(at, json_array_get(tokens, t), false);
+        if (i < 0 || !(items = own_members(at, 0, doc)))
+            return gg_fail(err, GG_ERR_INVALID, "patch: a path that is not there");
+        at = &items[i];
+    }
+    const json_t *last = json_array_get(tokens, n - 1);
+    long i = position(at, last, add);
+    bool member = at->type == JF_OBJECT, grow = add && (i < 0 ? member : !member);
+    if ((i < 0 && !(add && member)) || !(items = own_members(at, grow ? 1 : 0, doc)))
+        return gg_fail(err, GG_ERR_INVALID, "patch: a path that is not there");
+    if (grow && member) {
+        i = at->n; /* a new member, last */
+        items[i].key = json_string_value(last);
+        items[i].key_len = (uint32_t)json_string_length(last);
+    } else if (grow) { /* an array element inserted at i */
+        memmove(&items[i + 1], &items[i], (at->n - (size_t)i) * sizeof(*items));
+        items[i].key = NULL;
+        items[i].key_len = 0;
+    }
+    if (remove) {
+        memmove(&items[i], &items[i + 1], (at->n - (size_t)i - 1) * sizeof(*items));
+        at->n--;
+        return GG_OK;
+    }
+    if (grow)
+        at->n++;
+    const json_t *value = json_object_get(op, "value");
+    if (!value || jf_node_of_json(value, &items[i], doc))
+        return gg_fail(err, value ? GG_ERR_NOMEM : GG_ERR_INVALID, "patch: %s without a value",
+                       name);
+    return GG_OK;
+}
+
+enum gg_status jp_patched_nodes(const struct jf_node *original, const json_t *patch,
+                                const json_t *paths, struct jf_doc *doc, struct gg_err *err)
+{
+    memset(doc, 0, sizeof(*doc));
+    struct jf_node *root = jf_doc_nodes(doc, 1);
+    if (!root)
+        return nomem(err);
+    *root = *original;
+    size_t i;
+    const json_t *op;
+    json_array_foreach(patch, i, op)
+    {
+        enum gg_status st = patch_op(root, op, json_array_get(paths, i), doc, err);
+        if (st != GG_OK) {
+            jf_doc_free(doc);
+            return st;
+        }
+    }
+    doc->root = root;
+    return GG_OK;
 }

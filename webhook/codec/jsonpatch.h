@@ -60,6 +60,20 @@ size_t jp_escape(const char *key, size_t key_len, char *out, size_t size);
 enum gg_status jp_pointer_parse(const char *pointer, json_t **tokens, struct gg_err *err);
 
 /*
+ * doc (empty on entry) made original with patch applied, sharing every node
+ * of original that no op reaches: the containers on an op's path are
+ * copied, so jf_same finds the untouched parts equal at once, by their
+ * address.  paths holds each op's path parsed (jp_pointer_parse); the nodes
+ * point into it and into patch's values, which must outlive doc, as
+ * original must.  The ops are those gpuguard's differ writes: add, replace
+ * and remove, below the root.  GG_ERR_INVALID when one does not apply.
+ */
+struct jf_node;
+struct jf_doc;
+enum gg_status jp_patched_nodes(const struct jf_node *original, const json_t *patch,
+                                const json_t *paths, struct jf_doc *doc, struct gg_err *err);
+
+/*
  * Resolve pointer in doc; *value is a borrowed reference into doc.  Array
  * indices follow RFC 6901 (no leading zeros, `-` names nothing).
  */

@@ -332,7 +332,7 @@ int lb_charge_key(lua_State *L)
     lua_settop(L, 2);
     struct lb_vm *vm = lb_vm_of(L);
     if (claims)
-        lb_impure(L); /* the charge of such a pod reads DRA objects */
+        lb_read_dra(L); /* the charge of such a pod reads DRA objects */
     if (ok) {
         lua_pushlstring(L, text.data, text.len);
         lua_pushinteger(L,
@@ -352,7 +352,7 @@ int lb_charge_key(lua_State *L)
 /* gpuguard.dra_version(): the version of the DRA objects, as charge_key gives it. */
 int lb_dra_version(lua_State *L)
 {
-    lb_impure(L);
+    lb_read_dra(L);
     struct inventory *inv = lb_vm_of(L)->inventory;
     lua_pushinteger(L, inv ? (lua_Integer)inv_dra_version(inv) : 0);
     return 1;

@@ -70,6 +70,7 @@ struct lb_vm {
     int64_t deadline_us;  /* 0: none */
     bool running;         /* inside a policy call: budget kills are armed */
     bool call_pure;       /* the call read nothing of the cluster, wrote no log (lb_impure) */
+    bool call_read_dra;   /* the call read DRA objects (lb_read_dra) */
     enum lb_outcome kill;
     bool broken;
     int obj_ref, req_ref;          /* the current request's tables */
@@ -193,10 +194,16 @@ int lb_fields(lua_State *L);
 void lb_materialize(lua_State *L, int idx, enum shape shape);
 void lb_materialize_if_lazy(lua_State *L, int idx);
 
-/* A gpuguard function that reads the cluster (or writes a log) makes the call impure. */
+/* A gpuguard function that reads the cluster (or writes a log) makes the call impure; one
+ * that reads DRA objects, whose version tells when they change, makes it read them. */
 static inline void lb_impure(lua_State *L)
 {
     lb_vm_of(L)->call_pure = false;
+}
+
+static inline void lb_read_dra(lua_State *L)
+{
+    lb_vm_of(L)->call_read_dra = true;
 }
 
 /* lb_chargekey.c */

@@ -296,7 +296,7 @@ static int l_rightsize_report(lua_State *L)
  */
 static int l_dra(lua_State *L)
 {
-    lb_impure(L);
+    lb_read_dra(L);
     const char *kind = luaL_checkstring(L, 1);
     const char *ns = luaL_checkstring(L, 2);
     const char *name = luaL_checkstring(L, 3);

@@ -328,6 +328,7 @@ enum lb_outcome lb_policy_call(struct lb_vm *vm, int index, enum lb_phase phase,
     if (traceback)
         *traceback = NULL;
     vm->call_pure = true;
+    vm->call_read_dra = false;
     if (vm->broken) {
         gg_fail(err, GG_ERR_POLICY, "the Lua VM was stopped earlier in this request");
         return LB_RAISED;
@@ -360,6 +361,11 @@ enum lb_outcome lb_policy_call(struct lb_vm *vm, int index, enum lb_phase phase,
 bool lb_call_was_pure(const struct lb_vm *vm)
 {
     return vm->call_pure;
+}
+
+bool lb_call_read_dra(const struct lb_vm *vm)
+{
+    return vm->call_read_dra;
 }
 
 /* lb_request_rewind's work, in protected mode (the stub and the view allocate). */

@@ -148,12 +148,14 @@ enum lb_outcome lb_policy_call(struct lb_vm *vm, int index, enum lb_phase phase,
 
 /*
  * Whether the last lb_policy_call read nothing of the cluster and wrote no
- * log: it called none of gpuguard.usage, gpuquota, dra, dra_version,
- * rightsize, rightsize_report and log, and gpuguard.charge_key for no pod
- * naming claims (whose charge reads DRA objects).  Its report is then a
- * function of the request and the configuration (and the policy's own Lua).
+ * log: it called none of gpuguard.usage, gpuquota, rightsize,
+ * rightsize_report and log.  Its report is then a function of the request,
+ * the configuration (and the policy's own Lua) and, when
+ * lb_call_read_dra, the DRA objects: it called gpuguard.dra, dra_version,
+ * or charge_key for a pod naming claims (whose charge reads them).
  */
 bool lb_call_was_pure(const struct lb_vm *vm);
+bool lb_call_read_dra(const struct lb_vm *vm);
 
 /*
  * The JSON patch from original to the object as the policies left it.

@@ -47,7 +47,7 @@ struct policy {
     json_t *match; /* borrowed from decl; NULL matches everything */
     bool has_mutate;
     bool has_validate;
-    bool remember; /* its validate reports are remembered by request (verdictmemo.h) */
+    bool remember[2]; /* by enum lb_phase: its calls are remembered by request (verdictmemo.h) */
     int metric_slot;
 };
 
@@ -361,6 +361,33 @@ static bool known_severity(const char *s)
     return false;
 }
 
+/* The phases a policy's remember lists ("mutate", "validate"), each a function it has. */
+static enum gg_status remember_of(const json_t *list, const struct lb_policy_info *info,
+                                  const char *name, bool remember[2], struct gg_err *err)
+{
+    size_t i;
+    const json_t *v;
+    remember[LB_MUTATE] = remember[LB_VALIDATE] = false;
+    if (list && !json_is_array(list))
+        return gg_fail(err, GG_ERR_INVALID,
+                       "policy %s: remember must be a list of phases, such as { \"validate\" }",
+                       name);
+    json_array_foreach(list, i, v)
+    {
+        const char *phase = json_string_value(v);
+        bool mutate = phase && strcmp(phase, "mutate") == 0;
+        if (!mutate && !(phase && strcmp(phase, "validate") == 0))
+            return gg_fail(err, GG_ERR_INVALID,
+                           "policy %s: remember[%zu]: must be \"mutate\" or \"validate\"", name,
+                           i + 1);
+        if (mutate ? !info->has_mutate : !info->has_validate)
+            return gg_fail(err, GG_ERR_INVALID, "policy %s: remember[%zu]: it has no %s", name,
+                           i + 1, phase);
+        remember[mutate ? LB_MUTATE : LB_VALIDATE] = true;
+    }
+    return GG_OK;
+}
+
 static enum gg_status policy_from_info(struct policy *p, struct lb_policy_info *info,
                                        const char *file, struct gg_err *err)
 {
@@ -384,14 +411,11 @@ static enum gg_status policy_from_info(struct policy *p, struct lb_policy_info *
                        "policy %s: severity must be critical, high, medium, low or info", name);
     if (!info->has_mutate && !info->has_validate)
         return gg_fail(err, GG_ERR_INVALID, "policy %s: has neither mutate nor validate", name);
-    json_t *remember = json_object_get(decl, "remember");
-    if (remember && !json_is_boolean(remember))
-        return gg_fail(err, GG_ERR_INVALID, "policy %s: remember must be true or false", name);
-    if (json_is_true(remember) && !info->has_validate)
-        return gg_fail(err, GG_ERR_INVALID,
-                       "policy %s: remember is for validate reports, and it has no validate", name);
-    enum gg_status st = check_match(json_object_get(decl, "match"), name, err);
+    enum gg_status st =
+        remember_of(json_object_get(decl, "remember"), info, name, p->remember, err);
     if (st != GG_OK)
+        return st;
+    if ((st = check_match(json_object_get(decl, "match"), name, err)) != GG_OK)
         return st;
     if ((st = check_config_field(json_object_get(decl, "config"), name, err)) != GG_OK)
         return st;
@@ -399,7 +423,6 @@ static enum gg_status policy_from_info(struct policy *p, struct lb_policy_info *
     p->match = json_object_get(decl, "match");
     p->has_mutate = info->has_mutate;
     p->has_validate = info->has_validate;
-    p->remember = json_is_true(json_object_get(decl, "remember"));
     p->metric_slot = metrics_policy_slot(name);
     p->decl = json_incref(decl);
     return GG_OK;
@@ -1004,14 +1027,21 @@ struct gather {
     bool failed_mutation; /* a mutate call failed closed, or an edit is not JSON: no edits */
     bool lost;            /* a denial could not be recorded: the verdict is a denial */
     unsigned errors;      /* policy calls that raised or broke a budget */
-    /* What validate's remembering policies judged before (NULL: nothing is remembered), and
-     * this request's entry there (looked up at the first such policy; entry_state 0: not yet,
-     * 1: found, -1: none); the patch validate sees the object through (NULL: the object as
-     * it came). */
+    /* What remembering policies judged before (NULL: nothing is remembered, verdictmemo.h);
+     * the key of this request (made at the first such call; key_state 0: not yet, 1: made,
+     * -1: none), of key_request bytes before a call's patch; validate's entry (looked up
+     * once), and the patch validate sees the object through (NULL: the object as it came);
+     * the objects mutate calls left that this request replays, held until it ends. */
     struct verdict_memo *memo;
+    struct buf key;
+    size_t key_request;
+    int key_state;
+    struct verdict_entry *validated;
+    bool validated_looked;
     const json_t *seen_patch;
-    struct verdict_entry *entry;
-    int entry_state;
+    struct replayed *replayed;
+    size_t n_replayed;
+    struct inventory *inventory; /* whose DRA version a call that read DRA objects holds for */
 };
 
 /*
@@ -1287,22 +1317,114 @@ static void add_outcome(struct gather *g, const struct policy *p, enum lb_outcom
     free(joined);
 }
 
-/* One policy's call in a phase, its report and its failure verdict. */
-/* This request's entry in what validate's policies judged, looked up once (NULL: none,
- * nothing is remembered for it). */
-static struct verdict_entry *request_entry(const struct adm_request *req, struct gather *g)
+/* A mutate call replayed in this request: what it left, and the object made of it. */
+struct replayed {
+    struct verdict_object *object;
+    struct jf_doc doc;
+};
+
+/* The key of the request with patch, the patch from its object to the one a call gets (NULL:
+ * the object as it came); false when there is none. */
+static bool call_key(const struct adm_request *req, const json_t *patch, struct gather *g)
 {
-    if (!g->memo || g->entry_state)
-        return g->entry;
-    struct buf key;
-    buf_init(&key, VERDICT_KEY_MAX);
-    if (verdict_key(&key, req, g->seen_patch))
-        g->entry = verdict_memo_entry(g->memo, key.data, key.len);
-    buf_clear(&key);
-    g->entry_state = g->entry ? 1 : -1;
-    return g->entry;
+    if (g->key_state == 0) {
+        buf_init(&g->key, VERDICT_KEY_MAX);
+        g->key_state = verdict_key(&g->key, req) ? 1 : -1;
+        g->key_request = g->key.len;
+    }
+    return g->key_state > 0 && verdict_key_patch(&g->key, g->key_request, patch);
 }
 
+/*
+ * The entry of what the call of p in phase judged before on a request like
+ * this one: for validate, the request's with the patch validate sees it
+ * through (looked up once); for mutate, with the patch the call's object
+ * has so far.  NULL: it is not remembered.
+ */
+static struct verdict_entry *remembered(struct lb_vm *vm, const struct policy *p,
+                                        enum lb_phase phase, const struct adm_request *req,
+                                        struct gather *g)
+{
+    if (!p->remember[phase] || !g->memo || lb_vm_broken(vm) || !req->object)
+        return NULL;
+    if (phase == LB_VALIDATE) {
+        if (!g->validated_looked && call_key(req, g->seen_patch, g))
+            g->validated = verdict_memo_entry(g->memo, g->key.data, g->key.len);
+        g->validated_looked = true;
+        return g->validated;
+    }
+    json_t *before = NULL;
+    struct gg_err err = {{0}};
+    struct verdict_entry *e = NULL;
+    if (lb_request_patch(vm, req->object, &before, &err) == GG_OK && call_key(req, before, g))
+        e = verdict_memo_entry(g->memo, g->key.data, g->key.len);
+    json_decref(before);
+    return e;
+}
+
+/* A mutate call's edits replayed: the request's object is from now on the one the call left
+ * on a request like this, the review's object with its patch (the nodes held until the
+ * request ends); false when that cannot be. */
+static bool replay_object(struct lb_vm *vm, const struct adm_request *req, struct verdict_object *o,
+                          struct gather *g)
+{
+    struct gg_err err = {{0}};
+    struct replayed *held = realloc(g->replayed, (g->n_replayed + 1) * sizeof(*held));
+    if (held)
+        g->replayed = held;
+    struct replayed r = {o, {NULL, NULL, NULL}};
+    if (!held || verdict_object_apply(o, req->object, &r.doc, &err) != GG_OK ||
+        lb_request_rewind(vm, r.doc.root, &err) != GG_OK) {
+        jf_doc_free(&r.doc);
+        verdict_object_release(o);
+        return false;
+    }
+    g->replayed[g->n_replayed++] = r;
+    return true;
+}
+
+/* What a mutate call left: the patch from the review's object to it; NULL when it cannot be
+ * made. */
+static json_t *object_left(struct lb_vm *vm, const struct adm_request *req)
+{
+    json_t *patch = NULL;
+    struct gg_err err = {{0}};
+    return lb_request_patch(vm, req->object, &patch, &err) == GG_OK ? patch : NULL;
+}
+
+/*
+ * The call of a policy, or what it reported (and for mutate, the object it
+ * left) on a request like this one before: a call that read nothing of the
+ * cluster and returned is kept for the next.
+ */
+static enum lb_outcome call_or_replay(struct lb_vm *vm, const struct policy *p, size_t i,
+                                      const struct adm_request *req, enum lb_phase phase,
+                                      struct gather *g, struct lb_report *report,
+                                      struct gg_err *err, char **traceback)
+{
+    struct verdict_entry *e = remembered(vm, p, phase, req, g);
+    struct verdict_object *left = NULL;
+    uint64_t version = g->inventory ? inv_dra_version(g->inventory) : 0;
+    if (e && verdict_entry_get(e, phase, i, version, report, &left)) {
+        if (!left || replay_object(vm, req, left, g))
+            return LB_DONE;
+        lb_report_clear(report);
+    }
+    enum lb_outcome outcome = lb_policy_call(vm, (int)i, phase, report, err, traceback);
+    /* Kept unless it read the cluster, or DRA objects that moved meanwhile (one was asked
+     * of the API server). */
+    bool read_dra = lb_call_read_dra(vm);
+    if (e && outcome == LB_DONE && lb_call_was_pure(vm) &&
+        (!read_dra || version == (g->inventory ? inv_dra_version(g->inventory) : 0))) {
+        json_t *object = phase == LB_MUTATE ? object_left(vm, req) : NULL;
+        if (phase == LB_VALIDATE || object)
+            verdict_entry_put(g->memo, e, phase, i, report, object, read_dra, version);
+        json_decref(object);
+    }
+    return outcome;
+}
+
+/* One policy's call in a phase, its report and its failure verdict. */
 static void run_policy(struct lb_vm *vm, const struct policy_set *set, size_t i,
                        const struct adm_request *req, enum lb_phase phase, struct gather *g)
 {
@@ -1318,14 +1440,7 @@ static void run_policy(struct lb_vm *vm, const struct policy_set *set, size_t i,
     struct gg_err err = {{0}};
     char *traceback = NULL;
     int64_t start = gg_now_ns();
-    struct verdict_entry *judged =
-        phase == LB_VALIDATE && p->remember && !lb_vm_broken(vm) ? request_entry(req, g) : NULL;
-    enum lb_outcome outcome = LB_DONE;
-    if (!judged || !verdict_entry_get(judged, i, &report)) {
-        outcome = lb_policy_call(vm, (int)i, phase, &report, &err, &traceback);
-        if (judged && outcome == LB_DONE && lb_call_was_pure(vm))
-            verdict_entry_put(g->memo, judged, i, &report);
-    }
+    enum lb_outcome outcome = call_or_replay(vm, p, i, req, phase, g, &report, &err, &traceback);
     if (!req->background) /* the policy metrics are admission's; the audit counts its own */
         metrics_policy_observe(p->metric_slot, policy_result(outcome, mode, &report),
                                (gg_now_ns() - start) / 1e9);
@@ -1576,7 +1691,8 @@ static enum gg_status evaluate(struct engine *e, const struct adm_request *req, 
                        .audit = json_object(),
                        .fired = json_array(),
                        .modes = json_object(),
-                       .memo = memo};
+                       .memo = memo,
+                       .inventory = e->inventory};
     g.lost = !g.denials || !g.warnings || !g.audit || !g.fired || !g.modes;
     if ((phases & PHASE_OUTCOMES) && !(g.outcomes = json_array()))
         g.lost = true;
@@ -1623,7 +1739,11 @@ static enum gg_status evaluate(struct engine *e, const struct adm_request *req, 
             out->timing.validate = gg_now_ns() - t1;
         }
         lb_request_end(vm);
-        free_rebuilt(&g); /* after the end: no stub reads them any more */
+        free_rebuilt(&g);                           /* after the end: no stub reads them any more */
+        for (size_t i = 0; i < g.n_replayed; i++) { /* nor the objects replayed */
+            jf_doc_free(&g.replayed[i].doc);
+            verdict_object_release(g.replayed[i].object);
+        }
         metrics_lua_memory(lb_vm_memory_peak(vm));
     }
     if (st == GG_OK && (phases & PHASE_MUTATE) && !out->patch)
@@ -1660,6 +1780,9 @@ static enum gg_status evaluate(struct engine *e, const struct adm_request *req, 
     json_decref(g.outcomes);
     json_decref(g.checkpoint);
     json_decref(g.stopped);
+    free(g.replayed);
+    if (g.key_state)
+        buf_clear(&g.key);
     policy_set_release(set);
     if (st != GG_OK)
         policy_verdict_clear(out);

@@ -189,8 +189,7 @@ fail:
     return NULL;
 }
 
-/* Fill node from v (node's key is the caller's). */
-static int from_json(const json_t *v, struct jf_node *node, struct jf_doc *doc)
+int jf_node_of_json(const json_t *v, struct jf_node *node, struct jf_doc *doc)
 {
     size_t n = 0, i;
     const char *key;
@@ -241,7 +240,7 @@ static int from_json(const json_t *v, struct jf_node *node, struct jf_doc *doc)
         {
             items[i].key = NULL;
             items[i].key_len = 0;
-            if (from_json(item, &items[i], doc))
+            if (jf_node_of_json(item, &items[i], doc))
                 return -1;
         }
         return 0;
@@ -253,7 +252,7 @@ static int from_json(const json_t *v, struct jf_node *node, struct jf_doc *doc)
             return -1;
         items[i].key = key;
         items[i].key_len = (uint32_t)key_len;
-        if (from_json(item, &items[i++], doc))
+        if (jf_node_of_json(item, &items[i++], doc))
             return -1;
     }
     return 0;
@@ -267,7 +266,7 @@ int jf_from_json(const json_t *v, struct jf_doc *doc)
         return -1;
     root->key = NULL;
     root->key_len = 0;
-    if (from_json(v, root, doc)) {
+    if (jf_node_of_json(v, root, doc)) {
         jf_doc_free(doc);
         return -1;
     }

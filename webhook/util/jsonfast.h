@@ -114,6 +114,8 @@ int jf_parse(const char *text, size_t len, size_t max_depth, struct jf_doc *doc,
  * into v, which must outlive doc.  Returns 0, or -1 when out of memory.
  */
 int jf_from_json(const json_t *v, struct jf_doc *doc);
+/* Fill node (its key is the caller's) from v, its members in doc; 0, or -1 when out of memory. */
+int jf_node_of_json(const json_t *v, struct jf_node *node, struct jf_doc *doc);
 
 void jf_doc_free(struct jf_doc *doc);
 
