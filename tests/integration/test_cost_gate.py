@@ -101,6 +101,12 @@ def test_the_gate_passes_the_tree_and_fails_a_review_5_percent_dearer(engine, tm
     # 5 % (the loop sized from its measured cost): more than the limit, not so much more that a
     # gate failing only at some higher figure would pass this test.
     assert 4.5 <= float(fail.group(2)) <= 5.5, (loops, loop_cost, got.stdout)
+    # The headline's own target, 550 K: the tree meets it, 5 % more does not.
+    ceiling = rf"{re.escape(REVIEW)}: ([\d,]+) instructions per review \(target: at most 550,000\)$"
+    met = re.search(rf"^cost: {ceiling}", same.stdout, re.M)
+    assert met and int(met.group(1).replace(",", "")) == now <= 550_000, same.stdout
+    missed = re.search(rf"^cost: FAIL {ceiling}", got.stdout, re.M)
+    assert missed and int(missed.group(1).replace(",", "")) == more > 550_000, got.stdout
 
 
 # A policy that denies every Pod (bench-pod.json is then cheaper), or one that adds an annotation
