@@ -1096,9 +1096,10 @@ end
 -- reads of it, and the request's namespace; compared in full): most pods are copies, the
 -- pods of one ReplicaSet or Job, and their charge is worked out once.  An entry of a pod
 -- naming DRA claims holds only for the version of the DRA objects it was worked out with.
--- Dropped with the configuration it was worked out under; full (in entries, or in bytes of
--- keys: a pod may carry a long annotation, and the VM's memory is bounded), it starts again
--- empty.
+-- Dropped with the configuration it was worked out under; full (in entries, or in bytes: a
+-- pod may carry a long annotation or many containers, and the VM's memory is bounded), it
+-- starts again empty.  Only for a v1 Pod: the key is read from a pod's own fields, where the
+-- charge of a workload is its template's.
 local REMEMBERED_MAX, REMEMBERED_BYTES = 1024, 2 * 1024 * 1024
 local remembered, remembered_n, remembered_bytes, remembered_cfg = {}, 0, 0, nil
 
@@ -1116,8 +1117,9 @@ Without pool, lookup or shares, the answer may come from the memo: its breakdown
 then read-only, shared with every copy of the pod.
 ]]
 function M.charge(pod, cfg, opts)
-    if opts and (opts.pool ~= nil or opts.lookup ~= nil or opts.shares ~= nil) then
-        return charge_of(pod, cfg, opts) -- a decision's own charge: not the pod's as it stands
+    if (opts and (opts.pool ~= nil or opts.lookup ~= nil or opts.shares ~= nil))
+        or type(pod) ~= "table" or pod.kind ~= "Pod" or pod.apiVersion ~= "v1" then
+        return charge_of(pod, cfg, opts) -- a decision's own charge, or not a pod's
     end
     local key, version = gg.charge_key(pod, opts and opts.namespace)
     if key == nil then
@@ -1133,13 +1135,19 @@ function M.charge(pod, cfg, opts)
     local total, breakdown, classes = charge_of(pod, cfg, opts)
     -- Kept unless the DRA objects moved meanwhile (one was asked of the API server).
     if version == 0 or gg.dra_version() == version then
-        if remembered_n >= REMEMBERED_MAX or remembered_bytes + #key > REMEMBERED_BYTES then
+        -- The key, and about 200 bytes a value of the breakdown and its copy (a read-only view
+        -- holds a shadow of each table).
+        local bytes = #key + 200 * (#(classes or NONE) + (type(breakdown) == "table" and #breakdown or 1))
+        for _, b in ipairs(type(breakdown) == "table" and breakdown or NONE) do
+            bytes = bytes + 400 * #(type(b) == "table" and type(b.items) == "table" and b.items or NONE)
+        end
+        if remembered_n >= REMEMBERED_MAX or remembered_bytes + bytes > REMEMBERED_BYTES then
             remembered, remembered_n, remembered_bytes = {}, 0, 0
         end
         -- Read-only: the same tables answer every later copy of the pod.
         breakdown, classes = gg.readonly(breakdown), gg.readonly(classes)
         if remembered[key] == nil then
-            remembered_n, remembered_bytes = remembered_n + 1, remembered_bytes + #key
+            remembered_n, remembered_bytes = remembered_n + 1, remembered_bytes + bytes
         end
         remembered[key] = { total = total, breakdown = breakdown, classes = classes, version = version }
     end

@@ -203,4 +203,17 @@ T["charge: the memo is bounded in entries and in bytes"] = function()
     eq(rawequal(charge_with("first"), first), false, "forgotten once the keys passed 2 MiB")
 end
 
+T["charge: only a v1 Pod's charge is remembered (a workload's is its template's)"] = function()
+    local function workload(replicas_image)
+        return { apiVersion = "apps/v1", kind = "Deployment", metadata = { namespace = "team-a" },
+                 spec = { template = { spec = { containers = { { name = "main", image = replicas_image,
+                     resources = { limits = { ["nvidia.com/gpu"] = "1" } } } } } } } }
+    end
+    local t1, b1 = intent.charge(workload("a"), MEMO_CFG, { namespace = "team-a" })
+    local t2, b2 = intent.charge(workload("a"), MEMO_CFG, { namespace = "team-a" })
+    eq(t1, 1000, "the template's GPU")
+    eq(t2, t1, "the same charge")
+    eq(rawequal(b1, b2), false, "worked out each time")
+end
+
 return T

@@ -63,6 +63,14 @@ static const char edit_text[] =
     "  end\n"
     "end }\n";
 
+/* A policy after judge that reads nothing of the cluster itself, remembered. */
+static const char after_text[] = "local n = 0\n"
+                                 "return { name = 'after', remember = { 'validate' },\n"
+                                 "  validate = function(req)\n"
+                                 "    n = n + 1\n"
+                                 "    req:audit('n', tostring(n))\n"
+                                 "  end }\n";
+
 /* A second policy judging every request (no `remember`). */
 static const char always_text[] = "local n = 0\n"
                                   "return { name = 'always', validate = function(req)\n"
@@ -93,8 +101,9 @@ static int setup(void **state)
     one_policy(s->dir, policies, text);
     static const struct {
         const char *name, *text;
-    } more[] = {{"20-always.lua", always_text}, {"30-edit.lua", edit_text}};
-    for (size_t i = 0; i < 2; i++) {
+    } more[] = {
+        {"20-always.lua", always_text}, {"30-edit.lua", edit_text}, {"40-after.lua", after_text}};
+    for (size_t i = 0; i < 3; i++) {
         snprintf(file, sizeof(file), "%s/%s", policies, more[i].name);
         FILE *f = fopen(file, "w");
         assert_non_null(f);
@@ -332,6 +341,20 @@ static void test_a_mutate_call_is_replayed_with_its_edits(void **state)
     json_decref(cluster);
 }
 
+/* after's count for a dry run of pod. */
+static const char *after_count(struct setup *s, json_t *pod)
+{
+    static char got[32];
+    struct dr_options o = {.namespace = "ns"};
+    struct dr_result res;
+    struct gg_err err = {{0}};
+    if (dr_evaluate(s->e, pod, &o, &res, &err) != GG_OK)
+        fail_msg("%s", err.msg);
+    snprintf(got, sizeof(got), "%s", json_string_value(json_object_get(res.audit, "after.n")));
+    dr_result_clear(&res);
+    return got;
+}
+
 static void test_a_call_that_read_dra_objects_holds_while_they_stay(void **state)
 {
     struct setup *s = *state;
@@ -345,6 +368,12 @@ static void test_a_call_that_read_dra_objects_holds_while_they_stay(void **state
     charging_template(inv, "ns", "t", 2); /* the DRA objects moved: judged again */
     expect(s, pod, &o, "2/3");
     expect(s, pod, &o, "2/4");
+    /* and so is a call after one of the same request that read them: it may answer from what
+     * the library kept of them for the request */
+    assert_string_equal(after_count(s, pod), "2");
+    charging_template(inv, "ns", "t", 3);
+    assert_string_equal(after_count(s, pod), "3");
+    assert_string_equal(after_count(s, pod), "3");
     json_decref(pod);
     engine_set_inventory(s->e, NULL);
     inv_free(inv);

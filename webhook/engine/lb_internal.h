@@ -70,7 +70,7 @@ struct lb_vm {
     int64_t deadline_us;  /* 0: none */
     bool running;         /* inside a policy call: budget kills are armed */
     bool call_pure;       /* the call read nothing of the cluster, wrote no log (lb_impure) */
-    bool call_read_dra;   /* the call read DRA objects (lb_read_dra) */
+    bool read_dra;        /* a call of the request read DRA objects (lb_read_dra) */
     enum lb_outcome kill;
     bool broken;
     int obj_ref, req_ref;          /* the current request's tables */
@@ -203,7 +203,7 @@ static inline void lb_impure(lua_State *L)
 
 static inline void lb_read_dra(lua_State *L)
 {
-    lb_vm_of(L)->call_read_dra = true;
+    lb_vm_of(L)->read_dra = true;
 }
 
 /* lb_chargekey.c */

@@ -307,6 +307,7 @@ enum gg_status lb_request_begin(struct lb_vm *vm, const struct adm_request *req,
     lua_State *L = vm->L;
     lb_request_end(vm);
     vm->req = req;
+    vm->read_dra = false;
     lua_pushcfunction(L, build_request);
     lua_pushlightuserdata(L, (void *)req);
     lua_pushlightuserdata(L, (void *)object);
@@ -328,7 +329,6 @@ enum lb_outcome lb_policy_call(struct lb_vm *vm, int index, enum lb_phase phase,
     if (traceback)
         *traceback = NULL;
     vm->call_pure = true;
-    vm->call_read_dra = false;
     if (vm->broken) {
         gg_fail(err, GG_ERR_POLICY, "the Lua VM was stopped earlier in this request");
         return LB_RAISED;
@@ -365,7 +365,7 @@ bool lb_call_was_pure(const struct lb_vm *vm)
 
 bool lb_call_read_dra(const struct lb_vm *vm)
 {
-    return vm->call_read_dra;
+    return vm->read_dra;
 }
 
 /* lb_request_rewind's work, in protected mode (the stub and the view allocate). */

@@ -151,8 +151,12 @@ enum lb_outcome lb_policy_call(struct lb_vm *vm, int index, enum lb_phase phase,
  * log: it called none of gpuguard.usage, gpuquota, rightsize,
  * rightsize_report and log.  Its report is then a function of the request,
  * the configuration (and the policy's own Lua) and, when
- * lb_call_read_dra, the DRA objects: it called gpuguard.dra, dra_version,
- * or charge_key for a pod naming claims (whose charge reads them).
+ * lb_call_read_dra, the DRA objects: a call of the request so far called
+ * gpuguard.dra, dra_version, or charge_key for a pod naming claims (whose
+ * charge reads them).  For the whole request, not the call: the library
+ * keeps what it worked out of DRA objects for the rest of the request
+ * (intent's claims, workload's wants_gpu), and a later call may answer
+ * from that.
  */
 bool lb_call_was_pure(const struct lb_vm *vm);
 bool lb_call_read_dra(const struct lb_vm *vm);

@@ -1,6 +1,6 @@
 /*
  * verdictmemo.h - the validate reports of policies that declare
- * `remember = true`, by the request they judged.
+ * `remember = { ... }`, by the request they judged.
  *
  * Most pods are copies: the pods of one ReplicaSet or Job reach admission
  * as the same object (the API server names a generated pod after the
