@@ -1133,8 +1133,9 @@ function M.charge(pod, cfg, opts)
         return r.total, r.breakdown, r.classes
     end
     local total, breakdown, classes = charge_of(pod, cfg, opts)
-    -- Kept unless the DRA objects moved meanwhile (one was asked of the API server).
-    if version == 0 or gg.dra_version() == version then
+    -- Kept unless the DRA objects moved meanwhile (one was asked of the API server), or one of
+    -- them could not be known in this request (gg.dra_version() is then nil).
+    if version == false or gg.dra_version() == version then
         -- The key, and about 200 bytes a value of the breakdown and its copy (a read-only view
         -- holds a shadow of each table).
         local bytes = #key + 200 * (#(classes or NONE) + (type(breakdown) == "table" and #breakdown or 1))

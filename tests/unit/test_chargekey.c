@@ -225,11 +225,66 @@ static void test_a_dra_pod_is_remembered_while_its_dra_objects_stay(void **state
     assert_int_equal(tmptree_remove(dir), 0);
 }
 
+/* A fetcher whose API server never answers; it counts the GETs. */
+static int gets;
+
+static json_t *unanswered(void *ctx, const char *kind, const char *ns, const char *name,
+                          int64_t deadline_us, struct gg_err *err)
+{
+    (void)ctx, (void)kind, (void)ns, (void)name, (void)deadline_us;
+    gets++;
+    gg_fail(err, GG_ERR_IO, "the API server did not answer in time");
+    return NULL;
+}
+
+/* Charges twice in one call: the second from what intent keeps of the claims for the request,
+ * reading no DRA object itself. */
+static const char twice_policy[] =
+    "local intent = require 'intent'\n"
+    "return { name = 'charge', validate = function(req, pod, cfg)\n"
+    "  intent.charge(pod, cfg, { namespace = req.namespace })\n"
+    "  local total, msg = intent.charge(pod, cfg, { namespace = req.namespace })\n"
+    "  req:audit('milli', tostring(total) .. ' ' .. tostring(msg))\n"
+    "end }\n";
+
+static void test_a_charge_of_an_unknown_template_is_never_remembered(void **state)
+{
+    (void)state;
+    char dir[] = "/tmp/gg-chargekey-XXXXXX";
+    struct engine *e = engine_with(dir, twice_policy);
+    struct inventory *inv = inv_new();
+    engine_set_inventory(e, inv);
+    inv_set_fetcher(inv, unanswered, NULL);
+    gets = 0;
+    json_t *pod =
+        json_pack("{s:s,s:s,s:{s:s,s:s},s:{s:[{s:s,s:s}],s:[{s:s}]}}", "apiVersion", "v1", "kind",
+                  "Pod", "metadata", "name", "p", "namespace", "ns", "spec", "resourceClaims",
+                  "name", "g", "resourceClaimTemplateName", "gone", "containers", "name", "c");
+    for (int i = 1; i <= 2; i++) {
+        struct dr_options o = {.namespace = "ns"};
+        struct dr_result res;
+        struct gg_err err = {{0}};
+        if (dr_evaluate(e, pod, &o, &res, &err) != GG_OK)
+            fail_msg("%s", err.msg);
+        const char *got = json_string_value(json_object_get(res.audit, "charge.milli"));
+        assert_non_null(strstr(got, "did not answer"));
+        dr_result_clear(&res);
+        assert_int_equal(gets, i); /* asked again: the failure was not kept */
+    }
+    json_decref(pod);
+    inv_set_fetcher(inv, NULL, NULL);
+    engine_set_inventory(e, NULL);
+    engine_free(e);
+    inv_free(inv);
+    assert_int_equal(tmptree_remove(dir), 0);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_the_key_holds_the_charge_spec_however_the_pod_is_read),
         cmocka_unit_test(test_a_dra_pod_is_remembered_while_its_dra_objects_stay),
+        cmocka_unit_test(test_a_charge_of_an_unknown_template_is_never_remembered),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -314,9 +314,9 @@ static bool emit_pod(lua_State *L, int idx, struct buf *b)
 /*
  * gpuguard.charge_key(pod, namespace): the key of pod's charge in a request
  * of namespace (a string, or nil): the namespace, a NUL byte, and the text
- * above; and the version of the DRA objects its charge reads (0 when it
- * names no claims, or without an inventory).  nil when a part of the pod is
- * not JSON (a function, a mixed table).
+ * above; and for a pod naming claims the version of the DRA objects its
+ * charge reads (0 without an inventory), false for a pod naming none.  nil
+ * when a part of the pod is not JSON (a function, a mixed table).
  */
 int lb_charge_key(lua_State *L)
 {
@@ -335,8 +335,10 @@ int lb_charge_key(lua_State *L)
         lb_read_dra(L); /* the charge of such a pod reads DRA objects */
     if (ok) {
         lua_pushlstring(L, text.data, text.len);
-        lua_pushinteger(L,
-                        claims && vm->inventory ? (lua_Integer)inv_dra_version(vm->inventory) : 0);
+        if (claims)
+            lua_pushinteger(L, vm->inventory ? (lua_Integer)inv_dra_version(vm->inventory) : 0);
+        else
+            lua_pushboolean(L, false);
     }
     size_t work = text.len;
     buf_clear(&text);
@@ -349,11 +351,15 @@ int lb_charge_key(lua_State *L)
     return 2;
 }
 
-/* gpuguard.dra_version(): the version of the DRA objects, as charge_key gives it. */
+/* gpuguard.dra_version(): the version of the DRA objects, as charge_key gives it; nil once a
+ * DRA object could not be known in this request (what was worked out of it holds for none). */
 int lb_dra_version(lua_State *L)
 {
     lb_read_dra(L);
-    struct inventory *inv = lb_vm_of(L)->inventory;
-    lua_pushinteger(L, inv ? (lua_Integer)inv_dra_version(inv) : 0);
+    struct lb_vm *vm = lb_vm_of(L);
+    if (vm->dra_unknown)
+        lua_pushnil(L);
+    else
+        lua_pushinteger(L, vm->inventory ? (lua_Integer)inv_dra_version(vm->inventory) : 0);
     return 1;
 }

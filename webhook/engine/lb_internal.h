@@ -71,6 +71,7 @@ struct lb_vm {
     bool running;         /* inside a policy call: budget kills are armed */
     bool call_pure;       /* the call read nothing of the cluster, wrote no log (lb_impure) */
     bool read_dra;        /* a call of the request read DRA objects (lb_read_dra) */
+    bool dra_unknown;     /* one could not be known in this request (gpuguard.dra) */
     enum lb_outcome kill;
     bool broken;
     int obj_ref, req_ref;          /* the current request's tables */

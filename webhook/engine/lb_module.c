@@ -312,6 +312,9 @@ static int l_dra(lua_State *L)
         lua_pushnil(L);
         if (!err.msg[0])
             return 1;
+        /* Not known this time (the API server did not answer): nothing worked out of it in
+         * this request may answer a later one. */
+        lb_vm_of(L)->dra_unknown = true;
         lua_pushstring(L, err.msg);
         return 2;
     }

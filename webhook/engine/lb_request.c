@@ -307,7 +307,7 @@ enum gg_status lb_request_begin(struct lb_vm *vm, const struct adm_request *req,
     lua_State *L = vm->L;
     lb_request_end(vm);
     vm->req = req;
-    vm->read_dra = false;
+    vm->read_dra = vm->dra_unknown = false;
     lua_pushcfunction(L, build_request);
     lua_pushlightuserdata(L, (void *)req);
     lua_pushlightuserdata(L, (void *)object);
@@ -360,7 +360,7 @@ enum lb_outcome lb_policy_call(struct lb_vm *vm, int index, enum lb_phase phase,
 
 bool lb_call_was_pure(const struct lb_vm *vm)
 {
-    return vm->call_pure;
+    return vm->call_pure && !vm->dra_unknown;
 }
 
 bool lb_call_read_dra(const struct lb_vm *vm)

@@ -149,7 +149,8 @@ enum lb_outcome lb_policy_call(struct lb_vm *vm, int index, enum lb_phase phase,
 /*
  * Whether the last lb_policy_call read nothing of the cluster and wrote no
  * log: it called none of gpuguard.usage, gpuquota, rightsize,
- * rightsize_report and log.  Its report is then a function of the request,
+ * rightsize_report and log, and no DRA object was unknown in the request
+ * (gpuguard.dra answered that it could not tell).  Its report is then a function of the request,
  * the configuration (and the policy's own Lua) and, when
  * lb_call_read_dra, the DRA objects: a call of the request so far called
  * gpuguard.dra, dra_version, or charge_key for a pod naming claims (whose
