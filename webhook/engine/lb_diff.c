@@ -288,14 +288,11 @@ static enum gg_status diff_value(lua_State *L, int idx, const struct jf_node *ov
     bool deeper = w->p.depth < LB_MAX_DEPTH;
     if (deeper && lb_is_lazy(shape) &&
         ov->type == (shape == SHAPE_LAZY_OBJECT ? JF_OBJECT : JF_ARRAY)) {
-        /* A stub of another document (a replayed call's, lb_request_rewind) that differs:
-         * filled and walked member by member, where most members are the original's own
-         * nodes, rather than both sides made JSON. */
-        const struct jf_node *src = lb_stub_source(L, idx);
-        if (src && src != ov && !jf_same(src, ov)) {
-            lb_materialize(L, idx, shape);
-            shape = shape == SHAPE_LAZY_OBJECT ? SHAPE_OBJECT : SHAPE_ARRAY;
-        }
+        /* A stub here differs from ov (may_differ found it so): one of another document, a
+         * replayed call's (lb_request_rewind).  Filled and walked member by member, where most
+         * members are the original's own nodes, rather than both sides made JSON. */
+        lb_materialize(L, idx, shape);
+        shape = shape == SHAPE_LAZY_OBJECT ? SHAPE_OBJECT : SHAPE_ARRAY;
     }
     if (deeper && shape == SHAPE_OBJECT && ov->type == JF_OBJECT)
         return diff_object(L, idx, ov, w);

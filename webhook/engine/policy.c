@@ -1385,7 +1385,7 @@ static bool replay_object(struct lb_vm *vm, const struct adm_request *req, struc
 
 /* What a mutate call left: the patch from the review's object to it; NULL when it cannot be
  * made. */
-static json_t *object_left(struct lb_vm *vm, const struct adm_request *req)
+static json_t *edits_made(struct lb_vm *vm, const struct adm_request *req)
 {
     json_t *patch = NULL;
     struct gg_err err = {{0}};
@@ -1416,10 +1416,10 @@ static enum lb_outcome call_or_replay(struct lb_vm *vm, const struct policy *p, 
     bool read_dra = lb_call_read_dra(vm);
     if (e && outcome == LB_DONE && lb_call_was_pure(vm) &&
         (!read_dra || version == (g->inventory ? inv_dra_version(g->inventory) : 0))) {
-        json_t *object = phase == LB_MUTATE ? object_left(vm, req) : NULL;
-        if (phase == LB_VALIDATE || object)
-            verdict_entry_put(g->memo, e, phase, i, report, object, read_dra, version);
-        json_decref(object);
+        json_t *edits = phase == LB_MUTATE ? edits_made(vm, req) : NULL;
+        if (phase == LB_VALIDATE || edits)
+            verdict_entry_put(g->memo, e, phase, i, report, edits, read_dra, version);
+        json_decref(edits);
     }
     return outcome;
 }

@@ -175,7 +175,7 @@ static struct verdict_object *keep_object(const json_t *patch)
 }
 
 void verdict_entry_put(struct verdict_memo *m, struct verdict_entry *e, enum lb_phase phase,
-                       size_t i, const struct lb_report *r, const json_t *object, bool read_dra,
+                       size_t i, const struct lb_report *r, const json_t *edits, bool read_dra,
                        uint64_t dra_version)
 {
     size_t at = slot_of(e, phase, i);
@@ -192,13 +192,13 @@ void verdict_entry_put(struct verdict_memo *m, struct verdict_entry *e, enum lb_
     s->dra_version = dra_version;
     bool in_request = arena_pause(); /* the copies outlive the review (arena.h) */
     s->kept = copy_report(r, &s->report);
-    if (s->kept && object && !(s->object = keep_object(object))) {
+    if (s->kept && edits && !(s->object = keep_object(edits))) {
         lb_report_clear(&s->report);
         s->kept = false;
     }
     arena_resume(in_request);
     if (s->kept)
-        km_account(m->table, report_bytes(r) + (object ? 8 * json_dumpb(object, NULL, 0, 0) : 0));
+        km_account(m->table, report_bytes(r) + (edits ? 8 * json_dumpb(edits, NULL, 0, 0) : 0));
 }
 
 /* A string (NULL: none), its length first. */

@@ -56,10 +56,10 @@ bool verdict_entry_get(const struct verdict_entry *e, enum lb_phase phase, size_
                        uint64_t dra_version, struct lb_report *out, struct verdict_object **object);
 
 /* Keep a copy of r as policy i's report in phase in e, and for a mutate call what it left
- * (object: the patch from the review's object to the call's); a call that read DRA objects
+ * (edits: the patch from the review's object to the call's); a call that read DRA objects
  * (read_dra) holds only for dra_version.  Out of memory forgets it. */
 void verdict_entry_put(struct verdict_memo *m, struct verdict_entry *e, enum lb_phase phase,
-                       size_t i, const struct lb_report *r, const json_t *object, bool read_dra,
+                       size_t i, const struct lb_report *r, const json_t *edits, bool read_dra,
                        uint64_t dra_version);
 
 /* doc (empty on entry) made what a mutate call left, from original (the review's object, which
